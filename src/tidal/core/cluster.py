@@ -1,0 +1,122 @@
+"""ClusterSpec: nodes of devices, possibly of several types, with peak FLOPs, memory and link bandwidths."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from tidal.core.errors import TidalError
+
+GB = 1e9
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class DeviceType:
+    name: str
+    peak_flops: float  # dense 16-bit FLOP/s
+    memory_bytes: float
+    intra_bw: float  # bytes/s per device to a peer in the same node
+    inter_bw: float  # bytes/s per device to a peer in another node
+    per_node: int = 8
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """`nodes` nodes of `device.per_node` devices each (the last node may hold fewer: `devices` is exact)."""
+
+    device: DeviceType
+    devices: int
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.devices // self.device.per_node)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    groups: tuple[NodeGroup, ...]
+
+    def __post_init__(self) -> None:
+        if not self.groups or any(g.devices < 1 for g in self.groups):
+            raise TidalError(f"cluster {self.name!r} has no devices")
+
+    @property
+    def num_devices(self) -> int:
+        return sum(g.devices for g in self.groups)
+
+    def node_sizes(self) -> tuple[int, ...]:
+        """Device count of every node, in device-id order."""
+        out: list[int] = []
+        for g in self.groups:
+            full, rest = divmod(g.devices, g.device.per_node)
+            out += [g.device.per_node] * full + ([rest] if rest else [])
+        return tuple(out)
+
+    def node_of(self, device: int) -> int:
+        self._check(device)
+        start = 0
+        for node, size in enumerate(self.node_sizes()):
+            if device < start + size:
+                return node
+            start += size
+        raise AssertionError("unreachable")
+
+    def device_type(self, device: int) -> DeviceType:
+        self._check(device)
+        start = 0
+        for g in self.groups:
+            if device < start + g.devices:
+                return g.device
+            start += g.devices
+        raise AssertionError("unreachable")
+
+    def bandwidth(self, a: int, b: int) -> float:
+        """Bytes/s of the link between two devices (the slower end's figure); infinite to itself."""
+        if a == b:
+            return float("inf")
+        ta, tb = self.device_type(a), self.device_type(b)
+        if self.node_of(a) == self.node_of(b):
+            return min(ta.intra_bw, tb.intra_bw)
+        return min(ta.inter_bw, tb.inter_bw)
+
+    def _check(self, device: int) -> None:
+        if not 0 <= device < self.num_devices:
+            raise TidalError(f"device {device} is not in cluster {self.name} of {self.num_devices} devices")
+
+    def to_dict(self) -> dict:
+        return {"name": self.name}
+
+
+DEVICE_TYPES: MappingProxyType[str, DeviceType] = MappingProxyType(
+    {
+        "a800": DeviceType("a800", 312e12, 80 * GB, 400 * GB, 200 * GB),
+        "a100": DeviceType("a100", 312e12, 80 * GB, 600 * GB, 200 * GB),
+        "h100": DeviceType("h100", 989e12, 80 * GB, 900 * GB, 400 * GB),
+        "h800": DeviceType("h800", 990e12, 80 * GB, 400 * GB, 200 * GB),
+        "h20": DeviceType("h20", 148e12, 96 * GB, 900 * GB, 200 * GB),
+        # One CPU rank of this class of machine (gloo over shared memory). Figures are nominal: fit a cost model with
+        # `tidal profile` for real numbers. Memory is per rank.
+        "cpu": DeviceType("cpu", 5e10, 2 * GiB, 5 * GB, 1 * GB, per_node=8),
+    }
+)
+
+_TERM = re.compile(r"^([a-z][a-z0-9]*?)x(\d+)$")
+
+
+def get_cluster(name: str) -> ClusterSpec:
+    """Parse `TYPExN[+TYPExM...]`, e.g. `a800x64`, `h800x16+h20x32`, `cpux4`."""
+    groups = []
+    for term in name.strip().lower().split("+"):
+        m = _TERM.match(term)
+        if not m or m.group(1) not in DEVICE_TYPES:
+            raise TidalError(
+                f"unknown cluster preset {name!r}; use TYPExN joined by '+', TYPE in {', '.join(DEVICE_TYPES)}"
+            )
+        n = int(m.group(2))
+        if n < 1:
+            raise TidalError(f"cluster {name!r}: device count must be >= 1")
+        groups.append(NodeGroup(DEVICE_TYPES[m.group(1)], n))
+    return ClusterSpec(name, tuple(groups))

@@ -1,0 +1,94 @@
+"""ModelSpec: the shape of a Llama-style decoder, with FLOP and parameter counts used by the cost model."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from types import MappingProxyType
+
+from tidal.core.errors import TidalError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    tie_embeddings: bool = False
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for f in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab"):
+            if getattr(self, f) < 1:
+                raise TidalError(f"model {self.name}: {f} must be >= 1, got {getattr(self, f)}")
+        if self.hidden % self.heads:
+            raise TidalError(f"model {self.name}: hidden {self.hidden} is not divisible by heads {self.heads}")
+        if self.heads % self.kv_heads:
+            raise TidalError(f"model {self.name}: heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def layer_params(self) -> int:
+        """Parameters of one decoder layer: q,k,v,o projections, SwiGLU MLP and two RMSNorm weights."""
+        attn = self.hidden * (self.hidden + 2 * self.kv_dim) + self.hidden * self.hidden
+        mlp = 3 * self.hidden * self.ffn
+        return attn + mlp + 2 * self.hidden
+
+    def embedding_params(self) -> int:
+        """Input embedding, final norm and (unless tied) the output head."""
+        emb = self.vocab * self.hidden
+        return emb + self.hidden + (0 if self.tie_embeddings else emb)
+
+    def num_params(self) -> int:
+        return self.layers * self.layer_params() + self.embedding_params()
+
+    def linear_flops_per_token(self) -> float:
+        """Forward FLOPs per token of all GEMMs in one layer (2 FLOPs per multiply-add)."""
+        return 2.0 * (self.layer_params() - 2 * self.hidden)
+
+    def attn_flops_per_token_pair(self) -> float:
+        """Forward FLOPs of QK^T and PV per (query, key) pair in one layer; a causal document of length l has
+        l(l+1)/2 such pairs."""
+        return 4.0 * self.hidden
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict) -> ModelSpec:
+        try:
+            return ModelSpec(**d)
+        except TypeError as e:
+            raise TidalError(f"malformed model spec: {e}") from None
+
+
+# Tidal's 32B: Hydraulis (§8) trains a "LLaMA2 32B" without publishing its shape. We pick 64 layers x 6144 hidden,
+# 64 heads (head_dim 96), FFN 18432: 31.8B parameters, and every power-of-two TP up to 64 divides the heads.
+MODEL_PRESETS: MappingProxyType[str, ModelSpec] = MappingProxyType(
+    {
+        "tiny": ModelSpec("tiny", layers=4, hidden=64, heads=4, kv_heads=2, ffn=176, vocab=256),
+        "small": ModelSpec("small", layers=8, hidden=256, heads=8, kv_heads=4, ffn=704, vocab=4096),
+        "llama2-7b": ModelSpec("llama2-7b", 32, 4096, 32, 32, 11008, 32000),
+        "llama2-13b": ModelSpec("llama2-13b", 40, 5120, 40, 40, 13824, 32000),
+        "llama-32b": ModelSpec("llama-32b", 64, 6144, 64, 64, 18432, 32000),
+        "llama3-8b": ModelSpec("llama3-8b", 32, 4096, 32, 8, 14336, 128256, rope_theta=500000.0),
+        "llama3-70b": ModelSpec("llama3-70b", 80, 8192, 64, 8, 28672, 128256, rope_theta=500000.0),
+    }
+)
+
+
+def get_model(name: str) -> ModelSpec:
+    try:
+        return MODEL_PRESETS[name]
+    except KeyError:
+        raise TidalError(f"unknown model preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}") from None

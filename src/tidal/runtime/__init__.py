@@ -1,0 +1,1 @@
+"""torch.distributed execution. Process groups are always passed explicitly; nothing here is a global singleton."""
