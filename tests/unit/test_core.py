@@ -5,8 +5,8 @@ import pytest
 from tidal.core import (
     MODEL_PRESETS,
     ParallelScheme,
-    Plan,
     PipelinePlan,
+    Plan,
     StepPlan,
     TidalError,
     format_strategy,

@@ -3,7 +3,7 @@
 from tidal.core.cluster import DEVICE_TYPES, ClusterSpec, DeviceType, NodeGroup, get_cluster
 from tidal.core.errors import TidalError
 from tidal.core.model import MODEL_PRESETS, ModelSpec, get_model
-from tidal.core.plan import Plan, PipelinePlan, StepPlan
+from tidal.core.plan import PipelinePlan, Plan, StepPlan
 from tidal.core.scheme import ParallelScheme, format_strategy, parse_scheme, parse_strategies, parse_strategy
 from tidal.core.strategy import Pipeline, Strategy, place
 

@@ -62,7 +62,8 @@ def place(schemes: tuple[ParallelScheme, ...], cluster: ClusterSpec, model: Mode
     need = sum(s.num_devices for s in schemes)
     if need > cluster.num_devices:
         raise TidalError(
-            f"strategy {format_strategy(schemes)} needs {need} devices; cluster {cluster.name} has {cluster.num_devices}"
+            f"strategy {format_strategy(schemes)} needs {need} devices; "
+            f"cluster {cluster.name} has {cluster.num_devices}"
         )
     sizes = cluster.node_sizes()
     starts = [sum(sizes[:i]) for i in range(len(sizes))]

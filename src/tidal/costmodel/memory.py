@@ -1,0 +1,65 @@
+"""Memory model: MaxLen(P), the Hydraulis App. C.1 linear model under optimization-propagation disaggregation.
+
+Per device of the worst stage of scheme P = <t, p, c> in a job of N devices:
+  states       = 12 B/param * all_params / N            fp32 master + Adam m, v: fully sharded over all N devices
+               + 4 B/param * stage_params / t           16-bit parameters + gradients of this TP x PP shard
+  activations  = act_bytes_per_token_layer * h * L_s * p * l / (t c)
+                 every layer of the stage keeps activations for up to p in-flight micro-batches under 1F1B
+                 (L_s * p >= layers, Hydraulis' "accumulated PP times" peak)
+               + last stage: fp32 logits and their gradient, 8 * vocab / t bytes per local token
+  budget       = memory * (1 - margin_frac) - workspace_bytes
+MaxLen(P) = floor((budget - states) / per_token), 0 when even the states do not fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tidal.core.cluster import DeviceType
+from tidal.core.errors import TidalError
+from tidal.core.model import ModelSpec
+from tidal.core.scheme import ParallelScheme
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    # 34 bytes per token per hidden unit per layer: Korthikanti et al. 2022 with sequence parallelism and a
+    # memory-efficient attention kernel (no l^2 score matrix), 16-bit activations.
+    act_bytes_per_token_layer: float = 34.0
+    master_bytes_per_param: float = 12.0
+    model_bytes_per_param: float = 4.0
+    margin_frac: float = 0.10
+    workspace_bytes: float = 2e9
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.margin_frac < 1:
+            raise TidalError(f"memory margin_frac must be in [0, 1), got {self.margin_frac}")
+
+
+def stage_memory(model: ModelSpec, scheme: ParallelScheme, n_devices: int, tokens: float,
+                 cfg: MemoryConfig) -> list[float]:
+    """Peak bytes per device of every stage for a micro-batch of `tokens` tokens."""
+    t, c, p = scheme.tp, scheme.cp, scheme.pp
+    master = cfg.master_bytes_per_param * model.num_params() / n_devices
+    emb = model.vocab * model.hidden
+    stages = scheme.stage_layers(model.layers)
+    out = []
+    for s, L in enumerate(stages):
+        params = L * model.layer_params()
+        if s == 0:
+            params += emb
+        if s == len(stages) - 1:
+            params += model.hidden + (0 if model.tie_embeddings else emb)
+        act_per_tok = cfg.act_bytes_per_token_layer * model.hidden * L * p / (t * c)
+        if s == len(stages) - 1:
+            act_per_tok += 8.0 * model.vocab / (t * c)
+        out.append(master + cfg.model_bytes_per_param * params / t + act_per_tok * tokens)
+    return out
+
+
+def max_len(model: ModelSpec, scheme: ParallelScheme, device: DeviceType, n_devices: int, cfg: MemoryConfig) -> int:
+    budget = device.memory_bytes * (1 - cfg.margin_frac) - cfg.workspace_bytes
+    fixed = stage_memory(model, scheme, n_devices, 0.0, cfg)
+    slope = [m1 - m0 for m0, m1 in zip(fixed, stage_memory(model, scheme, n_devices, 1.0, cfg))]
+    best = min((budget - f) / s for f, s in zip(fixed, slope))
+    return max(0, int(best))
