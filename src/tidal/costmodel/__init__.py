@@ -2,9 +2,11 @@
 
 from tidal.costmodel.analytic import AnalyticCostModel, Efficiency, default_cost_model
 from tidal.costmodel.base import CostModel, LatencyCoeffs, pipeline_device
+from tidal.costmodel.fitted import FittedCostModel, fit_rows, fitted_from_rows, load_cost_model, read_profile
 from tidal.costmodel.memory import MemoryConfig, max_len, stage_memory
 
 __all__ = [
-    "AnalyticCostModel", "CostModel", "Efficiency", "LatencyCoeffs", "MemoryConfig", "default_cost_model", "max_len",
+    "AnalyticCostModel", "CostModel", "Efficiency", "FittedCostModel", "fit_rows", "fitted_from_rows",
+    "load_cost_model", "read_profile", "LatencyCoeffs", "MemoryConfig", "default_cost_model", "max_len",
     "pipeline_device", "stage_memory",
 ]
