@@ -1,0 +1,281 @@
+"""WLB-LLM variable-length packing with multi-level outlier-delay queues (WLB-LLM §4, Algorithm 1).
+
+Per step, with N micro-batches of at most L_max tokens and workload W(l) = a l^2 + b l (W_a + W_l of WLB Eq. 2, the
+per-document part of the cost model):
+
+1. incoming = documents carried over from the last step (Remained_Doc) + newly sampled documents;
+2. new documents of length >= L_1 are outliers: each goes to the FIFO queue i with L_i <= l < L_{i+1};
+3. every queue holding >= N documents releases its N oldest (one outlier per micro-batch);
+4. released + non-outlier documents are sorted by length, descending, and each goes to the micro-batch with the least
+   workload if it fits in L_max, else to the one with the fewest tokens if it fits there, else it is carried over.
+
+Extensions (documented in docs/wlb.md):
+- `max_delay`: a document that has waited max_delay steps (in a queue or carried over) is *urgent*: it leaves its queue
+  even if the queue is short, and urgent documents are placed before all others (largest first). If every step brings
+  at most N * L_max / 2 new tokens, no document waits more than max_delay steps (proof in docs/wlb.md); otherwise
+  documents may wait longer, but are still never dropped. max_delay=None keeps the paper's unbounded queues.
+- fits means `<= L_max` (the paper writes `<`).
+- `flush=True` (end of data) releases every queue; `wlb_flush` repeats flush steps until nothing is pending.
+
+The state is a frozen dataclass: `wlb_step(state, ...) -> (WLBStep, new_state)` is pure.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tidal.core.errors import TidalError
+from tidal.costmodel.base import LatencyCoeffs
+
+
+@dataclass(frozen=True)
+class WLBConfig:
+    n_micro: int  # N: micro-batches per step
+    max_len: int  # L_max: tokens per micro-batch (memory limit, may exceed the context window)
+    coeffs: LatencyCoeffs  # workload a l^2 + b l (+ c per non-empty micro-batch)
+    thresholds: tuple[int, ...] = ()  # L_1 < ... < L_n; () disables outlier delay
+    max_delay: int | None = 8  # steps after which a waiting document is urgent; None: unbounded (paper)
+
+    def __post_init__(self) -> None:
+        if self.n_micro < 1:
+            raise TidalError(f"WLB: n_micro must be >= 1, got {self.n_micro}")
+        if self.max_len < 1:
+            raise TidalError(f"WLB: max_len must be >= 1, got {self.max_len}")
+        t = tuple(self.thresholds)
+        if any(x < 1 for x in t) or any(x >= y for x, y in zip(t, t[1:])):
+            raise TidalError(f"WLB: outlier thresholds must be positive and strictly increasing, got {t}")
+        if self.max_delay is not None and self.max_delay < 0:
+            raise TidalError(f"WLB: max_delay must be >= 0 or None, got {self.max_delay}")
+
+
+@dataclass(frozen=True)
+class Pending:
+    seq_id: int
+    length: int
+    arrival: int  # step at which the document was first offered
+
+
+@dataclass(frozen=True)
+class WLBState:
+    step: int = 0  # index of the next step
+    remained: tuple[Pending, ...] = ()  # did not fit last step (Remained_Doc)
+    queues: tuple[tuple[Pending, ...], ...] = ()  # one FIFO per threshold
+
+    @property
+    def pending(self) -> tuple[Pending, ...]:
+        return self.remained + tuple(p for q in self.queues for p in q)
+
+    @property
+    def empty(self) -> bool:
+        return not self.remained and not any(self.queues)
+
+    def to_dict(self) -> dict:
+        enc = lambda ps: [[p.seq_id, p.length, p.arrival] for p in ps]  # noqa: E731
+        return {"step": self.step, "remained": enc(self.remained), "queues": [enc(q) for q in self.queues]}
+
+    @staticmethod
+    def from_dict(d: dict) -> WLBState:
+        try:
+            dec = lambda ps: tuple(Pending(int(a), int(b), int(c)) for a, b, c in ps)  # noqa: E731
+            return WLBState(int(d["step"]), dec(d["remained"]), tuple(dec(q) for q in d["queues"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise TidalError(f"malformed WLB state: {type(e).__name__}: {e}") from None
+
+
+@dataclass(frozen=True)
+class WLBStep:
+    step: int
+    seq_ids: tuple[int, ...]  # incoming: carried over (did not fit, then still queued), then the new documents
+    seq_lengths: tuple[int, ...]
+    arrival: tuple[int, ...]  # step each incoming document first arrived
+    micro_batches: tuple[tuple[int, ...], ...]  # indices into seq_ids; exactly n_micro (some may be empty)
+    deferred: tuple[int, ...]  # indices into seq_ids carried to the next step (queued or did not fit)
+    mb_times: tuple[float, ...] = field(default=())  # c + sum(a l^2 + b l) per micro-batch (0 if empty)
+
+    @property
+    def packed(self) -> tuple[int, ...]:
+        return tuple(i for mb in self.micro_batches for i in mb)
+
+    def delays(self) -> np.ndarray:
+        """Steps waited by every packed document, in `packed` order."""
+        return np.asarray([self.step - self.arrival[i] for i in self.packed], dtype=np.int64)
+
+    def token_delay_sum(self) -> int:
+        """sum over packed documents of length * delay (token-steps)."""
+        return int(sum(self.seq_lengths[i] * (self.step - self.arrival[i]) for i in self.packed))
+
+    @property
+    def packed_tokens(self) -> int:
+        return int(sum(self.seq_lengths[i] for i in self.packed))
+
+
+def greedy_pack(lengths: np.ndarray, order: list[int], coeffs: LatencyCoeffs, n: int, max_len: int,
+                loads: list[float] | None = None, fill: list[int] | None = None
+                ) -> tuple[list[list[int]], list[int]]:
+    """Lines 16-35 of Algorithm 1 over the documents `order` (indices into lengths), in that order.
+    Returns (n micro-batches of indices, indices that fit nowhere). Heaps make it O(k log n)."""
+    W = list(loads) if loads is not None else [0.0] * n
+    T = list(fill) if fill is not None else [0] * n
+    mbs: list[list[int]] = [[] for _ in range(n)]
+    wheap = [(W[j], j) for j in range(n)]
+    lheap = [(T[j], j) for j in range(n)]
+    heapq.heapify(wheap)
+    heapq.heapify(lheap)
+    a, b = coeffs.a, coeffs.b
+    left: list[int] = []
+    for i in order:
+        ln = int(lengths[i])
+        while wheap[0][0] != W[wheap[0][1]]:
+            heapq.heappop(wheap)
+        j = wheap[0][1]
+        if T[j] + ln > max_len:
+            while lheap[0][0] != T[lheap[0][1]]:
+                heapq.heappop(lheap)
+            j = lheap[0][1]
+            if T[j] + ln > max_len:
+                left.append(i)
+                continue
+        mbs[j].append(i)
+        W[j] += a * ln * ln + b * ln
+        T[j] += ln
+        heapq.heappush(wheap, (W[j], j))
+        heapq.heappush(lheap, (T[j], j))
+    return mbs, left
+
+
+def _queue_of(length: int, thresholds: tuple[int, ...]) -> int:
+    """Index of the outlier queue for `length`, or -1 if it is not an outlier."""
+    q = -1
+    for k, t in enumerate(thresholds):
+        if length >= t:
+            q = k
+    return q
+
+
+def wlb_step(state: WLBState, seq_ids, lengths, cfg: WLBConfig, *, flush: bool = False) -> tuple[WLBStep, WLBState]:
+    """One step of Algorithm 1: returns what to run now and the state carrying every deferred document."""
+    ids = [int(x) for x in np.asarray(seq_ids, dtype=np.int64).ravel()]
+    lens = [int(x) for x in np.asarray(lengths, dtype=np.int64).ravel()]
+    if len(ids) != len(lens):
+        raise TidalError(f"WLB: {len(ids)} seq_ids but {len(lens)} lengths")
+    bad = [x for x in lens if x < 1 or x > cfg.max_len]
+    if bad:
+        raise TidalError(f"WLB: document length {bad[0]} outside [1, max_len={cfg.max_len}]; split long documents")
+    t, N = state.step, cfg.n_micro
+    nq = len(cfg.thresholds)
+    queues = [list(q) for q in state.queues] if state.queues else [[] for _ in range(nq)]
+    if len(queues) != nq:
+        raise TidalError(f"WLB: state has {len(queues)} queues but the config has {nq} thresholds")
+    # incoming: Remained_Doc, then documents still queued from earlier steps, then the new ones
+    n_old = len(state.remained)
+    new = [Pending(i, ln, t) for i, ln in zip(ids, lens)]
+    incoming = list(state.remained) + [p for q in queues for p in q] + new
+    pos = {id(p): k for k, p in enumerate(incoming)}
+    doc_set = list(incoming[:n_old])
+    for p in new:
+        k = _queue_of(p.length, cfg.thresholds)
+        if k < 0:
+            doc_set.append(p)
+        else:
+            queues[k].append(p)
+    for k, q in enumerate(queues):
+        if flush:
+            doc_set += q
+            queues[k] = []
+            continue
+        take = N if len(q) >= N else 0
+        if cfg.max_delay is not None:
+            while take < len(q) and t - q[take].arrival >= cfg.max_delay:
+                take += 1
+        doc_set += q[:take]
+        queues[k] = q[take:]
+    urgent = [p for p in doc_set if cfg.max_delay is not None and t - p.arrival >= cfg.max_delay]
+    normal = [p for p in doc_set if not (cfg.max_delay is not None and t - p.arrival >= cfg.max_delay)]
+    urgent.sort(key=lambda p: (-p.length, p.arrival, p.seq_id))
+    normal.sort(key=lambda p: (-p.length, p.arrival, p.seq_id))
+    all_lens = np.asarray([p.length for p in incoming], dtype=np.int64)
+    order = [pos[id(p)] for p in urgent + normal]
+    mbs, left = greedy_pack(all_lens, order, cfg.coeffs, N, cfg.max_len)
+    # reorder incoming so that carried-over (old) documents come first by arrival, then new ones
+    left_set = set(left)
+    queued_now = [p for q in queues for p in q]
+    remained = tuple(sorted((incoming[i] for i in left), key=lambda p: (p.arrival, p.seq_id)))
+    new_state = WLBState(t + 1, remained, tuple(tuple(q) for q in queues))
+    deferred = sorted(left_set | {pos[id(p)] for p in queued_now})
+    mb_t = tuple(cfg.coeffs.mb_time(all_lens[mb]) if mb else 0.0 for mb in mbs)
+    res = WLBStep(
+        step=t,
+        seq_ids=tuple(p.seq_id for p in incoming),
+        seq_lengths=tuple(p.length for p in incoming),
+        arrival=tuple(p.arrival for p in incoming),
+        micro_batches=tuple(tuple(mb) for mb in mbs),
+        deferred=tuple(deferred),
+        mb_times=mb_t,
+    )
+    return res, new_state
+
+
+def wlb_flush(state: WLBState, cfg: WLBConfig) -> tuple[list[WLBStep], WLBState]:
+    """End of data: flush steps (no new documents, every queue released) until nothing is pending."""
+    out: list[WLBStep] = []
+    while not state.empty:
+        res, state = wlb_step(state, [], [], cfg, flush=True)
+        if not res.packed:  # cannot happen: the largest pending document always fits an empty micro-batch
+            raise TidalError("WLB flush made no progress")
+        out.append(res)
+    return out, state
+
+
+def wlb_pack_time(step: WLBStep, pp: int) -> float:
+    """(pp - 1 + V) * max micro-batch time of a WLB step's non-empty micro-batches."""
+    times = [x for x in step.mb_times if x > 0]
+    return (pp - 1 + len(times)) * max(times) if times else 0.0
+
+
+def _best_count(lengths: np.ndarray, coeffs: LatencyCoeffs, pp: int, max_len: int) -> tuple[list[list[int]], float]:
+    """Stateless in-pipeline WLB packing: try every micro-batch count V from ceil(total / max_len) upward and keep
+    the V minimising (pp - 1 + V) * max micro-batch time (stop once the bound (pp - 1 + V) * max(c + W_max) is no
+    better than the best found)."""
+    n = len(lengths)
+    order = sorted(range(n), key=lambda i: (-int(lengths[i]), i))
+    work = coeffs.doc_cost(lengths)
+    total = int(lengths.sum())
+    v0 = max(1, math.ceil(total / max_len))
+    w_max = float(np.max(work)) + coeffs.c
+    best: tuple[float, list[list[int]]] | None = None
+    for v in range(v0, n + 1):
+        if best is not None and (pp - 1 + v) * w_max >= best[0]:
+            break
+        mbs, left = greedy_pack(lengths, order, coeffs, v, max_len)
+        if left:
+            continue
+        mbs = [mb for mb in mbs if mb]
+        t = (pp - 1 + len(mbs)) * max(coeffs.mb_time(lengths[mb]) for mb in mbs)
+        if best is None or t < best[0] - 1e-15:
+            best = (t, mbs)
+    if best is None:  # greedy never fit everything: one document per micro-batch always fits
+        mbs = [[i] for i in order]
+        best = ((pp - 1 + n) * max(coeffs.mb_time(lengths[mb]) for mb in mbs), mbs)
+    return best[1], best[0]
+
+
+def pack(lengths: np.ndarray, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool = False):
+    """WLB variable-length packing of one pipeline's documents (no cross-step delay: every document is packed).
+    `exact` is accepted for signature compatibility and ignored: WLB is a heuristic (docs/wlb.md)."""
+    from tidal.planner.packing import PackResult
+    arr = np.asarray(lengths, dtype=np.int64)
+    if arr.ndim != 1:
+        raise TidalError(f"sequence lengths must be a 1-D list, got shape {arr.shape}")
+    if pp < 1 or max_len < 1:
+        raise TidalError(f"WLB pack: pp and max_len must be >= 1, got pp={pp} max_len={max_len}")
+    if arr.size == 0:
+        return PackResult(micro_batches=(), est_time=0.0)
+    if int(arr.min()) < 1 or int(arr.max()) > max_len:
+        bad = int(arr.max()) if int(arr.max()) > max_len else int(arr.min())
+        raise TidalError(f"WLB pack: sequence length {bad} outside [1, max_len={max_len}]")
+    mbs, t = _best_count(arr, coeffs, pp, max_len)
+    return PackResult(micro_batches=tuple(tuple(sorted(mb)) for mb in mbs), est_time=float(t))
