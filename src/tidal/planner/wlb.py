@@ -25,11 +25,15 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from tidal.core.errors import TidalError
 from tidal.costmodel.base import LatencyCoeffs
+
+if TYPE_CHECKING:
+    from tidal.planner.packing import PackResult  # noqa: F811 (imported lazily: packing.py is a sibling module)
 
 
 @dataclass(frozen=True)
@@ -52,8 +56,7 @@ class WLBConfig:
             raise TidalError(f"WLB: max_delay must be >= 0 or None, got {self.max_delay}")
 
 
-@dataclass(frozen=True)
-class Pending:
+class Pending(NamedTuple):
     seq_id: int
     length: int
     arrival: int  # step at which the document was first offered
@@ -263,10 +266,10 @@ def _best_count(lengths: np.ndarray, coeffs: LatencyCoeffs, pp: int, max_len: in
     return best[1], best[0]
 
 
-def pack(lengths: np.ndarray, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool = False):
+def pack(lengths: np.ndarray, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool = False) -> PackResult:
     """WLB variable-length packing of one pipeline's documents (no cross-step delay: every document is packed).
     `exact` is accepted for signature compatibility and ignored: WLB is a heuristic (docs/wlb.md)."""
-    from tidal.planner.packing import PackResult
+    from tidal.planner.packing import PackResult  # noqa: F811 (imported lazily: packing.py is a sibling module)
     arr = np.asarray(lengths, dtype=np.int64)
     if arr.ndim != 1:
         raise TidalError(f"sequence lengths must be a 1-D list, got shape {arr.shape}")
