@@ -269,16 +269,16 @@ def _best_count(lengths: np.ndarray, coeffs: LatencyCoeffs, pp: int, max_len: in
 def pack(lengths: np.ndarray, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool = False) -> PackResult:
     """WLB variable-length packing of one pipeline's documents (no cross-step delay: every document is packed).
     `exact` is accepted for signature compatibility and ignored: WLB is a heuristic (docs/wlb.md)."""
-    from tidal.planner.packing import PackResult  # noqa: F811 (imported lazily: packing.py is a sibling module)
-    arr = np.asarray(lengths, dtype=np.int64)
-    if arr.ndim != 1:
-        raise TidalError(f"sequence lengths must be a 1-D list, got shape {arr.shape}")
-    if pp < 1 or max_len < 1:
-        raise TidalError(f"WLB pack: pp and max_len must be >= 1, got pp={pp} max_len={max_len}")
+    # sibling planner modules, imported here so that the queue functions above need only core and costmodel
+    from tidal.planner.bounds import check_lengths, check_pipe
+    from tidal.planner.packing import PackResult, pipeline_time  # noqa: F811
+
+    arr = check_lengths(lengths)
+    check_pipe(pp, max_len, coeffs)
     if arr.size == 0:
-        return PackResult(micro_batches=(), est_time=0.0)
-    if int(arr.min()) < 1 or int(arr.max()) > max_len:
-        bad = int(arr.max()) if int(arr.max()) > max_len else int(arr.min())
-        raise TidalError(f"WLB pack: sequence length {bad} outside [1, max_len={max_len}]")
-    mbs, t = _best_count(arr, coeffs, pp, max_len)
-    return PackResult(micro_batches=tuple(tuple(sorted(mb)) for mb in mbs), est_time=float(t))
+        return PackResult((), 0.0)
+    if int(arr.max()) > max_len:
+        raise TidalError(f"sequence of length {int(arr.max())} exceeds the pipeline's MaxLen {max_len}")
+    mbs, _ = _best_count(arr, coeffs, pp, max_len)
+    out = tuple(sorted((tuple(sorted(mb)) for mb in mbs), key=lambda mb: mb[0]))
+    return PackResult(out, pipeline_time(arr, out, coeffs, pp))
