@@ -64,3 +64,13 @@ def test_metrics():
         token_delay([1], [1, 2])
     with pytest.raises(TidalError):
         mb_imbalance([1, -1])
+
+
+def test_kernel_for_model():
+    from tidal.core import get_model
+    from tidal.costmodel.kernel import kernel_for
+
+    k = kernel_for(get_model("llama2-7b"), tp=2, layers=32, passes=3.0)
+    assert k.flops_per_pair == 3 * 4 * 4096 / 2 * 32
+    with pytest.raises(TidalError):
+        kernel_for(get_model("tiny"), tp=0)

@@ -1,0 +1,80 @@
+"""Adaptive per-micro-batch choice between per-sequence and per-document CP sharding (WLB-LLM §5.3).
+
+Both modes give every CP rank the same number of tokens (+-1), so GEMMs, norms and CP communication cost the same;
+they differ only in attention. For each mode we shard the micro-batch with `tidal.planner.cp_sharding`, turn every
+rank's query segments into kernel pieces (segment of Lq queries whose last query sees k_len keys of its document:
+q_start = k_len - Lq), and estimate each rank's attention time with the kernel model (tile padding + achieved FLOP/s
+by query length, `tidal.costmodel.kernel`). The CP group waits for its slowest rank, so a mode costs
+max over ranks; the cheaper mode wins, ties go to per-seq (fewer, longer segments; the conventional layout).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tidal.core.errors import TidalError
+from tidal.costmodel.kernel import KernelModel
+from tidal.planner.cp_sharding import CPShard, rank_attention_pairs, shard_micro_batch
+
+MODES = ("per-seq", "per-doc")
+
+
+@dataclass(frozen=True)
+class CPChoice:
+    mode: str  # "per-seq" | "per-doc"
+    rank_times: dict[str, tuple[float, ...]]  # per mode: estimated attention seconds of each rank
+    rank_pairs: dict[str, tuple[int, ...]]  # per mode: exact causal query-key pairs of each rank
+
+    @property
+    def est_time(self) -> float:
+        """Attention time of the chosen mode: its slowest rank."""
+        return max(self.rank_times[self.mode])
+
+    def time_of(self, mode: str) -> float:
+        return max(self.rank_times[mode])
+
+
+def shard_pieces(shard: CPShard) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per rank: (q_start, q_len) of every query segment, positions within the segment's document."""
+    out = []
+    for rs in shard.ranks:
+        q_len = np.diff(rs.cu_seqlens_q.astype(np.int64))
+        out.append((rs.k_len - q_len, q_len))
+    return out
+
+
+def rank_attention_times(shard: CPShard, kernel: KernelModel) -> np.ndarray:
+    """float64 [cp]: estimated attention seconds of every rank of a sharded micro-batch."""
+    return np.array([kernel.rank_time(qs, ql) for qs, ql in shard_pieces(shard)], dtype=np.float64)
+
+
+def choose_cp_sharding(doc_lengths, cp: int, kernel: KernelModel) -> CPChoice:
+    """Shard the packed micro-batch `doc_lengths` both ways over `cp` ranks and keep the faster under `kernel`."""
+    arr = np.asarray(doc_lengths)
+    if arr.ndim != 1 or arr.size == 0:
+        raise TidalError(f"choose_cp_sharding needs a non-empty 1-D list of document lengths, got shape {arr.shape}")
+    times: dict[str, tuple[float, ...]] = {}
+    pairs: dict[str, tuple[int, ...]] = {}
+    for mode in MODES:
+        shard = shard_micro_batch(arr, cp, mode)
+        times[mode] = tuple(float(x) for x in rank_attention_times(shard, kernel))
+        pairs[mode] = tuple(int(x) for x in rank_attention_pairs(shard))
+    best = "per-doc" if max(times["per-doc"]) < max(times["per-seq"]) else "per-seq"
+    return CPChoice(best, times, pairs)
+
+
+def choose_for_micro_batches(lengths, micro_batches: Sequence[Sequence[int]], cp: int, kernel: KernelModel,
+                             policy: str = "adaptive") -> tuple[str, ...]:
+    """`PipelinePlan.cp_sharding` for a packing: one mode per micro-batch (empty tuple when cp == 1).
+    policy: "adaptive" (choose per micro-batch), "per-seq" or "per-doc" (fixed)."""
+    if policy not in ("adaptive", *MODES):
+        raise TidalError(f"unknown CP sharding policy {policy!r}; choose adaptive, per-seq or per-doc")
+    if cp == 1:
+        return ()
+    if policy != "adaptive":
+        return tuple(policy for _ in micro_batches)
+    arr = np.asarray(lengths, dtype=np.int64)
+    return tuple(choose_cp_sharding(arr[list(mb)], cp, kernel).mode for mb in micro_batches)
