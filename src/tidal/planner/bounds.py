@@ -1,0 +1,211 @@
+"""Lower bounds on pipeline and step latency under the cost model (derivations in docs/planner.md).
+
+Cost model: a micro-batch holding documents l_1..l_k on a pipeline with coefficients (a, b, c) runs one stage in
+c + sum(a l^2 + b l); a pipeline of PP stages running V micro-batches takes (PP - 1 + V) * max micro-batch time.
+Every micro-batch must hold at most MaxLen tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tidal.core.errors import TidalError
+from tidal.costmodel.base import LatencyCoeffs
+
+# Bounds are scaled by (1 - SLACK) so float rounding never lets a bound exceed an estimate computed another way.
+SLACK = 1e-9
+
+
+@dataclass(frozen=True)
+class PipeCost:
+    """What the planner needs to know about one pipeline: slowest-stage coefficients, PP degree and MaxLen."""
+
+    a: float
+    b: float
+    c: float
+    pp: int
+    max_len: int
+
+    @staticmethod
+    def of(coeffs: LatencyCoeffs, pp: int, max_len: int) -> PipeCost:
+        return PipeCost(float(coeffs.a), float(coeffs.b), float(coeffs.c), int(pp), int(max_len))
+
+    @property
+    def coeffs(self) -> LatencyCoeffs:
+        return LatencyCoeffs(self.a, self.b, self.c)
+
+    def work(self, lengths: np.ndarray) -> np.ndarray:
+        l_ = np.asarray(lengths, dtype=np.float64)
+        return self.a * l_ * l_ + self.b * l_
+
+
+def check_lengths(lengths) -> np.ndarray:
+    """Validate sequence lengths: a 1-D sequence of integers >= 1. Returns an int64 array."""
+    arr = np.asarray(lengths)
+    if arr.ndim != 1:
+        raise TidalError(f"sequence lengths must be a 1-D list, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if arr.dtype.kind not in "iuf" or (arr.dtype.kind == "f" and not np.all(np.isfinite(arr) & (arr == np.round(arr)))):
+        raise TidalError("sequence lengths must be integers")
+    out = arr.astype(np.int64)
+    if out.min() < 1:
+        raise TidalError(f"sequence lengths must be >= 1, got {int(out.min())}")
+    return out
+
+
+def check_pipe(pp: int, max_len: int, coeffs: LatencyCoeffs) -> None:
+    if pp < 1 or max_len < 1:
+        raise TidalError(f"pipeline needs pp >= 1 and max_len >= 1, got pp={pp} max_len={max_len}")
+    if min(coeffs.a, coeffs.b, coeffs.c) < 0 or not all(map(math.isfinite, (coeffs.a, coeffs.b, coeffs.c))):
+        raise TidalError(f"latency coefficients must be finite and >= 0, got {coeffs}")
+
+
+def eq2_bound(work_sum: float, tokens: int, wmax: float, count: int, p: PipeCost) -> float:
+    """Hydraulis Eq. 2 with the per-micro-batch constant: W + c * V_min + (PP - 1) * (c + w(l_max)); 0 when empty.
+    The dispatch objective (linear in the assignment, so the exact mode is a MILP)."""
+    if count == 0:
+        return 0.0
+    vmin = max(1, -(-tokens // p.max_len))
+    return work_sum + p.c * vmin + (p.pp - 1) * (p.c + wmax)
+
+
+def _best_v_value(w: float, wmax: float, p: PipeCost, vmin: int, vmax: int) -> tuple[int, float]:
+    """min over integer V in [vmin, vmax] of f(V) = (PP-1+V) * max(W/V + c, c + wmax); f is convex in V."""
+    q = p.pp - 1
+    v_star = math.sqrt(q * w / p.c) if q > 0 and p.c > 0 else (0.0 if q == 0 else float("inf"))
+    v_cross = w / wmax if wmax > 0 else float("inf")
+    v0 = min(v_star, v_cross)
+    cands = {vmin, vmax}
+    if math.isfinite(v0):
+        cands |= {min(vmax, max(vmin, int(math.floor(v0)))), min(vmax, max(vmin, int(math.ceil(v0))))}
+    best = None
+    for v in sorted(cands):
+        val = (q + v) * max(w / v + p.c, p.c + wmax)
+        if best is None or val < best[1]:
+            best = (v, val)
+    assert best is not None
+    return best
+
+
+def pipeline_bound(lengths: np.ndarray, p: PipeCost) -> float:
+    """Lower bound on the packed latency of a fixed set of documents on one pipeline:
+    min over V in [V_min, U] of (PP - 1 + V) * max(W/V + c, c + w(l_max)), V_min = ceil(tokens / MaxLen)."""
+    l_ = np.asarray(lengths, dtype=np.int64)
+    if l_.size == 0:
+        return 0.0
+    wk = p.work(l_)
+    w = float(wk.sum())
+    vmin = max(1, -(-int(l_.sum()) // p.max_len))
+    vmax = max(vmin, int(l_.size))
+    return _best_v_value(w, float(wk.max()), p, vmin, vmax)[1] * (1 - SLACK)
+
+
+def work_capacity(t: np.ndarray, c: np.ndarray, pp: np.ndarray) -> np.ndarray:
+    """Largest work W (seconds of sum a l^2 + b l) one pipeline can finish within time t, relaxing V to any real >= 1:
+    cap(t) = sup_{V >= 1} V * (t / (PP - 1 + V) - c). With q = PP - 1 the optimum is V = sqrt(t q / c) - q, giving
+    (sqrt(t) - sqrt(q c))^2 when that V exceeds 1 (t > PP^2 c / q), else V = 1 and t / PP - c. Nondecreasing in t."""
+    t = np.asarray(t, dtype=np.float64)
+    c = np.asarray(c, dtype=np.float64)
+    p = np.asarray(pp, dtype=np.float64)
+    q = p - 1.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        thr = np.where(q > 0, p * p * c / np.where(q > 0, q, 1.0), np.inf)
+    root = np.sqrt(t) - np.sqrt(q * c)
+    return np.maximum(np.where(t > thr, root * root, t / p - c), 0.0)
+
+
+def min_time(G: np.ndarray, c: np.ndarray, pp: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """Per row r, the T solving sum_k G[r, k] cap_k(T) = total[r] (exactly: the sum is A T + B sqrt(T) + C0 between
+    consecutive breakpoints PP c and PP^2 c / (PP - 1) of the caps, so each segment is a quadratic in sqrt(T))."""
+    c = np.asarray(c, dtype=np.float64)
+    p = np.asarray(pp, dtype=np.float64)
+    q = p - 1.0
+    s = np.sqrt(q * c)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        b2 = np.where(q > 0, p * p * c / np.where(q > 0, q, 1.0), np.inf)
+    bps = np.unique(np.concatenate([[0.0], p * c, b2[np.isfinite(b2)]]))
+    Fb = G @ work_capacity(bps[None, :], c[:, None], p[:, None])  # R x nb
+    seg = np.sum(Fb < total[:, None], axis=1)  # crossing lies in (bps[seg-1], bps[seg]] (or beyond the last)
+    left = bps[np.maximum(seg - 1, 0)]
+    right = np.where(seg < bps.size, bps[np.minimum(seg, bps.size - 1)], np.inf)
+    mid = np.where(np.isfinite(right), 0.5 * (left + right), left + 1.0)  # a point inside the segment
+    lin = (mid[:, None] > p * c) & (mid[:, None] <= b2)
+    rt = mid[:, None] > b2
+    A = (G * (lin / p + rt)).sum(axis=1)
+    B = (G * rt * (-2.0 * s)).sum(axis=1)
+    C0 = (G * (rt * s * s - lin * c)).sum(axis=1)
+    disc = np.maximum(B * B - 4.0 * A * (C0 - total), 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        u = np.where(A > 0, (-B + np.sqrt(disc)) / (2.0 * A), np.inf)
+    T = np.clip(u * u, left, right)
+    return np.where(total > 0, T, 0.0)
+
+
+def group_pipes(pipes: Sequence[PipeCost]) -> tuple[tuple[PipeCost, ...], np.ndarray]:
+    """Identical pipelines grouped in order of first appearance: (classes, count per class)."""
+    order: dict[PipeCost, int] = {}
+    for p in pipes:
+        order[p] = order.get(p, 0) + 1
+    return tuple(order), np.array(list(order.values()), dtype=np.float64)
+
+
+def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int = 6) -> float:
+    """Lower bound on the optimal step time of documents `lengths` on a strategy (any dispatch, any packing).
+
+    max(LB_doc, LB_work):
+      LB_doc  = max_i min_{j eligible} PP_j (c_j + w_j(l_i))   (the pipeline holding i runs >= PP_j micro-batch slots)
+      LB_work = max_y T(y): for prices y >= 0 on pipelines, sum_i min_j y_j w_j(l_i) <= sum_j y_j cap_j(T_opt)
+                (LP duality of the fractional assignment with per-pipeline capacity cap_j); any y gives a valid bound,
+                we try a few and improve them by multiplicative price updates.
+    `weights` (optional) multiplies each document (expected counts of a length histogram). inf when a document fits
+    no pipeline."""
+    l_ = np.asarray(lengths, dtype=np.float64)
+    if l_.size == 0 or not pipes:
+        return 0.0 if l_.size == 0 else float("inf")
+    wt = np.ones_like(l_) if weights is None else np.asarray(weights, dtype=np.float64)
+    classes, cnt = group_pipes(pipes)
+    A = np.array([p.a for p in classes])
+    B = np.array([p.b for p in classes])
+    C = np.array([p.c for p in classes])
+    P = np.array([p.pp for p in classes], dtype=np.float64)
+    M = np.array([p.max_len for p in classes], dtype=np.float64)
+    elig = l_[:, None] <= M[None, :]
+    if not np.all(elig.any(axis=1)):
+        return float("inf")
+    w = A[None, :] * (l_ * l_)[:, None] + B[None, :] * l_[:, None]
+    per_doc = np.where(elig, P[None, :] * (C[None, :] + w), np.inf).min(axis=1)
+    lb_doc = float(per_doc[wt > 0].max()) if np.any(wt > 0) else 0.0
+    wm = np.where(elig, w, np.inf)
+
+    def bound_for(Y: np.ndarray) -> np.ndarray:  # Y: R x K prices -> R bounds
+        total = np.min(wm[None, :, :] * Y[:, None, :], axis=2) @ wt  # R
+        return min_time(cnt[None, :] * Y, C, P, total)
+
+    # Price candidates: inverse work of each class at a few reference lengths, plus uniform.
+    refs = np.unique(np.quantile(l_, [0.0, 0.5, 0.9, 1.0]))
+    Y = np.vstack([1.0 / np.maximum(A * r * r + B * r, 1e-300) for r in refs] + [np.ones(len(classes))])
+    Y = Y / Y.sum(axis=1, keepdims=True)
+    vals = bound_for(Y)
+    best_i = int(np.argmax(vals))
+    best_y, best = Y[best_i], float(vals[best_i])
+    if len(classes) > 1:
+        y = best_y.copy()
+        for _ in range(rounds):
+            t = max(best, 1e-300)
+            arg = np.argmin(wm * y[None, :], axis=1)
+            loads = np.bincount(arg, weights=w[np.arange(l_.size), arg] * wt, minlength=len(classes))
+            capk = cnt * work_capacity(np.full(len(classes), t), C, P)
+            ratio = (loads + 1e-30) / np.maximum(capk, 1e-30)
+            cand = y * np.clip(ratio, 0.25, 4.0) ** np.array([[0.25], [0.5], [1.0]])
+            cand = cand / cand.sum(axis=1, keepdims=True)
+            v = bound_for(cand)
+            k = int(np.argmax(v))
+            y = cand[k]
+            if v[k] > best:
+                best = float(v[k])
+    return max(lb_doc, best) * (1 - SLACK)

@@ -1,0 +1,233 @@
+"""Stage 2 of the two-stage assignment: pack one pipeline's sequences into V micro-batches (Hydraulis §6.1, Eq. 1).
+
+Objective: min over V and the partition of (PP - 1 + V) * max_k (c + sum_{i in k} a l_i^2 + b l_i), every micro-batch
+holding at most MaxLen tokens.
+
+Heuristic (`pack`): for a handful of V around the minimiser of the convex per-V lower bound f(V)
+(bounds.pipeline_bound),
+inside the App. D range [ceil(tokens / MaxLen), tokens / UtilLen] widened to contain that minimiser, run capacity-aware
+LPT (longest first into the least-loaded micro-batch that has room) and a vectorised move/swap local search on the
+slowest micro-batch; then walk V up/down while it improves. V whose bound cannot beat the incumbent are skipped.
+Exact (`pack(..., exact=True)`): the same, then a HiGHS MILP per V in bound order until the bound exceeds the incumbent.
+`pack_fixed` is the token-count first-fit-decreasing baseline. Every packer has the `Packer` signature.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from tidal.core.errors import TidalError
+from tidal.costmodel.base import LatencyCoeffs
+from tidal.planner.bounds import PipeCost, _best_v_value, check_lengths, check_pipe
+
+
+@dataclass(frozen=True)
+class PackResult:
+    micro_batches: tuple[tuple[int, ...], ...]  # indices into the packer's `lengths`
+    est_time: float  # (PP - 1 + V) * max micro-batch time, seconds
+
+
+class Packer(Protocol):
+    def __call__(self, lengths: np.ndarray, coeffs: LatencyCoeffs, pp: int, max_len: int, *,
+                 exact: bool = False) -> PackResult: ...
+
+
+def pipeline_time(lengths, micro_batches, coeffs: LatencyCoeffs, pp: int) -> float:
+    """(PP - 1 + V) * max micro-batch time of a packing (0 for no micro-batches)."""
+    mbs = [mb for mb in micro_batches if len(mb)]
+    if not mbs:
+        return 0.0
+    l_ = np.asarray(lengths, dtype=np.float64)
+    worst = max(coeffs.mb_time(l_[list(mb)]) for mb in mbs)
+    return (pp - 1 + len(mbs)) * worst
+
+
+def _validate(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int) -> np.ndarray:
+    l_ = check_lengths(lengths)
+    check_pipe(pp, max_len, coeffs)
+    if l_.size and int(l_.max()) > max_len:
+        raise TidalError(f"sequence of length {int(l_.max())} exceeds the pipeline's MaxLen {max_len}")
+    return l_
+
+
+def _finish(bin_of: np.ndarray, l_: np.ndarray, coeffs: LatencyCoeffs, pp: int) -> PackResult:
+    groups: dict[int, list[int]] = {}
+    for i, k in enumerate(bin_of.tolist()):
+        groups.setdefault(k, []).append(i)
+    # Deterministic order: micro-batches by first (smallest) index.
+    mbs = tuple(sorted((tuple(g) for g in groups.values()), key=lambda g: g[0]))
+    return PackResult(mbs, pipeline_time(l_, mbs, coeffs, pp))
+
+
+def _ffd(l_: np.ndarray, max_len: int) -> np.ndarray:
+    """Token first-fit-decreasing: bin index per sequence."""
+    order = np.argsort(-l_, kind="stable")
+    room: list[int] = []
+    bin_of = np.empty(l_.size, dtype=np.int64)
+    for i in order.tolist():
+        x = int(l_[i])
+        for k, r in enumerate(room):
+            if r >= x:
+                room[k] -= x
+                bin_of[i] = k
+                break
+        else:
+            room.append(max_len - x)
+            bin_of[i] = len(room) - 1
+    return bin_of
+
+
+def pack_fixed(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool = False) -> PackResult:
+    """Baseline: token-count FFD into as few micro-batches of <= MaxLen tokens as it finds (ignores attention cost)."""
+    l_ = _validate(lengths, coeffs, pp, max_len)
+    if l_.size == 0:
+        return PackResult((), 0.0)
+    return _finish(_ffd(l_, max_len), l_, coeffs, pp)
+
+
+def _lpt(l_: np.ndarray, w: np.ndarray, order: np.ndarray, V: int, M: int, c: float) -> np.ndarray | None:
+    heap = [(c, k) for k in range(V)]
+    tok = [0] * V
+    bin_of = np.empty(l_.size, dtype=np.int64)
+    for i in order.tolist():
+        x = int(l_[i])
+        held = []
+        while heap:
+            t, k = heapq.heappop(heap)
+            if tok[k] + x <= M:
+                break
+            held.append((t, k))
+        else:
+            return None
+        tok[k] += x
+        bin_of[i] = k
+        heapq.heappush(heap, (t + float(w[i]), k))
+        for h in held:
+            heapq.heappush(heap, h)
+    return bin_of
+
+
+def _refine(bin_of: np.ndarray, l_: np.ndarray, w: np.ndarray, V: int, M: int, c: float, rounds: int,
+            max_docs: int = 32) -> None:
+    """Move/swap sequences off the slowest micro-batch while that strictly lowers it (in place)."""
+    T = np.bincount(bin_of, weights=w, minlength=V) + c
+    tok = np.bincount(bin_of, weights=l_, minlength=V).astype(np.int64)
+    bins = np.arange(V)
+    for _ in range(rounds):
+        b = int(np.argmax(T))
+        tb = T[b]
+        mine = np.flatnonzero(bin_of == b)
+        others = np.flatnonzero(bin_of != b)
+        best_val, act = tb * (1 - 1e-12), None
+        _, first = np.unique(l_[mine], return_index=True)
+        for i in mine[first][::-1][:max_docs].tolist():
+            x, wx = int(l_[i]), float(w[i])
+            if mine.size > 1:
+                val = np.where((bins != b) & (tok + x <= M), np.maximum(tb - wx, T + wx), np.inf)
+                k = int(np.argmin(val))
+                if val[k] < best_val:
+                    best_val, act = float(val[k]), (i, k, -1)
+            if others.size:
+                ke = bin_of[others]
+                we = w[others]
+                le = l_[others]
+                ok = (tok[b] - x + le <= M) & (tok[ke] - le + x <= M) & (le != x)
+                val = np.where(ok, np.maximum(tb - wx + we, T[ke] - we + wx), np.inf)
+                m = int(np.argmin(val))
+                if val[m] < best_val:
+                    best_val, act = float(val[m]), (i, int(ke[m]), int(others[m]))
+        if act is None:
+            return
+        i, k, e = act
+        for d, src, dst in ((i, b, k), (e, k, b)):
+            if d < 0:
+                continue
+            T[src] -= w[d]
+            T[dst] += w[d]
+            tok[src] -= l_[d]
+            tok[dst] += l_[d]
+            bin_of[d] = dst
+
+
+def _pack_v(l_, w, order, V, M, c, rounds):
+    bin_of = _lpt(l_, w, order, V, M, c)
+    if bin_of is None:
+        return None
+    _refine(bin_of, l_, w, V, M, c, rounds)
+    return bin_of
+
+
+def _score(bin_of: np.ndarray, w: np.ndarray, c: float, pp: int) -> float:
+    T = np.bincount(bin_of, weights=w)
+    used = np.bincount(bin_of) > 0
+    return float((pp - 1 + int(used.sum())) * (c + T[used].max()))
+
+
+def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool = False,
+         time_limit: float = 10.0) -> PackResult:
+    """Work-balanced packing of one pipeline's sequences (see module doc). Deterministic."""
+    l_ = _validate(lengths, coeffs, pp, max_len)
+    n = int(l_.size)
+    if n == 0:
+        return PackResult((), 0.0)
+    p = PipeCost.of(coeffs, pp, max_len)
+    w = p.work(l_)
+    if n == 1:
+        return _finish(np.zeros(1, dtype=np.int64), l_, coeffs, pp)
+    c = p.c
+    order = np.argsort(-l_, kind="stable")
+    S, W, wmax = int(l_.sum()), float(w.sum()), float(w.max())
+    vmin = max(1, -(-S // max_len))
+    v_opt, _ = _best_v_value(W, wmax, p, vmin, n)
+    v_util = min(n, max(vmin, int(S // coeffs.util_len())))
+    v_hi = min(n, max(v_util, v_opt + 2))  # App. D upper end, widened to contain the bound's minimiser
+    rounds = 20 + 2 * n
+
+    def bound(V: int) -> float:
+        return (pp - 1 + V) * max(W / V + c, c + wmax)
+
+    ffd = _ffd(l_, max_len)
+    best_bins, best = ffd, _score(ffd, w, c, pp)
+    tried: dict[int, float] = {}
+
+    def attempt(V: int) -> float:
+        nonlocal best_bins, best
+        if V in tried or not vmin <= V <= n:
+            return tried.get(V, math.inf)
+        if bound(V) >= best * (1 - 1e-12):
+            tried[V] = math.inf
+            return math.inf
+        b = _pack_v(l_, w, order, V, max_len, c, rounds)
+        val = _score(b, w, c, pp) if b is not None else math.inf
+        tried[V] = val
+        if val < best:
+            best_bins, best = b, val
+        return val
+
+    cands = sorted({vmin, v_opt - 1, v_opt, v_opt + 1, v_opt + 2, int(ffd.max()) + 1} & set(range(vmin, v_hi + 1)),
+                   key=lambda v: (bound(v), v))
+    for V in cands:
+        attempt(V)
+    # walk V from the incumbent while it improves
+    v_best = int(np.bincount(best_bins).astype(bool).sum())
+    for step in (1, -1):
+        V = v_best + step
+        while vmin <= V <= n and attempt(V) <= best:
+            V += step
+    if exact:
+        from tidal.planner.exact import pack_milp_fixed_v
+
+        for V in sorted(range(vmin, n + 1), key=lambda v: (bound(v), v)):
+            if bound(V) >= best * (1 - 1e-9):
+                break
+            b = pack_milp_fixed_v(l_, w, V, max_len, c, time_limit=time_limit)
+            if b is not None and _score(b, w, c, pp) < best:
+                best_bins, best = b, _score(b, w, c, pp)
+    # renumber bins densely
+    _, dense = np.unique(best_bins, return_inverse=True)
+    return _finish(dense.astype(np.int64), l_, coeffs, pp)

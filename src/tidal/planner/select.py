@@ -1,0 +1,170 @@
+"""Per-step strategy selection: two-stage assignment (dispatch, then packing) on every candidate, keep the fastest.
+
+Candidates are visited in order of their step lower bound and skipped once the bound cannot beat the incumbent, so the
+answer equals the exhaustive minimum over candidates (ties go to the lower candidate index) at a fraction of the cost.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tidal.core.errors import TidalError
+from tidal.core.plan import PipelinePlan, StepPlan
+from tidal.core.strategy import Strategy
+from tidal.costmodel.base import CostModel, pipeline_device
+from tidal.planner.bounds import PipeCost, check_lengths, pipeline_bound, strategy_bound
+from tidal.planner.dispatch import dispatch
+from tidal.planner.imbalance import max_over_mean, mb_times, spread
+from tidal.planner.packing import Packer, pack, pipeline_time
+
+
+@dataclass(frozen=True)
+class StrategyProfile:
+    """A placed candidate with its per-pipeline cost (computed once, reused for every step)."""
+
+    strategy: Strategy
+    pipes: tuple[PipeCost, ...]
+    layer_splits: tuple[tuple[int, ...], ...]
+
+    @property
+    def max_len(self) -> int:
+        return max(p.max_len for p in self.pipes)
+
+
+def profile_strategies(candidates: Sequence[Strategy], cost_model: CostModel) -> tuple[StrategyProfile, ...]:
+    """Cost every pipeline of every candidate with `cost_model` (coefficients of its bounding device type)."""
+    if not candidates:
+        raise TidalError("no candidate strategy to plan with")
+    out = []
+    for s in candidates:
+        pipes, splits = [], []
+        for p in s.pipelines:
+            dev = pipeline_device(cost_model.cluster, p)
+            pipes.append(PipeCost.of(cost_model.coeffs(p.scheme, dev), p.scheme.pp, cost_model.max_len(p.scheme, dev)))
+            splits.append(p.scheme.stage_layers(cost_model.model.layers))
+        out.append(StrategyProfile(s, tuple(pipes), tuple(splits)))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class PipelineReport:
+    pipeline: int
+    scheme: str
+    sequences: int
+    tokens: int
+    micro_batches: int
+    est_time: float  # s
+    lower_bound: float  # s, bounds.pipeline_bound of its sequences
+    mb_imbalance: float  # max/mean micro-batch time (WLB-LLM)
+
+
+@dataclass(frozen=True)
+class StrategyReport:
+    index: int
+    name: str
+    lower_bound: float  # inf when infeasible (a sequence longer than every MaxLen)
+    est_step_time: float | None  # None when infeasible or pruned by its bound
+
+
+@dataclass(frozen=True)
+class StepSelection:
+    plan: StepPlan
+    strategies: tuple[StrategyReport, ...]
+    pipelines: tuple[PipelineReport, ...]  # of the chosen strategy
+    rank_spread: float  # (max - min) / max of pipeline times (Hydraulis Fig. 15b)
+    pipeline_imbalance: float  # max / mean of pipeline times
+
+
+def _check_packing(mbs, n: int, sub: np.ndarray, max_len: int) -> None:
+    seen = sorted(i for mb in mbs for i in mb)
+    if seen != list(range(n)):
+        raise TidalError(f"packer returned a packing that does not hold each of its {n} sequences exactly once")
+    for mb in mbs:
+        if int(sub[list(mb)].sum()) > max_len:
+            raise TidalError(f"packer returned a micro-batch of {int(sub[list(mb)].sum())} tokens > MaxLen {max_len}")
+
+
+def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack, seed: int = 0,
+           exact: bool = False) -> tuple[float, tuple[PipelinePlan, ...]]:
+    """Two-stage assignment on one strategy: (step estimate, per-pipeline plans with step indices)."""
+    disp = dispatch(lengths, prof.pipes, exact=exact, seed=seed)
+    plans = []
+    for j, (pipe, group) in enumerate(zip(prof.pipes, disp.groups)):
+        pl = prof.strategy.pipelines[j]
+        idx = np.asarray(group, dtype=np.int64)
+        if idx.size == 0:
+            mbs: tuple[tuple[int, ...], ...] = ()
+            est = 0.0
+        else:
+            sub = lengths[idx]
+            res = packer(sub, pipe.coeffs, pipe.pp, pipe.max_len, exact=exact)
+            _check_packing(res.micro_batches, idx.size, sub, pipe.max_len)
+            mbs = tuple(tuple(int(idx[i]) for i in mb) for mb in res.micro_batches if len(mb))
+            est = pipeline_time(lengths, mbs, pipe.coeffs, pipe.pp)
+        plans.append(PipelinePlan(pl.scheme.tp, pl.scheme.pp, pl.scheme.cp, pl.devices, pipe.max_len, mbs, est,
+                                  layer_split=prof.layer_splits[j]))
+    return max((p.est_time for p in plans), default=0.0), tuple(plans)
+
+
+def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer = pack, seed: int = 0,
+                exact: bool = False, seq_ids: Sequence[int] | None = None, prune: bool = True) -> StepSelection:
+    """Plan one step: the candidate (index into `profiles`) with the least estimated step time, plus reports."""
+    t0 = time.perf_counter()
+    l_ = check_lengths(lengths)
+    if not profiles:
+        raise TidalError("no candidate strategy to plan with")
+    ids = tuple(range(l_.size)) if seq_ids is None else tuple(int(x) for x in seq_ids)
+    if len(ids) != l_.size:
+        raise TidalError(f"seq_ids has {len(ids)} entries for {l_.size} sequences")
+    names = [str(p.strategy) for p in profiles]
+    if l_.size == 0:
+        prof = profiles[0]
+        plans = tuple(PipelinePlan(pl.scheme.tp, pl.scheme.pp, pl.scheme.cp, pl.devices, pc.max_len, (), 0.0,
+                                   layer_split=prof.layer_splits[j])
+                      for j, (pl, pc) in enumerate(zip(prof.strategy.pipelines, prof.pipes)))
+        plan = StepPlan(ids, (), 0, plans, (), 0.0, 0.0, (time.perf_counter() - t0) * 1e3)
+        reps = tuple(StrategyReport(k, names[k], 0.0, 0.0 if k == 0 else None) for k in range(len(profiles)))
+        return StepSelection(plan, reps, (), 0.0, 1.0)
+    longest = int(l_.max())
+    bounds = [strategy_bound(l_, p.pipes) if longest <= p.max_len else float("inf") for p in profiles]
+    if all(b == float("inf") for b in bounds):
+        top = max(p.max_len for p in profiles)
+        raise TidalError(f"a sequence of {longest} tokens exceeds the MaxLen of every candidate strategy (largest "
+                         f"{top}); split or truncate long documents before planning")
+    ests: list[float | None] = [None] * len(profiles)
+    best: tuple[float, int, tuple[PipelinePlan, ...]] | None = None
+    for k in sorted(range(len(profiles)), key=lambda k: (bounds[k], k)):
+        if bounds[k] == float("inf"):
+            continue
+        if prune and best is not None and (bounds[k], k) >= (best[0], best[1]):
+            continue
+        est, plans = assign(l_, profiles[k], packer=packer, seed=seed, exact=exact)
+        ests[k] = est
+        if best is None or (est, k) < (best[0], best[1]):
+            best = (est, k, plans)
+    assert best is not None
+    est, k, plans = best
+    lb = min(bounds)
+    prof = profiles[k]
+    reports = []
+    for j, (pp_, pc) in enumerate(zip(plans, prof.pipes)):
+        idx = [i for mb in pp_.micro_batches for i in mb]
+        reports.append(PipelineReport(
+            j, prof.strategy.pipelines[j].scheme.short(), len(idx), int(l_[idx].sum()) if idx else 0,
+            len(pp_.micro_batches), pp_.est_time, pipeline_bound(l_[idx], pc) if idx else 0.0,
+            max_over_mean(mb_times(l_, pp_.micro_batches, pc.coeffs))))
+    times = [p.est_time for p in plans]
+    plan = StepPlan(ids, tuple(int(x) for x in l_), k, plans, (), float(est), float(min(lb, est)),
+                    (time.perf_counter() - t0) * 1e3)
+    strat = tuple(StrategyReport(i, names[i], bounds[i], ests[i]) for i in range(len(profiles)))
+    return StepSelection(plan, strat, tuple(reports), spread(times), max_over_mean(times))
+
+
+def plan_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer = pack, seed: int = 0,
+              exact: bool = False, seq_ids: Sequence[int] | None = None) -> StepPlan:
+    """select_step(...).plan"""
+    return select_step(lengths, profiles, packer=packer, seed=seed, exact=exact, seq_ids=seq_ids).plan

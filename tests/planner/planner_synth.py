@@ -1,0 +1,34 @@
+"""Cheap synthetic strategies for planner property tests: hand-picked coefficients, no cost model."""
+
+from __future__ import annotations
+
+from tidal.core import get_cluster, parse_strategy, place
+from tidal.planner.bounds import PipeCost
+from tidal.planner.select import StrategyProfile
+
+CLUSTER = get_cluster("cpux16")
+
+# scheme string -> PipeCost (a, b, c, pp, max_len); lengths in tests are <= 600
+COSTS = {
+    "tp4": PipeCost(2e-5, 5e-3, 0.03, 1, 400),
+    "tp2": PipeCost(4e-5, 1e-2, 0.02, 1, 150),
+    "tp1": PipeCost(8e-5, 2e-2, 0.01, 1, 80),
+    "tp2pp2": PipeCost(2e-5, 5e-3, 0.015, 2, 250),
+    "pp2": PipeCost(4e-5, 1e-2, 0.005, 2, 100),
+    "tp2cp2": PipeCost(1e-5, 2.6e-3, 0.04, 1, 500),
+    "tp4pp4": PipeCost(5e-6, 1.3e-3, 0.008, 4, 450),
+}
+
+STRATEGIES = ("2*tp4", "tp4+2*tp2", "2*tp2pp2", "tp2cp2+4*tp1", "4*pp2", "tp4pp4", "tp2cp2+tp4+tp2pp2")
+
+
+def profile(text: str) -> StrategyProfile:
+    schemes = parse_strategy(text)
+    strat = place(schemes, CLUSTER)
+    pipes = tuple(COSTS[s.short()] for s in schemes)
+    splits = tuple(s.stage_layers(8) for s in schemes)
+    return StrategyProfile(strat, pipes, splits)
+
+
+PROFILES = tuple(profile(s) for s in STRATEGIES)
+MAX_LEN = max(p.max_len for p in PROFILES)
