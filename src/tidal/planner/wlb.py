@@ -25,15 +25,14 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from tidal.core.errors import TidalError
 from tidal.costmodel.base import LatencyCoeffs
-
-if TYPE_CHECKING:
-    from tidal.planner.packing import PackResult  # noqa: F811 (imported lazily: packing.py is a sibling module)
+from tidal.planner.bounds import check_lengths, check_pipe
+from tidal.planner.packing import PackResult, pipeline_time
 
 
 @dataclass(frozen=True)
@@ -269,10 +268,6 @@ def _best_count(lengths: np.ndarray, coeffs: LatencyCoeffs, pp: int, max_len: in
 def pack(lengths: np.ndarray, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool = False) -> PackResult:
     """WLB variable-length packing of one pipeline's documents (no cross-step delay: every document is packed).
     `exact` is accepted for signature compatibility and ignored: WLB is a heuristic (docs/wlb.md)."""
-    # sibling planner modules, imported here so that the queue functions above need only core and costmodel
-    from tidal.planner.bounds import check_lengths, check_pipe
-    from tidal.planner.packing import PackResult, pipeline_time  # noqa: F811
-
     arr = check_lengths(lengths)
     check_pipe(pp, max_len, coeffs)
     if arr.size == 0:
