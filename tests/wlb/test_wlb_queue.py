@@ -126,3 +126,11 @@ def test_greedy_pack_balances_workload():
     assert not left
     w = [sum(int(lens[i]) ** 2 for i in mb) for mb in mbs]
     assert max(w) / (sum(w) / 2) < 1.2
+
+
+def test_default_thresholds():
+    from tidal.planner.wlb import default_thresholds
+
+    assert default_thresholds(131072) == (32768, 65536)
+    with pytest.raises(TidalError):
+        default_thresholds(2)

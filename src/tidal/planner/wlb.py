@@ -115,6 +115,13 @@ class WLBStep:
         return int(sum(self.seq_lengths[i] for i in self.packed))
 
 
+def default_thresholds(context: int) -> tuple[int, ...]:
+    """Two outlier queues at context/4 and context/2 (WLB Table 2: two queues reach 1.05; a third adds nothing)."""
+    if context < 4:
+        raise TidalError(f"WLB: context must be >= 4 tokens for default thresholds, got {context}")
+    return (context // 4, context // 2)
+
+
 def greedy_pack(lengths: np.ndarray, order: list[int], coeffs: LatencyCoeffs, n: int, max_len: int,
                 loads: list[float] | None = None, fill: list[int] | None = None
                 ) -> tuple[list[list[int]], list[int]]:
