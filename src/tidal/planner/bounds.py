@@ -154,11 +154,81 @@ def group_pipes(pipes: Sequence[PipeCost]) -> tuple[tuple[PipeCost, ...], np.nda
     return tuple(order), np.array(list(order.values()), dtype=np.float64)
 
 
-def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int = 6) -> float:
+class _Abort(Exception):
+    pass
+
+
+def top_docs_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], r: int = 6, node_limit: int = 3000) -> float:
+    """min over dispatches of only the r longest documents of max_j D_j (eq2_bound), by exhaustive branch and bound
+    (identical pipelines merged). D_j only grows when documents are added, so this bounds the full step. Falls back
+    to fewer documents when the search exceeds `node_limit` nodes; 0.0 if even one document is too many."""
+    l_ = np.sort(np.asarray(lengths, dtype=np.int64))[::-1]
+    classes, cnt = group_pipes(pipes)
+    while r >= 1:
+        try:
+            return _top_search([int(x) for x in l_[:r]], classes, cnt, node_limit)
+        except _Abort:
+            r //= 2
+    return 0.0
+
+
+def _top_search(top: list[int], classes: tuple[PipeCost, ...], cnt: np.ndarray, node_limit: int) -> float:
+    best = [float("inf")]
+    nodes = [0]
+    used = [0] * len(classes)
+    open_: list[list] = []  # [class, W, tokens, wmax] of every opened pipeline
+
+    def rec(t: int, cur: float) -> None:
+        nodes[0] += 1
+        if nodes[0] > node_limit:
+            raise _Abort
+        if cur >= best[0]:
+            return
+        if t == len(top):
+            best[0] = cur
+            return
+        x = top[t]
+        opts = []
+        seen = set()
+        for o in open_:
+            p = classes[o[0]]
+            key = tuple(o)
+            if x <= p.max_len and key not in seen:  # identical open pipelines are one branch
+                seen.add(key)
+                wx = p.a * x * x + p.b * x
+                opts.append((eq2_bound(o[1] + wx, o[2] + x, max(o[3], wx), 1, p), o, -1))
+        for k, p in enumerate(classes):
+            if used[k] < cnt[k] and x <= p.max_len:  # unopened pipelines of a class are interchangeable
+                wx = p.a * x * x + p.b * x
+                opts.append((eq2_bound(wx, x, wx, 1, p), None, k))
+        opts.sort(key=lambda z: z[0])
+        for d, o, k in opts:
+            if max(cur, d) >= best[0]:
+                break
+            p = classes[o[0] if o is not None else k]
+            wx = p.a * x * x + p.b * x
+            if o is not None:
+                saved = o[:]
+                o[1], o[2], o[3] = o[1] + wx, o[2] + x, max(o[3], wx)
+                rec(t + 1, max(cur, d))
+                o[:] = saved
+            else:
+                used[k] += 1
+                open_.append([k, wx, x, wx])
+                rec(t + 1, max(cur, d))
+                open_.pop()
+                used[k] -= 1
+
+    rec(0, 0.0)
+    return best[0]
+
+
+def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int = 6, top: int = 6) -> float:
     """Lower bound on the optimal step time of documents `lengths` on a strategy (any dispatch, any packing).
 
     max(LB_doc, LB_work):
       LB_doc  = max_i min_{j eligible} PP_j (c_j + w_j(l_i))   (the pipeline holding i runs >= PP_j micro-batch slots)
+      LB_top  = top_docs_bound of the `top` longest documents (exact min-max of D_j over their dispatches)
       LB_work = max_y T(y): for prices y >= 0 on pipelines, sum_i min_j y_j w_j(l_i) <= sum_j y_j cap_j(T_opt)
                 (LP duality of the fractional assignment with per-pipeline capacity cap_j); any y gives a valid bound,
                 we try a few and improve them by multiplicative price updates.
@@ -208,4 +278,5 @@ def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int
             y = cand[k]
             if v[k] > best:
                 best = float(v[k])
-    return max(lb_doc, best) * (1 - SLACK)
+    lb_top = top_docs_bound(l_[wt > 0], pipes, r=top) if top > 0 else 0.0
+    return max(lb_doc, best, lb_top) * (1 - SLACK)

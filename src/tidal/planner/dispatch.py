@@ -146,8 +146,12 @@ def _local_search(st: _State, max_rounds: int, max_docs: int = 16, pairs: bool =
             return
         mine = np.flatnonzero(st.owner == j)
         uniq = np.unique(st.l[mine])[::-1][:max_docs]
-        others = st.owner != j
-        e_idx = np.flatnonzero(others)
+        if st.l.size > 256 and n_p > 8:
+            # Large steps: swap partners only from the 8 least-loaded pipelines (where a bottleneck's work can go).
+            light = np.argpartition(loads, 8)[:8]
+            e_idx = np.flatnonzero(np.isin(st.owner, light[light != j]))
+        else:
+            e_idx = np.flatnonzero(st.owner != j)
         best_val, best_act = dmax * (1 - 1e-12), None
         for x in uniq.tolist():
             i = int(mine[np.flatnonzero(st.l[mine] == x)[0]])

@@ -18,7 +18,7 @@ from tidal.core.strategy import Strategy
 from tidal.costmodel.base import CostModel, pipeline_device
 from tidal.planner.bounds import PipeCost, check_lengths, pipeline_bound, strategy_bound
 from tidal.planner.dispatch import dispatch
-from tidal.planner.imbalance import max_over_mean, mb_times, spread
+from tidal.planner.metrics import max_over_mean, mb_imbalance, rank_spread
 from tidal.planner.packing import Packer, pack, pipeline_time
 
 
@@ -130,7 +130,9 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
         reps = tuple(StrategyReport(k, names[k], 0.0, 0.0 if k == 0 else None) for k in range(len(profiles)))
         return StepSelection(plan, reps, (), 0.0, 1.0)
     longest = int(l_.max())
-    bounds = [strategy_bound(l_, p.pipes) if longest <= p.max_len else float("inf") for p in profiles]
+    # quick bounds (doc + work with fixed prices) order and prune the candidates; refined ones give the reported bound
+    bounds = [strategy_bound(l_, p.pipes, rounds=0, top=0) if longest <= p.max_len else float("inf")
+              for p in profiles]
     if all(b == float("inf") for b in bounds):
         top = max(p.max_len for p in profiles)
         raise TidalError(f"a sequence of {longest} tokens exceeds the MaxLen of every candidate strategy (largest "
@@ -148,7 +150,12 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
             best = (est, k, plans)
     assert best is not None
     est, k, plans = best
-    lb = min(bounds)
+    lb = float("inf")
+    for i in sorted(range(len(profiles)), key=lambda i: (bounds[i], i)):
+        if bounds[i] >= lb:
+            break
+        bounds[i] = max(bounds[i], strategy_bound(l_, profiles[i].pipes))
+        lb = min(lb, bounds[i])
     prof = profiles[k]
     reports = []
     for j, (pp_, pc) in enumerate(zip(plans, prof.pipes)):
@@ -156,12 +163,12 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
         reports.append(PipelineReport(
             j, prof.strategy.pipelines[j].scheme.short(), len(idx), int(l_[idx].sum()) if idx else 0,
             len(pp_.micro_batches), pp_.est_time, pipeline_bound(l_[idx], pc) if idx else 0.0,
-            max_over_mean(mb_times(l_, pp_.micro_batches, pc.coeffs))))
+            mb_imbalance([pc.coeffs.mb_time(l_[list(mb)]) for mb in pp_.micro_batches])))
     times = [p.est_time for p in plans]
     plan = StepPlan(ids, tuple(int(x) for x in l_), k, plans, (), float(est), float(min(lb, est)),
                     (time.perf_counter() - t0) * 1e3)
     strat = tuple(StrategyReport(i, names[i], bounds[i], ests[i]) for i in range(len(profiles)))
-    return StepSelection(plan, strat, tuple(reports), spread(times), max_over_mean(times))
+    return StepSelection(plan, strat, tuple(reports), rank_spread(times), max_over_mean(times))
 
 
 def plan_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer = pack, seed: int = 0,
