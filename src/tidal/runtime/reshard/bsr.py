@@ -1,0 +1,139 @@
+"""Batched send/receive planning (Hetu v2 §4.3, §6.2): topology, the three sender heuristics, message fusion, and the
+per-rank volume accounting of a plan. Pure python."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from tidal.core.cluster import ClusterSpec
+from tidal.core.errors import TidalError
+from tidal.runtime.reshard.plan import Cell, Collective, Message, RankStats
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Node of every rank and link bandwidths, precomputed from a ClusterSpec (rank i is device i)."""
+
+    nodes: tuple[int, ...]
+    bw: tuple[tuple[float, ...], ...]
+
+    @staticmethod
+    def from_cluster(cluster: ClusterSpec, ranks: int | None = None) -> Topology:
+        n = cluster.num_devices if ranks is None else ranks
+        if n > cluster.num_devices:
+            raise TidalError(f"topology needs {n} ranks but cluster {cluster.name} has {cluster.num_devices} devices")
+        nodes = tuple(cluster.node_of(d) for d in range(n))
+        bw = tuple(tuple(cluster.bandwidth(a, b) for b in range(n)) for a in range(n))
+        return Topology(nodes, bw)
+
+    @staticmethod
+    def uniform(ranks: int, per_node: int | None = None) -> Topology:
+        """`ranks` ranks, `per_node` to a node (default: one node), intra links 10x faster than inter links."""
+        per = per_node or ranks
+        nodes = tuple(r // per for r in range(ranks))
+        bw = tuple(tuple(float("inf") if a == b else (10.0 if nodes[a] == nodes[b] else 1.0) for b in range(ranks))
+                   for a in range(ranks))
+        return Topology(nodes, bw)
+
+    @property
+    def size(self) -> int:
+        return len(self.nodes)
+
+    def check(self, devices: Iterable[int]) -> None:
+        bad = [d for d in devices if d >= self.size]
+        if bad:
+            raise TidalError(f"devices {sorted(set(bad))} are outside the topology of {self.size} ranks")
+
+
+class Load:
+    """Cumulative send/recv bytes per rank, shared across the tensors of a fused plan."""
+
+    def __init__(self) -> None:
+        self.send: dict[int, int] = defaultdict(int)
+        self.recv: dict[int, int] = defaultdict(int)
+
+
+def choose_sender(holders: Sequence[int], receiver: int, nbytes: int, topo: Topology, load: Load,
+                  heuristics: bool) -> int:
+    """Heuristic (I) is applied by the caller (a receiver already holding the cell copies locally). (II) highest
+    bandwidth link to the receiver, (III) lowest cumulative send load, then lowest rank. Without heuristics: the lowest
+    rank."""
+    if not heuristics:
+        s = min(holders)
+    else:
+        row = topo.bw
+        s = min(holders, key=lambda h: (-row[h][receiver], load.send[h], h))
+    load.send[s] += nbytes
+    load.recv[receiver] += nbytes
+    return s
+
+
+def choose_root(contributors: Sequence[int], needers: Sequence[int], nbytes: int, topo: Topology, load: Load,
+                heuristics: bool) -> int:
+    """Root of a point-to-point reduction: a contributor that needs the result if any (it then holds it locally), else
+    the contributor with the best link to the first needer and the lowest receive load."""
+    inside = [c for c in contributors if c in needers]
+    pool = inside or list(contributors)
+    if not heuristics:
+        root = min(pool)
+    else:
+        first = min(needers) if needers else pool[0]
+        root = min(pool, key=lambda c: (-topo.bw[c][first] if c != first else float("-inf"), load.recv[c], c))
+    k = len(contributors) - 1
+    load.recv[root] += k * nbytes
+    for c in contributors:
+        if c != root:
+            load.send[c] += nbytes
+    return root
+
+
+def fuse(transfers: Iterable[tuple[int, int, int, Cell]], label: str = "BSR") -> list[Message]:
+    """Group (batch, sender, receiver, cell) transfers into one message per (batch, sender, receiver), cells in
+    first-seen order. Messages are sorted so every rank builds the same sequence."""
+    groups: dict[tuple[int, int, int], list[Cell]] = {}
+    for batch, s, r, cell in transfers:
+        groups.setdefault((batch, s, r), []).append(cell)
+    return [Message(b, s, r, tuple(cells), label) for (b, s, r), cells in sorted(groups.items())]
+
+
+def _stats(stats: dict[int, RankStats], r: int) -> RankStats:
+    if r not in stats:
+        stats[r] = RankStats()
+    return stats[r]
+
+
+def add_p2p(stats: dict[int, RankStats], topo: Topology, sender: int, receiver: int, nbytes: int) -> None:
+    inter = topo.nodes[sender] != topo.nodes[receiver]
+    s, r = _stats(stats, sender), _stats(stats, receiver)
+    if inter:
+        s.send_inter += nbytes
+        r.recv_inter += nbytes
+    else:
+        s.send_intra += nbytes
+        r.recv_intra += nbytes
+
+
+def ring_order(ranks: Sequence[int], topo: Topology) -> list[int]:
+    return sorted(ranks, key=lambda r: (topo.nodes[r], r))
+
+
+def add_collective(stats: dict[int, RankStats], topo: Topology, col: Collective, itemsize: int) -> None:
+    """Ring model: AR sends 2(k-1)/k of the buffer per member, RS and AG (k-1) chunks (the buffer is k chunks)."""
+    k = len(col.ranks)
+    chunk = col.chunk_elems() * itemsize
+    per = 2 * (k - 1) * chunk // k if col.kind == "AR" else (k - 1) * chunk
+    ring = ring_order(col.ranks, topo)
+    for i, r in enumerate(ring):
+        _stats(stats, r).collectives += 1
+        if k > 1:
+            add_p2p(stats, topo, r, ring[(i + 1) % k], per)
+
+
+def message_stats(stats: dict[int, RankStats], topo: Topology, msgs: Iterable[Message], itemsize: int,
+                  elems_of) -> None:
+    for m in msgs:
+        nbytes = sum(elems_of(c) for c in m.cells) * itemsize
+        add_p2p(stats, topo, m.sender, m.receiver, nbytes)
+        _stats(stats, m.sender).messages += 1

@@ -1,0 +1,187 @@
+"""Execute a CommPlan on torch.distributed (gloo on CPU, NCCL on GPU).
+
+Every rank of the world calls `execute` with the same plan (ranks not involved return at once after the group cache is
+brought up to date; `new_group` must be called by every rank in the same order). Process groups live in an explicit
+`GroupCache` created once by the caller and passed in.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from tidal.core.errors import TidalError
+from tidal.runtime.reshard.annotation import Box, box_size, local_box
+from tidal.runtime.reshard.plan import Cell, CommPlan
+
+
+class GroupCache:
+    """Process groups by sorted rank tuple, created once. `reduce_scatter`: "auto" uses the native collective and
+    falls back to all-reduce + slice if the backend lacks it (older gloo); "allreduce" forces that fallback."""
+
+    def __init__(self, reduce_scatter: str = "auto") -> None:
+        if reduce_scatter not in ("auto", "native", "allreduce"):
+            raise TidalError(f"reduce_scatter must be auto, native or allreduce, got {reduce_scatter!r}")
+        self.reduce_scatter = reduce_scatter
+        self._groups: dict[tuple[int, ...], object] = {}
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def ensure(self, ranks_list: Sequence[tuple[int, ...]]) -> None:
+        """Create missing groups. Collective over the whole world: every rank must pass the same list."""
+        for ranks in ranks_list:
+            key = tuple(sorted(ranks))
+            if key not in self._groups:
+                self._groups[key] = dist.new_group(list(key))
+
+    def get(self, ranks: Sequence[int]):
+        key = tuple(sorted(ranks))
+        if key not in self._groups:
+            raise TidalError(f"process group {list(key)} was not created; call GroupCache.ensure on every rank")
+        return self._groups[key]
+
+
+def _slices(box: Box) -> tuple[slice, ...]:
+    return tuple(slice(a, b) for a, b in box)
+
+
+class _Local:
+    """One rank's view of a plan: its source and destination boxes, reduced cells and outputs."""
+
+    def __init__(self, plan: CommPlan, rank: int, inputs: Sequence[torch.Tensor | None], dtype: torch.dtype) -> None:
+        if len(inputs) != len(plan.moves):
+            raise TidalError(f"plan moves {len(plan.moves)} tensors but {len(inputs)} inputs were given")
+        self.src_box: dict[int, Box] = {}
+        self.dst_box: dict[int, Box] = {}
+        self.inputs = inputs
+        self.out: list[torch.Tensor | None] = [None] * len(plan.moves)
+        self.reduced: dict[Cell, torch.Tensor] = {}
+        for t, mv in enumerate(plan.moves):
+            for e in mv.src.entries(mv.shape):
+                if e.device == rank:
+                    self.src_box[t] = e.box
+            for e in mv.dst.entries(mv.shape):
+                if e.device == rank:
+                    self.dst_box[t] = e.box
+            x = inputs[t]
+            if t in self.src_box:
+                want = tuple(b - a for a, b in self.src_box[t])
+                if x is None or tuple(x.shape) != want:
+                    got = None if x is None else list(x.shape)
+                    raise TidalError(f"rank {rank}: tensor {t} input should have local shape {list(want)}, got {got}")
+                if x.dtype != dtype:
+                    raise TidalError(f"rank {rank}: tensor {t} has dtype {x.dtype}, plan executes in {dtype}")
+            if t in self.dst_box:
+                self.out[t] = torch.zeros(tuple(b - a for a, b in self.dst_box[t]), dtype=dtype,
+                                          device=x.device if x is not None else "cpu")
+        self.dtype = dtype
+
+    def read(self, cell: Cell) -> torch.Tensor:
+        if cell in self.reduced:
+            return self.reduced[cell]
+        t, box = cell
+        return self.inputs[t][_slices(local_box(self.src_box[t], box))]
+
+    def write(self, cell: Cell, data: torch.Tensor) -> None:
+        t, box = cell
+        view = self.out[t][_slices(local_box(self.dst_box[t], box))]
+        view.copy_(data.reshape(view.shape))
+
+    def pack(self, cells: Sequence[Cell], contrib: dict | None = None, me: int = -1) -> torch.Tensor:
+        parts = []
+        for c in cells:
+            if contrib is not None and me not in contrib[c]:
+                parts.append(torch.zeros(box_size(c[1]), dtype=self.dtype))
+            else:
+                parts.append(self.read(c).reshape(-1))
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=self.dtype)
+
+    def unpack(self, buf: torch.Tensor, cells: Sequence[Cell], add: bool = False, writers: dict | None = None,
+               me: int = -1) -> None:
+        off = 0
+        for c in cells:
+            n = box_size(c[1])
+            piece = buf[off:off + n]
+            off += n
+            if writers is not None and me not in writers[c]:
+                continue
+            if add:
+                self.reduced[c].add_(piece.reshape(self.reduced[c].shape))
+            else:
+                self.write(c, piece)
+
+
+def _p2p(local: _Local, rank: int, msgs, add: bool) -> None:
+    by_batch = defaultdict(list)
+    for m in msgs:
+        if rank in (m.sender, m.receiver):
+            by_batch[m.batch].append(m)
+    for batch in sorted(by_batch):
+        ops, recvs = [], []
+        for m in by_batch[batch]:
+            if m.sender == rank:
+                ops.append(dist.P2POp(dist.isend, local.pack(m.cells).contiguous(), m.receiver))
+            else:
+                buf = torch.empty(sum(box_size(c[1]) for c in m.cells), dtype=local.dtype)
+                ops.append(dist.P2POp(dist.irecv, buf, m.sender))
+                recvs.append((buf, m))
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+        for buf, m in recvs:
+            local.unpack(buf, m.cells, add=add)
+
+
+def execute(plan: CommPlan, inputs: Sequence[torch.Tensor | None], groups: GroupCache,
+            dtype: torch.dtype = torch.float32) -> list[torch.Tensor | None]:
+    """Run `plan` on this rank. `inputs[t]` is this rank's local shard of tensor t under its source annotation (None
+    where the rank holds none). Returns the local shards under the destination annotations (None where none)."""
+    rank = dist.get_rank()
+    groups.ensure(plan.group_ranks())
+    local = _Local(plan, rank, inputs, dtype)
+    # Phase 1: point-to-point reductions at roots.
+    for red in plan.reductions:
+        if red.root == rank:
+            local.reduced[red.cell] = local.read(red.cell).clone()
+    _p2p(local, rank, plan.reduce_msgs, add=True)
+    # Phase 2: collectives in plan order.
+    for col in plan.collectives:
+        if rank not in col.ranks:
+            continue
+        group = groups.get(col.ranks)
+        me = col.ranks.index(rank)
+        contrib = dict(col.contrib)
+        if col.kind == "AR":
+            buf = local.pack(col.chunks[0], contrib, rank)
+            dist.all_reduce(buf, group=group)
+            local.unpack(buf, col.chunks[0], writers=dict(col.writers), me=rank)
+        elif col.kind == "RS":
+            n = col.chunk_elems()
+            full = torch.cat([local.pack(ch, contrib, rank) for ch in col.chunks])
+            out = torch.empty(n, dtype=dtype)
+            if groups.reduce_scatter != "allreduce":
+                try:
+                    dist.reduce_scatter(out, list(full.split(n)), group=group)
+                except RuntimeError:
+                    if groups.reduce_scatter == "native":
+                        raise
+                    groups.reduce_scatter = "allreduce"  # deterministic on every rank: the backend lacks it
+            if groups.reduce_scatter == "allreduce":
+                dist.all_reduce(full, group=group)
+                out = full[me * n:(me + 1) * n]
+            local.unpack(out, col.chunks[me])
+        else:  # AG
+            mine = local.pack(col.chunks[me])
+            bufs = [torch.empty(col.chunk_elems(), dtype=dtype) for _ in col.ranks]
+            dist.all_gather(bufs, mine, group=group)
+            for buf, ch in zip(bufs, col.chunks):
+                local.unpack(buf, ch)
+    # Phase 3: SR/BSR messages, then local copies.
+    _p2p(local, rank, plan.messages, add=False)
+    for r, cell in plan.copies:
+        if r == rank:
+            local.write(cell, local.read(cell))
+    return local.out

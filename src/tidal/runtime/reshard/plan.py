@@ -1,0 +1,147 @@
+"""CommPlan: the inspectable output of communication resolution. Pure python.
+
+A plan moves one or more tensors from a source to a destination annotation in three phases, every rank executing
+the parts it takes part in, in plan order:
+
+1. `reductions` + `reduce_msgs`: partial cells not covered by a collective are summed at a root by point-to-point
+   messages (BSR with accumulation), one fused message per (batch, sender, receiver).
+2. `collectives`: AR / RS / AG (bottom tier) and SplitAR / SplitRS / SplitAG (top tier) on explicit rank groups.
+3. `messages` (BSR / SR, one fused message per (batch, sender, receiver)) and `copies` (local moves).
+
+Volumes follow ring algorithms for collectives (ranks ordered by node so only node boundaries cross nodes) and exact
+payloads for point-to-point messages.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from tidal.runtime.reshard.annotation import Annotation, Box, box_size
+
+
+@dataclass(frozen=True)
+class TensorMove:
+    """One tensor of global `shape` moving from annotation `src` to `dst`."""
+
+    src: Annotation
+    dst: Annotation
+    shape: tuple[int, ...]
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        object.__setattr__(self, "_hash", hash((self.src, self.dst, self.shape)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+Cell = tuple[int, Box]  # (tensor index in the plan, global box)
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """Cell summed at `root` from the addends held by `contributors` (root is one of them)."""
+
+    cell: Cell
+    root: int
+    contributors: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Message:
+    """One point-to-point message carrying `cells` packed in order; `batch` separates unfused plans."""
+
+    batch: int
+    sender: int
+    receiver: int
+    cells: tuple[Cell, ...]
+    label: str = "BSR"
+
+
+@dataclass(frozen=True)
+class Collective:
+    """A collective on `ranks` (in that order). For AR, `chunks[0]` are the cells every member reduces; for RS and
+    AG, `chunks[i]` are the cells member i ends with (RS) or contributes (AG). `contrib[c]` lists which members hold
+    an addend of cell c (the others contribute zeros); empty for AG. For AR, `writers[c]` lists the members that keep
+    the sum (the others only contributed)."""
+
+    kind: str  # AR | RS | AG
+    label: str  # AR | RS | AG | SplitAR | SplitRS | SplitAG
+    ranks: tuple[int, ...]
+    chunks: tuple[tuple[Cell, ...], ...]
+    contrib: tuple[tuple[Cell, tuple[int, ...]], ...] = ()
+    writers: tuple[tuple[Cell, tuple[int, ...]], ...] = ()
+
+    def chunk_elems(self) -> int:
+        return max(sum(box_size(b) for _, b in ch) for ch in self.chunks)
+
+
+@dataclass
+class RankStats:
+    send_intra: int = 0
+    send_inter: int = 0
+    recv_intra: int = 0
+    recv_inter: int = 0
+    messages: int = 0  # point-to-point messages sent
+    collectives: int = 0  # collective calls joined
+
+    @property
+    def send(self) -> int:
+        return self.send_intra + self.send_inter
+
+    @property
+    def recv(self) -> int:
+        return self.recv_intra + self.recv_inter
+
+
+@dataclass(frozen=True)
+class CommPlan:
+    moves: tuple[TensorMove, ...]
+    itemsize: int
+    tiers: tuple[str, ...]  # per tensor: identity | bottom | top | bsr
+    reductions: tuple[Reduction, ...]
+    reduce_msgs: tuple[Message, ...]
+    collectives: tuple[Collective, ...]
+    messages: tuple[Message, ...]
+    copies: tuple[tuple[int, Cell], ...]  # (rank, cell): local copy from its source or reduced data
+    stats: dict[int, RankStats]
+
+    @property
+    def num_messages(self) -> int:
+        return len(self.messages) + len(self.reduce_msgs)
+
+    def op_counts(self) -> Counter:
+        c: Counter = Counter(col.label for col in self.collectives)
+        c.update(m.label for m in self.messages)
+        c.update("reduce-BSR" for _ in self.reduce_msgs)
+        if self.copies:
+            c["copy"] += len(self.copies)
+        return c
+
+    def group_ranks(self) -> list[tuple[int, ...]]:
+        """Distinct process groups the plan's collectives need, in first-use order."""
+        seen: dict[tuple[int, ...], None] = {}
+        for col in self.collectives:
+            seen.setdefault(tuple(sorted(col.ranks)), None)
+        return list(seen)
+
+    def max_send(self) -> int:
+        return max((s.send for s in self.stats.values()), default=0)
+
+    def max_recv(self) -> int:
+        return max((s.recv for s in self.stats.values()), default=0)
+
+    def inter_node_bytes(self) -> int:
+        return sum(s.send_inter for s in self.stats.values())
+
+    def total_bytes(self) -> int:
+        return sum(s.send for s in self.stats.values())
+
+    def summary(self) -> dict:
+        return {
+            "tensors": len(self.moves), "ops": dict(self.op_counts()), "messages": self.num_messages,
+            "collectives": len(self.collectives), "max_send_bytes": self.max_send(), "max_recv_bytes": self.max_recv(),
+            "inter_node_bytes": self.inter_node_bytes(), "total_bytes": self.total_bytes(),
+        }
