@@ -1,0 +1,305 @@
+"""Strategy proposal (Hydraulis §7): a few heterogeneous candidate strategies for a dataset's length distribution.
+
+Scheme space: <TP, PP, CP> with TP dividing heads and kv_heads (TP <= max_tp, default a node), PP dividing the layer
+count (or any PP <= layers), CP in powers of two (CP > 1 included: Hydraulis fixes CP = 1), TP*PP*CP <= N, MaxLen > 0.
+
+Dynamic programme with continuous relaxation, solved in its dual form. Hydraulis computes t[n][l], the least latency
+with n devices for all documents of length <= l, over fractional n and d. We fix the latency t and compute n_t[l], the
+least (fractional, step `d_step` pipelines) devices that finish all documents of length <= l within t:
+
+    n_t[l] = min over schemes k and l' < l of  n_t[l'] + N_k * ceil_step(W_k(l', l] / cap_k(t))
+
+where W_k(l', l] is the expected work of the step's documents in the length interval on scheme k, cap_k(t) the work one
+pipeline of scheme k finishes in t (bounds.work_capacity: bubbles and per-micro-batch constants included) and scheme k
+is allowed for the interval when MaxLen_k >= l and a single document of length l fits in t (PP (c + w(l)) <= t).
+n_t is nonincreasing in t, so t*(L) = min{t : n_t[L] <= N} is found by bisection, for every cutoff L at once. The
+fractional pipeline counts of the backtracked solution are rounded (floor/ceil per scheme, leftover devices filled),
+every rounding is scored with `expected_cost`, and the best ones over a few cutoffs L <= max_len (inter-iteration
+variation of the longest document) form the candidate set.
+Cost: O(G K B^2) for G bisection steps, K schemes and B length bins; independent of N.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tidal.core.errors import TidalError
+from tidal.core.scheme import ParallelScheme, format_strategy
+from tidal.core.strategy import Strategy, place
+from tidal.costmodel.base import CostModel
+from tidal.planner.bounds import PipeCost, strategy_bound, work_capacity
+
+
+@dataclass(frozen=True)
+class Proposal:
+    strategies: tuple[Strategy, ...]  # placed candidates, best expected cost first
+    expected: tuple[float, ...]  # expected_cost of each on the whole distribution (s)
+    schemes: tuple[ParallelScheme, ...]  # the scheme space searched
+
+
+def scheme_space(cost_model: CostModel, n_devices: int, *, max_tp: int | None = None, max_cp: int = 8,
+                 max_pp: int = 8, pp_divisors: bool = True) -> tuple[ParallelScheme, ...]:
+    m, cl = cost_model.model, cost_model.cluster
+    dev = _device(cost_model)
+    max_tp = max_tp or dev.per_node
+    tps = [t for t in range(1, max_tp + 1) if m.heads % t == 0 and m.kv_heads % t == 0]
+    pps = [p for p in range(1, min(max_pp, m.layers) + 1) if not pp_divisors or m.layers % p == 0]
+    cps = [1 << i for i in range(0, 31) if (1 << i) <= max_cp]
+    out = []
+    for t, p, c in itertools.product(tps, pps, cps):
+        s = ParallelScheme(t, p, c)
+        if s.num_devices <= min(n_devices, cl.num_devices) and cost_model.max_len(s, dev) > 0:
+            out.append(s)
+    if not out:
+        raise TidalError(f"no parallel scheme of {m.name} fits on {cl.name}")
+    return tuple(out)
+
+
+def _device(cost_model: CostModel):
+    cl = cost_model.cluster
+    # Mixed clusters: schemes are costed on the weakest device type (what pipeline_device does for a mixed pipeline).
+    return min((g.device for g in cl.groups), key=lambda t: (t.peak_flops, t.memory_bytes, t.name))
+
+
+def _histogram(lengths, tokens_per_step: float, max_len: int, bin_width: int):
+    """Per length bin: upper edge, expected count, sum l and sum l^2 per step."""
+    l_ = np.minimum(np.asarray(lengths, dtype=np.float64), max_len)
+    if l_.size == 0 or l_.min() < 1:
+        raise TidalError("proposal needs a non-empty sample of lengths >= 1")
+    scale = tokens_per_step / l_.sum()  # expected copies of each sampled document per step
+    nb = -(-max_len // bin_width)
+    b = np.minimum(((l_ - 1) // bin_width).astype(np.int64), nb - 1)
+    cnt = np.bincount(b, minlength=nb) * scale
+    s1 = np.bincount(b, weights=l_, minlength=nb) * scale
+    s2 = np.bincount(b, weights=l_ * l_, minlength=nb) * scale
+    hi = np.zeros(nb)
+    np.maximum.at(hi, b, l_)  # longest document per bin
+    return hi, cnt, s1, s2
+
+
+def expected_cost(hist, pipes: Sequence[PipeCost]) -> float:
+    """The proposal objective: step lower bound (bounds.strategy_bound, doc + work terms) of the expected step."""
+    hi, cnt, s1, s2 = hist
+    keep = cnt > 0
+    rep = s2[keep] / s1[keep]  # one representative length per bin with the bin's exact sum l and sum l^2
+    w = s1[keep] ** 2 / s2[keep]
+    lb = strategy_bound(rep, pipes, weights=w, top=0)
+    # the longest document of the distribution must fit and run somewhere
+    top = hi[keep].max()
+    doc = min((p.pp * (p.c + p.a * top * top + p.b * top) for p in pipes if p.max_len >= top), default=math.inf)
+    return max(lb, doc)
+
+
+def _dp(t: float, K: dict, hist, d_step: float):
+    """n_t[l] for every bin prefix, with backtracking pointers."""
+    hi, cnt, s1, s2 = hist
+    A, B, C, P, M, Nd = K["a"], K["b"], K["c"], K["pp"], K["max_len"], K["n"]
+    cap = work_capacity(np.full(A.size, t), C, P)
+    nb = hi.size
+    W = np.cumsum(A[:, None] * s2[None, :] + B[:, None] * s1[None, :], axis=1)  # K x nb prefix work
+    W = np.hstack([np.zeros((A.size, 1)), W])
+    n = np.zeros(nb + 1)
+    arg = np.zeros((nb + 1, 2), dtype=np.int64)
+    for l in range(1, nb + 1):
+        if cnt[l - 1] == 0:  # nothing new to cover: carry over
+            n[l], arg[l] = n[l - 1], (-1, l - 1)
+            continue
+        x = hi[l - 1]
+        ok = (x <= M) & (P * (C + A * x * x + B * x) <= t) & (cap > 0)
+        if not ok.any():
+            n[l:] = np.inf
+            return n, arg
+        work = W[:, l:l + 1] - W[:, :l]  # K x l: interval (l', l]
+        pipes = np.ceil(work / np.where(cap > 0, cap, 1.0)[:, None] / d_step - 1e-9) * d_step
+        tot = np.where(ok[:, None], Nd[:, None] * pipes + n[None, :l], np.inf)
+        flat = int(np.argmin(tot))
+        k, lp = divmod(flat, l)
+        n[l], arg[l] = tot[k, lp], (k, lp)
+    return n, arg
+
+
+def _backtrack(arg, L: int, t: float, K: dict, hist, d_step: float) -> np.ndarray:
+    hi, cnt, s1, s2 = hist
+    d = np.zeros(K["a"].size)
+    cap = work_capacity(np.full(K["a"].size, t), K["c"], K["pp"])
+    l = L
+    while l > 0:
+        k, lp = arg[l]
+        if k >= 0:
+            work = float(K["a"][k] * s2[lp:l].sum() + K["b"][k] * s1[lp:l].sum())
+            d[k] += math.ceil(work / cap[k] / d_step - 1e-9) * d_step
+        l = lp
+    return d
+
+
+def _roundings(d: np.ndarray, K: dict, N: int, top_len: float, limit: int = 64) -> list[tuple[int, ...]]:
+    used = [k for k in range(d.size) if d[k] > 1e-9]
+    out = set()
+    for combo in itertools.islice(itertools.product(*[(math.floor(d[k]), math.ceil(d[k])) for k in used]), limit):
+        cnt = dict(zip(used, combo))
+        dev = sum(K["n"][k] * v for k, v in cnt.items())
+        # over budget: drop pipelines of the most over-rounded scheme, keeping one that holds the longest documents
+        while dev > N:
+            longs = sum(v for k, v in cnt.items() if K["max_len"][k] >= top_len)
+            drop = [k for k, v in cnt.items() if v > 0 and not (K["max_len"][k] >= top_len and longs == 1)]
+            if not drop:
+                break
+            k = max(drop, key=lambda k: (cnt[k] - d[k], K["n"][k], -k))
+            cnt[k] -= 1
+            dev -= K["n"][k]
+        if dev > N or sum(cnt.values()) == 0:
+            continue
+        # fill leftover devices with more pipelines of the smallest used scheme that still fits
+        for k in sorted(used, key=lambda k: (K["n"][k], k)):
+            while dev + K["n"][k] <= N:
+                cnt[k] += 1
+                dev += K["n"][k]
+        if not any(v > 0 and K["max_len"][k] >= top_len for k, v in cnt.items()):
+            continue
+        out.add(tuple(sorted((k for k, v in cnt.items() for _ in range(v)), key=lambda k: (-K["n"][k], k))))
+    return sorted(out)
+
+
+def _improve(combo: tuple[int, ...], val: float, used: list[int], K: dict, N: int, hist, pc, rounds: int = 20):
+    """Integer local search around a rounding: add, remove (and refill) or swap one pipeline among the schemes the
+    fractional solution used, while expected_cost improves."""
+    def canon(c):
+        return tuple(sorted(c, key=lambda k: (-K["n"][k], k)))
+
+    def fill(c):
+        c = list(c)
+        dev = sum(K["n"][k] for k in c)
+        for k in sorted(used, key=lambda k: (K["n"][k], k)):
+            while dev + K["n"][k] <= N:
+                c.append(k)
+                dev += K["n"][k]
+        return c
+
+    for _ in range(rounds):
+        dev = sum(K["n"][k] for k in combo)
+        neigh = set()
+        for k in used:
+            if dev + K["n"][k] <= N:
+                neigh.add(canon(list(combo) + [k]))
+            if k in combo:
+                rest = list(combo)
+                rest.remove(k)
+                for k2 in used:
+                    if k2 == k:
+                        continue
+                    room = sorted(rest, key=lambda x: (K["n"][x], x))  # make room by dropping the smallest pipelines
+                    while room and sum(K["n"][x] for x in room) + K["n"][k2] > N:
+                        room.pop(0)
+                    if sum(K["n"][x] for x in room) + K["n"][k2] <= N:
+                        neigh.add(canon(fill(room + [k2])))
+        best = (val, combo)
+        for c in sorted(neigh):
+            if c:
+                v = expected_cost(hist, [pc[k] for k in c])
+                if (v, c) < best:
+                    best = (v, c)
+        if best[1] == combo:
+            break
+        val, combo = best
+    return combo, val
+
+
+def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: int, n_devices: int | None = None,
+            bin_width: int = 256, d_step: float = 0.1, cutoffs: int = 4, max_candidates: int = 8,
+            schemes: Sequence[ParallelScheme] | None = None, seed: int = 0) -> Proposal:
+    """Candidate strategies for `lengths` (a sample of the dataset's document lengths) on cost_model's cluster.
+    Deterministic (`seed` is unused: the DP has no randomness)."""
+    N = n_devices or cost_model.cluster.num_devices
+    if tokens_per_step < 1 or max_len < 1 or bin_width < 1 or not 0 < d_step <= 1 or N < 1:
+        raise TidalError("propose needs tokens_per_step, max_len, bin_width, n_devices >= 1 and 0 < d_step <= 1")
+    space = tuple(schemes) if schemes is not None else scheme_space(cost_model, N)
+    dev = _device(cost_model)
+    pc = [PipeCost.of(cost_model.coeffs(s, dev), s.pp, cost_model.max_len(s, dev)) for s in space]
+    K = {f: np.array([getattr(p, f) for p in pc], dtype=np.float64) for f in ("a", "b", "c", "pp", "max_len")}
+    K["n"] = np.array([s.num_devices for s in space], dtype=np.float64)
+    full = _histogram(lengths, tokens_per_step, max_len, bin_width)
+    nonempty = np.flatnonzero(full[1] > 0)
+    top_bin = int(nonempty[-1]) + 1
+    if full[0][top_bin - 1] > K["max_len"].max():
+        raise TidalError(f"no scheme holds a {int(full[0][top_bin - 1])}-token document; lower max_len")
+    scored: dict[tuple[int, ...], float] = {}
+    # cutoffs L: the longest bin and a few shorter ones (steps without the longest documents)
+    Ls = sorted({max(1, int(round(top_bin / 2 ** i))) for i in range(cutoffs)}, reverse=True)
+    for L in Ls:
+        l_all = np.asarray(lengths, dtype=np.float64)
+        sub = l_all[np.minimum(l_all, max_len) <= L * bin_width]
+        if sub.size == 0:
+            continue
+        hist = _histogram(sub, tokens_per_step, max_len, bin_width)
+        Lb = int(np.flatnonzero(hist[1] > 0)[-1]) + 1
+        lo, hi_t = 0.0, max(float(np.min(K["pp"] * (K["c"] + K["a"] * hist[0][Lb - 1] ** 2 + K["b"] * hist[0][Lb - 1])
+                                           + np.where(K["max_len"] >= hist[0][Lb - 1], 0, np.inf))), 1e-6)
+        for _ in range(80):
+            if _dp(hi_t, K, hist, d_step)[0][Lb] <= N:
+                break
+            lo, hi_t = hi_t, hi_t * 2
+        else:
+            continue
+        for _ in range(30):
+            mid = 0.5 * (lo + hi_t)
+            if _dp(mid, K, hist, d_step)[0][Lb] <= N:
+                hi_t = mid
+            else:
+                lo = mid
+        n, arg = _dp(hi_t, K, hist, d_step)
+        d = _backtrack(arg, Lb, hi_t, K, hist, d_step)
+        local: dict[tuple[int, ...], float] = {}
+        for combo in _roundings(d, K, N, hist[0][Lb - 1]):
+            local[combo] = expected_cost(hist, [pc[k] for k in combo])
+        if local:
+            start = min(local, key=lambda c: (local[c], c))
+            used = sorted({k for k in range(d.size) if d[k] > 1e-9} | set(start))
+            combo, val = _improve(start, local[start], used, K, N, hist, pc)
+            local[combo] = val
+        for combo in sorted(local, key=lambda c: (local[c], c))[:2]:
+            if combo not in scored:
+                scored[combo] = expected_cost(full, [pc[k] for k in combo])
+    if not scored:
+        raise TidalError(f"strategy proposal found no strategy within {N} devices")
+    ranked = sorted(scored, key=lambda c: (scored[c], c))
+    strategies, expected = [], []
+    for combo in ranked:
+        if len(strategies) >= max_candidates:
+            break
+        try:
+            strategies.append(place(tuple(space[k] for k in combo), cost_model.cluster, cost_model.model))
+        except TidalError:
+            continue
+        expected.append(scored[combo])
+    return Proposal(tuple(strategies), tuple(expected), space)
+
+
+def exhaustive(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: int, n_devices: int | None = None,
+               bin_width: int = 256, schemes: Sequence[ParallelScheme] | None = None) -> tuple[str, float]:
+    """Reference for small N: the multiset of schemes within N devices minimising expected_cost (exponential)."""
+    N = n_devices or cost_model.cluster.num_devices
+    space = tuple(schemes) if schemes is not None else scheme_space(cost_model, N)
+    dev = _device(cost_model)
+    pc = [PipeCost.of(cost_model.coeffs(s, dev), s.pp, cost_model.max_len(s, dev)) for s in space]
+    hist = _histogram(lengths, tokens_per_step, max_len, bin_width)
+    best = (math.inf, "")
+
+    def rec(start: int, left: int, chosen: list[int]) -> None:
+        nonlocal best
+        if chosen:
+            v = expected_cost(hist, [pc[k] for k in chosen])
+            if v < best[0]:
+                best = (v, format_strategy(tuple(space[k] for k in chosen)))
+        for k in range(start, len(space)):
+            if space[k].num_devices <= left:
+                chosen.append(k)
+                rec(k, left - space[k].num_devices, chosen)
+                chosen.pop()
+
+    rec(0, N, [])
+    return best[1], best[0]

@@ -1,0 +1,70 @@
+import numpy as np
+import pytest
+
+from tidal.core import TidalError, get_cluster, get_model
+from tidal.costmodel import default_cost_model
+from tidal.planner.bounds import PipeCost
+from tidal.planner.proposal import _histogram, exhaustive, expected_cost, propose, scheme_space
+
+pytestmark = pytest.mark.unit
+
+
+def _lengths(seed, n=3000, heavy=False):
+    rng = np.random.default_rng(seed)
+    x = rng.lognormal(7.0 if heavy else 6.0, 1.5 if heavy else 1.3, size=n)
+    return np.clip(x, 1, 32768).astype(np.int64)
+
+
+def test_scheme_space_includes_cp_and_respects_model():
+    cm = default_cost_model(get_model("llama2-7b"), get_cluster("a800x64"))
+    space = scheme_space(cm, 64)
+    assert any(s.cp > 1 for s in space)
+    assert all(32 % s.tp == 0 and 32 % s.pp == 0 and s.num_devices <= 64 for s in space)
+    assert all(s.tp <= 8 for s in space)
+    assert any(s.pp == 3 for s in scheme_space(cm, 64, pp_divisors=False, max_pp=6))
+
+
+CASES = [(c, s, h, ml) for ml in (4096, 8192, 16384)
+         for c, s, h in (("a800x8", 0, False), ("a800x8", 1, True), ("a800x4", 2, True), ("h100x8", 3, False))]
+CASES.append(("a800x16", 4, True, 8192))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster,seed,heavy,max_len", CASES)
+def test_proposal_close_to_exhaustive_on_small_n(cluster, seed, heavy, max_len):
+    cm = default_cost_model(get_model("llama2-7b"), get_cluster(cluster))
+    lengths = _lengths(seed, heavy=heavy)
+    tokens = 25_000 * cm.cluster.num_devices // 8
+    space = scheme_space(cm, cm.cluster.num_devices, max_cp=4, max_pp=4)
+    assert any(s.cp > 1 for s in space)
+    prop = propose(lengths, cm, tokens_per_step=tokens, max_len=max_len, schemes=space)
+    _, best = exhaustive(lengths, cm, tokens_per_step=tokens, max_len=max_len, schemes=space)
+    assert np.isfinite(best)
+    assert prop.expected[0] <= 1.05 * best, (prop.expected[0], best)
+    assert all(s.num_devices <= cm.cluster.num_devices for s in prop.strategies)
+
+
+def test_proposal_is_deterministic_and_holds_longest():
+    cm = default_cost_model(get_model("llama2-7b"), get_cluster("a800x64"))
+    lengths = _lengths(5, heavy=True)
+    a = propose(lengths, cm, tokens_per_step=200_000, max_len=32768)
+    b = propose(lengths.copy(), cm, tokens_per_step=200_000, max_len=32768)
+    assert [str(s) for s in a.strategies] == [str(s) for s in b.strategies]
+    assert 1 <= len(a.strategies) <= 8
+    top = int(min(lengths.max(), 32768))
+    dev = cm.cluster.device_type(0)
+    assert max(cm.max_len(p.scheme, dev) for p in a.strategies[0].pipelines) >= top
+
+
+def test_proposal_bad_input():
+    cm = default_cost_model(get_model("llama2-7b"), get_cluster("a800x8"))
+    with pytest.raises(TidalError):
+        propose([], cm, tokens_per_step=1000, max_len=4096)
+    with pytest.raises(TidalError):
+        propose([10], cm, tokens_per_step=0, max_len=4096)
+
+
+def test_expected_cost_monotone_in_pipelines():
+    h = _histogram(_lengths(9), 50_000, 32768, 256)
+    p = PipeCost(1e-9, 3e-5, 0.005, 1, 40000)
+    assert expected_cost(h, [p, p]) <= expected_cost(h, [p])
