@@ -227,13 +227,8 @@ class Annotation:
         self.check_shape(shape)
         out = []
         for g, (grp, ds) in enumerate(zip(self.groups, self.states)):
-            region = self.region(g, shape)
-            for i, dev in enumerate(grp.devices):
-                c = ds.coords(i)
-                box = list(region)
-                for d in ds.split_dims():
-                    box[d] = split_range(box[d][0], box[d][1], ds.degree(d), c[d])
-                out.append(Entry(dev, tuple(box), (g, c.get(PARTIAL, 0)), g))
+            for dev, (box, j) in zip(grp.devices, subgroup_boxes(ds, self.region(g, shape))):
+                out.append(Entry(dev, box, (g, j), g))
         return out
 
     def local_shape(self, device: int, shape: tuple[int, ...]) -> tuple[int, ...] | None:
@@ -248,6 +243,18 @@ class Annotation:
             return parts[0]
         h = key_name(self.hdim) + (f"{list(self.hweights)}" if self.hweights else "")
         return f"<{h}: " + " | ".join(parts) + ">"
+
+
+def subgroup_boxes(ds: DistributedStates, region: Box) -> list[tuple[Box, int]]:
+    """(box, partial coordinate) of every device of a subgroup with states `ds` covering `region`, in group order."""
+    out = []
+    for i in range(ds.device_num):
+        c = ds.coords(i)
+        box = list(region)
+        for d in ds.split_dims():
+            box[d] = split_range(box[d][0], box[d][1], ds.degree(d), c[d])
+        out.append((tuple(box), c.get(PARTIAL, 0)))
+    return out
 
 
 def box_size(box: Box) -> int:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from tidal.core.cluster import ClusterSpec
 from tidal.core.errors import TidalError
-from tidal.runtime.reshard.plan import Cell, Collective, Message, RankStats
+from tidal.runtime.reshard.plan import Collective, RankStats
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,9 @@ def choose_sender(holders: Sequence[int], receiver: int, nbytes: int, topo: Topo
     """Heuristic (I) is applied by the caller (a receiver already holding the cell copies locally). (II) highest
     bandwidth link to the receiver, (III) lowest cumulative send load, then lowest rank. Without heuristics: the lowest
     rank."""
-    if not heuristics:
+    if len(holders) == 1:
+        s = holders[0]
+    elif not heuristics:
         s = min(holders)
     else:
         row = topo.bw
@@ -73,29 +75,21 @@ def choose_sender(holders: Sequence[int], receiver: int, nbytes: int, topo: Topo
 def choose_root(contributors: Sequence[int], needers: Sequence[int], nbytes: int, topo: Topology, load: Load,
                 heuristics: bool) -> int:
     """Root of a point-to-point reduction: a contributor that needs the result if any (it then holds it locally), else
-    the contributor with the best link to the first needer and the lowest receive load."""
+    the single needer (contributions travel one hop, straight to it), else the contributor with the best link to the
+    first needer and the lowest receive load."""
     inside = [c for c in contributors if c in needers]
-    pool = inside or list(contributors)
+    pool = inside or (list(needers) if len(needers) == 1 else list(contributors))
     if not heuristics:
         root = min(pool)
     else:
         first = min(needers) if needers else pool[0]
         root = min(pool, key=lambda c: (-topo.bw[c][first] if c != first else float("-inf"), load.recv[c], c))
-    k = len(contributors) - 1
+    k = sum(c != root for c in contributors)
     load.recv[root] += k * nbytes
     for c in contributors:
         if c != root:
             load.send[c] += nbytes
     return root
-
-
-def fuse(transfers: Iterable[tuple[int, int, int, Cell]], label: str = "BSR") -> list[Message]:
-    """Group (batch, sender, receiver, cell) transfers into one message per (batch, sender, receiver), cells in
-    first-seen order. Messages are sorted so every rank builds the same sequence."""
-    groups: dict[tuple[int, int, int], list[Cell]] = {}
-    for batch, s, r, cell in transfers:
-        groups.setdefault((batch, s, r), []).append(cell)
-    return [Message(b, s, r, tuple(cells), label) for (b, s, r), cells in sorted(groups.items())]
 
 
 def _stats(stats: dict[int, RankStats], r: int) -> RankStats:
@@ -129,11 +123,3 @@ def add_collective(stats: dict[int, RankStats], topo: Topology, col: Collective,
         _stats(stats, r).collectives += 1
         if k > 1:
             add_p2p(stats, topo, r, ring[(i + 1) % k], per)
-
-
-def message_stats(stats: dict[int, RankStats], topo: Topology, msgs: Iterable[Message], itemsize: int,
-                  elems_of) -> None:
-    for m in msgs:
-        nbytes = sum(elems_of(c) for c in m.cells) * itemsize
-        add_p2p(stats, topo, m.sender, m.receiver, nbytes)
-        _stats(stats, m.sender).messages += 1

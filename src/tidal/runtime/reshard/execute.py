@@ -126,7 +126,7 @@ def _p2p(local: _Local, rank: int, msgs, add: bool) -> None:
             if m.sender == rank:
                 ops.append(dist.P2POp(dist.isend, local.pack(m.cells).contiguous(), m.receiver))
             else:
-                buf = torch.empty(sum(box_size(c[1]) for c in m.cells), dtype=local.dtype)
+                buf = torch.empty(m.elems, dtype=local.dtype)
                 ops.append(dist.P2POp(dist.irecv, buf, m.sender))
                 recvs.append((buf, m))
         for req in dist.batch_isend_irecv(ops):
@@ -144,8 +144,11 @@ def execute(plan: CommPlan, inputs: Sequence[torch.Tensor | None], groups: Group
     local = _Local(plan, rank, inputs, dtype)
     # Phase 1: point-to-point reductions at roots.
     for red in plan.reductions:
-        if red.root == rank:
-            local.reduced[red.cell] = local.read(red.cell).clone()
+        for box, root, ct in red.items:
+            if root == rank:
+                cell = (red.tensor, box)
+                local.reduced[cell] = (local.read(cell).clone() if rank in ct else
+                                       torch.zeros([b - a for a, b in box], dtype=dtype))
     _p2p(local, rank, plan.reduce_msgs, add=True)
     # Phase 2: collectives in plan order.
     for col in plan.collectives:

@@ -42,22 +42,28 @@ Cell = tuple[int, Box]  # (tensor index in the plan, global box)
 
 @dataclass(frozen=True)
 class Reduction:
-    """Cell summed at `root` from the addends held by `contributors` (root is one of them)."""
+    """Cells of tensor `tensor` summed at a root: `items` are (box, root, contributors). A root outside the
+    contributors starts from zeros."""
 
-    cell: Cell
-    root: int
-    contributors: tuple[int, ...]
+    tensor: int
+    items: tuple[tuple[Box, int, tuple[int, ...]], ...]
 
 
 @dataclass(frozen=True)
 class Message:
-    """One point-to-point message carrying `cells` packed in order; `batch` separates unfused plans."""
+    """One point-to-point message: `parts` are (tensor, boxes) packed in order, `elems` elements in all; `batch`
+    separates unfused plans."""
 
     batch: int
     sender: int
     receiver: int
-    cells: tuple[Cell, ...]
+    parts: tuple[tuple[int, tuple[Box, ...]], ...]
+    elems: int
     label: str = "BSR"
+
+    @property
+    def cells(self) -> list[Cell]:
+        return [(t, b) for t, boxes in self.parts for b in boxes]
 
 
 @dataclass(frozen=True)

@@ -22,22 +22,15 @@ addends hold zeros. A destination identical to the source keeps its addends unto
 
 from __future__ import annotations
 
+import gc
 import itertools
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tidal.core.errors import TidalError
 from tidal.runtime.reshard.annotation import PARTIAL, Annotation, Box, Entry, box_size
-from tidal.runtime.reshard.bsr import (
-    Load,
-    Topology,
-    add_collective,
-    choose_root,
-    choose_sender,
-    fuse,
-    message_stats,
-)
+from tidal.runtime.reshard.bsr import Load, Topology, add_collective, add_p2p, choose_root, choose_sender
 from tidal.runtime.reshard.plan import Cell, Collective, CommPlan, Message, RankStats, Reduction, TensorMove
 
 
@@ -60,6 +53,56 @@ class _Analysis:
     collectives: list[tuple]  # (kind, ranks, chunks, contributors per box, writers per box)
     reduces: list[tuple[Box, int, tuple[int, ...], tuple[int, ...]]]  # box, elems, contributors, needers
     transfers: list[tuple[Box, int, tuple[int, ...], tuple[int, ...]]]  # box, elems, holders, needers lacking it
+    # Parts whose sender / root admits no choice, grouped per rank pair once (settled by `_settle`).
+    fixed_bsr: dict = field(default_factory=dict)  # (sender, receiver) -> [boxes, elems]
+    fixed_red: dict = field(default_factory=dict)
+    fixed_reductions: list = field(default_factory=list)  # (box, root, contributors)
+    dsend: dict = field(default_factory=lambda: defaultdict(int))  # rank -> elems sent by the fixed parts
+    drecv: dict = field(default_factory=lambda: defaultdict(int))
+
+
+def _book(book: dict, key: tuple, box: Box, elems: int) -> None:
+    entry = book.get(key)
+    if entry is None:
+        book[key] = [[box], elems]
+    else:
+        entry[0].append(box)
+        entry[1] += elems
+
+
+def _settle(a: _Analysis, heuristics: bool) -> _Analysis:
+    """Move transfers with a single holder and reductions whose root is forced into the per-pair fixed books, with
+    the load they add, so planning many tensors touches each rank pair once per tensor instead of every cell."""
+    transfers, reduces = [], []
+    for box, elems, hs, lacking in a.transfers:
+        if len(hs) == 1:
+            for n in lacking:
+                _book(a.fixed_bsr, (hs[0], n), box, elems)
+                a.dsend[hs[0]] += elems
+                a.drecv[n] += elems
+        else:
+            transfers.append((box, elems, hs, lacking))
+    for box, elems, ct, nd in a.reduces:
+        pool = [c for c in ct if c in nd] or (list(nd) if len(nd) == 1 else list(ct))
+        if len(pool) > 1 and heuristics:
+            reduces.append((box, elems, ct, nd))
+            continue
+        root = min(pool)
+        a.fixed_reductions.append((box, root, ct))
+        for c in ct:
+            if c != root:
+                _book(a.fixed_red, (c, root), box, elems)
+                a.dsend[c] += elems
+                a.drecv[root] += elems
+        for n in nd:
+            if n == root:
+                a.copies.append((n, box))
+            else:
+                _book(a.fixed_bsr, (root, n), box, elems)
+                a.dsend[root] += elems
+                a.drecv[n] += elems
+    a.transfers, a.reduces = transfers, reduces
+    return a
 
 
 def _check_move(m: TensorMove) -> None:
@@ -109,7 +152,7 @@ class Resolver:
                     out.append(self._cells(sg, dg, src, dst, collectives=same_dg, heuristics=heuristics))
         else:
             out.append(self._cells(se, de, src, dst, collectives=(tier == "top"), heuristics=heuristics))
-        res = (tier, out, sub_of)
+        res = (tier, [_settle(a, heuristics) for a in out], sub_of)
         self._memo[key] = res
         return res
 
@@ -217,15 +260,34 @@ class Resolver:
     def plan(self, moves: Sequence[TensorMove], fused: bool = True, heuristics: bool = True) -> CommPlan:
         """Plan many tensor moves together. Fused: one BSR table, shared send load, one message per rank pair.
         Unfused: every tensor planned and messaged separately (its own batch)."""
-        moves = tuple(moves)
+        enabled = gc.isenabled()
+        gc.disable()  # planning allocates many small tuples that live as long as the plan; skip cyclic-GC passes
+        try:
+            return self._plan(tuple(moves), fused, heuristics)
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _plan(self, moves: tuple[TensorMove, ...], fused: bool, heuristics: bool) -> CommPlan:
         tiers: list[str] = []
         copies: list[tuple[int, Cell]] = []
         reductions: list[Reduction] = []
-        red_tr: list[tuple[int, int, int, Cell]] = []
-        bsr_tr: list[tuple[int, int, int, Cell]] = []
-        sr_tr: list[tuple[int, int, int, Cell]] = []
+        red: dict[tuple[int, int, int], list] = {}  # (batch, sender, receiver) -> [parts, elems, label]
+        p2p: dict[tuple[int, int, int], list] = {}
         cols: list[Collective] = []
         load = Load()
+        isz = self.itemsize
+
+        def send(book: dict, key: tuple[int, int, int], part: tuple, elems: int, label: str) -> None:
+            entry = book.get(key)
+            if entry is None:
+                book[key] = [[part], elems, label]
+            else:
+                entry[0].append(part)
+                entry[1] += elems
+                if entry[2] != label:
+                    entry[2] = "BSR"
+
         for t, mv in enumerate(moves):
             tier, parts, sub_of = self.analyse(mv, heuristics)
             tiers.append(tier)
@@ -234,7 +296,8 @@ class Resolver:
                 load = Load()
             for a in parts:
                 copies += [(r, (t, b)) for r, b in a.copies]
-                sr_tr += [(batch, s, r, (t, b)) for s, r, b in a.sr]
+                for sd, r, b in a.sr:
+                    send(p2p, (batch, sd, r), (t, (b,)), box_size(b), "SR")
                 for kind, ranks, chunks, contrib, writers in a.collectives:
                     label = kind
                     if tier == "top" and len({sub_of.get(r, -1) for r in ranks}) > 1:
@@ -242,50 +305,47 @@ class Resolver:
                     cols.append(Collective(kind, label, ranks, tuple(tuple((t, b) for b in ch) for ch in chunks),
                                            tuple(((t, b), ct) for b, ct in contrib),
                                            tuple(((t, b), w) for b, w in writers)))
+                if a.fixed_reductions:
+                    reductions.append(Reduction(t, tuple(a.fixed_reductions)))
+                for (sd, r), (boxes, elems) in a.fixed_red.items():
+                    send(red, (batch, sd, r), (t, tuple(boxes)), elems, "reduce-BSR")
+                for (sd, r), (boxes, elems) in a.fixed_bsr.items():
+                    send(p2p, (batch, sd, r), (t, tuple(boxes)), elems, "BSR")
+                for r, e in a.dsend.items():
+                    load.send[r] += e * isz
+                for r, e in a.drecv.items():
+                    load.recv[r] += e * isz
+                chosen = []
                 for box, elems, ct, nd in a.reduces:
-                    nbytes = elems * self.itemsize
-                    root = choose_root(ct, nd, nbytes, self.topo, load, heuristics)
-                    cell = (t, box)
-                    reductions.append(Reduction(cell, root, ct))
-                    red_tr += [(batch, c, root, cell) for c in ct if c != root]
+                    root = choose_root(ct, nd, elems * isz, self.topo, load, heuristics)
+                    chosen.append((box, root, ct))
+                    for c in ct:
+                        if c != root:
+                            send(red, (batch, c, root), (t, (box,)), elems, "reduce-BSR")
                     for n in nd:
                         if n == root:
-                            copies.append((n, cell))
+                            copies.append((n, (t, box)))
                         else:
-                            load.send[root] += nbytes
-                            bsr_tr.append((batch, root, n, cell))
+                            load.send[root] += elems * isz
+                            send(p2p, (batch, root, n), (t, (box,)), elems, "BSR")
+                if chosen:
+                    reductions.append(Reduction(t, tuple(chosen)))
                 for box, elems, hs, lacking in a.transfers:
-                    nbytes = elems * self.itemsize
                     for n in lacking:
-                        s = choose_sender(hs, n, nbytes, self.topo, load, heuristics)
-                        bsr_tr.append((batch, s, n, (t, box)))
-        red_msgs = fuse(red_tr, "reduce-BSR")
-        msgs = _merge_pairs(fuse(sr_tr, "SR") + fuse(bsr_tr, "BSR"))
+                        sd = choose_sender(hs, n, elems * isz, self.topo, load, heuristics)
+                        send(p2p, (batch, sd, n), (t, (box,)), elems, "BSR")
         stats: dict[int, RankStats] = {}
-
-        def elems_of(cell: Cell) -> int:
-            return box_size(cell[1])
-
-        message_stats(stats, self.topo, red_msgs, self.itemsize, elems_of)
-        message_stats(stats, self.topo, msgs, self.itemsize, elems_of)
+        red_msgs, msgs = [], []
+        for book, out in ((red, red_msgs), (p2p, msgs)):
+            for (b, sd, r) in sorted(book):
+                parts, elems, label = book[b, sd, r]
+                out.append(Message(b, sd, r, tuple(parts), elems, label))
+                add_p2p(stats, self.topo, sd, r, elems * isz)
+                stats[sd].messages += 1
         for col in cols:
-            add_collective(stats, self.topo, col, self.itemsize)
-        return CommPlan(moves, self.itemsize, tuple(tiers), tuple(reductions), tuple(red_msgs), tuple(cols),
-                        tuple(msgs), tuple(copies), stats)
-
-
-def _merge_pairs(msgs: list[Message]) -> list[Message]:
-    """An SR and a BSR message between the same pair in the same batch travel as one message."""
-    out: dict[tuple[int, int, int], Message] = {}
-    for m in msgs:
-        k = (m.batch, m.sender, m.receiver)
-        if k in out:
-            prev = out[k]
-            out[k] = Message(m.batch, m.sender, m.receiver, prev.cells + m.cells, prev.label if prev.label == m.label
-                             else "BSR")
-        else:
-            out[k] = m
-    return [out[k] for k in sorted(out)]
+            add_collective(stats, self.topo, col, isz)
+        return CommPlan(moves, isz, tuple(tiers), tuple(reductions), tuple(red_msgs), tuple(cols), tuple(msgs),
+                        tuple(copies), stats)
 
 
 def resolve(src: Annotation, dst: Annotation, shape: Sequence[int], topology: Topology | None = None,

@@ -48,7 +48,9 @@ def simulate(plan: CommPlan, inputs: dict[int, Sequence[np.ndarray | None]]) -> 
         view[...] = data.reshape(view.shape)
 
     for red in plan.reductions:
-        reduced[red.root, red.cell] = read(red.root, red.cell).copy()
+        for box, root, ct in red.items:
+            cell = (red.tensor, box)
+            reduced[root, cell] = read(root, cell).copy() if root in ct else np.zeros([b - a for a, b in box], dtype)
     for m in plan.reduce_msgs:
         for c in m.cells:
             reduced[m.receiver, c] = reduced[m.receiver, c] + read(m.sender, c)
