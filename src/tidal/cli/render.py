@@ -1,0 +1,86 @@
+"""Rich rendering for the CLI: per-step tables, a progress bar and the run summary."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tidal.core.plan import StepPlan
+
+
+def console(stderr: bool = False) -> Console:
+    return Console(stderr=stderr, highlight=False)
+
+
+@contextmanager
+def progress(total: int, quiet: bool = False) -> Iterator:
+    """Yields `advance()`. The bar goes to stderr and disappears when done."""
+    if quiet:
+        yield lambda: None
+        return
+    bar = Progress(TextColumn("planning"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=Console(stderr=True), transient=True)
+    with bar:
+        task = bar.add_task("plan", total=total)
+        yield lambda: bar.advance(task)
+
+
+def _gap(step: StepPlan) -> str:
+    return f"{100 * step.gap:.1f}%" if step.lower_bound > 0 else "-"
+
+
+def step_table(con: Console, index: int, step: StepPlan, sel) -> None:
+    """One table per step: pipelines grouped by scheme with estimate and micro-batch imbalance."""
+    title = (f"step {index}: {len(step.seq_lengths)} seqs, {sum(step.seq_lengths):,} tokens"
+             f"{f', {len(step.deferred)} deferred' if step.deferred else ''} | est {step.est_step_time:.3f}s "
+             f"bound {step.lower_bound:.3f}s gap {_gap(step)} | {step.plan_ms:.1f} ms")
+    t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    for col in ("scheme", "pipes", "seqs", "tokens", "mbs", "est max s", "est min s", "mb imb", "cp doc/seq"):
+        t.add_column(col, justify="left" if col == "scheme" else "right")
+    if sel is None:
+        con.print(title + " (nothing to run)")
+        return
+    groups: dict[str, list[int]] = {}
+    for j, r in enumerate(sel.pipelines):
+        groups.setdefault(r.scheme, []).append(j)
+    for scheme, js in groups.items():
+        reps = [sel.pipelines[j] for j in js]
+        shard = [m for j in js for m in step.pipelines[j].cp_sharding]
+        cps = f"{shard.count('per-doc')}/{shard.count('per-seq')}" if shard else "-"
+        t.add_row(scheme, str(len(js)), str(sum(r.sequences for r in reps)), f"{sum(r.tokens for r in reps):,}",
+                  str(sum(r.micro_batches for r in reps)), f"{max(r.est_time for r in reps):.3f}",
+                  f"{min(r.est_time for r in reps):.3f}", f"{max(r.mb_imbalance for r in reps):.3f}", cps)
+    strat = sel.strategies[step.strategy].name
+    con.print(t)
+    con.print(f"  strategy [{step.strategy}] {strat}   pipeline max/mean {sel.pipeline_imbalance:.3f}   "
+              f"rank spread {sel.rank_spread:.3f}")
+
+
+def summary(con: Console, run) -> None:
+    plan = run.plan
+    steps = [s for s in plan.steps if s.lower_bound > 0]
+    ratios = np.array([s.est_step_time / s.lower_bound for s in steps]) if steps else np.array([1.0])
+    ms = np.array([s.plan_ms for s in plan.steps])
+    t = Table(title=f"plan: {plan.model} on {plan.cluster}, {len(plan.steps)} steps", title_justify="left",
+              show_edge=False)
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    used = np.bincount([s.strategy for s in steps], minlength=len(plan.candidates)) if steps else []
+    for i, (name, n) in enumerate(zip(plan.candidates, used)):
+        t.add_row(f"candidate [{i}], used in {int(n)} steps", name)
+    t.add_row("est step time (mean)", f"{np.mean([s.est_step_time for s in plan.steps]):.3f} s")
+    t.add_row("est / lower bound (median, p90, max)",
+              f"{np.median(ratios):.4f}, {np.percentile(ratios, 90):.4f}, {ratios.max():.4f}")
+    t.add_row("plan time per step (median, max)", f"{np.median(ms):.1f} ms, {ms.max():.1f} ms")
+    if plan.meta.get("packing") == "wlb":
+        t.add_row("mean token delay (steps)", f"{np.mean(run.token_delays):.3f}")
+    st = run.long_doc_stats
+    if st.get("split_docs") or st.get("truncated_docs"):
+        t.add_row("long documents", f"{st['split_docs']} split (+{st['split_extra_seqs']} seqs), "
+                                    f"{st['truncated_docs']} truncated ({st['truncated_tokens']:,} tokens cut)")
+    con.print(t)

@@ -1,0 +1,103 @@
+"""`tidal plan` end to end: JSON invariants, determinism, and one-line errors with exit code 2."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tidal.cli.main import main
+from tidal.core import Plan
+
+pytestmark = pytest.mark.unit
+
+BASE = ["plan", "--model", "llama2-7b", "--cluster", "a800x16", "--tokens-per-step", "60000", "--max-len", "16384",
+        "--steps", "3", "--quiet"]
+
+
+def _run(tmp_path, *extra, name="p.json"):
+    out = tmp_path / name
+    assert main([*BASE, *extra, "--json", str(out)]) == 0
+    return Plan.load(out), out
+
+
+def _check_invariants(plan: Plan):
+    for st in plan.steps:
+        placed = [i for p in st.pipelines for mb in p.micro_batches for i in mb] + list(st.deferred)
+        assert sorted(placed) == list(range(len(st.seq_lengths)))
+        for p in st.pipelines:
+            for mb in p.micro_batches:
+                assert sum(st.seq_lengths[i] for i in mb) <= p.max_len
+            assert len(p.cp_sharding) == (len(p.micro_batches) if p.cp > 1 else 0)
+        assert st.est_step_time >= st.lower_bound - 1e-12
+        assert max(st.seq_lengths, default=0) <= 16384
+
+
+@pytest.mark.parametrize("packing", ["hydraulis", "wlb", "fixed"])
+def test_plan_json_invariants(tmp_path, packing):
+    plan, _ = _run(tmp_path, "--packing", packing, "--strategies", "tp2cp2+2*tp1+tp1pp2;4*tp2;tp4+tp2+2*tp1")
+    assert plan.candidates == ("tp2cp2+2*tp1+pp2", "4*tp2", "tp4+tp2+2*tp1")
+    _check_invariants(plan)
+    ids = [plan.steps[k].seq_ids[i] for k in range(len(plan.steps)) for p in plan.steps[k].pipelines
+           for mb in p.micro_batches for i in mb]
+    assert len(ids) == len(set(ids))  # a deferred sequence runs once, in a later step
+
+
+def test_wlb_never_drops_a_sequence(tmp_path):
+    plan, _ = _run(tmp_path, "--packing", "wlb", "--strategies", "4*tp2")
+    ran = sorted(plan.steps[k].seq_ids[i] for k in range(len(plan.steps)) for p in plan.steps[k].pipelines
+                 for mb in p.micro_batches for i in mb)
+    offered = sorted({sid for st in plan.steps for sid in st.seq_ids})
+    assert ran == offered
+
+
+def test_auto_strategies_and_byte_identical_plans(tmp_path):
+    a, _ = _run(tmp_path, name="a.json")
+    b, _ = _run(tmp_path, name="b.json")
+    assert a.to_json(timings=False) == b.to_json(timings=False)
+    _check_invariants(a)
+    assert len(a.candidates) >= 1
+
+
+def test_lengths_file_and_long_docs(tmp_path):
+    f = tmp_path / "lens.txt"
+    f.write_text("\n".join(str(x) for x in [100, 40000, 7, 3000, 20000, 1] * 5))
+    plan, _ = _run(tmp_path, "--data", f"lengths:{f}", "--strategies", "4*tp4")
+    assert max(max(s.seq_lengths) for s in plan.steps) <= 16384
+    np.save(tmp_path / "lens.npy", np.array([5, 6, 7] * 100, dtype=np.int64))
+    plan, _ = _run(tmp_path, "--data", f"lengths:{tmp_path / 'lens.npy'}", "--strategies", "4*tp4", name="n.json")
+    assert sorted(x for s in plan.steps for x in s.seq_lengths) == sorted([5, 6, 7] * 100)  # finite file: all of it
+
+
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--strategies", "tp3"], "TP=3 does not divide heads"),
+        (["--strategies", "4*tp8"], "needs 32 devices"),
+        (["--strategies", "tp1", "--max-len", "100000"], "exceeds the MaxLen of every scheme"),
+        (["--model", "gpt9"], "unknown model preset"),
+        (["--cluster", "z100x8"], "unknown cluster preset"),
+        (["--data", "lengths:/nonexistent/file.txt"], "does not exist"),
+        (["--data", "synthetic:nope"], "unknown synthetic source"),
+        (["--long-docs", "error", "--data", "synthetic:github", "--strategies", "4*tp4", "--max-len", "2048"],
+         "tokens > max_len 2048"),
+    ],
+)
+def test_errors_are_one_line_exit_2(tmp_path, capsys, args, msg):
+    rc = main([*BASE, *args])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and msg in err, err
+
+
+def test_malformed_lengths_file(tmp_path, capsys):
+    f = tmp_path / "bad.txt"
+    f.write_text("12\nfoo\n3\n")
+    assert main([*BASE, "--data", f"lengths:{f}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "bad.txt:2: not an integer" in err
+
+
+def test_python_dash_m_entry_point():
+    r = subprocess.run([sys.executable, "-m", "tidal", "plan", "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "--packing" in r.stdout
