@@ -223,11 +223,37 @@ def _top_search(top: list[int], classes: tuple[PipeCost, ...], cnt: np.ndarray, 
     return best[0]
 
 
-def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int = 6, top: int = 6) -> float:
+def _timed(Y, w, wt, tau, cnt, C, P, lo: float, iters: int) -> float:
+    """Work bound with time-dependent eligibility: at step time T a document may only use pipelines where it alone
+    fits (PP (c + w) <= T). sum_i min_{j ok at T} y_j w_ij is nonincreasing and sum_j y_j cap_j(T) nondecreasing in
+    T, so the optimum T* lies above every T where the first exceeds the second (bisection)."""
+    finite = tau[np.isfinite(tau)]
+    hi = max(lo, float(finite.max()) if finite.size else lo) * (1 + 1e-9) + 1e-12
+    G = cnt[None, :] * Y
+    # documents whose every eligible pipeline already fits at `lo` contribute a constant: sum them once
+    settled = np.all(~np.isfinite(tau) | (tau <= lo), axis=1)
+    elig = np.isfinite(tau)
+    const = np.min(np.where(elig[None, settled], w[None, settled] * Y[:, None, :], np.inf), axis=2) @ wt[settled]
+    tau, w, wt = tau[~settled], w[~settled], wt[~settled]
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        ok = tau <= mid
+        lhs = const + np.min(np.where(ok[None, :, :], w[None, :, :] * Y[:, None, :], np.inf), axis=2) @ wt
+        rhs = (G * work_capacity(np.full(Y.shape[1], mid), C, P)[None, :]).sum(axis=1)
+        if np.any(lhs > rhs):  # some price vector proves mid infeasible
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int = 6, top: int = 6,
+                   timed: bool = True, iters: int = 24) -> float:
     """Lower bound on the optimal step time of documents `lengths` on a strategy (any dispatch, any packing).
 
     max(LB_doc, LB_work):
       LB_doc  = max_i min_{j eligible} PP_j (c_j + w_j(l_i))   (the pipeline holding i runs >= PP_j micro-batch slots)
+      (LB_work is computed again with time-dependent eligibility, see _timed)
       LB_top  = top_docs_bound of the `top` longest documents (exact min-max of D_j over their dispatches)
       LB_work = max_y T(y): for prices y >= 0 on pipelines, sum_i min_j y_j w_j(l_i) <= sum_j y_j cap_j(T_opt)
                 (LP duality of the fractional assignment with per-pipeline capacity cap_j); any y gives a valid bound,
@@ -263,6 +289,7 @@ def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int
     vals = bound_for(Y)
     best_i = int(np.argmax(vals))
     best_y, best = Y[best_i], float(vals[best_i])
+    ys = [best_y]
     if len(classes) > 1:
         y = best_y.copy()
         for _ in range(rounds):
@@ -278,5 +305,18 @@ def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int
             y = cand[k]
             if v[k] > best:
                 best = float(v[k])
+                ys.append(y)
+    if timed and len(classes) > 1:
+        # Also price only the faster classes (zero price on the m slowest): the documents that cannot run on the slow
+        # classes within T must fit in the fast ones.
+        ref = float(np.quantile(l_, 0.9))
+        slow = np.argsort(-(P * (C + A * ref * ref + B * ref)), kind="stable")
+        Ys = [ys[0], ys[-1]]
+        for m in range(1, len(classes)):
+            z = ys[-1].copy()
+            z[slow[:m]] = 0.0
+            Ys.append(z)
+        best = max(best, _timed(np.array(Ys), w, wt, P[None, :] * (C[None, :] + wm), cnt, C, P,
+                                max(best, lb_doc), iters))
     lb_top = top_docs_bound(l_[wt > 0], pipes, r=top) if top > 0 else 0.0
     return max(lb_doc, best, lb_top) * (1 - SLACK)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tidal.core.errors import TidalError
-from tidal.planner.bounds import PipeCost, check_lengths, eq2_bound, group_pipes
+from tidal.planner.bounds import PipeCost, check_lengths, group_pipes
 
 
 @dataclass(frozen=True)
@@ -44,10 +44,11 @@ class _State:
         self.Q = np.bincount(owner, weights=self.lf * self.lf, minlength=n)
         self.N = np.bincount(owner, minlength=n)
         self.top1 = np.zeros(n)
-        self.cnt1 = np.zeros(n, dtype=np.int64)
+        np.maximum.at(self.top1, owner, self.lf)
+        is_top = self.lf == self.top1[owner]
+        self.cnt1 = np.bincount(owner[is_top], minlength=n).astype(np.int64)
         self.top2 = np.zeros(n)
-        for j in range(n):
-            self._refresh(j)
+        np.maximum.at(self.top2, owner[~is_top], self.lf[~is_top])
 
     def _refresh(self, j: int) -> None:
         v = self.lf[self.owner == j]
@@ -90,6 +91,8 @@ class _State:
 
 
 def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | None = None) -> np.ndarray:
+    """List scheduling: each sequence (longest first unless `order`) to the eligible pipeline with the least resulting
+    D_j. Per class of identical pipelines only two can be best: the first empty one and the least-loaded used one."""
     classes, _ = group_pipes(pipes)
     members: list[list[int]] = [[] for _ in classes]
     cls_of = {p: k for k, p in enumerate(classes)}
@@ -103,46 +106,54 @@ def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | 
     owner = np.empty(lengths.size, dtype=np.int64)
     if order is None:
         order = np.argsort(-lengths, kind="stable")
+    cls = [(k, p.a, p.b, p.c, p.pp - 1, p.max_len) for k, p in enumerate(classes)]
     for i in order.tolist():
         x = int(lengths[i])
-        best = None
-        for k, p in enumerate(classes):
-            if x > p.max_len:
+        best_key, best_k = None, -1
+        wbest = 0.0
+        for k, a, b, c, q, M in cls:
+            if x > M:
                 continue
-            wx = p.a * x * x + p.b * x
-            opts = []
-            if heaps[k]:
-                opts.append(heaps[k][0][1])
-            if empty[k]:
-                opts.append(empty[k][-1])
-            for j in opts:
-                newd = eq2_bound(W[j] + wx, T[j] + x, max(L[j], wx), 1, p)
-                key = (newd, j)
-                if best is None or key < best[0]:
-                    best = (key, k, j, wx)
-        if best is None:
+            wx = a * x * x + b * x
+            h = heaps[k]
+            if h:
+                j = h[0][1]
+                tok = T[j] + x
+                v = W[j] + wx + c * (1 if tok <= M else -(-tok // M)) + q * (c + (L[j] if L[j] > wx else wx))
+                if best_key is None or (v, j) < best_key:
+                    best_key, best_k, wbest = (v, j), k, wx
+            e = empty[k]
+            if e:
+                j = e[-1]
+                v = wx + c + q * (c + wx)
+                if best_key is None or (v, j) < best_key:
+                    best_key, best_k, wbest = (v, j), k, wx
+        if best_key is None:
             raise TidalError(f"sequence of length {x} exceeds the MaxLen of every pipeline")
-        (newd, j), k, j, wx = best
+        newd, j = best_key
         if T[j] == 0:
-            empty[k].pop()
+            empty[best_k].pop()
+            heapq.heappush(heaps[best_k], (newd, j))
         else:
-            heapq.heappop(heaps[k])  # j was the heap top
-        W[j] += wx
+            heapq.heapreplace(heaps[best_k], (newd, j))  # j was the heap top
+        W[j] += wbest
         T[j] += x
-        L[j] = max(L[j], wx)
-        heapq.heappush(heaps[k], (newd, j))
+        if wbest > L[j]:
+            L[j] = wbest
         owner[i] = j
     return owner
 
 
-def _local_search(st: _State, max_rounds: int, max_docs: int = 16, pairs: bool = False) -> None:
+def _local_search(st: _State, max_rounds: int, max_docs: int = 16, pairs: bool = False, target: float = 0.0,
+                  min_gain: float = 1e-4) -> None:
+    """Stops when no move/swap lowers the bottleneck by more than `min_gain` (relative) or it reaches `target`."""
     n_p = len(st.S)
     all_p = np.arange(n_p)
     for _ in range(max_rounds):
         loads = st.loads()
         j = int(np.argmax(loads))
         dmax = loads[j]
-        if dmax <= 0:
+        if dmax <= target or dmax <= 0:
             return
         mine = np.flatnonzero(st.owner == j)
         uniq = np.unique(st.l[mine])[::-1][:max_docs]
@@ -152,7 +163,7 @@ def _local_search(st: _State, max_rounds: int, max_docs: int = 16, pairs: bool =
             e_idx = np.flatnonzero(np.isin(st.owner, light[light != j]))
         else:
             e_idx = np.flatnonzero(st.owner != j)
-        best_val, best_act = dmax * (1 - 1e-12), None
+        best_val, best_act = dmax * (1 - min_gain), None
         for x in uniq.tolist():
             i = int(mine[np.flatnonzero(st.l[mine] == x)[0]])
             xf = float(x)
@@ -243,10 +254,12 @@ def evaluate(lengths, pipes: Sequence[PipeCost], groups: Sequence[Sequence[int]]
 
 
 def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: int = 0,
-             max_rounds: int | None = None, restarts: int = 8, time_limit: float = 10.0) -> DispatchResult:
+             max_rounds: int | None = None, restarts: int = 8, target: float = 0.0,
+             time_limit: float = 10.0) -> DispatchResult:
     """Dispatch sequences to pipelines minimising max_j D_j. Deterministic for a given `seed` (used only by the
-    `restarts` random-order restarts on small instances, B x D <= 512). exact=True also solves the MILP and keeps
-    the better of the two."""
+    `restarts` random-order restarts on small instances, B x D <= 512). The local search stops early once the
+    objective is <= `target` (e.g. a lower bound: nothing better is possible). exact=True also solves the MILP and
+    keeps the better of the two."""
     l_ = check_lengths(lengths)
     check_pipes(pipes)
     top = max(p.max_len for p in pipes)
@@ -257,7 +270,7 @@ def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: i
     small = l_.size * len(pipes) <= 512
     rounds = max_rounds if max_rounds is not None else 20 + len(pipes) + (l_.size if small else 0)
     st = _State(pipes, l_, _greedy(l_, pipes))
-    _local_search(st, rounds, pairs=small)
+    _local_search(st, rounds, pairs=small, target=target)
     res = _result(st, len(pipes))
     if small and restarts:
         # Small instances: a few seeded random-order restarts (cheap here, and they escape LPT's worst cases).

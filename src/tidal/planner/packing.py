@@ -180,10 +180,12 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
     if n == 1:
         return _finish(np.zeros(1, dtype=np.int64), l_, coeffs, pp)
     c = p.c
-    order = np.argsort(-l_, kind="stable")
     S, W, wmax = int(l_.sum()), float(w.sum()), float(w.max())
     vmin = max(1, -(-S // max_len))
     v_opt, _ = _best_v_value(W, wmax, p, vmin, n)
+    if v_opt == 1:  # one micro-batch meets the lower bound f(1) = PP (c + W): optimal
+        return PackResult((tuple(range(n)),), pp * (c + W))
+    order = np.argsort(-l_, kind="stable")
     v_util = min(n, max(vmin, int(S // coeffs.util_len())))
     v_hi = min(n, max(v_util, v_opt + 2))  # App. D upper end, widened to contain the bound's minimiser
     rounds = 20 + 2 * n

@@ -89,9 +89,10 @@ def _check_packing(mbs, n: int, sub: np.ndarray, max_len: int) -> None:
 
 
 def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack, seed: int = 0,
-           exact: bool = False) -> tuple[float, tuple[PipelinePlan, ...]]:
-    """Two-stage assignment on one strategy: (step estimate, per-pipeline plans with step indices)."""
-    disp = dispatch(lengths, prof.pipes, exact=exact, seed=seed)
+           exact: bool = False, target: float = 0.0) -> tuple[float, tuple[PipelinePlan, ...]]:
+    """Two-stage assignment on one strategy: (step estimate, per-pipeline plans with step indices). `target` (a
+    lower bound) lets the dispatch local search stop once it is within 0.1 % of it."""
+    disp = dispatch(lengths, prof.pipes, exact=exact, seed=seed, target=target * 1.001)
     plans = []
     for j, (pipe, group) in enumerate(zip(prof.pipes, disp.groups)):
         pl = prof.strategy.pipelines[j]
@@ -131,8 +132,14 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
         return StepSelection(plan, reps, (), 0.0, 1.0)
     longest = int(l_.max())
     # quick bounds (doc + work with fixed prices) order and prune the candidates; refined ones give the reported bound
-    bounds = [strategy_bound(l_, p.pipes, rounds=0, top=0) if longest <= p.max_len else float("inf")
+    bounds = [strategy_bound(l_, p.pipes, rounds=0, top=0, timed=False) if longest <= p.max_len else float("inf")
               for p in profiles]
+    refined = [False] * len(profiles)
+
+    def refine(i: int) -> None:
+        if not refined[i]:
+            bounds[i] = max(bounds[i], strategy_bound(l_, profiles[i].pipes))
+            refined[i] = True
     if all(b == float("inf") for b in bounds):
         top = max(p.max_len for p in profiles)
         raise TidalError(f"a sequence of {longest} tokens exceeds the MaxLen of every candidate strategy (largest "
@@ -144,7 +151,11 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
             continue
         if prune and best is not None and (bounds[k], k) >= (best[0], best[1]):
             continue
-        est, plans = assign(l_, profiles[k], packer=packer, seed=seed, exact=exact)
+        if prune and best is not None:  # a sharper bound may still rule the candidate out before the costly assignment
+            refine(k)
+            if (bounds[k], k) >= (best[0], best[1]):
+                continue
+        est, plans = assign(l_, profiles[k], packer=packer, seed=seed, exact=exact, target=bounds[k])
         ests[k] = est
         if best is None or (est, k) < (best[0], best[1]):
             best = (est, k, plans)
@@ -154,7 +165,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
     for i in sorted(range(len(profiles)), key=lambda i: (bounds[i], i)):
         if bounds[i] >= lb:
             break
-        bounds[i] = max(bounds[i], strategy_bound(l_, profiles[i].pipes))
+        refine(i)
         lb = min(lb, bounds[i])
     prof = profiles[k]
     reports = []
