@@ -121,8 +121,9 @@ class Resolver:
         self._memo: dict[tuple, tuple[str, list[_Analysis], dict[int, int]]] = {}
 
     # ----------------------------------------------------------------------------------------------- analysis
-    def analyse(self, move: TensorMove, heuristics: bool = True) -> tuple[str, list[_Analysis], dict[int, int]]:
-        key = (move, heuristics)
+    def analyse(self, move: TensorMove, heuristics: bool = True,
+                bsr_only: bool = False) -> tuple[str, list[_Analysis], dict[int, int]]:
+        key = (move, heuristics, bsr_only)
         hit = self._memo.get(key)
         if hit is not None:
             return hit
@@ -130,6 +131,8 @@ class Resolver:
         self.topo.check(move.src.devices + move.dst.devices)
         src, dst, shape = move.src, move.dst, move.shape
         tier = classify(src, dst)
+        if bsr_only and tier != "identity":
+            tier = "bsr"
         se, de = src.entries(shape), dst.entries(shape)
         sub_of = {e.device: e.subgroup for e in se}
         out: list[_Analysis] = []
@@ -257,18 +260,20 @@ class Resolver:
         return out
 
     # ------------------------------------------------------------------------------------------------- planning
-    def plan(self, moves: Sequence[TensorMove], fused: bool = True, heuristics: bool = True) -> CommPlan:
+    def plan(self, moves: Sequence[TensorMove], fused: bool = True, heuristics: bool = True,
+             bsr_only: bool = False) -> CommPlan:
         """Plan many tensor moves together. Fused: one BSR table, shared send load, one message per rank pair.
-        Unfused: every tensor planned and messaged separately (its own batch)."""
+        Unfused: every tensor planned and messaged separately (its own batch). `bsr_only` skips the bottom and top
+        tiers (Hetu v2 §6.2 switches graphs with one BSR over all weights, so every replica is a candidate sender)."""
         enabled = gc.isenabled()
         gc.disable()  # planning allocates many small tuples that live as long as the plan; skip cyclic-GC passes
         try:
-            return self._plan(tuple(moves), fused, heuristics)
+            return self._plan(tuple(moves), fused, heuristics, bsr_only)
         finally:
             if enabled:
                 gc.enable()
 
-    def _plan(self, moves: tuple[TensorMove, ...], fused: bool, heuristics: bool) -> CommPlan:
+    def _plan(self, moves: tuple[TensorMove, ...], fused: bool, heuristics: bool, bsr_only: bool) -> CommPlan:
         tiers: list[str] = []
         copies: list[tuple[int, Cell]] = []
         reductions: list[Reduction] = []
@@ -289,7 +294,7 @@ class Resolver:
                     entry[2] = "BSR"
 
         for t, mv in enumerate(moves):
-            tier, parts, sub_of = self.analyse(mv, heuristics)
+            tier, parts, sub_of = self.analyse(mv, heuristics, bsr_only)
             tiers.append(tier)
             batch = 0 if fused else t
             if not fused:

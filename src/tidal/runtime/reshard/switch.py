@@ -85,12 +85,14 @@ class SwitchPlanner:
         self.hits = 0
         self.misses = 0
 
-    def plan(self, moves: Sequence[TensorMove], fused: bool = True, heuristics: bool = True) -> CommPlan:
-        key = (tuple(moves), fused, heuristics)
+    def plan(self, moves: Sequence[TensorMove], fused: bool = True, heuristics: bool = True,
+             bsr_only: bool = False) -> CommPlan:
+        """Plan (or fetch) moving `moves` together. `bsr_only`: one BSR over everything, as Hetu v2 switches graphs."""
+        key = (tuple(moves), fused, heuristics, bsr_only)
         plan = self._plans.get(key)
         if plan is None:
             self.misses += 1
-            plan = self._plans[key] = self.resolver.plan(key[0], fused=fused, heuristics=heuristics)
+            plan = self._plans[key] = self.resolver.plan(key[0], fused, heuristics, bsr_only)
         else:
             self.hits += 1
         return plan
@@ -99,7 +101,7 @@ class SwitchPlanner:
         key = key + (fused, heuristics)
         plan = self._named.get(key)
         if plan is None:
-            plan = self._named[key] = self.plan(build(), fused, heuristics)
+            plan = self._named[key] = self.plan(build(), fused, heuristics, bsr_only=True)
         else:
             self.hits += 1
         return plan
