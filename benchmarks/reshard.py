@@ -2,7 +2,7 @@
 stage TP) on a modelled two-node topology, Hydraulis' pull/push volumes against the App. B.1 bound, and planning
 times for a 32-layer model. Prints tables; asserts nothing.
 
-    python benchmarks/reshard.py [--model llama2-7b] [--repeats 5]
+    python benchmarks/reshard.py [--model llama2-7b] [--repeats 5] [--execute]
 """
 
 from __future__ import annotations
@@ -84,10 +84,66 @@ def switch_table(title, topo, model, src, dst, repeats) -> None:
         print(f"#   {name:<27} {senders(plans[name])}")
 
 
+def _execute_worker(rank, world, model_name, src_text, dst_text, repeats):
+    """Execute the switch with each planning method on gloo ranks; check the result exactly; median wall time."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from tidal.runtime.reshard.execute import GroupCache
+    from tidal.runtime.reshard.switch import run
+    from tidal.runtime.reshard.testing import check, shard
+
+    model = get_model(model_name)
+    cluster = get_cluster(f"cpux{world}")
+    src = place(parse_strategy(src_text), cluster, model)
+    dst = place(parse_strategy(dst_text), cluster, model)
+    planner = SwitchPlanner(Topology.uniform(world, world // 2), itemsize=4)
+    groups = GroupCache()
+    rng = np.random.default_rng(0)
+    out = {}
+    for name, kw in (("unfused w/o heuristics", dict(fused=False, heuristics=False)),
+                     ("unfused", dict(fused=False)), ("fused", dict(fused=True))):
+        plan = planner.switch(model, src, dst, **kw)
+        values = [rng.integers(-9, 10, size=mv.shape).astype(np.float32) for mv in plan.moves]
+        xs = []
+        for mv, v in zip(plan.moves, values):
+            sh = shard(mv.src, v, rng)
+            xs.append(torch.from_numpy(sh[rank]) if rank in sh else None)
+        times = []
+        run(plan, xs, groups)  # warm-up: gloo connects peer pairs lazily on first use
+        for _ in range(repeats):
+            dist.barrier()
+            t = time.perf_counter()
+            res = run(plan, xs, groups)
+            dist.barrier()
+            times.append(time.perf_counter() - t)
+        got = [None if r is None else r.numpy() for r in res]
+        gathered = [None] * world
+        dist.all_gather_object(gathered, got)
+        bad = sum(check(mv.dst, v, {r: g[t] for r, g in enumerate(gathered) if g[t] is not None}) is not None
+                  for t, (mv, v) in enumerate(zip(plan.moves, values)))
+        out[name] = (statistics.median(times) * 1e3, plan.num_messages, bad)
+    return out
+
+
+def execute_table(world: int, repeats: int) -> None:
+    from tidal.runtime.launch import run_distributed
+
+    src, dst, name = "2*tp2pp2", "tp4+2*tp2", "small"
+    res = run_distributed(_execute_worker, world, name, src, dst, repeats, timeout_s=300)[0]
+    print(f"\n# Measured on {world} gloo ranks (CPU, fp32): switch {src} -> {dst} of model '{name}', "
+          f"median of {repeats} after a warm-up run")
+    print(f"{'method':<28} {'wall ms':>9} {'msgs':>6} {'wrong tensors':>14}")
+    for k, (ms, msgs, bad) in res.items():
+        print(f"{k:<28} {ms:9.1f} {msgs:6d} {bad:14d}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="llama2-7b")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--execute", action="store_true", help="also execute a switch on 8 gloo ranks and time it")
     args = ap.parse_args()
     model = get_model(args.model)
     cluster, c1, c2 = c1_c2(model)
@@ -108,7 +164,9 @@ def main() -> None:
     topo8 = Topology.from_cluster(cl8)
     for text in ("tp2pp2+2*tp1pp2", "tp4+2*tp2", "8*tp1"):
         st = place(parse_strategy(text), cl8, model)
-        print(f"\n# Hydraulis LNK on {world} ranks: fully sharded over {world} <-> {text} ({model.name}, bf16)")
+        total = 2 * sum(math.prod(v) for v in model_param_shapes(model).values())
+        print(f"\n# Hydraulis LNK on {world} ranks: fully sharded over {world} <-> {text} ({model.name}, bf16, "
+              f"W = {total / MB:.0f} MB of parameters)")
         print(HEADER)
         for kind in ("pull", "push"):
             plan, cold, warm = timed(topo8, lambda p, k=kind, s=st: getattr(p, k)(model, s, range(world)), args.repeats)
@@ -123,6 +181,8 @@ def main() -> None:
                 one = planner.plan(moves)
                 worst = max(worst, one.max_send() / size, one.max_recv() / size)
         print(f"# worst per-rank send or recv / parameter size, per parameter: {worst:.3f} (App. B.1 bound: 1.0)")
+    if args.execute:
+        execute_table(8, args.repeats)
 
 
 if __name__ == "__main__":
