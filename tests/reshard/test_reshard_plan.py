@@ -119,3 +119,19 @@ def test_random_pairs_simulated(seed):
     plan = Resolver(Topology.uniform(8, 4), 8).plan([TensorMove(src, dst, shape)])
     out = simulate(plan, {r: [x] for r, x in shards.items()})
     assert check(dst, value, {r: o[0] for r, o in out.items() if o[0] is not None}) is None
+
+
+def test_execution_rejects_wrong_local_shards():
+    torch = pytest.importorskip("torch")
+    from tidal.runtime.reshard.execute import _Local
+
+    plan = resolve(Annotation.spmd([0, 1], {0: 2}), Annotation.spmd([0, 1], {DUPLICATE: 2}), (4, 3))
+    _Local(plan, 0, [torch.zeros(2, 3)], torch.float32)  # the right shard is accepted
+    with pytest.raises(TidalError):
+        _Local(plan, 0, [torch.zeros(4, 3)], torch.float32)  # global instead of local shape
+    with pytest.raises(TidalError):
+        _Local(plan, 0, [None], torch.float32)
+    with pytest.raises(TidalError):
+        _Local(plan, 0, [torch.zeros(2, 3, dtype=torch.float64)], torch.float32)
+    with pytest.raises(TidalError):
+        _Local(plan, 0, [], torch.float32)

@@ -52,7 +52,8 @@ def _slices(box: Box) -> tuple[slice, ...]:
 class _Local:
     """One rank's view of a plan: its source and destination boxes, reduced cells and outputs."""
 
-    def __init__(self, plan: CommPlan, rank: int, inputs: Sequence[torch.Tensor | None], dtype: torch.dtype) -> None:
+    def __init__(self, plan: CommPlan, rank: int, inputs: Sequence[torch.Tensor | None], dtype: torch.dtype,
+                 device: torch.device | str = "cpu") -> None:
         if len(inputs) != len(plan.moves):
             raise TidalError(f"plan moves {len(plan.moves)} tensors but {len(inputs)} inputs were given")
         self.src_box: dict[int, Box] = {}
@@ -76,9 +77,9 @@ class _Local:
                 if x.dtype != dtype:
                     raise TidalError(f"rank {rank}: tensor {t} has dtype {x.dtype}, plan executes in {dtype}")
             if t in self.dst_box:
-                self.out[t] = torch.zeros(tuple(b - a for a, b in self.dst_box[t]), dtype=dtype,
-                                          device=x.device if x is not None else "cpu")
+                self.out[t] = torch.zeros(tuple(b - a for a, b in self.dst_box[t]), dtype=dtype, device=device)
         self.dtype = dtype
+        self.device = device
 
     def read(self, cell: Cell) -> torch.Tensor:
         if cell in self.reduced:
@@ -95,10 +96,10 @@ class _Local:
         parts = []
         for c in cells:
             if contrib is not None and me not in contrib[c]:
-                parts.append(torch.zeros(box_size(c[1]), dtype=self.dtype))
+                parts.append(torch.zeros(box_size(c[1]), dtype=self.dtype, device=self.device))
             else:
                 parts.append(self.read(c).reshape(-1))
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=self.dtype)
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=self.dtype, device=self.device)
 
     def unpack(self, buf: torch.Tensor, cells: Sequence[Cell], add: bool = False, writers: dict | None = None,
                me: int = -1) -> None:
@@ -126,7 +127,7 @@ def _p2p(local: _Local, rank: int, msgs, add: bool) -> None:
             if m.sender == rank:
                 ops.append(dist.P2POp(dist.isend, local.pack(m.cells).contiguous(), m.receiver))
             else:
-                buf = torch.empty(m.elems, dtype=local.dtype)
+                buf = torch.empty(m.elems, dtype=local.dtype, device=local.device)
                 ops.append(dist.P2POp(dist.irecv, buf, m.sender))
                 recvs.append((buf, m))
         for req in dist.batch_isend_irecv(ops):
@@ -136,19 +137,22 @@ def _p2p(local: _Local, rank: int, msgs, add: bool) -> None:
 
 
 def execute(plan: CommPlan, inputs: Sequence[torch.Tensor | None], groups: GroupCache,
-            dtype: torch.dtype = torch.float32) -> list[torch.Tensor | None]:
+            dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> list[torch.Tensor | None]:
     """Run `plan` on this rank. `inputs[t]` is this rank's local shard of tensor t under its source annotation (None
-    where the rank holds none). Returns the local shards under the destination annotations (None where none)."""
+    where the rank holds none). Returns the local shards under the destination annotations (None where none).
+    `device`: where buffers live (default: the inputs' device, else CPU; pass the rank's GPU with NCCL)."""
     rank = dist.get_rank()
     groups.ensure(plan.group_ranks())
-    local = _Local(plan, rank, inputs, dtype)
+    if device is None:
+        device = next((x.device for x in inputs if x is not None), torch.device("cpu"))
+    local = _Local(plan, rank, inputs, dtype, device)
     # Phase 1: point-to-point reductions at roots.
     for red in plan.reductions:
         for box, root, ct in red.items:
             if root == rank:
                 cell = (red.tensor, box)
                 local.reduced[cell] = (local.read(cell).clone() if rank in ct else
-                                       torch.zeros([b - a for a, b in box], dtype=dtype))
+                                       torch.zeros([b - a for a, b in box], dtype=dtype, device=device))
     _p2p(local, rank, plan.reduce_msgs, add=True)
     # Phase 2: collectives in plan order.
     for col in plan.collectives:
@@ -164,7 +168,7 @@ def execute(plan: CommPlan, inputs: Sequence[torch.Tensor | None], groups: Group
         elif col.kind == "RS":
             n = col.chunk_elems()
             full = torch.cat([local.pack(ch, contrib, rank) for ch in col.chunks])
-            out = torch.empty(n, dtype=dtype)
+            out = torch.empty(n, dtype=dtype, device=device)
             if groups.reduce_scatter != "allreduce":
                 try:
                     dist.reduce_scatter(out, list(full.split(n)), group=group)
@@ -178,7 +182,7 @@ def execute(plan: CommPlan, inputs: Sequence[torch.Tensor | None], groups: Group
             local.unpack(out, col.chunks[me])
         else:  # AG
             mine = local.pack(col.chunks[me])
-            bufs = [torch.empty(col.chunk_elems(), dtype=dtype) for _ in col.ranks]
+            bufs = [torch.empty(col.chunk_elems(), dtype=dtype, device=device) for _ in col.ranks]
             dist.all_gather(bufs, mine, group=group)
             for buf, ch in zip(bufs, col.chunks):
                 local.unpack(buf, ch)

@@ -125,6 +125,6 @@ class SwitchPlanner:
 
 
 def run(plan: CommPlan, tensors: Sequence[torch.Tensor | None], groups: GroupCache,
-        dtype: torch.dtype = torch.float32) -> list[torch.Tensor | None]:
+        dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> list[torch.Tensor | None]:
     """Execute a (fused) plan on this rank: one batch_isend_irecv with one message per peer, plus any collectives."""
-    return execute(plan, tensors, groups, dtype)
+    return execute(plan, tensors, groups, dtype, device)
