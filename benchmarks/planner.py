@@ -25,9 +25,10 @@ MAX_LEN = 32768
 # Hand-picked candidate sets (used when --candidates=hand); --candidates=proposal uses tidal.planner.proposal.
 HAND = {
     "a800x64": ["8*tp8", "16*tp4", "4*tp8+8*tp4", "2*tp8+12*tp4", "2*tp8+8*tp4+8*tp2", "tp8cp2+12*tp4",
-                "4*tp4+24*tp2", "4*tp4+8*tp2+32*tp1"],
+                "4*tp4+24*tp2", "4*tp4+8*tp2+32*tp1", "8*tp4pp2", "2*tp8pp2+8*tp4"],
     "a800x1024": ["128*tp8", "256*tp4", "64*tp8+128*tp4", "32*tp8+192*tp4", "32*tp8+128*tp4+128*tp2",
-                  "16*tp8cp2+192*tp4", "64*tp4+384*tp2", "64*tp4+128*tp2+512*tp1"],
+                  "16*tp8cp2+192*tp4", "64*tp4+384*tp2", "64*tp4+128*tp2+512*tp1", "128*tp4pp2",
+                  "32*tp8pp2+128*tp4"],
 }
 
 

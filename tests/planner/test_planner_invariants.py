@@ -48,7 +48,7 @@ def check_step(lengths, profiles, plan: StepPlan):
     assert plan.seq_lengths == tuple(int(x) for x in l_)
 
 
-@settings(max_examples=2500, **SETTINGS)
+@settings(max_examples=2000, **SETTINGS)
 @given(lengths=lengths_st, cands=cands_st, seed=st.integers(0, 3))
 def test_select_invariants(lengths, cands, seed):
     profiles = [PROFILES[k] for k in cands]

@@ -37,8 +37,10 @@ from tidal.planner.bounds import PipeCost, strategy_bound, work_capacity
 
 @dataclass(frozen=True)
 class Proposal:
-    strategies: tuple[Strategy, ...]  # placed candidates, best expected cost first
-    expected: tuple[float, ...]  # expected_cost of each on the whole distribution (s)
+    strategies: tuple[Strategy, ...]  # placed candidates, in greedy selection order (best single strategy first)
+    expected: tuple[float, ...]  # expected_cost of each on the whole distribution (s): the DP's objective
+    simulated: tuple[float, ...]  # mean estimated step time on the sampled evaluation steps (s; inf: too short)
+    dp_best: float  # least expected_cost among the DP's rounded strategies (before the homogeneous baselines join)
     schemes: tuple[ParallelScheme, ...]  # the scheme space searched
 
 
@@ -211,9 +213,11 @@ def _improve(combo: tuple[int, ...], val: float, used: list[int], K: dict, N: in
 
 def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: int, n_devices: int | None = None,
             bin_width: int = 256, d_step: float = 0.1, cutoffs: int = 4, max_candidates: int = 8,
-            schemes: Sequence[ParallelScheme] | None = None, seed: int = 0) -> Proposal:
+            schemes: Sequence[ParallelScheme] | None = None, eval_steps: int = 6, pool_factor: int = 2,
+            seed: int = 0) -> Proposal:
     """Candidate strategies for `lengths` (a sample of the dataset's document lengths) on cost_model's cluster.
-    Deterministic (`seed` is unused: the DP has no randomness)."""
+    Pool: the DP's roundings (two per cutoff) and the homogeneous strategies, best `pool_factor * max_candidates` by
+    expected_cost; final set: greedy cover of `eval_steps` steps sampled with `seed` and planned by select.assign."""
     N = n_devices or cost_model.cluster.num_devices
     if tokens_per_step < 1 or max_len < 1 or bin_width < 1 or not 0 < d_step <= 1 or N < 1:
         raise TidalError("propose needs tokens_per_step, max_len, bin_width, n_devices >= 1 and 0 < d_step <= 1")
@@ -264,19 +268,68 @@ def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: in
         for combo in sorted(local, key=lambda c: (local[c], c))[:2]:
             if combo not in scored:
                 scored[combo] = expected_cost(full, [pc[k] for k in combo])
+    dp_best = min(scored.values(), default=math.inf)
+    # homogeneous strategies of every scheme that holds the longest document (the classical baselines) join the pool
+    top_len = full[0][top_bin - 1]
+    for k in range(len(space)):
+        m = int(N // K["n"][k])
+        if K["max_len"][k] >= top_len and m >= 1 and (k,) * m not in scored:
+            scored[(k,) * m] = expected_cost(full, [pc[k]] * m)
     if not scored:
         raise TidalError(f"strategy proposal found no strategy within {N} devices")
-    ranked = sorted(scored, key=lambda c: (scored[c], c))
-    strategies, expected = [], []
-    for combo in ranked:
-        if len(strategies) >= max_candidates:
+    pool = []
+    for combo in sorted(scored, key=lambda c: (scored[c], c)):
+        if len(pool) >= pool_factor * max_candidates:
             break
         try:
-            strategies.append(place(tuple(space[k] for k in combo), cost_model.cluster, cost_model.model))
+            pool.append((combo, place(tuple(space[k] for k in combo), cost_model.cluster, cost_model.model)))
         except TidalError:
             continue
-        expected.append(scored[combo])
-    return Proposal(tuple(strategies), tuple(expected), space)
+    E = _simulate(lengths, [st for _, st in pool], cost_model, tokens_per_step, max_len, eval_steps, seed)
+    chosen = _greedy_cover(E, max_candidates)
+    return Proposal(tuple(pool[i][1] for i in chosen), tuple(scored[pool[i][0]] for i in chosen),
+                    tuple(float(E[i].mean()) for i in chosen), dp_best, space)
+
+
+def _simulate(lengths, strategies, cost_model, tokens_per_step, max_len, eval_steps, seed) -> np.ndarray:
+    """Estimated step time of every strategy on `eval_steps` steps sampled (seeded) from `lengths` (inf when a step
+    holds a document longer than the strategy's largest MaxLen)."""
+    from tidal.planner.select import assign, profile_strategies
+
+    rng = np.random.default_rng(seed)
+    l_all = np.minimum(np.asarray(lengths, dtype=np.int64), max_len)
+    per = max(1, int(2 * tokens_per_step / max(1.0, float(l_all.mean()))) + 8)
+    profs = profile_strategies(strategies, cost_model)
+    E = np.full((len(strategies), eval_steps), np.inf)
+    for s in range(eval_steps):
+        draw = l_all[rng.integers(0, l_all.size, size=per)]
+        step = draw[: int(np.searchsorted(np.cumsum(draw), tokens_per_step)) + 1]
+        for i, prof in enumerate(profs):
+            if int(step.max()) <= prof.max_len:
+                E[i, s] = assign(step, prof, seed=seed)[0]
+    return E
+
+
+def _greedy_cover(E: np.ndarray, k: int) -> list[int]:
+    """Greedily pick strategies minimising the mean over sampled steps of the best chosen strategy's time (what
+    per-step selection achieves with that candidate set); the first pick is the best single strategy."""
+    chosen: list[int] = []
+    cur = np.full(E.shape[1], np.inf)
+    for _ in range(min(k, E.shape[0])):
+        scores = []
+        for i in range(E.shape[0]):
+            if i in chosen:
+                continue
+            m = np.minimum(cur, E[i])
+            scores.append((float(np.mean(m)) if np.all(np.isfinite(m)) else np.inf, -int(np.isfinite(E[i]).sum()), i))
+        if not scores:
+            break
+        val, _, i = min(scores)
+        if chosen and not val < float(np.mean(cur)) * (1 - 1e-4):
+            break
+        chosen.append(i)
+        cur = np.minimum(cur, E[i])
+    return chosen
 
 
 def exhaustive(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: int, n_devices: int | None = None,
