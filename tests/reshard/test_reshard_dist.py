@@ -32,7 +32,9 @@ def _property_worker(rank, world, cases):
     resolver = Resolver(Topology.uniform(world, 4), itemsize=8)
     groups = GroupCache()
     fallback = GroupCache(reduce_scatter="allreduce")
-    failures, stats = [], {"cases": 0, "fused": 0, "rs_fallback": 0, "partial_src": 0, "hetero": 0, "nonuniform": 0}
+    failures = []
+    stats = {"cases": 0, "fused": 0, "rs_fallback": 0, "partial_src": 0, "partial_dst": 0, "hetero": 0,
+             "nonuniform": 0, "identity": 0, "bottom": 0, "top": 0, "bsr": 0, "collectives": 0}
     for seed in range(cases):
         shape, src, dst, value, shards = random_case(seed, world)
         plan = resolver.plan([TensorMove(src, dst, shape)])
@@ -43,6 +45,9 @@ def _property_worker(rank, world, cases):
             failures.append(f"seed {seed}: {src} -> {dst} {shape}: {err}")
         stats["cases"] += 1
         stats["partial_src"] += src.is_partial()
+        stats["partial_dst"] += dst.is_partial()
+        stats[plan.tiers[0]] += 1
+        stats["collectives"] += bool(plan.collectives)
         stats["hetero"] += src.hsize > 1 or dst.hsize > 1
         stats["nonuniform"] += src.hweights is not None or dst.hweights is not None
         if any(c.kind == "RS" for c in plan.collectives):  # same plan through the all-reduce fallback
@@ -71,7 +76,8 @@ def test_random_annotation_pairs_on_8_gloo_ranks():
     assert not failures, "\n".join(failures[:10])
     assert stats["cases"] >= 200 and stats["fused"] >= 25
     assert stats["partial_src"] >= 40 and stats["hetero"] >= 100 and stats["nonuniform"] >= 20
-    assert stats["rs_fallback"] >= 1
+    assert stats["rs_fallback"] >= 1 and stats["partial_dst"] >= 10 and stats["collectives"] >= 12
+    assert stats["bottom"] >= 40 and stats["top"] >= 10 and stats["bsr"] >= 80
     print(f"reshard property: {stats}, process groups created: {ngroups}")
 
 

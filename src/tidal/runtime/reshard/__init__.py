@@ -11,10 +11,19 @@ from tidal.runtime.reshard.annotation import (
     Entry,
 )
 from tidal.runtime.reshard.bsr import Topology
+from tidal.runtime.reshard.deduce import (
+    Stage,
+    fully_sharded,
+    linear,
+    llama_layer_annotations,
+    param_annotation,
+    stages_of,
+)
 from tidal.runtime.reshard.plan import CommPlan, RankStats, TensorMove
 from tidal.runtime.reshard.resolve import Resolver, classify, resolve
 
 __all__ = [
     "DUPLICATE", "PARTIAL", "Annotation", "CommPlan", "DeviceGroup", "DistributedStates", "Entry", "RankStats",
-    "Resolver", "TensorMove", "Topology", "classify", "resolve",
+    "Resolver", "Stage", "TensorMove", "Topology", "classify", "fully_sharded", "linear", "llama_layer_annotations",
+    "param_annotation", "resolve", "stages_of",
 ]
