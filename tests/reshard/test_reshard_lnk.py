@@ -143,3 +143,13 @@ def test_stage_layout_with_per_stage_tp():
         assert check(mv.dst, v, {r: o[t] for r, o in out.items() if o[t] is not None}) is None
     with pytest.raises(TidalError):
         Stage((0, 1, 2), 2, 1, 0, 1)
+
+
+def test_plan_cache_is_bounded():
+    model = get_model("tiny")
+    a, b = _strategy("2*tp2pp2"), _strategy("tp2+6*tp1")
+    planner = SwitchPlanner(Topology.uniform(8), max_plans=1)
+    first = planner.switch(model, a, b)
+    planner.switch(model, b, a)
+    again = planner.switch(model, a, b)
+    assert planner.misses == 3 and again is not first and again.summary() == first.summary()

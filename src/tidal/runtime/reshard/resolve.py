@@ -111,13 +111,15 @@ def _check_move(m: TensorMove) -> None:
 
 
 class Resolver:
-    """Resolves tensor moves on one topology. Holds a memo of per-tensor analyses (pass it around; no globals)."""
+    """Resolves tensor moves on one topology. Holds a memo of per-tensor analyses (pass it around; no globals), at most
+    `memo_size` entries, oldest evicted first (activation shapes change every step)."""
 
-    def __init__(self, topology: Topology, itemsize: int = 4) -> None:
+    def __init__(self, topology: Topology, itemsize: int = 4, memo_size: int = 4096) -> None:
         if itemsize < 1:
             raise TidalError(f"itemsize must be >= 1, got {itemsize}")
         self.topo = topology
         self.itemsize = itemsize
+        self.memo_size = memo_size
         self._memo: dict[tuple, tuple[str, list[_Analysis], dict[int, int]]] = {}
 
     # ----------------------------------------------------------------------------------------------- analysis
@@ -156,6 +158,8 @@ class Resolver:
         else:
             out.append(self._cells(se, de, src, dst, collectives=(tier == "top"), heuristics=heuristics))
         res = (tier, [_settle(a, heuristics) for a in out], sub_of)
+        if len(self._memo) >= self.memo_size:
+            del self._memo[next(iter(self._memo))]
         self._memo[key] = res
         return res
 

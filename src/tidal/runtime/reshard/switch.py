@@ -78,8 +78,9 @@ class SwitchPlanner:
     """Plans many-tensor moves on one topology and caches them by (moves, fused, heuristics), and strategy switches
     by (kind, model, src, dst). Holds no process groups; pass a GroupCache to `run`."""
 
-    def __init__(self, topology: Topology, itemsize: int = 2) -> None:
+    def __init__(self, topology: Topology, itemsize: int = 2, max_plans: int = 64) -> None:
         self.resolver = Resolver(topology, itemsize)
+        self.max_plans = max_plans  # oldest plans are evicted beyond this many
         self._plans: dict[tuple, CommPlan] = {}
         self._named: dict[tuple, CommPlan] = {}
         self.hits = 0
@@ -92,6 +93,8 @@ class SwitchPlanner:
         plan = self._plans.get(key)
         if plan is None:
             self.misses += 1
+            if len(self._plans) >= self.max_plans:
+                del self._plans[next(iter(self._plans))]
             plan = self._plans[key] = self.resolver.plan(key[0], fused, heuristics, bsr_only)
         else:
             self.hits += 1
@@ -101,6 +104,8 @@ class SwitchPlanner:
         key = key + (fused, heuristics)
         plan = self._named.get(key)
         if plan is None:
+            if len(self._named) >= self.max_plans:
+                del self._named[next(iter(self._named))]
             plan = self._named[key] = self.plan(build(), fused, heuristics, bsr_only=True)
         else:
             self.hits += 1
