@@ -135,3 +135,11 @@ def test_execution_rejects_wrong_local_shards():
         _Local(plan, 0, [torch.zeros(2, 3, dtype=torch.float64)], torch.float32)
     with pytest.raises(TidalError):
         _Local(plan, 0, [], torch.float32)
+
+
+def test_all_gather_within_replicas():
+    """{dup:2, split0:2} -> {dup:4}: two AGs, one per replica pair, no point-to-point messages."""
+    src = Annotation.spmd(range(4), {DUPLICATE: 2, 0: 2}, order=(DUPLICATE, 0))
+    p = run(src, Annotation.spmd(range(4), {DUPLICATE: 4}), (8, 3))
+    assert p.op_counts()["AG"] == 2 and p.num_messages == 0
+    assert sorted(c.ranks for c in p.collectives) == [(0, 1), (2, 3)]

@@ -105,6 +105,27 @@ def _settle(a: _Analysis, heuristics: bool) -> _Analysis:
     return a
 
 
+def _ag_groups(nd: tuple[int, ...], items: list) -> list[tuple[tuple[int, ...], dict[int, list]]]:
+    """All-gather groups for cells every member of `nd` needs. If each cell has r holders in `nd` and the j-th holders
+    of all cells form r disjoint sets covering `nd` (replicas, e.g. {dup:2, split:2} -> {dup:4}), gather within each
+    replica set (r AGs); otherwise one AG over `nd` with each cell sourced by its lowest holder."""
+    rs = {len(ins) for _, ins in items}
+    if len(rs) == 1 and (r := rs.pop()) > 1:
+        reps = [{ins[j] for _, ins in items} for j in range(r)]
+        if sum(len(x) for x in reps) == len(nd) and set().union(*reps) == set(nd):
+            out = []
+            for j, rep in enumerate(reps):
+                per: dict[int, list] = defaultdict(list)
+                for b, ins in items:
+                    per[ins[j]].append(b)
+                out.append((tuple(sorted(rep)), per))
+            return out
+    per = defaultdict(list)
+    for b, ins in items:
+        per[ins[0]].append(b)
+    return [(nd, per)]
+
+
 def _check_move(m: TensorMove) -> None:
     m.src.check_shape(m.shape)
     m.dst.check_shape(m.shape)
@@ -207,7 +228,7 @@ class Resolver:
         bw = self.topo.bw
         ar: dict[tuple, list] = defaultdict(list)
         rs: dict[tuple, dict[int, list]] = defaultdict(lambda: defaultdict(list))
-        ag: dict[tuple, dict[int, list]] = defaultdict(lambda: defaultdict(list))
+        ag: dict[tuple, list] = defaultdict(list)  # needers -> [(box, holders among them)]
         for c in sorted(needers):
             box = tuple((cuts[d][i], cuts[d][i + 1]) for d, i in enumerate(c))
             elems = box_size(box)
@@ -223,7 +244,7 @@ class Resolver:
                 if not lacking:
                     continue
                 if collectives and len(nd) >= 2 and inside:
-                    ag[nd][min(inside)].append(box)
+                    ag[nd].append((box, tuple(sorted(inside))))
                 else:
                     out.transfers.append((box, elems, hs, lacking))
                 continue
@@ -252,15 +273,16 @@ class Resolver:
             else:
                 for r in ranks:
                     out.reduces += [(b, box_size(b), ct, (r,)) for b, ct in per.get(r, [])]
-        for ranks, per in ag.items():
-            sizes = {sum(box_size(b) for b in per.get(r, [])) for r in ranks}
-            if len(sizes) == 1:
-                out.collectives.append(("AG", ranks, tuple(tuple(per[r]) for r in ranks), (), ()))
-                continue
-            for b in (b for r in ranks for b in per.get(r, [])):  # demote: plain BSR from every holder
-                c = tuple(pos[d][lo] for d, (lo, _) in enumerate(b))
-                hs = tuple(sorted(next(iter(pick(c, ranks).values()))))
-                out.transfers.append((b, box_size(b), hs, tuple(n for n in ranks if n not in hs)))
+        for nd, items in ag.items():
+            for ranks, per in _ag_groups(nd, items):
+                sizes = {sum(box_size(b) for b in per.get(r, [])) for r in ranks}
+                if len(sizes) == 1:
+                    out.collectives.append(("AG", ranks, tuple(tuple(per[r]) for r in ranks), (), ()))
+                    continue
+                for b in (b for r in ranks for b in per.get(r, [])):  # demote: plain BSR from every holder
+                    c = tuple(pos[d][lo] for d, (lo, _) in enumerate(b))
+                    hs = tuple(sorted(next(iter(pick(c, ranks).values()))))
+                    out.transfers.append((b, box_size(b), hs, tuple(n for n in ranks if n not in hs)))
         return out
 
     # ------------------------------------------------------------------------------------------------- planning
