@@ -2,7 +2,7 @@
 and token first-fit-decreasing. Prints figures; nothing is asserted.
 
     python benchmarks/planner.py                 # everything (about 2-4 minutes on 2 cores)
-    python benchmarks/planner.py --only speed    # speed | quality | exact | compare | proposal
+    python benchmarks/planner.py --only speed    # speed | quality | exact | compare | packers | proposal
 """
 
 from __future__ import annotations
@@ -171,6 +171,26 @@ def bench_compare(how: str) -> None:
                   f"{1e3 * np.median([x[1] for x in v]):.0f} |")
 
 
+def bench_packers() -> None:
+    print("\n## (f) packers on fixed PP > 1 strategies (a800x64, 200K tokens/step, 10 steps, same dispatch)")
+    print("| strategy | source | tidal pack: median est s | token-FFD / tidal (median) | token-FFD / tidal (max) |")
+    print("|---|---|---|---|---|")
+    model, cluster = get_model(MODEL), get_cluster("a800x64")
+    cm = default_cost_model(model, cluster)
+    for name in ("8*tp4pp2", "4*tp4pp4", "2*tp8pp4"):
+        prof = profile_strategies([place(parse_strategy(name), cluster, model)], cm)[0]
+        for source in ("commoncrawl", "github"):
+            ours, ffd = [], []
+            for st in steps(source, 200_000, 10, seed=4):
+                l_ = st.lengths_array()
+                if l_.max() > prof.max_len:
+                    continue
+                ours.append(assign(l_, prof)[0])
+                ffd.append(assign(l_, prof, packer=pack_fixed)[0])
+            r = np.array(ffd) / np.array(ours)
+            print(f"| {name} | {source} | {np.median(ours):.3f} | {np.median(r):.3f} | {r.max():.3f} |")
+
+
 def bench_proposal() -> None:
     from tidal.planner.proposal import propose
 
@@ -189,13 +209,13 @@ def bench_proposal() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", choices=["speed", "quality", "exact", "compare", "proposal"])
+    ap.add_argument("--only", choices=["speed", "quality", "exact", "compare", "packers", "proposal"])
     ap.add_argument("--candidates", choices=["hand", "proposal"], default="proposal")
     a = ap.parse_args()
     print(f"candidates: {a.candidates}")
     for name, fn in (("speed", lambda: bench_speed(a.candidates)), ("quality", lambda: bench_quality(a.candidates)),
                      ("exact", bench_exact), ("compare", lambda: bench_compare(a.candidates)),
-                     ("proposal", bench_proposal)):
+                     ("packers", bench_packers), ("proposal", bench_proposal)):
         if a.only in (None, name):
             fn()
 

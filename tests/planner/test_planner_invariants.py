@@ -127,3 +127,28 @@ def test_seq_ids_and_bad_input():
 
 def test_max_len_of_profiles():
     assert MAX_LEN == 500
+
+
+@pytest.mark.parametrize("lengths", [[1], [1, 2, 3], [1] * 17, [2, 3, 1, 1, 2, 700]])
+def test_cp_larger_than_sequences_with_a_real_cost_model(lengths):
+    from tidal.core import get_cluster, get_model, parse_strategy, place
+    from tidal.costmodel import default_cost_model
+    from tidal.planner.select import profile_strategies
+
+    model, cluster = get_model("tiny"), get_cluster("a800x8")
+    cm = default_cost_model(model, cluster)
+    cands = [place(parse_strategy(s), cluster, model) for s in ("cp4+4*tp1", "2*cp4", "tp2cp2+pp2cp2")]
+    profiles = profile_strategies(cands, cm)
+    sel = select_step(lengths, profiles, seed=1)
+    check_step(lengths, profiles, sel.plan)
+    assert {p.cp for p in sel.plan.pipelines} & {2, 4}
+
+
+def test_scheme_without_memory_is_rejected():
+    from tidal.core import get_cluster, get_model, parse_strategy, place
+    from tidal.costmodel import default_cost_model
+    from tidal.planner.select import profile_strategies
+
+    model, cluster = get_model("tiny"), get_cluster("cpux8")
+    with pytest.raises(TidalError, match="does not fit"):
+        profile_strategies([place(parse_strategy("8*tp1"), cluster, model)], default_cost_model(model, cluster))

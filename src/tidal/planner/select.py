@@ -44,7 +44,10 @@ def profile_strategies(candidates: Sequence[Strategy], cost_model: CostModel) ->
         pipes, splits = [], []
         for p in s.pipelines:
             dev = pipeline_device(cost_model.cluster, p)
-            pipes.append(PipeCost.of(cost_model.coeffs(p.scheme, dev), p.scheme.pp, cost_model.max_len(p.scheme, dev)))
+            ml = cost_model.max_len(p.scheme, dev)
+            if ml < 1:
+                raise TidalError(f"strategy {s}: {p.scheme.short()} does not fit in {dev.name} memory (MaxLen 0)")
+            pipes.append(PipeCost.of(cost_model.coeffs(p.scheme, dev), p.scheme.pp, ml))
             splits.append(p.scheme.stage_layers(cost_model.model.layers))
         out.append(StrategyProfile(s, tuple(pipes), tuple(splits)))
     return tuple(out)
@@ -176,7 +179,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
             len(pp_.micro_batches), pp_.est_time, pipeline_bound(l_[idx], pc) if idx else 0.0,
             mb_imbalance([pc.coeffs.mb_time(l_[list(mb)]) for mb in pp_.micro_batches])))
     times = [p.est_time for p in plans]
-    plan = StepPlan(ids, tuple(int(x) for x in l_), k, plans, (), float(est), float(min(lb, est)),
+    plan = StepPlan(ids, tuple(int(x) for x in l_), k, plans, (), float(est), float(lb),
                     (time.perf_counter() - t0) * 1e3)
     strat = tuple(StrategyReport(i, names[i], bounds[i], ests[i]) for i in range(len(profiles)))
     return StepSelection(plan, strat, tuple(reports), rank_spread(times), max_over_mean(times))
