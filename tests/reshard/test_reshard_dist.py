@@ -88,6 +88,54 @@ def _model_values(model, seed):
     return {n: rng.integers(-50, 51, size=s).astype(np.float64) for n, s in model_param_shapes(model).items()}
 
 
+def _tier_cases():
+    """One (src, dst, shape) per resolution operator, on 4 ranks."""
+    from tidal.runtime.reshard import DUPLICATE, PARTIAL, Annotation
+    from tidal.runtime.reshard import DistributedStates as DS
+
+    tp2 = DS.make({1: 2})
+    two = [([0, 1], tp2), ([2, 3], tp2)]
+    spmd = Annotation.spmd
+    return [
+        (spmd(range(4), {PARTIAL: 4}), spmd(range(4), {DUPLICATE: 4}), (8, 4)),  # AR
+        (spmd(range(4), {PARTIAL: 4}), spmd(range(4), {0: 4}), (8, 4)),  # RS
+        (spmd(range(4), {1: 4}), spmd(range(4), {DUPLICATE: 4}), (3, 8)),  # AG
+        (spmd(range(4), {DUPLICATE: 2, 0: 2}, (DUPLICATE, 0)), spmd(range(4), {DUPLICATE: 4}), (6, 2)),  # 2 AGs
+        (spmd([0, 1], {0: 2}), spmd([2, 3], {0: 2}), (5, 3)),  # SR
+        (Annotation.union(two, PARTIAL), Annotation.union(two, DUPLICATE), (4, 6)),  # SplitAR
+        (Annotation.union(two, PARTIAL), Annotation.union(two, 0), (4, 6)),  # SplitRS
+        (Annotation.union(two, 0), Annotation.union(two, DUPLICATE), (4, 6)),  # SplitAG
+        (Annotation.union([([0, 1], DS.make({PARTIAL: 2})), ([2], DS.make())], PARTIAL),
+         Annotation.union([([0, 1], tp2), ([2], DS.make())], DUPLICATE), (4, 6)),  # Hetu Fig. 7
+    ]
+
+
+def _tier_worker(rank, world):
+    """Every collective and SR path on real gloo ranks, native reduce-scatter and the all-reduce fallback."""
+    resolver = Resolver(Topology.uniform(world), itemsize=8)
+    rng = np.random.default_rng(5)
+    labels, failures = set(), []
+    for mode in ("auto", "allreduce"):
+        groups = GroupCache(reduce_scatter=mode)
+        for src, dst, shape in _tier_cases():
+            value = rng.integers(-50, 51, size=shape).astype(np.float64)
+            shards = shard(src, value, rng)
+            plan = resolver.plan([TensorMove(src, dst, shape)])
+            labels |= set(plan.op_counts())
+            x = torch.from_numpy(shards[rank]) if rank in shards else None
+            err = _gather_check(rank, dst, value, execute(plan, [x], groups, dtype=torch.float64)[0])
+            if err:
+                failures.append(f"{mode} {src} -> {dst}: {err}")
+    return failures, labels
+
+
+def test_every_resolution_operator_on_4_gloo_ranks():
+    results = run_distributed(_tier_worker, 4, timeout_s=60)
+    failures, labels = results[0]
+    assert all(not r[0] for r in results), results[0][0][:5]
+    assert {"AR", "RS", "AG", "SR", "SplitAR", "SplitRS", "SplitAG"} <= labels
+
+
 def _lnk_worker(rank, world, strategy_text, other_text):
     """Pull, push and a fused strategy switch of every parameter of the tiny model; exact checks on every rank."""
     from tidal.core import get_cluster, get_model, parse_strategy, place
