@@ -14,9 +14,10 @@ pipeline of scheme k finishes in t (bounds.work_capacity: bubbles and per-micro-
 is allowed for the interval when MaxLen_k >= l and a single document of length l fits in t (PP (c + w(l)) <= t).
 n_t is nonincreasing in t, so t*(L) = min{t : n_t[L] <= N} is found by bisection, for every cutoff L at once. The
 fractional pipeline counts of the backtracked solution are rounded (floor/ceil per scheme, leftover devices filled),
-every rounding is scored with `expected_cost`, and the best ones over a few cutoffs L <= max_len (inter-iteration
-variation of the longest document) form the candidate set.
-Cost: O(G K B^2) for G bisection steps, K schemes and B length bins; independent of N.
+improved by an integer local search on `expected_cost`; the best ones over a few cutoffs L <= max_len
+(inter-iteration variation of the longest document) plus the homogeneous strategies form a pool, which is planned on
+a few sampled steps (select.assign) and reduced to a greedy cover (see docs/planner.md).
+Cost: O(G K B^2) for G bisection steps, K schemes and B length bins (independent of N) plus the sampled planning.
 """
 
 from __future__ import annotations
