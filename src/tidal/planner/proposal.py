@@ -214,7 +214,7 @@ def _improve(combo: tuple[int, ...], val: float, used: list[int], K: dict, N: in
 
 def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: int, n_devices: int | None = None,
             bin_width: int = 256, d_step: float = 0.1, cutoffs: int = 4, max_candidates: int = 8,
-            schemes: Sequence[ParallelScheme] | None = None, eval_steps: int = 6, pool_factor: int = 2,
+            schemes: Sequence[ParallelScheme] | None = None, eval_steps: int = 10, pool_factor: int = 3,
             seed: int = 0) -> Proposal:
     """Candidate strategies for `lengths` (a sample of the dataset's document lengths) on cost_model's cluster.
     Pool: the DP's roundings (two per cutoff) and the homogeneous strategies, best `pool_factor * max_candidates` by
@@ -270,22 +270,45 @@ def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: in
             if combo not in scored:
                 scored[combo] = expected_cost(full, [pc[k] for k in combo])
     dp_best = min(scored.values(), default=math.inf)
-    # homogeneous strategies of every scheme that holds the longest document (the classical baselines) join the pool
+    families: list[dict[tuple[int, ...], float]] = [dict(scored), {}, {}]
+    # homogeneous strategies of every scheme that holds the longest document (the classical baselines)
     top_len = full[0][top_bin - 1]
-    for k in range(len(space)):
+    longs = [k for k in range(len(space)) if K["max_len"][k] >= top_len]
+    for k in longs:
         m = int(N // K["n"][k])
-        if K["max_len"][k] >= top_len and m >= 1 and (k,) * m not in scored:
-            scored[(k,) * m] = expected_cost(full, [pc[k]] * m)
-    if not scored:
+        if m >= 1:
+            families[1][(k,) * m] = expected_cost(full, [pc[k]] * m)
+    # mixes: 1/8, 1/4 or 1/2 of the devices on one of the 4 fastest long-capable schemes, the rest on one PP = 1
+    # scheme of at most 4 devices (e.g. 2*tp8+12*tp4): the relaxation undervalues such mid-size pools
+    fast = sorted(longs, key=lambda k: (K["pp"][k] * (K["c"][k] + K["a"][k] * top_len ** 2 + K["b"][k] * top_len), k))
+    small = [k for k in range(len(space)) if K["pp"][k] == 1 and K["n"][k] <= 4]
+    for k in fast[:4]:
+        for frac in (8, 4, 2):
+            m = max(1, int(N // frac // K["n"][k]))
+            rest = N - m * K["n"][k]
+            for k2 in small:
+                m2 = int(rest // K["n"][k2])
+                if k2 != k and m2 >= 1:
+                    combo = tuple(sorted((k,) * m + (k2,) * m2, key=lambda x: (-K["n"][x], x)))
+                    families[2][combo] = expected_cost(full, [pc[x] for x in combo])
+    if not any(families):
         raise TidalError(f"strategy proposal found no strategy within {N} devices")
-    pool = []
-    for combo in sorted(scored, key=lambda c: (scored[c], c)):
-        if len(pool) >= pool_factor * max_candidates:
-            break
-        try:
-            pool.append((combo, place(tuple(space[k] for k in combo), cost_model.cluster, cost_model.model)))
-        except TidalError:
-            continue
+    for fam in families[1:]:
+        scored.update(fam)
+    pool: list[tuple[tuple[int, ...], Strategy]] = []
+    quota = max(1, pool_factor * max_candidates // len(families))
+    for f, fam in enumerate(families):
+        taken = 0
+        for combo in sorted(fam, key=lambda c: (fam[c], c)):
+            if taken >= (len(fam) if f == 1 else quota):  # every homogeneous baseline is simulated
+                break
+            if combo in (c for c, _ in pool):
+                continue
+            try:
+                pool.append((combo, place(tuple(space[k] for k in combo), cost_model.cluster, cost_model.model)))
+            except TidalError:
+                continue
+            taken += 1
     E = _simulate(lengths, [st for _, st in pool], cost_model, tokens_per_step, max_len, eval_steps, seed)
     chosen = _greedy_cover(E, max_candidates)
     return Proposal(tuple(pool[i][1] for i in chosen), tuple(scored[pool[i][0]] for i in chosen),
