@@ -1,0 +1,187 @@
+"""One varlen attention interface with several backends. Never imports torch.distributed.
+
+Layout: ``q`` is ``[Tq, H, D]``, ``k``/``v`` are ``[Tk, Hkv, D]`` (GQA: ``H % Hkv == 0``). Queries are grouped into
+segments by ``cu_seqlens_q`` (int, ``[S+1]``). Segment ``s`` with ``Lq`` queries attends to the keys
+``k[k_start[s] : k_start[s] + k_len[s]]`` with causal *bottom-right* alignment (as flash-attn varlen does when
+``seqlen_q != seqlen_k``): its query ``i`` sees the first ``k_len[s] - Lq + i + 1`` of them. Without context
+parallelism ``k_start = cu_seqlens[:-1]`` and ``k_len = diff(cu_seqlens)``: one causal block per document
+(:meth:`VarlenMeta.from_cu_seqlens`). Under CP the queries are a rank's local chunks and K/V hold every token of the
+micro-batch in packed order, so key ranges of different segments may overlap.
+
+Backends (``BACKENDS``):
+
+* ``"flash"``: ``flash_attn_varlen_func`` (CUDA only, when the package is installed). Overlapping key ranges are
+  materialised by gathering each segment's keys.
+* ``"flex"``: ``torch.nn.attention.flex_attention`` with a document/causal ``mask_mod``. PyTorch has no FlexAttention
+  backward on CPU, so on CPU it is used only when no input requires grad.
+* ``"sdpa"``: ``scaled_dot_product_attention`` with a dense boolean document mask (``[Tq, Tk]`` memory).
+* ``"reference"``: pure torch, one segment at a time, explicit softmax; the ground truth the others are tested against.
+* ``"auto"``: the first available of flash, flex, sdpa, reference.
+
+An unavailable backend falls back along ``FALLBACK`` (flash -> flex -> sdpa -> reference); :func:`resolve_backend`
+reports the one actually used.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tidal.core.errors import TidalError
+
+BACKENDS = ("auto", "flash", "flex", "sdpa", "reference")
+FALLBACK = ("flash", "flex", "sdpa", "reference")
+
+
+@dataclass(frozen=True, eq=False)
+class VarlenMeta:
+    """Segment description for :func:`varlen_attention`; see the module docstring."""
+
+    cu_seqlens_q: torch.Tensor  # int32/int64 [S+1]
+    k_start: torch.Tensor  # int64 [S]
+    k_len: torch.Tensor  # int64 [S]
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+    @staticmethod
+    def from_cu_seqlens(cu_seqlens: torch.Tensor, max_seqlen: int) -> VarlenMeta:
+        cu = cu_seqlens.to(torch.int64)
+        return VarlenMeta(cu, cu[:-1].clone(), cu[1:] - cu[:-1], int(max_seqlen), int(max_seqlen))
+
+    @staticmethod
+    def from_lengths(lengths) -> VarlenMeta:
+        lens = torch.as_tensor(list(lengths), dtype=torch.int64)
+        cu = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
+        return VarlenMeta.from_cu_seqlens(cu, int(lens.max()))
+
+    @property
+    def num_segments(self) -> int:
+        return int(self.k_len.numel())
+
+    def key_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per query token, the half-open key range ``[lo, hi)`` it may attend to (int64 ``[Tq]`` each)."""
+        cu = self.cu_seqlens_q.to(torch.int64)
+        lq = cu[1:] - cu[:-1]
+        seg = torch.repeat_interleave(torch.arange(lq.numel()), lq)
+        i = torch.arange(int(cu[-1])) - cu[:-1][seg]
+        lo = self.k_start[seg]
+        hi = lo + self.k_len[seg] - lq[seg] + i + 1
+        return lo, hi
+
+    def to(self, device: torch.device | str) -> VarlenMeta:
+        return VarlenMeta(self.cu_seqlens_q.to(device), self.k_start.to(device), self.k_len.to(device),
+                          self.max_seqlen_q, self.max_seqlen_k)
+
+
+def _flash_fn():
+    try:
+        from flash_attn import flash_attn_varlen_func  # type: ignore[import-not-found]
+    except Exception:  # noqa: BLE001 - any import failure means "not available"
+        return None
+    return flash_attn_varlen_func
+
+
+def _flex_fn():
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except Exception:  # noqa: BLE001
+        return None
+    return flex_attention, create_block_mask
+
+
+def _available(name: str, q: torch.Tensor, needs_grad: bool) -> bool:
+    if name == "flash":
+        return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and _flash_fn() is not None
+    if name == "flex":
+        return _flex_fn() is not None and (q.is_cuda or not needs_grad)
+    return True
+
+
+def resolve_backend(name: str, q: torch.Tensor, needs_grad: bool) -> str:
+    """The backend `varlen_attention` will run for this request: `name` if usable, else the next in FALLBACK."""
+    if name not in BACKENDS:
+        raise TidalError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    chain = FALLBACK if name == "auto" else FALLBACK[FALLBACK.index(name):]
+    for b in chain:
+        if _available(b, q, needs_grad):
+            return b
+    raise AssertionError("unreachable: the reference backend is always available")
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: VarlenMeta,
+                     backend: str = "auto", scale: float | None = None) -> torch.Tensor:
+    """Causal per-segment attention; returns ``[Tq, H, D]``. See the module docstring for the semantics."""
+    if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape or q.shape[-1] != k.shape[-1]:
+        raise TidalError(f"varlen_attention wants q [T,H,D], k/v [T,Hkv,D]; got {tuple(q.shape)}, {tuple(k.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise TidalError(f"query heads {q.shape[1]} are not a multiple of key/value heads {k.shape[1]}")
+    if int(meta.cu_seqlens_q[-1]) != q.shape[0]:
+        raise TidalError(f"cu_seqlens_q ends at {int(meta.cu_seqlens_q[-1])} but q has {q.shape[0]} tokens")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    name = resolve_backend(backend, q, needs_grad)
+    fn = {"flash": _attn_flash, "flex": _attn_flex, "sdpa": _attn_sdpa, "reference": _attn_reference}[name]
+    return fn(q, k, v, meta, scale)
+
+
+def _attn_reference(q, k, v, meta: VarlenMeta, scale: float) -> torch.Tensor:
+    rep = q.shape[1] // k.shape[1]
+    cu = meta.cu_seqlens_q.tolist()
+    ks, kl = meta.k_start.tolist(), meta.k_len.tolist()
+    outs = []
+    for s in range(len(kl)):
+        qs = q[cu[s] : cu[s + 1]].transpose(0, 1)  # [H, Lq, D]
+        kk = k[ks[s] : ks[s] + kl[s]].repeat_interleave(rep, dim=1).transpose(0, 1)  # [H, Lk, D]
+        vv = v[ks[s] : ks[s] + kl[s]].repeat_interleave(rep, dim=1).transpose(0, 1)
+        lq, lk = qs.shape[1], kk.shape[1]
+        scores = torch.matmul(qs, kk.transpose(1, 2)) * scale
+        allowed = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + (lk - lq)
+        scores = scores.masked_fill(~allowed.to(scores.device), float("-inf"))
+        outs.append(torch.matmul(torch.softmax(scores, dim=-1), vv).transpose(0, 1))
+    return torch.cat(outs, dim=0) if outs else q.new_zeros(q.shape)
+
+
+def _dense_mask(meta: VarlenMeta, tk: int, device) -> torch.Tensor:
+    lo, hi = meta.key_bounds()
+    j = torch.arange(tk)[None, :]
+    return ((j >= lo[:, None]) & (j < hi[:, None])).to(device)
+
+
+def _attn_sdpa(q, k, v, meta: VarlenMeta, scale: float) -> torch.Tensor:
+    mask = _dense_mask(meta, k.shape[0], q.device)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                         attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return out[0].transpose(0, 1)
+
+
+def _attn_flex(q, k, v, meta: VarlenMeta, scale: float) -> torch.Tensor:
+    flex_attention, create_block_mask = _flex_fn()
+    if not torch.is_grad_enabled():  # FlexAttention rejects CPU inputs that merely carry requires_grad
+        q, k, v = q.detach(), k.detach(), v.detach()
+    lo, hi = (t.to(q.device) for t in meta.key_bounds())
+
+    def mask_mod(b, h, qi, ki):
+        return (ki >= lo[qi]) & (ki < hi[qi])
+
+    bm = create_block_mask(mask_mod, None, None, q.shape[0], k.shape[0], device=str(q.device))
+    out = flex_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask=bm,
+                         scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return out[0].transpose(0, 1)
+
+
+def _attn_flash(q, k, v, meta: VarlenMeta, scale: float) -> torch.Tensor:  # pragma: no cover - needs a GPU
+    fn = _flash_fn()
+    ks, kl = meta.k_start.tolist(), meta.k_len.tolist()
+    contiguous = all(ks[s] + kl[s] == (ks[s + 1] if s + 1 < len(ks) else k.shape[0]) for s in range(len(ks)))
+    if contiguous and (not ks or ks[0] == 0):
+        kk, vv = k, v
+        cu_k = torch.tensor([0] + [a + b for a, b in zip(ks, kl)], dtype=torch.int32, device=q.device)
+    else:  # overlapping key ranges (CP): gather each segment's keys
+        idx = torch.cat([torch.arange(a, a + b) for a, b in zip(ks, kl)]).to(q.device)
+        kk, vv = k.index_select(0, idx), v.index_select(0, idx)
+        cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), torch.tensor(kl).cumsum(0)]).to(q.device, torch.int32)
+    cu_q = meta.cu_seqlens_q.to(q.device, torch.int32)
+    return fn(q, kk, vv, cu_q, cu_k, meta.max_seqlen_q, meta.max_seqlen_k, softmax_scale=scale, causal=True)

@@ -1,0 +1,168 @@
+"""A plain Llama-style decoder built from a ModelSpec. Never imports torch.distributed.
+
+RMSNorm, rotary embeddings whose positions restart at every document (``VarlenBatch.positions``), SwiGLU MLP,
+grouped-query attention through :func:`tidal.models.attention.varlen_attention`, tied or untied embeddings.
+
+Tokens are a flat packed ``[T]`` sequence (no batch dimension); :class:`VarlenBatch` carries what attention needs.
+The runtime parallelises a model by swapping or deleting modules (``tidal.runtime.tp`` / ``cp`` / ``pp``):
+
+* heads per rank are read from the projection output sizes, so column-sharded ``wq/wk/wv`` just work;
+* ``Attention.kv_exchange`` (default ``None``) is a hook ``(k, v, batch) -> (k_all, v_all)`` the CP runtime sets to
+  all-gather keys/values across its group;
+* ``layers`` is a ``ModuleDict`` keyed by the *global* layer index, so a pipeline stage that deletes the other layers
+  keeps the parameter names of the full model; ``tok_embeddings``, ``norm`` and ``output`` may be ``None`` on stages
+  that do not own them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tidal.core.errors import TidalError
+from tidal.core.model import ModelSpec
+from tidal.models.attention import VarlenMeta, varlen_attention
+
+
+@dataclass(frozen=True, eq=False)
+class VarlenBatch:
+    """Per-micro-batch attention context for the tokens this rank holds."""
+
+    positions: torch.Tensor  # int64 [T]: position of each token within its document
+    meta: VarlenMeta
+    kv_index: torch.Tensor | None = None  # CP only: packed-order index into the all-gathered K/V buffer
+    kv_rows: int = 0  # CP only: rows each rank contributes to that buffer (the largest rank's token count)
+
+    @staticmethod
+    def from_lengths(lengths) -> VarlenBatch:
+        """A whole packed micro-batch of documents `lengths` on one rank."""
+        lens = [int(x) for x in lengths]
+        if not lens or min(lens) < 1:
+            raise TidalError(f"document lengths must be a non-empty list of positive ints, got {lens[:8]}")
+        positions = torch.cat([torch.arange(n, dtype=torch.int64) for n in lens])
+        return VarlenBatch(positions, VarlenMeta.from_lengths(lens))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos/sin ``[T, head_dim/2]`` for the given per-token positions."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    ang = positions.to(torch.float64)[:, None] * inv[None, :]
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on ``x [T, H, D]``."""
+    x1, x2 = x.chunk(2, dim=-1)
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec, backend: str) -> None:
+        super().__init__()
+        self.head_dim = spec.head_dim
+        self.backend = backend
+        self.wq = nn.Linear(spec.hidden, spec.heads * spec.head_dim, bias=False)
+        self.wk = nn.Linear(spec.hidden, spec.kv_dim, bias=False)
+        self.wv = nn.Linear(spec.hidden, spec.kv_dim, bias=False)
+        self.wo = nn.Linear(spec.heads * spec.head_dim, spec.hidden, bias=False)
+        self.kv_exchange = None  # set by the CP runtime; (k, v, batch) -> (k_all, v_all)
+
+    def forward(self, x: torch.Tensor, batch: VarlenBatch, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        t = x.shape[0]
+        q = apply_rope(self.wq(x).view(t, -1, self.head_dim), cos, sin)
+        k = apply_rope(self.wk(x).view(t, -1, self.head_dim), cos, sin)
+        v = self.wv(x).view(t, -1, self.head_dim)
+        if self.kv_exchange is not None:
+            k, v = self.kv_exchange(k, v, batch)
+        o = varlen_attention(q, k, v, batch.meta, backend=self.backend)
+        return self.wo(o.reshape(t, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(spec.hidden, spec.ffn, bias=False)  # gate
+        self.w3 = nn.Linear(spec.hidden, spec.ffn, bias=False)  # up
+        self.w2 = nn.Linear(spec.ffn, spec.hidden, bias=False)  # down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec, backend: str) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(spec.hidden, spec.norm_eps)
+        self.attention = Attention(spec, backend)
+        self.ffn_norm = RMSNorm(spec.hidden, spec.norm_eps)
+        self.feed_forward = FeedForward(spec)
+
+    def forward(self, x, batch, cos, sin):
+        h = x + self.attention(self.attention_norm(x), batch, cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Llama(nn.Module):
+    """The full decoder (or, after the PP runtime deletes modules, one stage of it).
+
+    ``forward(x, batch)`` takes token ids ``[T]`` when ``tok_embeddings`` is present, else hidden states
+    ``[T, hidden]``; it returns logits ``[T, vocab]`` when ``output`` is present, else hidden states.
+    """
+
+    def __init__(self, spec: ModelSpec, attn_backend: str = "auto", init_std: float = 0.02) -> None:
+        super().__init__()
+        self.spec = spec
+        self.tok_embeddings: nn.Module | None = nn.Embedding(spec.vocab, spec.hidden)
+        self.layers = nn.ModuleDict({str(i): Block(spec, attn_backend) for i in range(spec.layers)})
+        self.norm: nn.Module | None = RMSNorm(spec.hidden, spec.norm_eps)
+        self.output: nn.Module | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
+        self._init(init_std)
+        if spec.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def _init(self, std: float) -> None:
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=std)
+
+    def set_attn_backend(self, backend: str) -> None:
+        for layer in self.layers.values():
+            layer.attention.backend = backend
+
+    def forward(self, x: torch.Tensor, batch: VarlenBatch) -> torch.Tensor:
+        if self.tok_embeddings is not None:
+            if x.dim() != 1:
+                raise TidalError(f"the first stage takes token ids [T], got shape {tuple(x.shape)}")
+            h = self.tok_embeddings(x)
+        else:
+            h = x
+        if h.shape[0] != batch.positions.shape[0]:
+            raise TidalError(f"{h.shape[0]} tokens but {batch.positions.shape[0]} positions")
+        cos, sin = rope_cos_sin(batch.positions.to(h.device), self.spec.head_dim, self.spec.rope_theta, h.dtype)
+        for layer in self.layers.values():
+            h = layer(h, batch, cos, sin)
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.output is not None:
+            h = self.output(h)
+        return h
+
+
+def loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Sum of token cross-entropies (the runtime divides by the global token count)."""
+    return F.cross_entropy(logits.float(), labels, reduction="sum")

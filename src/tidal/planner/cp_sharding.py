@@ -1,0 +1,174 @@
+"""Context-parallel (CP) sharding of one packed micro-batch, padding-free. Pure numpy; no torch.
+
+A packed micro-batch is documents of lengths ``l_0 .. l_{n-1}`` laid end to end (packed index ``0 .. T-1``,
+``T = sum(l)``). With CP degree ``cp`` every rank keeps a disjoint subset of the tokens for all token-wise work
+(GEMMs, norms, loss) and, in attention, its local queries attend to the keys/values of *all* tokens, all-gathered
+across the CP group and put back in packed order (WLB-LLM §2.1, §5).
+
+Modes (``C = 2 * cp`` chunks):
+
+* ``"per-seq"``: the whole packed sequence is cut into ``C`` contiguous chunks and rank ``r`` keeps chunks ``r`` and
+  ``C-1-r`` (head-tail pairing). When ``T % C != 0`` the extra ``T % C`` tokens go one per rank to head chunks first,
+  then to tail chunks, so token counts differ by at most one. No padding.
+* ``"per-doc"``: every document of length ``l`` is split into a body of ``C * (l // C)`` tokens, cut into ``C`` equal
+  chunks paired head-tail as above, and a remainder of ``l % C`` tokens (its last tokens) dealt round-robin to ranks;
+  the round-robin counter runs on across documents, so over the micro-batch every rank's token count differs by at
+  most one. Documents shorter than ``C`` are all remainder. No padding.
+
+Public API::
+
+    shard = shard_micro_batch(lengths, cp, mode)      # -> CPShard (frozen)
+    shard.ranks[r].indices      # int64 [n_r] packed indices of rank r's tokens, ascending
+    shard.ranks[r].positions    # int64 [n_r] position of each token within its own document (RoPE resets per doc)
+    shard.ranks[r].doc_ids      # int64 [n_r] which document each token belongs to
+    shard.ranks[r].cu_seqlens_q # int32 [s_r+1] local query segments (maximal packed-consecutive runs within one doc)
+    shard.ranks[r].k_start      # int64 [s_r] first key of each segment's document in the packed (gathered) K/V
+    shard.ranks[r].k_len        # int64 [s_r] keys visible to the segment's last query (= its end position + 1)
+    shard.ranks[r].max_seqlen_q, .max_seqlen_k
+    rank_attention_pairs(shard) # int64 [cp] causal (query, key) pairs each rank computes; sums to sum l(l+1)/2
+
+Attention semantics of a segment (flash-attn varlen "bottom-right" causal alignment): the segment's ``Lq`` queries
+``i = 0..Lq-1`` see keys ``k_start .. k_start + k_len - Lq + i`` (inclusive), i.e. exactly the keys of their own
+document at positions ``<=`` their own. ``cp == 1`` (either mode) gives one segment per document: plain varlen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tidal.core.errors import TidalError
+
+MODES = ("per-seq", "per-doc")
+
+
+@dataclass(frozen=True, eq=False)
+class RankShard:
+    """One CP rank's share of a packed micro-batch; see the module docstring for each field."""
+
+    indices: np.ndarray
+    positions: np.ndarray
+    doc_ids: np.ndarray
+    cu_seqlens_q: np.ndarray
+    k_start: np.ndarray
+    k_len: np.ndarray
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.indices.size)
+
+
+@dataclass(frozen=True, eq=False)
+class CPShard:
+    mode: str
+    cp: int
+    lengths: tuple[int, ...]
+    ranks: tuple[RankShard, ...]
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.lengths)
+
+    def owner(self) -> np.ndarray:
+        """int64 [T]: the rank that holds each packed token."""
+        out = np.empty(self.total_tokens, dtype=np.int64)
+        for r, rs in enumerate(self.ranks):
+            out[rs.indices] = r
+        return out
+
+
+def _check(lengths, cp: int, mode: str) -> np.ndarray:
+    if mode not in MODES:
+        raise TidalError(f"unknown CP sharding mode {mode!r}; use one of {', '.join(MODES)}")
+    if int(cp) != cp or cp < 1:
+        raise TidalError(f"CP degree must be a positive integer, got {cp}")
+    arr = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    if arr.size == 0:
+        raise TidalError("a micro-batch needs at least one document")
+    if (arr < 1).any():
+        raise TidalError(f"document lengths must be >= 1, got {int(arr.min())}")
+    return arr
+
+
+def _chunk_sizes_per_seq(total: int, cp: int) -> np.ndarray:
+    c = 2 * cp
+    sizes = np.full(c, total // c, dtype=np.int64)
+    extra = total % c
+    heads = min(extra, cp)
+    sizes[:heads] += 1  # head chunk of ranks 0..heads-1
+    for r in range(extra - heads):  # then tail chunk of ranks 0..
+        sizes[c - 1 - r] += 1
+    return sizes
+
+
+def _owner_per_seq(total: int, cp: int) -> np.ndarray:
+    sizes = _chunk_sizes_per_seq(total, cp)
+    chunk_rank = np.array([min(k, 2 * cp - 1 - k) for k in range(2 * cp)], dtype=np.int64)
+    return np.repeat(chunk_rank, sizes)
+
+
+def _owner_per_doc(lengths: np.ndarray, cp: int) -> np.ndarray:
+    c = 2 * cp
+    chunk_rank = np.array([min(k, c - 1 - k) for k in range(c)], dtype=np.int64)
+    parts = []
+    rr = 0  # round-robin counter, carried across documents
+    for ln in lengths.tolist():
+        q, rem = divmod(ln, c)
+        body = np.repeat(chunk_rank, q)
+        tail = (rr + np.arange(rem, dtype=np.int64)) % cp
+        rr = (rr + rem) % cp
+        parts += [body, tail]
+    return np.concatenate(parts)
+
+
+def shard_micro_batch(lengths, cp: int, mode: str) -> CPShard:
+    """Shard a packed micro-batch of documents `lengths` over `cp` ranks with `mode` ("per-seq" | "per-doc")."""
+    arr = _check(lengths, cp, mode)
+    total = int(arr.sum())
+    starts = np.concatenate([[0], np.cumsum(arr)[:-1]])
+    doc_of = np.repeat(np.arange(arr.size, dtype=np.int64), arr)
+    pos_of = np.arange(total, dtype=np.int64) - starts[doc_of]
+    owner = _owner_per_seq(total, cp) if mode == "per-seq" else _owner_per_doc(arr, cp)
+    ranks = []
+    for r in range(cp):
+        idx = np.flatnonzero(owner == r).astype(np.int64)
+        ranks.append(_rank_shard(idx, doc_of, pos_of, starts))
+    return CPShard(mode=mode, cp=int(cp), lengths=tuple(int(x) for x in arr), ranks=tuple(ranks))
+
+
+def _rank_shard(idx: np.ndarray, doc_of: np.ndarray, pos_of: np.ndarray, starts: np.ndarray) -> RankShard:
+    docs = doc_of[idx]
+    pos = pos_of[idx]
+    if idx.size == 0:
+        z = np.zeros(0, dtype=np.int64)
+        return RankShard(idx, pos, docs, np.zeros(1, dtype=np.int32), z, z.copy(), 0, 0)
+    # A new segment starts where the packed index jumps or the document changes.
+    brk = np.flatnonzero((np.diff(idx) != 1) | (np.diff(docs) != 0)) + 1
+    seg_start = np.concatenate([[0], brk])
+    seg_end = np.concatenate([brk, [idx.size]])
+    cu = np.concatenate([[0], seg_end]).astype(np.int32)
+    k_start = starts[docs[seg_start]].astype(np.int64)
+    k_len = (pos[seg_end - 1] + 1).astype(np.int64)
+    return RankShard(
+        indices=idx,
+        positions=pos,
+        doc_ids=docs,
+        cu_seqlens_q=cu,
+        k_start=k_start,
+        k_len=k_len,
+        max_seqlen_q=int((seg_end - seg_start).max()),
+        max_seqlen_k=int(k_len.max()),
+    )
+
+
+def rank_attention_pairs(shard: CPShard) -> np.ndarray:
+    """int64 [cp]: causal (query, key) pairs each rank's attention computes (a query at position p sees p+1 keys)."""
+    return np.array([int((rs.positions + 1).sum()) for rs in shard.ranks], dtype=np.int64)
+
+
+def rank_tokens(shard: CPShard) -> np.ndarray:
+    """int64 [cp]: tokens each rank holds (GEMM / communication balance)."""
+    return np.array([rs.num_tokens for rs in shard.ranks], dtype=np.int64)

@@ -1,0 +1,66 @@
+"""Context parallelism by K/V all-gather (WLB-LLM §2.1): padding-free, per-document or per-sequence sharding.
+
+Each CP rank holds the tokens the planner's :func:`tidal.planner.cp_sharding.shard_micro_batch` gave it and runs every
+token-wise op on them alone. In each attention layer the ranks all-gather K and V (one collective for both; rows padded
+on the wire to the largest rank), reorder them into packed order with ``VarlenBatch.kv_index``, and attend with the
+shard's per-segment key ranges, which makes per-document causal masking exact. Autograd turns the gather into a
+reduce-scatter of dK/dV in backward. Gradients of the (replicated) weights are then summed over the CP group by the
+runner, exactly like data parallelism.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from tidal.core.errors import TidalError
+from tidal.models.attention import VarlenMeta
+from tidal.models.llama import VarlenBatch
+from tidal.planner.cp_sharding import CPShard
+from tidal.runtime.comm import gather_rows, group_size
+
+
+class KVAllGather:
+    """``Attention.kv_exchange`` hook: all-gather local K/V over `group` and return them in packed order."""
+
+    def __init__(self, group) -> None:
+        self.group = group
+
+    def __call__(self, k: torch.Tensor, v: torch.Tensor, batch: VarlenBatch):
+        if batch.kv_index is None:
+            raise TidalError("context parallelism needs a VarlenBatch with kv_index (build it with cp_rank_batch)")
+        hk = k.shape[1]
+        kv = gather_rows(torch.cat([k, v], dim=1), self.group, batch.kv_rows)
+        kv = kv.index_select(0, batch.kv_index.to(kv.device))
+        return kv[:, :hk], kv[:, hk:]
+
+
+def apply_cp(model: nn.Module, group) -> nn.Module:
+    """Install the K/V all-gather hook on every attention layer of `model` (no-op for a group of one)."""
+    if group_size(group) > 1:
+        hook = KVAllGather(group)
+        for layer in model.layers.values():
+            layer.attention.kv_exchange = hook
+    return model
+
+
+def cp_rank_batch(shard: CPShard, rank: int) -> VarlenBatch:
+    """The attention context of CP rank `rank`: its positions, segments, and where each packed token sits in the
+    rank-major all-gathered K/V buffer (rank r's rows start at r * max tokens per rank)."""
+    if not 0 <= rank < shard.cp:
+        raise TidalError(f"CP rank {rank} out of range for CP={shard.cp}")
+    rows = max(rs.num_tokens for rs in shard.ranks)
+    kv_index = np.empty(shard.total_tokens, dtype=np.int64)
+    for r, rs in enumerate(shard.ranks):
+        kv_index[rs.indices] = r * rows + np.arange(rs.num_tokens)
+    rs = shard.ranks[rank]
+    meta = VarlenMeta(
+        cu_seqlens_q=torch.from_numpy(rs.cu_seqlens_q.astype(np.int64)),
+        k_start=torch.from_numpy(rs.k_start.copy()),
+        k_len=torch.from_numpy(rs.k_len.copy()),
+        max_seqlen_q=rs.max_seqlen_q,
+        max_seqlen_k=rs.max_seqlen_k,
+    )
+    kv = torch.from_numpy(kv_index) if shard.cp > 1 else None
+    return VarlenBatch(torch.from_numpy(rs.positions.copy()), meta, kv_index=kv, kv_rows=rows)

@@ -1,0 +1,215 @@
+"""One pipeline's rank grid and runner.
+
+:class:`RankGrid` names this rank's coordinates in a :class:`tidal.core.Pipeline` (device of (stage s, cp c, tp t) is
+``devices[(s * cp + c) * tp + t]``: TP fastest, then CP, then stage) and holds the groups it talks over, built from
+that layout with Megatron-style offsets. Groups come from a caller-owned :class:`GroupCache`, so several pipelines (or
+several schemes in turn) can share one world without any global state.
+
+:func:`run_pipeline` executes one pipeline's share of a step plan (its ``PipelinePlan``: micro-batches and per
+micro-batch CP sharding) and leaves this rank's gradients in ``.grad``. The loss is normalised per token over the whole
+global batch: every micro-batch contributes ``sum of token cross-entropies / global_tokens``, so the gradient is the
+same however the global batch is split into pipelines, micro-batches, CP shards or TP shards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tidal.core.errors import TidalError
+from tidal.core.model import ModelSpec
+from tidal.core.plan import PipelinePlan
+from tidal.core.strategy import Pipeline
+from tidal.models.llama import Llama, loss_sum
+from tidal.planner.cp_sharding import shard_micro_batch
+from tidal.runtime.comm import all_reduce_
+from tidal.runtime.cp import apply_cp, cp_rank_batch
+from tidal.runtime.pp import SCHEDULES, execute, split_stage
+from tidal.runtime.tp import parallelize_tp, vocab_parallel_loss_sum
+
+
+def pipeline_group_ranks(pipeline: Pipeline) -> list[tuple[int, ...]]:
+    """Every multi-rank group one pipeline needs, in a fixed order: TP groups, CP groups, the whole pipeline, and the
+    first/last-stage pairs that sum tied-embedding gradients."""
+    s, dev = pipeline.scheme, pipeline.device
+    out = [tuple(dev(st, c, t) for t in range(s.tp)) for st in range(s.pp) for c in range(s.cp)]
+    out += [tuple(dev(st, c, t) for c in range(s.cp)) for st in range(s.pp) for t in range(s.tp)]
+    out.append(tuple(pipeline.devices))
+    if s.pp > 1:
+        out += [(dev(0, c, t), dev(s.pp - 1, c, t)) for c in range(s.cp) for t in range(s.tp)]
+    return [g for g in out if len(g) > 1]
+
+
+class GroupCache:
+    """Caller-owned process groups keyed by their global ranks; a group of one rank is ``None`` (no communication).
+
+    Groups are created by :meth:`create_all`, which *every* rank of the world calls with the same pipelines: each
+    distinct rank set is created once, in the same order everywhere (``new_group`` with global synchronisation, as
+    Megatron does; locally synchronised creation of overlapping groups can deadlock)."""
+
+    def __init__(self) -> None:
+        self._groups: dict[tuple[int, ...], object] = {}
+
+    def create_all(self, pipelines: Sequence[Pipeline]) -> GroupCache:
+        for p in pipelines:
+            for ranks in pipeline_group_ranks(p):
+                key = tuple(sorted(ranks))
+                if key not in self._groups:
+                    self._groups[key] = dist.new_group(list(key))
+        return self
+
+    def get(self, ranks: Sequence[int]):
+        key = tuple(sorted(int(r) for r in ranks))
+        if len(key) == 1:
+            return None
+        if key not in self._groups:
+            raise TidalError(f"no process group for ranks {key}; call GroupCache.create_all on every rank first")
+        return self._groups[key]
+
+
+@dataclass(frozen=True)
+class RankGrid:
+    pipeline: Pipeline
+    rank: int
+    stage: int
+    cp_rank: int
+    tp_rank: int
+    tp_group: object
+    cp_group: object
+    pipe_group: object  # every rank of the pipeline (loss reporting)
+    embed_group: object  # first and last stage at this (cp, tp), for tied embeddings with PP > 1
+    prev_rank: int | None
+    next_rank: int | None
+
+    @property
+    def scheme(self):
+        return self.pipeline.scheme
+
+    @property
+    def first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stage == self.scheme.pp - 1
+
+    @staticmethod
+    def build(pipeline: Pipeline, rank: int, groups: GroupCache) -> RankGrid:
+        """This rank's grid in `pipeline` (global ranks = device ids); its groups must already be in `groups`."""
+        s = pipeline.scheme
+        if rank not in pipeline.devices:
+            raise TidalError(f"rank {rank} is not one of the pipeline's devices {pipeline.devices}")
+        flat = pipeline.devices.index(rank)
+        stage, rest = divmod(flat, s.cp * s.tp)
+        c, t = divmod(rest, s.tp)
+        dev = pipeline.device
+        tp_group = groups.get([dev(stage, c, x) for x in range(s.tp)])
+        cp_group = groups.get([dev(stage, x, t) for x in range(s.cp)])
+        pipe_group = groups.get(pipeline.devices)
+        embed_group = groups.get([dev(0, c, t), dev(s.pp - 1, c, t)]) if s.pp > 1 else None
+        return RankGrid(
+            pipeline=pipeline, rank=rank, stage=stage, cp_rank=c, tp_rank=t, tp_group=tp_group, cp_group=cp_group,
+            pipe_group=pipe_group, embed_group=embed_group,
+            prev_rank=dev(stage - 1, c, t) if stage > 0 else None,
+            next_rank=dev(stage + 1, c, t) if stage < s.pp - 1 else None,
+        )
+
+
+def build_stage_model(spec: ModelSpec, grid: RankGrid, *, seed: int = 0, attn_backend: str = "auto",
+                      dtype: torch.dtype = torch.float32) -> Llama:
+    """Build the full model from `seed` (identical on every rank), keep this rank's stage, shard it over TP and
+    install the CP hook. Parameter names stay those of the full model."""
+    grid.scheme.validate(spec)
+    torch.manual_seed(seed)
+    model = Llama(spec, attn_backend).to(dtype)
+    split_stage(model, grid.scheme.stage_layers(spec.layers), grid.stage)
+    parallelize_tp(model, grid.tp_group)
+    apply_cp(model, grid.cp_group)
+    return model
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: float  # sum over this pipeline's micro-batches of token CE / global_tokens (same on every pipeline rank)
+    tokens: int  # tokens (= targets) in this pipeline's micro-batches
+    peak_live_micro_batches: int
+    peak_saved_bytes: int
+    forward_seconds: tuple[float, ...] = ()  # per micro-batch on this rank (see ExecStats)
+    backward_seconds: tuple[float, ...] = ()
+
+
+def _check_plan(plan: PipelinePlan, grid: RankGrid, seq_lengths: Sequence[int], documents: Sequence) -> None:
+    s = grid.scheme
+    if (plan.tp, plan.pp, plan.cp) != (s.tp, s.pp, s.cp):
+        raise TidalError(f"plan is tp{plan.tp}pp{plan.pp}cp{plan.cp} but this pipeline runs {s}")
+    if not plan.micro_batches or any(len(mb) == 0 for mb in plan.micro_batches):
+        raise TidalError("a pipeline plan needs at least one micro-batch and no empty ones")
+    if s.cp > 1 and len(plan.cp_sharding) != len(plan.micro_batches):
+        raise TidalError(f"CP={s.cp} needs one cp_sharding entry per micro-batch, got {len(plan.cp_sharding)}")
+    for mb in plan.micro_batches:
+        for j in mb:
+            if not 0 <= j < len(seq_lengths):
+                raise TidalError(f"micro-batch index {j} out of range for {len(seq_lengths)} sequences")
+            if len(documents[j]) != seq_lengths[j] + 1:
+                raise TidalError(f"document {j} has {len(documents[j])} tokens; expected seq_length + 1 = "
+                                 f"{seq_lengths[j] + 1} (inputs plus the next-token label)")
+
+
+def run_pipeline(model: nn.Module, grid: RankGrid, plan: PipelinePlan, seq_lengths: Sequence[int],
+                 documents: Sequence[torch.Tensor], *, global_tokens: int | None = None,
+                 schedule: str = "1f1b") -> StepResult:
+    """Forward and backward of one pipeline's micro-batches on this rank; gradients accumulate into ``.grad``.
+
+    ``documents[j]`` holds ``seq_lengths[j] + 1`` token ids (inputs ``[:-1]``, next-token labels ``[1:]``), so a
+    document of length l yields l training tokens. ``global_tokens`` defaults to this pipeline's own token count;
+    pass the whole global batch's count when several pipelines share a step.
+    """
+    _check_plan(plan, grid, seq_lengths, documents)
+    if schedule not in SCHEDULES:
+        raise TidalError(f"unknown pipeline schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    s = grid.scheme
+    tokens = sum(seq_lengths[j] for mb in plan.micro_batches for j in mb)
+    norm = float(global_tokens if global_tokens is not None else tokens)
+    if norm <= 0:
+        raise TidalError(f"global_tokens must be positive, got {global_tokens}")
+    mbs = []
+    for i, mb in enumerate(plan.micro_batches):
+        lengths = [seq_lengths[j] for j in mb]
+        mode = plan.cp_sharding[i] if s.cp > 1 else "per-seq"
+        shard = shard_micro_batch(lengths, s.cp, mode)
+        idx = torch.from_numpy(shard.ranks[grid.cp_rank].indices)
+        inputs = torch.cat([documents[j][:-1] for j in mb]).long()[idx]
+        labels = torch.cat([documents[j][1:] for j in mb]).long()[idx]
+        mbs.append((inputs, labels, cp_rank_batch(shard, grid.cp_rank)))
+
+    def stage_forward(i: int, x):
+        inputs, _, batch = mbs[i]
+        return model(inputs if x is None else x, batch)
+
+    vocab_start = grid.tp_rank * (model.spec.vocab // s.tp)
+
+    def stage_loss(i: int, logits):
+        labels = mbs[i][1]
+        if s.tp > 1:
+            return vocab_parallel_loss_sum(logits, labels, grid.tp_group, vocab_start) / norm
+        return loss_sum(logits, labels) / norm
+
+    params = list(model.parameters())
+    dtype = params[0].dtype
+    stats = execute(SCHEDULES[schedule](len(mbs), s.pp, grid.stage), stage_forward, stage_loss, first=grid.first,
+                    last=grid.last, prev_rank=grid.prev_rank, next_rank=grid.next_rank, dtype=dtype, params=params)
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        all_reduce_(p.grad, grid.cp_group)  # CP ranks hold replicas: sum their partial gradients
+    if s.pp > 1 and model.spec.tie_embeddings:
+        tied = model.tok_embeddings.weight if grid.first else model.output.weight
+        all_reduce_(tied.grad, grid.embed_group)
+    loss = torch.tensor([stats.loss_sum if (grid.last and grid.tp_rank == 0) else 0.0], dtype=torch.float64)
+    all_reduce_(loss, grid.pipe_group)
+    return StepResult(float(loss), tokens, stats.peak_live_micro_batches, stats.peak_saved_bytes,
+                      stats.forward_seconds, stats.backward_seconds)

@@ -1,0 +1,170 @@
+"""Worker bodies for the distributed runtime tests (run in spawned gloo ranks by tidal.runtime.launch).
+
+Each case runs one or more pipelines side by side on disjoint ranks of the world, computes the single-process
+reference on the same packed micro-batches inside every rank (cheap for the tiny model), and returns per-parameter
+errors of this rank's gradient shards, so the parent only aggregates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from tidal.core import ModelSpec, ParallelScheme, PipelinePlan, get_model
+from tidal.core.strategy import Pipeline
+from tidal.models import Llama, VarlenBatch, loss_sum
+from tidal.runtime.pipeline import GroupCache, RankGrid, build_stage_model, run_pipeline
+from tidal.runtime.tp import tp_shard_dims
+
+TINY = get_model("tiny")
+TINY6 = dataclasses.replace(TINY, name="tiny-l6", layers=6)  # 6 layers so pp4 can be uneven
+TINY_TIED = dataclasses.replace(TINY, name="tiny-tied", tie_embeddings=True)
+# tiny has kv_heads=2 and ParallelScheme.validate requires TP | kv_heads, so tp4 runs on an MHA variant of tiny
+TINY_MHA = dataclasses.replace(TINY, name="tiny-mha", kv_heads=4)
+
+
+def make_documents(seq_lengths, vocab: int, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n + 1,), generator=g) for n in seq_lengths]
+
+
+def reference_grads(spec: ModelSpec, seq_lengths, documents, micro_batches, norm: float, seed: int = 0):
+    """One process, no parallelism: same packed micro-batches, loss = sum CE / norm accumulated over them."""
+    torch.manual_seed(seed)
+    model = Llama(spec, "sdpa")
+    total = 0.0
+    for mb in micro_batches:
+        lens = [seq_lengths[j] for j in mb]
+        x = torch.cat([documents[j][:-1] for j in mb])
+        y = torch.cat([documents[j][1:] for j in mb])
+        loss = loss_sum(model(x, VarlenBatch.from_lengths(lens)), y) / norm
+        loss.backward()
+        total += float(loss.detach())
+    return total, {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def _slice(ref: torch.Tensor, dim: int | None, rank: int, size: int) -> torch.Tensor:
+    return ref if dim is None or size == 1 else ref.chunk(size, dim=dim)[rank]
+
+
+def run_case(rank: int, pipelines: list[tuple[ParallelScheme, tuple[int, ...], ModelSpec]], seq_lengths,
+             micro_batches, cp_sharding=(), schedule="1f1b", extra_tokens: int = 0, groups: GroupCache | None = None,
+             compare: bool = True) -> dict | None:
+    """Run one case on this rank (a rank in no pipeline returns None): every pipeline (scheme, devices, model) runs
+    the same micro-batches. Returns loss, per-parameter errors against the one-process reference, and grads."""
+    torch.set_num_threads(1)  # several ranks share 2 cores: OpenMP spinning across processes is very slow
+    groups = (groups if groups is not None else GroupCache()).create_all([Pipeline(s, d) for s, d, _ in pipelines])
+    mine = [p for p in pipelines if rank in p[1]]
+    if not mine:
+        return None
+    scheme, devices, spec = mine[0]
+    documents = make_documents(seq_lengths, spec.vocab, seed=1)
+    grid = RankGrid.build(Pipeline(scheme, devices), rank, groups)
+    model = build_stage_model(spec, grid, seed=0, attn_backend="sdpa")
+    tokens = sum(seq_lengths[j] for mb in micro_batches for j in mb)
+    norm = tokens + extra_tokens
+    plan = PipelinePlan(scheme.tp, scheme.pp, scheme.cp, devices, max(seq_lengths), tuple(micro_batches), 0.0,
+                        tuple(cp_sharding) if scheme.cp > 1 else (), scheme.layer_split)
+    res = run_pipeline(model, grid, plan, seq_lengths, documents, global_tokens=norm, schedule=schedule)
+    dims = tp_shard_dims(model)
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    out = {"scheme": str(scheme), "stage": grid.stage, "cp_rank": grid.cp_rank, "tp_rank": grid.tp_rank,
+           "loss": res.loss, "peak_live": res.peak_live_micro_batches, "peak_bytes": res.peak_saved_bytes,
+           "grads": grads, "names": sorted(grads)}
+    if compare:
+        ref_loss, ref = reference_grads(spec, seq_lengths, documents, micro_batches, norm)
+        errs = {}
+        for n, g in grads.items():
+            if spec.tie_embeddings and n == "output.weight":  # the last stage's copy of the tied table
+                n = "tok_embeddings.weight"
+            r = _slice(ref[n], dims.get(n), grid.tp_rank, scheme.tp)
+            if r.shape != g.shape:
+                raise AssertionError(f"{n}: shard shape {tuple(g.shape)} vs reference slice {tuple(r.shape)}")
+            errs[n] = max(errs.get(n, 0.0), float((g - r).abs().max() / ref[n].abs().max()))
+        out.update(ref_loss=ref_loss, loss_rel_err=abs(res.loss - ref_loss) / abs(ref_loss), errs=errs,
+                   ref_names=sorted(ref))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Worker entry points (module-level so spawn can pickle them).
+
+EQ_LENGTHS = (7, 3, 12, 1, 5, 9, 2, 16, 11)
+EQ_MBS = ((0, 1, 2), (3, 4), (5, 6, 7), (8,))
+EQ_MODES = ("per-doc", "per-seq", "per-doc", "per-seq")
+
+# name -> pipelines (scheme, devices, model) over world 4; pipelines of one case run side by side
+EQ_CASES = (
+    ("tp2 | pp2[1,3]",
+     [(ParallelScheme(tp=2), (0, 1), TINY), (ParallelScheme(pp=2, layer_split=(1, 3)), (2, 3), TINY)]),
+    ("cp2 | pp2 tied", [(ParallelScheme(cp=2), (0, 1), TINY), (ParallelScheme(pp=2), (2, 3), TINY_TIED)]),
+    ("tp4", [(ParallelScheme(tp=4), (0, 1, 2, 3), TINY_MHA)]),
+    ("pp4[2,1,1,2]", [(ParallelScheme(pp=4, layer_split=(2, 1, 1, 2)), (0, 1, 2, 3), TINY6)]),
+    ("cp4", [(ParallelScheme(cp=4), (0, 1, 2, 3), TINY)]),
+    ("tp2pp2[3,1]", [(ParallelScheme(tp=2, pp=2, layer_split=(3, 1)), (0, 1, 2, 3), TINY)]),
+    ("tp2cp2", [(ParallelScheme(tp=2, cp=2), (0, 1, 2, 3), TINY)]),
+    ("pp2cp2[1,3]", [(ParallelScheme(pp=2, cp=2, layer_split=(1, 3)), (0, 1, 2, 3), TINY)]),
+    ("tp2 tied | cp2 tied", [(ParallelScheme(tp=2), (0, 1), TINY_TIED), (ParallelScheme(cp=2), (2, 3), TINY_TIED)]),
+)
+
+
+def equivalence_worker(rank: int, world: int) -> dict:
+    """All numerical-equivalence schemes in one spawn of world 4. Returns {case: this rank's result, no grads}."""
+    groups = GroupCache()
+    out = {}
+    for name, pipes in EQ_CASES:
+        r = run_case(rank, pipes, EQ_LENGTHS, EQ_MBS, EQ_MODES, extra_tokens=17, groups=groups)
+        if r is not None:
+            r.pop("grads")
+            out[name] = r
+    return out
+
+
+CP_LENGTHS = (3, 1, 2, 5, 13, 21, 9, 37) + (1,) * 200
+CP_MBS = ((0, 1, 2, 3), (4, 5, 6), (7,), tuple(range(8, 208)))
+
+
+def _max_rel_diff(a: dict, b: dict) -> float:
+    return max(float((a[n] - b[n]).abs().max() / b[n].abs().max()) for n in b)
+
+
+def cp_modes_worker(rank: int, world: int) -> dict:
+    """Per-doc vs per-seq CP on cp2 (two pipelines at once) and cp4, on short, non-multiple, single-document and
+    200-one-token-document micro-batches; plus 1F1B vs GPipe on pp4 micro-batches of 3 to 90 tokens.
+    Gradients are compared here (same rank, same coordinates) and dropped before returning."""
+    groups = GroupCache()
+    out = {}
+    n = len(CP_MBS)
+    for cp, pipes in ((2, [(ParallelScheme(cp=2), (0, 1), TINY), (ParallelScheme(cp=2), (2, 3), TINY)]),
+                      (4, [(ParallelScheme(cp=4), (0, 1, 2, 3), TINY)])):
+        runs = {mode: run_case(rank, pipes, CP_LENGTHS, CP_MBS, (mode,) * n, groups=groups)
+                for mode in ("per-doc", "per-seq")}
+        doc, seq = runs["per-doc"], runs["per-seq"]
+        out[f"cp{cp}"] = {"doc_vs_seq_grad": _max_rel_diff(doc["grads"], seq["grads"]),
+                          "doc_vs_seq_loss": abs(doc["loss"] - seq["loss"]) / abs(seq["loss"]),
+                          "errs_doc": doc["errs"], "errs_seq": seq["errs"],
+                          "loss_err_doc": doc["loss_rel_err"], "loss_err_seq": seq["loss_rel_err"]}
+    pipes = [(ParallelScheme(pp=4, layer_split=(1, 2, 2, 1)), (0, 1, 2, 3), TINY6)]
+    runs = {s: run_case(rank, pipes, PP_LENGTHS, PP_MBS, schedule=s, groups=groups, compare=s == "1f1b")
+            for s in ("1f1b", "gpipe")}
+    a, b = runs["1f1b"], runs["gpipe"]
+    out["pp4"] = {"stage": a["stage"], "identical": all(torch.equal(a["grads"][k], b["grads"][k]) for k in a["grads"]),
+                  "max_abs_diff": max(float((a["grads"][k] - b["grads"][k]).abs().max()) for k in a["grads"]),
+                  "loss_1f1b": a["loss"], "loss_gpipe": b["loss"], "errs": a["errs"],
+                  "peak_live_1f1b": a["peak_live"], "peak_live_gpipe": b["peak_live"],
+                  "peak_bytes_1f1b": a["peak_bytes"], "peak_bytes_gpipe": b["peak_bytes"]}
+    return out
+
+
+PP_LENGTHS = (3, 90, 40, 50, 2, 1, 30, 30, 30, 7)
+PP_MBS = ((0,), (1,), (2, 3), (4, 5), (6, 7, 8), (9,))  # totals 3, 90, 90, 3, 90, 7: a 30x spread
+
+
+def world8_worker(rank: int, world: int) -> dict:
+    """tp2pp2cp2 on 8 ranks, both CP modes in turn."""
+    groups = GroupCache()
+    scheme = ParallelScheme(tp=2, pp=2, cp=2, layer_split=(3, 1))
+    r = run_case(rank, [(scheme, tuple(range(8)), TINY)], EQ_LENGTHS, EQ_MBS, EQ_MODES, extra_tokens=5, groups=groups)
+    r.pop("grads")
+    return r
