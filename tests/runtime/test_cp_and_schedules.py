@@ -1,7 +1,8 @@
 """CP sharding modes and pipeline schedules on gloo ranks (one spawn of world 4 for all checks).
 
 Micro-batches: documents shorter than 2*CP (3, 1, 2, 5 with CP=4), lengths that are not multiples of 2*CP
-(13, 21, 9), a micro-batch of one document (37), and one of 200 one-token documents.
+(13, 21, 9), a micro-batch of one document (37), one of 200 one-token documents, and single documents of 1 and 3
+tokens, which leave some CP ranks without any token (they still join every collective).
 
 Tolerance for per-doc vs per-seq: both runs compute the same function; only the partition of tokens over ranks (and so
 the order in which per-token contributions are summed into weight gradients) differs, costing O(eps_fp32) per

@@ -83,14 +83,15 @@ class Attention(nn.Module):
         self.kv_exchange = None  # set by the CP runtime; (k, v, batch) -> (k_all, v_all)
 
     def forward(self, x: torch.Tensor, batch: VarlenBatch, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        t = x.shape[0]
-        q = apply_rope(self.wq(x).view(t, -1, self.head_dim), cos, sin)
-        k = apply_rope(self.wk(x).view(t, -1, self.head_dim), cos, sin)
-        v = self.wv(x).view(t, -1, self.head_dim)
+        t, hd = x.shape[0], self.head_dim
+        # head counts from the (possibly TP-sharded) projection sizes; explicit so that 0-token CP ranks work too
+        q = apply_rope(self.wq(x).view(t, self.wq.weight.shape[0] // hd, hd), cos, sin)
+        k = apply_rope(self.wk(x).view(t, self.wk.weight.shape[0] // hd, hd), cos, sin)
+        v = self.wv(x).view(t, self.wv.weight.shape[0] // hd, hd)
         if self.kv_exchange is not None:
             k, v = self.kv_exchange(k, v, batch)
         o = varlen_attention(q, k, v, batch.meta, backend=self.backend)
-        return self.wo(o.reshape(t, -1))
+        return self.wo(o.reshape(t, q.shape[1] * hd))
 
 
 class FeedForward(nn.Module):
