@@ -145,16 +145,55 @@ def cp_modes_worker(rank: int, world: int) -> dict:
                           "doc_vs_seq_loss": abs(doc["loss"] - seq["loss"]) / abs(seq["loss"]),
                           "errs_doc": doc["errs"], "errs_seq": seq["errs"],
                           "loss_err_doc": doc["loss_rel_err"], "loss_err_seq": seq["loss_rel_err"]}
+    out["errors"] = bad_plan_errors(rank, groups)
     pipes = [(ParallelScheme(pp=4, layer_split=(1, 2, 2, 1)), (0, 1, 2, 3), TINY6)]
     runs = {s: run_case(rank, pipes, PP_LENGTHS, PP_MBS, schedule=s, groups=groups, compare=s == "1f1b")
             for s in ("1f1b", "gpipe")}
     a, b = runs["1f1b"], runs["gpipe"]
+    # the same documents as ONE micro-batch, one process: the per-token global normalisation makes it the same gradient
+    everything = (tuple(j for mb in PP_MBS for j in mb),)
+    _, one = reference_grads(TINY6, PP_LENGTHS, make_documents(PP_LENGTHS, TINY6.vocab, seed=1), everything,
+                             sum(PP_LENGTHS[j] for j in everything[0]))
     out["pp4"] = {"stage": a["stage"], "identical": all(torch.equal(a["grads"][k], b["grads"][k]) for k in a["grads"]),
                   "max_abs_diff": max(float((a["grads"][k] - b["grads"][k]).abs().max()) for k in a["grads"]),
                   "loss_1f1b": a["loss"], "loss_gpipe": b["loss"], "errs": a["errs"],
                   "peak_live_1f1b": a["peak_live"], "peak_live_gpipe": b["peak_live"],
-                  "peak_bytes_1f1b": a["peak_bytes"], "peak_bytes_gpipe": b["peak_bytes"]}
+                  "peak_bytes_1f1b": a["peak_bytes"], "peak_bytes_gpipe": b["peak_bytes"],
+                  "vs_one_micro_batch": max(float((g - one[k]).abs().max() / one[k].abs().max())
+                                            for k, g in a["grads"].items())}
     return out
+
+
+def bad_plan_errors(rank: int, groups: GroupCache) -> list[str]:
+    """Bad plans must raise TidalError before any communication (so no rank hangs); returns the messages."""
+    from tidal.core import TidalError
+
+    scheme = ParallelScheme(cp=4)
+    pipeline = Pipeline(scheme, (0, 1, 2, 3))
+    grid = RankGrid.build(pipeline, rank, groups.create_all([pipeline]))
+    model = build_stage_model(TINY, grid)
+    lengths = (4, 5)
+    docs = make_documents(lengths, TINY.vocab, 0)
+
+    def plan(mbs, modes, tp=1, cp=4):
+        return PipelinePlan(tp, 1, cp, (0, 1, 2, 3), 5, mbs, 0.0, modes)
+
+    bad = [
+        (plan(((0, 2),), ("per-doc",)), lengths, docs, "1f1b"),  # index out of range
+        (plan(((0, 1),), ()), lengths, docs, "1f1b"),  # CP modes missing
+        (plan(((0, 1),), ("zigzag",)), lengths, docs, "1f1b"),  # unknown mode
+        (plan(((0, 1),), ("per-doc",), tp=2, cp=2), lengths, docs, "1f1b"),  # plan for another scheme
+        (plan(((0, 1),), ("per-doc",)), (4, 6), docs, "1f1b"),  # documents do not match lengths
+        (plan(((0, 1),), ("per-doc",)), lengths, docs, "interleaved"),  # unknown schedule
+        (plan(((),), ("per-doc",)), lengths, docs, "1f1b"),  # empty micro-batch
+    ]
+    msgs = []
+    for p, lens, d, sched in bad:
+        try:
+            run_pipeline(model, grid, p, lens, d, schedule=sched)
+        except TidalError as e:
+            msgs.append(str(e))
+    return msgs
 
 
 PP_LENGTHS = (3, 90, 40, 50, 2, 1, 30, 30, 30, 7)

@@ -58,3 +58,17 @@ def test_1f1b_peak_live_activations(results):
         assert x["peak_live_1f1b"] == min(pp - x["stage"], n)
         assert x["peak_live_gpipe"] == n
         assert x["peak_bytes_1f1b"] <= x["peak_bytes_gpipe"]
+
+
+def test_bad_plans_raise_tidal_error(results):
+    """Seven malformed plans: each raises TidalError with a one-line message on every rank, before communicating."""
+    for r in results:
+        assert len(r["errors"]) == 7, r["errors"]
+        assert all("\n" not in m for m in r["errors"])
+
+
+def test_gradient_independent_of_micro_batch_split(results):
+    """Loss is normalised per token over the global batch: the 6-micro-batch pp4 run matches one process that packs all
+    documents into a single micro-batch (same fp32 reordering argument, rtol 1e-5)."""
+    for r in results:
+        assert r["pp4"]["vs_one_micro_batch"] <= RTOL, r["pp4"]["vs_one_micro_batch"]
