@@ -93,11 +93,13 @@ class ExecStats:
 class _SavedBytes:
     """Counts bytes of live autograd-saved tensors (parameters excluded) through saved_tensors_hooks."""
 
-    def __init__(self, params: set[int]) -> None:
-        self.params, self.live, self.peak = params, 0, 0
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        # parameters (and views of them, e.g. a transposed weight saved by a matmul) share their storage
+        self.params = {p.untyped_storage().data_ptr() for p in params}
+        self.live, self.peak = 0, 0
 
     def pack(self, t: torch.Tensor):
-        if id(t) in self.params:
+        if t.untyped_storage().data_ptr() in self.params:
             return t
         n = t.numel() * t.element_size()
         self.live += n
@@ -136,7 +138,7 @@ def execute(
     """Run `actions` on one stage. `stage_forward(i, x)` gets None on the first stage (it reads its own tokens) and
     the received hidden states elsewhere; `stage_loss(i, out)` turns the last stage's output into the normalised loss.
     Gradients accumulate into the parameters' `.grad`."""
-    counter = _SavedBytes({id(p) for p in params})
+    counter = _SavedBytes(params)
     live: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
     pending: list = []
     peak_live, loss_total = 0, 0.0
