@@ -159,8 +159,9 @@ class _Abort(Exception):
 
 
 def top_docs_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], r: int = 6, node_limit: int = 3000) -> float:
-    """min over dispatches of only the r longest documents of max_j D_j (eq2_bound), by exhaustive branch and bound
-    (identical pipelines merged). D_j only grows when documents are added, so this bounds the full step. Falls back
+    """min over dispatches of only the r longest documents of max_j f_j, f_j the pipeline_bound of the documents on j,
+    by exhaustive branch and bound (identical pipelines merged). f only grows when a document is added (W, w_max and
+    V_min grow; the new top V = U + 1 costs >= (PP + U)(c + w_max) >= f(U)), so this bounds the full step. Falls back
     to fewer documents when the search exceeds `node_limit` nodes; 0.0 if even one document is too many."""
     l_ = np.sort(np.asarray(lengths, dtype=np.int64))[::-1]
     classes, cnt = group_pipes(pipes)
@@ -176,7 +177,11 @@ def _top_search(top: list[int], classes: tuple[PipeCost, ...], cnt: np.ndarray, 
     best = [float("inf")]
     nodes = [0]
     used = [0] * len(classes)
-    open_: list[list] = []  # [class, W, tokens, wmax] of every opened pipeline
+    open_: list[list] = []  # [class, W, tokens, wmax, count] of every opened pipeline
+
+    def f(p: PipeCost, w: float, tok: int, wmax: float, cnt: int) -> float:
+        vmin = max(1, -(-tok // p.max_len))
+        return _best_v_value(w, wmax, p, vmin, max(vmin, cnt))[1]
 
     def rec(t: int, cur: float) -> None:
         nodes[0] += 1
@@ -196,11 +201,11 @@ def _top_search(top: list[int], classes: tuple[PipeCost, ...], cnt: np.ndarray, 
             if x <= p.max_len and key not in seen:  # identical open pipelines are one branch
                 seen.add(key)
                 wx = p.a * x * x + p.b * x
-                opts.append((eq2_bound(o[1] + wx, o[2] + x, max(o[3], wx), 1, p), o, -1))
+                opts.append((f(p, o[1] + wx, o[2] + x, max(o[3], wx), o[4] + 1), o, -1))
         for k, p in enumerate(classes):
             if used[k] < cnt[k] and x <= p.max_len:  # unopened pipelines of a class are interchangeable
                 wx = p.a * x * x + p.b * x
-                opts.append((eq2_bound(wx, x, wx, 1, p), None, k))
+                opts.append((f(p, wx, x, wx, 1), None, k))
         opts.sort(key=lambda z: z[0])
         for d, o, k in opts:
             if max(cur, d) >= best[0]:
@@ -209,12 +214,12 @@ def _top_search(top: list[int], classes: tuple[PipeCost, ...], cnt: np.ndarray, 
             wx = p.a * x * x + p.b * x
             if o is not None:
                 saved = o[:]
-                o[1], o[2], o[3] = o[1] + wx, o[2] + x, max(o[3], wx)
+                o[1], o[2], o[3], o[4] = o[1] + wx, o[2] + x, max(o[3], wx), o[4] + 1
                 rec(t + 1, max(cur, d))
                 o[:] = saved
             else:
                 used[k] += 1
-                open_.append([k, wx, x, wx])
+                open_.append([k, wx, x, wx, 1])
                 rec(t + 1, max(cur, d))
                 open_.pop()
                 used[k] -= 1
