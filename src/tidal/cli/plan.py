@@ -126,7 +126,9 @@ def plan_run(args, progress=None) -> PlanRun:
                                  long_docs=args.long_docs, seed=args.seed)
     wcfg = wstate = None
     if args.packing == "wlb":
-        n_slots = len(candidates[0].pipelines)
+        # WLB's N: micro-batch slots per step. A pipeline needs >= PP micro-batches to fill, so N = sum of PP degrees
+        # over the first (best expected) candidate; for one homogeneous pipeline this is the paper's PP x DP.
+        n_slots = sum(p.scheme.pp for p in candidates[0].pipelines)
         wcfg = wlb.WLBConfig(n_micro=n_slots, max_len=max(args.max_len, math.ceil(2 * args.tokens_per_step / n_slots)),
                              coeffs=profiles[0].pipes[0].coeffs, thresholds=wlb.default_thresholds(args.max_len))
         wstate = wlb.WLBState()
