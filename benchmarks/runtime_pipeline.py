@@ -9,13 +9,15 @@ slowest rank, which includes waiting on receives). These are the points a cost-m
     python benchmarks/runtime_pipeline.py                      # tiny model, schemes tp1,tp2,cp2
     python benchmarks/runtime_pipeline.py --schemes tp1,cp2 --attn-backend reference --out runtime_points.csv
 
-`--out` appends CSV rows `scheme,lengths(space-separated),seconds` (seconds = forward + backward).
+`--out` appends rows of the profile format in docs/costmodel.md (`scheme,lengths,seconds`, seconds = forward +
+backward; a new file gets the header). Fit only PP = 1 rows: PP > 1 stage times include waiting on other stages.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import os
 import statistics
 import sys
 import time
@@ -126,7 +128,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{s:<8} {len(mb):>5} {total:>6} {l2:>10} {f * 1e3:>8.2f} {b * 1e3:>8.2f} {(f + b) * 1e3:>8.2f} "
               f"{(f + b) / total * 1e6:>7.2f}")
     if args.out:
+        fresh = not os.path.exists(args.out) or os.path.getsize(args.out) == 0
         with open(args.out, "a", newline="") as fh:
+            if fresh:  # the profile format of docs/costmodel.md, read by `tidal plan --cost-model`
+                fh.write(f"# tidal-profile/1 model={args.model} device=cpu backend={args.attn_backend}\n")
+                fh.write("scheme,lengths,seconds\n")
             w = csv.writer(fh)
             for s, mb, (f, b) in rows:
                 w.writerow([s, " ".join(map(str, mb)), f"{f + b:.6f}"])

@@ -101,3 +101,23 @@ def test_malformed_lengths_file(tmp_path, capsys):
 def test_python_dash_m_entry_point():
     r = subprocess.run([sys.executable, "-m", "tidal", "plan", "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "--packing" in r.stdout
+
+
+def test_fitted_cost_model_from_profile_on_cpu_cluster(tmp_path):
+    """A profile CSV (format of docs/costmodel.md, as benchmarks/runtime_pipeline.py --out writes) drives the plan;
+    the estimate then comes from the fitted coefficients: one tp1 micro-batch of l tokens costs c + a l^2 + b l."""
+    a, b, c = 2e-7, 4e-5, 1e-2
+    rows = [[128], [32] * 4, [512], [256, 256], [1000, 24], [700]]
+    text = "# tidal-profile/1 model=tiny device=cpu\nscheme,lengths,seconds\n" + "".join(
+        f"tp1,{' '.join(map(str, r))},{c + sum(a * x * x + b * x for x in r):.9f}\n" for r in rows)
+    prof = tmp_path / "profile.csv"
+    prof.write_text(text)
+    lens = tmp_path / "l.txt"
+    lens.write_text("300\n")
+    out = tmp_path / "p.json"
+    assert main(["plan", "--model", "tiny", "--cluster", "cpux4", "--cost-model", str(prof), "--strategies", "4*tp1",
+                 "--data", f"lengths:{lens}", "--max-len", "1024", "--tokens-per-step", "1000", "--steps", "1",
+                 "--quiet", "--json", str(out)]) == 0
+    step = Plan.load(out).steps[0]
+    assert step.est_step_time == pytest.approx(c + a * 300**2 + b * 300, rel=1e-6)
+    assert step.lower_bound <= step.est_step_time

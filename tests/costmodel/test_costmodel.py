@@ -9,6 +9,7 @@ from tidal.costmodel import (
     Efficiency,
     LatencyCoeffs,
     MemoryConfig,
+    budget_bytes,
     fitted_from_rows,
     load_cost_model,
     stage_memory,
@@ -91,7 +92,8 @@ def test_analytic_scales_with_tp_and_memory_grows():
 def test_max_len_is_the_memory_edge():
     m, c = get_model("llama2-13b"), get_cluster("a800x16")
     dev, cfg = c.device_type(0), MemoryConfig()
-    budget = dev.memory_bytes * (1 - cfg.margin_frac) - cfg.workspace_bytes
+    budget = budget_bytes(dev, cfg)
+    assert budget == dev.memory_bytes * 0.9 - 2e9  # 80 GB: the full 2 GB workspace applies
     for key in ["tp2", "tp4pp2", "tp2cp2", "pp4[4,12,12,12]"]:
         s = parse_scheme(key)
         ml = AnalyticCostModel(m, c).max_len(s, dev)
@@ -102,6 +104,14 @@ def test_max_len_is_the_memory_edge():
 def test_scheme_that_cannot_hold_its_states_has_max_len_zero():
     cm = AnalyticCostModel(get_model("llama3-70b"), get_cluster("a800x8"))
     assert cm.max_len(ParallelScheme(tp=1), cm.cluster.device_type(0)) == 0
+
+
+def test_small_devices_keep_a_budget():
+    """A 2 GiB CPU rank must not lose its whole budget to the 2 GB GPU workspace: tiny plans on cpuxN."""
+    c = get_cluster("cpux4")
+    cm = AnalyticCostModel(get_model("tiny"), c)
+    assert budget_bytes(c.device_type(0), MemoryConfig()) > 1.5 * 2**30
+    assert cm.max_len(ParallelScheme(tp=2, cp=2), c.device_type(0)) > 100_000
 
 
 def test_mixed_gpu_types_differ():

@@ -7,7 +7,8 @@ Per device of the worst stage of scheme P = <t, p, c> in a job of N devices:
                  every layer of the stage keeps activations for up to p in-flight micro-batches under 1F1B
                  (L_s * p >= layers, Hydraulis' "accumulated PP times" peak)
                + last stage: fp32 logits and their gradient, 8 * vocab / t bytes per local token
-  budget       = memory * (1 - margin_frac) - workspace_bytes
+  budget       = memory * (1 - margin_frac) - min(workspace_bytes, workspace_max_frac * memory)
+                 (the fixed workspace is capped so a small device, e.g. a 2 GiB CPU rank, keeps a budget)
 MaxLen(P) = floor((budget - states) / per_token), 0 when even the states do not fit.
 """
 
@@ -30,6 +31,7 @@ class MemoryConfig:
     model_bytes_per_param: float = 4.0
     margin_frac: float = 0.10
     workspace_bytes: float = 2e9
+    workspace_max_frac: float = 0.10
 
     def __post_init__(self) -> None:
         if not 0 <= self.margin_frac < 1:
@@ -57,8 +59,14 @@ def stage_memory(model: ModelSpec, scheme: ParallelScheme, n_devices: int, token
     return out
 
 
+def budget_bytes(device: DeviceType, cfg: MemoryConfig) -> float:
+    """Bytes a device offers to states and activations after the safety margin and workspace."""
+    mem = device.memory_bytes
+    return mem * (1 - cfg.margin_frac) - min(cfg.workspace_bytes, cfg.workspace_max_frac * mem)
+
+
 def max_len(model: ModelSpec, scheme: ParallelScheme, device: DeviceType, n_devices: int, cfg: MemoryConfig) -> int:
-    budget = device.memory_bytes * (1 - cfg.margin_frac) - cfg.workspace_bytes
+    budget = budget_bytes(device, cfg)
     fixed = stage_memory(model, scheme, n_devices, 0.0, cfg)
     slope = [m1 - m0 for m0, m1 in zip(fixed, stage_memory(model, scheme, n_devices, 1.0, cfg))]
     best = min((budget - f) / s for f, s in zip(fixed, slope))
