@@ -149,6 +149,7 @@ def test_scheme_without_memory_is_rejected():
     from tidal.costmodel import default_cost_model
     from tidal.planner.select import profile_strategies
 
-    model, cluster = get_model("tiny"), get_cluster("cpux8")
+    # llama3-70b's 16-bit weights alone (141 GB) exceed one 80 GB device at TP=1: MaxLen 0
+    model, cluster = get_model("llama3-70b"), get_cluster("a800x8")
     with pytest.raises(TidalError, match="does not fit"):
         profile_strategies([place(parse_strategy("8*tp1"), cluster, model)], default_cost_model(model, cluster))
