@@ -17,7 +17,7 @@ import numpy as np
 
 from tidal.core.errors import TidalError
 from tidal.costmodel.kernel import KernelModel
-from tidal.planner.cp_sharding import CPShard, rank_attention_pairs, shard_micro_batch
+from tidal.planner.cp_sharding import CPShard, segment_pieces
 
 MODES = ("per-seq", "per-doc")
 
@@ -59,9 +59,11 @@ def choose_cp_sharding(doc_lengths, cp: int, kernel: KernelModel) -> CPChoice:
     times: dict[str, tuple[float, ...]] = {}
     pairs: dict[str, tuple[int, ...]] = {}
     for mode in MODES:
-        shard = shard_micro_batch(arr, cp, mode)
-        times[mode] = tuple(float(x) for x in rank_attention_times(shard, kernel))
-        pairs[mode] = tuple(int(x) for x in rank_attention_pairs(shard))
+        # segments straight from the lengths (equal to shard_micro_batch's; no token-level arrays)
+        rank, q_start, q_len = segment_pieces(arr, cp, mode)
+        times[mode] = tuple(kernel.rank_time(q_start[rank == r], q_len[rank == r]) for r in range(cp))
+        seg_pairs = q_len * q_start + q_len * (q_len + 1) // 2
+        pairs[mode] = tuple(int(x) for x in np.bincount(rank, weights=seg_pairs, minlength=cp))
     best = "per-doc" if max(times["per-doc"]) < max(times["per-seq"]) else "per-seq"
     return CPChoice(best, times, pairs)
 

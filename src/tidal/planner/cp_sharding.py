@@ -172,3 +172,60 @@ def rank_attention_pairs(shard: CPShard) -> np.ndarray:
 def rank_tokens(shard: CPShard) -> np.ndarray:
     """int64 [cp]: tokens each rank holds (GEMM / communication balance)."""
     return np.array([rs.num_tokens for rs in shard.ranks], dtype=np.int64)
+
+
+def segment_pieces(lengths, cp: int, mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The query segments of `shard_micro_batch(lengths, cp, mode)` without building token-level arrays.
+
+    Returns int64 arrays (rank, q_start, q_len), one entry per segment in packed order. A segment of rank r covers
+    positions q_start .. q_start + q_len - 1 of one document (so its k_len is q_start + q_len). Equal, rank by rank
+    and in order, to the segments of `shard_micro_batch` (a differential test checks it); O(documents + 2*cp), which
+    is what the adaptive per-micro-batch choice needs to stay cheap."""
+    arr = _check(lengths, cp, mode)
+    c = 2 * cp
+    chunk_rank = np.minimum(np.arange(c), c - 1 - np.arange(c)).astype(np.int64)
+    doc_starts = np.concatenate([[0], np.cumsum(arr)[:-1]]).astype(np.int64)
+    if mode == "per-seq":
+        total = int(arr.sum())
+        sizes = _chunk_sizes_per_seq(total, cp)
+        chunk_starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        keep = sizes > 0
+        cuts = np.unique(np.concatenate([chunk_starts[keep], doc_starts]))
+        run_len = np.diff(np.concatenate([cuts, [total]]))
+        owner = chunk_rank[keep][np.searchsorted(chunk_starts[keep], cuts, side="right") - 1]
+        doc = np.searchsorted(doc_starts, cuts, side="right") - 1
+        pos = cuts - doc_starts[doc]
+    else:
+        q, rem = np.divmod(arr, c)
+        has_body = np.flatnonzero(q > 0)
+        b_doc = np.repeat(has_body, c)
+        b_j = np.tile(np.arange(c), has_body.size)
+        b_len = q[b_doc]
+        b_pos = b_j * b_len
+        b_owner = chunk_rank[b_j]
+        rr = np.concatenate([[0], np.cumsum(rem)[:-1]]) % cp  # round-robin counter carried across documents
+        r_doc = np.repeat(np.arange(arr.size), rem)
+        r_t = np.arange(r_doc.size) - np.repeat(np.concatenate([[0], np.cumsum(rem)[:-1]]), rem)
+        r_owner = (rr[r_doc] + r_t) % cp
+        r_pos = c * q[r_doc] + r_t
+        doc = np.concatenate([b_doc, r_doc])
+        pos = np.concatenate([b_pos, r_pos])
+        owner = np.concatenate([b_owner, r_owner])
+        run_len = np.concatenate([b_len, np.ones(r_doc.size, dtype=np.int64)])
+        order = np.lexsort((pos, doc))
+        doc, pos, owner, run_len = doc[order], pos[order], owner[order], run_len[order]
+    # merge consecutive runs of one document held by one rank (e.g. chunks cp-1 and cp, which are adjacent)
+    new = np.ones(doc.size, dtype=bool)
+    new[1:] = (doc[1:] != doc[:-1]) | (owner[1:] != owner[:-1])
+    first = np.flatnonzero(new)
+    seg_len = np.add.reduceat(run_len, first)
+    seg_rank, seg_pos = owner[first], pos[first]
+    # packed order within each rank == (document, position) order, which the runs already have
+    return seg_rank.astype(np.int64), seg_pos.astype(np.int64), seg_len.astype(np.int64)
+
+
+def segment_pairs(lengths, cp: int, mode: str) -> np.ndarray:
+    """int64 [cp]: rank_attention_pairs(shard_micro_batch(lengths, cp, mode)) from the segments alone."""
+    rank, s, n = segment_pieces(lengths, cp, mode)
+    pairs = n * s + n * (n + 1) // 2
+    return np.bincount(rank, weights=pairs, minlength=int(cp)).astype(np.int64)
