@@ -174,8 +174,9 @@ def main() -> None:
         planner = SwitchPlanner(topo8, itemsize=2)
         worst = 0.0
         shapes = model_param_shapes(model)
-        for name in ["embed", "layers.0.wq", "layers.0.wk", "layers.0.wo", "layers.0.w_down", "layers.0.attn_norm",
-                     f"layers.{model.layers - 1}.w_up", "final_norm", "head"]:
+        for name in ["tok_embeddings.weight", "layers.0.attention.wq.weight", "layers.0.attention.wk.weight",
+                     "layers.0.attention.wo.weight", "layers.0.feed_forward.w2.weight", "layers.0.attention_norm.weight",
+                     f"layers.{model.layers - 1}.feed_forward.w3.weight", "norm.weight", "output.weight"]:
             size = 2 * math.prod(shapes[name])
             for moves in (pull_moves(model, st, range(world), [name]), push_moves(model, st, range(world), [name])):
                 one = planner.plan(moves)

@@ -90,7 +90,8 @@ def test_pull_push_correct_and_bounded_by_parameter_size(text):
     planner = SwitchPlanner(topo, itemsize=8)
     rng = np.random.default_rng(1)
     shapes = model_param_shapes(model)
-    for name in ("layers.1.wq", "layers.1.wo", "layers.3.w_down", "layers.0.attn_norm", "embed", "head"):
+    for name in ("layers.1.attention.wq.weight", "layers.1.attention.wo.weight", "layers.3.feed_forward.w2.weight",
+                 "layers.0.attention_norm.weight", "tok_embeddings.weight", "output.weight"):
         value = make_global(rng, shapes[name])
         w = value.size * 8
         for moves in (pull_moves(model, st, range(world), [name]), push_moves(model, st, range(world), [name])):
@@ -99,8 +100,8 @@ def test_pull_push_correct_and_bounded_by_parameter_size(text):
             out = simulate(plan, {r: [x] for r, x in shard(moves[0].src, value, rng).items()})
             assert check(moves[0].dst, value, {r: o[0] for r, o in out.items() if o[0] is not None}) is None
     if text == "8*tp1":  # the worst case of App. B.1 is tight: every rank needs everything
-        plan = planner.plan(pull_moves(model, st, range(world), ["layers.1.wq"]))
-        w = np.prod(shapes["layers.1.wq"]) * 8
+        plan = planner.plan(pull_moves(model, st, range(world), ["layers.1.attention.wq.weight"]))
+        w = np.prod(shapes["layers.1.attention.wq.weight"]) * 8
         assert plan.max_recv() == w * 7 // 8 and plan.max_send() == w * 7 // 8
 
 

@@ -103,6 +103,11 @@ EQ_CASES = (
     ("tp2cp2", [(ParallelScheme(tp=2, cp=2), (0, 1, 2, 3), TINY)]),
     ("pp2cp2[2,4]", [(ParallelScheme(pp=2, cp=2, layer_split=(2, 4)), (0, 1, 2, 3), TINY)]),
     ("tp2 tied | cp2 tied", [(ParallelScheme(tp=2), (0, 1), TINY_TIED), (ParallelScheme(cp=2), (2, 3), TINY_TIED)]),
+    # device lists that are not ascending, as place() produces (tp1+tp4cp2 on h20x12 gives (8,9,10,11,0,1,2,3)):
+    # torch orders a group by global rank, the layout does not; TP shards and CP rows must follow the layout
+    ("tp2 (1,0) | cp2 (3,2)", [(ParallelScheme(tp=2), (1, 0), TINY), (ParallelScheme(cp=2), (3, 2), TINY)]),
+    ("tp2cp2 (3,1,2,0)", [(ParallelScheme(tp=2, cp=2), (3, 1, 2, 0), TINY_TIED)]),
+    ("pp2cp2 (2,3,1,0) tied", [(ParallelScheme(pp=2, cp=2), (2, 3, 1, 0), TINY_TIED)]),
 )
 
 
@@ -204,3 +209,28 @@ def world8_worker(rank: int, world: int) -> dict:
     r = run_case(rank, [(scheme, tuple(range(8)), TINY)], EQ_LENGTHS, EQ_MBS, EQ_MODES, extra_tokens=5, groups=groups)
     r.pop("grads")
     return r
+
+
+def accumulate_worker(rank: int, world: int) -> dict:
+    """run_pipeline twice without zeroing equals one call over both halves of the micro-batches (cp2 and a tied
+    pp2 pipeline, whose replica all-reduces must sum only each call's own contribution)."""
+    groups = GroupCache()
+    pipes = [(ParallelScheme(cp=2), (1, 0), TINY), (ParallelScheme(pp=2), (2, 3), TINY_TIED)]
+    groups.create_all([Pipeline(s, d) for s, d, _ in pipes])
+    scheme, devices, spec = next(p for p in pipes if rank in p[1])
+    grid = RankGrid.build(Pipeline(scheme, devices), rank, groups)
+    docs = make_documents(EQ_LENGTHS, spec.vocab, seed=1)
+    norm = sum(EQ_LENGTHS)
+
+    def plan(mbs):
+        return PipelinePlan(scheme.tp, scheme.pp, scheme.cp, devices, 16, mbs, 0.0,
+                            tuple(EQ_MODES[: len(mbs)]) if scheme.cp > 1 else (), scheme.layer_split)
+
+    once = build_stage_model(spec, grid, seed=0, attn_backend="sdpa")
+    run_pipeline(once, grid, plan(EQ_MBS), EQ_LENGTHS, docs, global_tokens=norm)
+    twice = build_stage_model(spec, grid, seed=0, attn_backend="sdpa")
+    run_pipeline(twice, grid, plan(EQ_MBS[:2]), EQ_LENGTHS, docs, global_tokens=norm)
+    run_pipeline(twice, grid, plan(EQ_MBS[2:]), EQ_LENGTHS, docs, global_tokens=norm)
+    a = {n: p.grad for n, p in once.named_parameters()}
+    b = {n: p.grad for n, p in twice.named_parameters()}
+    return {"scheme": str(scheme), "max_rel": _max_rel_diff(b, a)}

@@ -14,7 +14,7 @@ import pytest
 
 from tidal.runtime.launch import run_distributed
 
-from _parallel_cases import EQ_CASES, equivalence_worker, world8_worker  # isort: skip
+from _parallel_cases import EQ_CASES, accumulate_worker, equivalence_worker, world8_worker  # isort: skip
 
 RTOL = 1e-5
 pytestmark = pytest.mark.distributed
@@ -61,3 +61,10 @@ def test_world8_tp2pp2cp2():
     for r in run_distributed(world8_worker, 8, timeout_s=300):
         assert r["loss_rel_err"] <= RTOL
         assert max(r["errs"].values()) <= RTOL, r["errs"]
+
+
+def test_gradient_accumulation_across_calls_is_exact():
+    """Two run_pipeline calls without zeroing = one call over all micro-batches (before the fix, CP and tied-embedding
+    replicas re-summed what the first call had accumulated: 3x instead of 2x at cp2)."""
+    for r in run_distributed(accumulate_worker, 4, timeout_s=300):
+        assert r["max_rel"] <= RTOL, r

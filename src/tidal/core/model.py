@@ -72,6 +72,42 @@ class ModelSpec:
             raise TidalError(f"malformed model spec: {e}") from None
 
 
+@dataclass(frozen=True)
+class ParamInfo:
+    """One parameter of the Llama decoder, named as ``tidal.models.llama.Llama.named_parameters()`` names it.
+
+    This table is the single name map shared by the model, the TP runtime and the resharding engine."""
+
+    name: str
+    shape: tuple[int, ...]
+    tp_dim: int | None  # dimension split over TP (0: column / vocab parallel, 1: row parallel); None: replicated
+    owner: str | int  # "embed" (first stage), a layer index, or "head" (last stage)
+    tied_head: bool = False  # the tied embedding table, which the last stage also uses as its output head
+
+
+def param_table(spec: ModelSpec) -> tuple[ParamInfo, ...]:
+    """Every parameter of the full model in ``named_parameters()`` order (a tied head appears once, as the
+    embedding). Column-parallel: wq, wk, wv, w1 (gate), w3 (up), output; row-parallel: wo, w2 (down); vocab-parallel
+    embedding; RMSNorm weights replicated."""
+    h, q, kv, f, v = spec.hidden, spec.heads * spec.head_dim, spec.kv_dim, spec.ffn, spec.vocab
+    out = [ParamInfo("tok_embeddings.weight", (v, h), 0, "embed", spec.tie_embeddings)]
+    for i in range(spec.layers):
+        p = f"layers.{i}."
+        out += [ParamInfo(p + "attention_norm.weight", (h,), None, i),
+                ParamInfo(p + "attention.wq.weight", (q, h), 0, i),
+                ParamInfo(p + "attention.wk.weight", (kv, h), 0, i),
+                ParamInfo(p + "attention.wv.weight", (kv, h), 0, i),
+                ParamInfo(p + "attention.wo.weight", (h, q), 1, i),
+                ParamInfo(p + "ffn_norm.weight", (h,), None, i),
+                ParamInfo(p + "feed_forward.w1.weight", (f, h), 0, i),
+                ParamInfo(p + "feed_forward.w3.weight", (f, h), 0, i),
+                ParamInfo(p + "feed_forward.w2.weight", (h, f), 1, i)]
+    out.append(ParamInfo("norm.weight", (h,), None, "head"))
+    if not spec.tie_embeddings:
+        out.append(ParamInfo("output.weight", (v, h), 0, "head"))
+    return tuple(out)
+
+
 # Tidal's 32B: Hydraulis (§8) trains a "LLaMA2 32B" without publishing its shape. We pick 64 layers x 6144 hidden,
 # 64 heads (head_dim 96), FFN 18432: 31.8B parameters, and every power-of-two TP up to 64 divides the heads.
 MODEL_PRESETS: MappingProxyType[str, ModelSpec] = MappingProxyType(

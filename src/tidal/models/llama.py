@@ -46,6 +46,11 @@ class VarlenBatch:
         return VarlenBatch(positions, VarlenMeta.from_lengths(lens))
 
 
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """At least float32 (half precisions are upcast for reductions; float64 stays float64)."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -53,7 +58,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
+        xf = upcast(x)
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
 
@@ -166,4 +171,4 @@ class Llama(nn.Module):
 
 def loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Sum of token cross-entropies (the runtime divides by the global token count)."""
-    return F.cross_entropy(logits.float(), labels, reduction="sum")
+    return F.cross_entropy(upcast(logits), labels, reduction="sum")

@@ -45,15 +45,19 @@ def apply_cp(model: nn.Module, group) -> nn.Module:
     return model
 
 
-def cp_rank_batch(shard: CPShard, rank: int) -> VarlenBatch:
-    """The attention context of CP rank `rank`: its positions, segments, and where each packed token sits in the
-    rank-major all-gathered K/V buffer (rank r's rows start at r * max tokens per rank)."""
+def cp_rank_batch(shard: CPShard, rank: int, slots=None) -> VarlenBatch:
+    """The attention context of CP rank `rank` (layout order): its positions, segments, and where each packed token
+    sits in the all-gathered K/V buffer. The buffer is in *group* order (ascending global rank), so layout rank r's
+    rows start at ``slots[r] * rows`` (``slots`` from RankGrid.cp_slots; identity when None)."""
     if not 0 <= rank < shard.cp:
         raise TidalError(f"CP rank {rank} out of range for CP={shard.cp}")
+    slots = tuple(range(shard.cp)) if slots is None else tuple(int(s) for s in slots)
+    if sorted(slots) != list(range(shard.cp)):
+        raise TidalError(f"CP slots {slots} are not a permutation of 0..{shard.cp - 1}")
     rows = max(rs.num_tokens for rs in shard.ranks)
     kv_index = np.empty(shard.total_tokens, dtype=np.int64)
     for r, rs in enumerate(shard.ranks):
-        kv_index[rs.indices] = r * rows + np.arange(rs.num_tokens)
+        kv_index[rs.indices] = slots[r] * rows + np.arange(rs.num_tokens)
     rs = shard.ranks[rank]
     meta = VarlenMeta(
         cu_seqlens_q=torch.from_numpy(rs.cu_seqlens_q.astype(np.int64)),

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from tidal.core.errors import TidalError
@@ -28,47 +27,9 @@ from tidal.models.llama import Llama, loss_sum
 from tidal.planner.cp_sharding import shard_micro_batch
 from tidal.runtime.comm import all_reduce_
 from tidal.runtime.cp import apply_cp, cp_rank_batch
+from tidal.runtime.groups import GroupCache, slot_in_group
 from tidal.runtime.pp import SCHEDULES, execute, split_stage
 from tidal.runtime.tp import parallelize_tp, vocab_parallel_loss_sum
-
-
-def pipeline_group_ranks(pipeline: Pipeline) -> list[tuple[int, ...]]:
-    """Every multi-rank group one pipeline needs, in a fixed order: TP groups, CP groups, the whole pipeline, and the
-    first/last-stage pairs that sum tied-embedding gradients."""
-    s, dev = pipeline.scheme, pipeline.device
-    out = [tuple(dev(st, c, t) for t in range(s.tp)) for st in range(s.pp) for c in range(s.cp)]
-    out += [tuple(dev(st, c, t) for c in range(s.cp)) for st in range(s.pp) for t in range(s.tp)]
-    out.append(tuple(pipeline.devices))
-    if s.pp > 1:
-        out += [(dev(0, c, t), dev(s.pp - 1, c, t)) for c in range(s.cp) for t in range(s.tp)]
-    return [g for g in out if len(g) > 1]
-
-
-class GroupCache:
-    """Caller-owned process groups keyed by their global ranks; a group of one rank is ``None`` (no communication).
-
-    Groups are created by :meth:`create_all`, which *every* rank of the world calls with the same pipelines: each
-    distinct rank set is created once, in the same order everywhere (``new_group`` with global synchronisation, as
-    Megatron does; locally synchronised creation of overlapping groups can deadlock)."""
-
-    def __init__(self) -> None:
-        self._groups: dict[tuple[int, ...], object] = {}
-
-    def create_all(self, pipelines: Sequence[Pipeline]) -> GroupCache:
-        for p in pipelines:
-            for ranks in pipeline_group_ranks(p):
-                key = tuple(sorted(ranks))
-                if key not in self._groups:
-                    self._groups[key] = dist.new_group(list(key))
-        return self
-
-    def get(self, ranks: Sequence[int]):
-        key = tuple(sorted(int(r) for r in ranks))
-        if len(key) == 1:
-            return None
-        if key not in self._groups:
-            raise TidalError(f"no process group for ranks {key}; call GroupCache.create_all on every rank first")
-        return self._groups[key]
 
 
 @dataclass(frozen=True)
@@ -84,6 +45,7 @@ class RankGrid:
     embed_group: object  # first and last stage at this (cp, tp), for tied embeddings with PP > 1
     prev_rank: int | None
     next_rank: int | None
+    cp_slots: tuple[int, ...] = (0,)  # layout CP rank c -> its slot in cp_group (torch orders groups by global rank)
 
     @property
     def scheme(self):
@@ -116,6 +78,8 @@ class RankGrid:
             pipe_group=pipe_group, embed_group=embed_group,
             prev_rank=dev(stage - 1, c, t) if stage > 0 else None,
             next_rank=dev(stage + 1, c, t) if stage < s.pp - 1 else None,
+            cp_slots=tuple(slot_in_group([dev(stage, x, t) for x in range(s.cp)], dev(stage, y, t))
+                           for y in range(s.cp)),
         )
 
 
@@ -127,7 +91,7 @@ def build_stage_model(spec: ModelSpec, grid: RankGrid, *, seed: int = 0, attn_ba
     torch.manual_seed(seed)
     model = Llama(spec, attn_backend).to(dtype)
     split_stage(model, grid.scheme.stage_layers(spec.layers), grid.stage)
-    parallelize_tp(model, grid.tp_group)
+    parallelize_tp(model, grid.tp_group, grid.tp_rank)
     apply_cp(model, grid.cp_group)
     return model
 
@@ -161,12 +125,19 @@ def _check_plan(plan: PipelinePlan, grid: RankGrid, seq_lengths: Sequence[int], 
 
 def run_pipeline(model: nn.Module, grid: RankGrid, plan: PipelinePlan, seq_lengths: Sequence[int],
                  documents: Sequence[torch.Tensor], *, global_tokens: int | None = None,
-                 schedule: str = "1f1b") -> StepResult:
+                 schedule: str = "1f1b", reduce_replicas: bool = True) -> StepResult:
     """Forward and backward of one pipeline's micro-batches on this rank; gradients accumulate into ``.grad``.
 
     ``documents[j]`` holds ``seq_lengths[j] + 1`` token ids (inputs ``[:-1]``, next-token labels ``[1:]``), so a
     document of length l yields l training tokens. ``global_tokens`` defaults to this pipeline's own token count;
     pass the whole global batch's count when several pipelines share a step.
+
+    Gradient contract: this call *adds* its micro-batches' gradient to whatever ``.grad`` already holds, exactly
+    (calling it twice equals one call over both sets of micro-batches). With ``reduce_replicas`` (default) the
+    replicas' partial gradients are summed here: over the CP group, and over the first/last-stage pair of a tied
+    embedding with PP > 1. The executor passes ``reduce_replicas=False`` and leaves those partial sums to the push
+    of the resharding engine, whose gradient annotations are partial over CP, over the tied pair and over pipelines
+    (:func:`tidal.runtime.reshard.deduce.param_annotation`), so no partial is summed twice.
     """
     _check_plan(plan, grid, seq_lengths, documents)
     if schedule not in SCHEDULES:
@@ -184,7 +155,7 @@ def run_pipeline(model: nn.Module, grid: RankGrid, plan: PipelinePlan, seq_lengt
         idx = torch.from_numpy(shard.ranks[grid.cp_rank].indices)
         inputs = torch.cat([documents[j][:-1] for j in mb]).long()[idx]
         labels = torch.cat([documents[j][1:] for j in mb]).long()[idx]
-        mbs.append((inputs, labels, cp_rank_batch(shard, grid.cp_rank)))
+        mbs.append((inputs, labels, cp_rank_batch(shard, grid.cp_rank, grid.cp_slots)))
 
     def stage_forward(i: int, x):
         inputs, _, batch = mbs[i]
@@ -200,15 +171,24 @@ def run_pipeline(model: nn.Module, grid: RankGrid, plan: PipelinePlan, seq_lengt
 
     params = list(model.parameters())
     dtype = params[0].dtype
+    earlier = [p.grad for p in params]  # set aside: only this call's contribution is reduced over replicas
+    for p in params:
+        p.grad = None
     stats = execute(SCHEDULES[schedule](len(mbs), s.pp, grid.stage), stage_forward, stage_loss, first=grid.first,
                     last=grid.last, prev_rank=grid.prev_rank, next_rank=grid.next_rank, dtype=dtype, params=params)
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        all_reduce_(p.grad, grid.cp_group)  # CP ranks hold replicas: sum their partial gradients
-    if s.pp > 1 and model.spec.tie_embeddings:
-        tied = model.tok_embeddings.weight if grid.first else model.output.weight
-        all_reduce_(tied.grad, grid.embed_group)
+    if reduce_replicas:
+        for p in params:
+            all_reduce_(p.grad, grid.cp_group)  # CP ranks hold replicas: sum their partial gradients
+        if s.pp > 1 and model.spec.tie_embeddings:
+            tied = model.tok_embeddings.weight if grid.first else model.output.weight
+            all_reduce_(tied.grad, grid.embed_group)
+    for p, g in zip(params, earlier):
+        if g is not None:
+            g.add_(p.grad)
+            p.grad = g
     loss = torch.tensor([stats.loss_sum if (grid.last and grid.tp_rank == 0) else 0.0], dtype=torch.float64)
     all_reduce_(loss, grid.pipe_group)
     return StepResult(float(loss), tokens, stats.peak_live_micro_batches, stats.peak_saved_bytes,

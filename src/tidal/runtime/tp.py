@@ -15,11 +15,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from tidal.core.errors import TidalError
-from tidal.runtime.comm import all_reduce_, copy_to_group, group_rank, group_size, reduce_from_group
+from tidal.models.llama import upcast
+from tidal.runtime.comm import all_reduce_, copy_to_group, group_size, reduce_from_group
 
 
-def _shard(w: torch.Tensor, dim: int, group) -> torch.Tensor:
-    n, r = group_size(group), group_rank(group)
+def _shard(w: torch.Tensor, dim: int, group, rank: int) -> torch.Tensor:
+    """Shard `rank` of `w` along `dim`. `rank` is the pipeline-layout TP rank (RankGrid.tp_rank), which the resharding
+    engine also uses; it is *not* the group rank (torch orders groups by global rank)."""
+    n, r = group_size(group), rank
+    if not 0 <= r < n:
+        raise TidalError(f"TP rank {r} out of range for TP={n}")
     if w.shape[dim] % n:
         raise TidalError(f"TP={n} does not divide dimension {w.shape[dim]} of a {tuple(w.shape)} weight")
     return w.detach().chunk(n, dim=dim)[r].clone()
@@ -30,10 +35,10 @@ class ColumnParallelLinear(nn.Module):
 
     shard_dim = 0
 
-    def __init__(self, linear: nn.Linear, group) -> None:
+    def __init__(self, linear: nn.Linear, group, rank: int) -> None:
         super().__init__()
         self.group = group
-        self.weight = nn.Parameter(_shard(linear.weight, 0, group))
+        self.weight = nn.Parameter(_shard(linear.weight, 0, group, rank))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(copy_to_group(x, self.group), self.weight)
@@ -44,10 +49,10 @@ class RowParallelLinear(nn.Module):
 
     shard_dim = 1
 
-    def __init__(self, linear: nn.Linear, group) -> None:
+    def __init__(self, linear: nn.Linear, group, rank: int) -> None:
         super().__init__()
         self.group = group
-        self.weight = nn.Parameter(_shard(linear.weight, 1, group))
+        self.weight = nn.Parameter(_shard(linear.weight, 1, group, rank))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return reduce_from_group(F.linear(x, self.weight), self.group)
@@ -58,11 +63,11 @@ class VocabParallelEmbedding(nn.Module):
 
     shard_dim = 0
 
-    def __init__(self, emb: nn.Embedding, group) -> None:
+    def __init__(self, emb: nn.Embedding, group, rank: int) -> None:
         super().__init__()
         self.group = group
-        self.weight = nn.Parameter(_shard(emb.weight, 0, group))
-        self.vocab_start = group_rank(group) * self.weight.shape[0]
+        self.weight = nn.Parameter(_shard(emb.weight, 0, group, rank))
+        self.vocab_start = rank * self.weight.shape[0]
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.vocab_start
@@ -75,7 +80,7 @@ class VocabParallelEmbedding(nn.Module):
 class _VocabParallelCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, labels, group, vocab_start):
-        x = logits.float()
+        x = upcast(logits)
         m = all_reduce_(x.max(dim=-1).values, group, op=torch.distributed.ReduceOp.MAX)
         z = x - m[:, None]
         e = z.exp()
@@ -100,12 +105,13 @@ class _VocabParallelCE(torch.autograd.Function):
 def vocab_parallel_loss_sum(logits: torch.Tensor, labels: torch.Tensor, group, vocab_start: int) -> torch.Tensor:
     """Sum over tokens of cross-entropy on vocabulary-sharded logits [T, V/tp]."""
     if group_size(group) == 1:
-        return F.cross_entropy(logits.float(), labels, reduction="sum")
+        return F.cross_entropy(upcast(logits), labels, reduction="sum")
     return _VocabParallelCE.apply(logits, labels, group, vocab_start).sum()
 
 
-def parallelize_tp(model: nn.Module, group) -> nn.Module:
-    """Swap a plain (possibly stage-split) Llama's modules for TP-sharded ones over `group`, in place."""
+def parallelize_tp(model: nn.Module, group, rank: int) -> nn.Module:
+    """Swap a plain (possibly stage-split) Llama's modules for TP-sharded ones over `group`, in place; this rank holds
+    shard `rank` (its layout TP rank) of every split weight."""
     tp = group_size(group)
     if tp == 1:
         return model
@@ -115,14 +121,14 @@ def parallelize_tp(model: nn.Module, group) -> nn.Module:
             raise TidalError(f"TP={tp} does not divide {name}={n} of model {spec.name}")
     for layer in model.layers.values():
         a, f = layer.attention, layer.feed_forward
-        a.wq, a.wk, a.wv = (ColumnParallelLinear(m, group) for m in (a.wq, a.wk, a.wv))
-        a.wo = RowParallelLinear(a.wo, group)
-        f.w1, f.w3 = ColumnParallelLinear(f.w1, group), ColumnParallelLinear(f.w3, group)
-        f.w2 = RowParallelLinear(f.w2, group)
+        a.wq, a.wk, a.wv = (ColumnParallelLinear(m, group, rank) for m in (a.wq, a.wk, a.wv))
+        a.wo = RowParallelLinear(a.wo, group, rank)
+        f.w1, f.w3 = ColumnParallelLinear(f.w1, group, rank), ColumnParallelLinear(f.w3, group, rank)
+        f.w2 = RowParallelLinear(f.w2, group, rank)
     if model.tok_embeddings is not None:
-        model.tok_embeddings = VocabParallelEmbedding(model.tok_embeddings, group)
+        model.tok_embeddings = VocabParallelEmbedding(model.tok_embeddings, group, rank)
     if model.output is not None:
-        model.output = ColumnParallelLinear(model.output, group)
+        model.output = ColumnParallelLinear(model.output, group, rank)
         if spec.tie_embeddings and model.tok_embeddings is not None:
             model.output.weight = model.tok_embeddings.weight
     return model

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tidal.core.errors import TidalError
-from tidal.core.model import ModelSpec
+from tidal.core.model import ModelSpec, ParamInfo, param_table
 from tidal.core.strategy import Strategy
 from tidal.runtime.reshard.annotation import (
     DUPLICATE,
@@ -245,26 +245,33 @@ def all_reduce_partial(x: Annotation) -> Annotation:
 
 
 # ----------------------------------------------------------------------------------------- Llama under a Strategy
-COLUMN = ("wq", "wk", "wv", "w_gate", "w_up")  # split the output features (dim 0) over TP
-ROW = ("wo", "w_down")  # split the input features (dim 1) over TP
-NORMS = ("attn_norm", "mlp_norm")
+# Parameter names, shapes and TP split dims come from one table, tidal.core.model.param_table, which is also what the
+# runtime's modules are named by (a test checks both). Short keys name one layer's tensors in llama_layer_annotations.
+LAYER_KEYS = {"wq": "attention.wq.weight", "wk": "attention.wk.weight", "wv": "attention.wv.weight",
+              "wo": "attention.wo.weight", "w_gate": "feed_forward.w1.weight", "w_up": "feed_forward.w3.weight",
+              "w_down": "feed_forward.w2.weight", "attn_norm": "attention_norm.weight", "mlp_norm": "ffn_norm.weight"}
+
+
+def param_infos(model: ModelSpec) -> dict[str, ParamInfo]:
+    return {p.name: p for p in param_table(model)}
+
+
+def param_info(model: ModelSpec, name: str) -> ParamInfo:
+    info = param_infos(model).get(name)
+    if info is None:
+        raise TidalError(f"model {model.name} has no parameter {name!r}")
+    return info
 
 
 def layer_param_shapes(model: ModelSpec) -> dict[str, tuple[int, ...]]:
-    h, kv, f = model.hidden, model.kv_dim, model.ffn
-    return {"wq": (h, h), "wk": (kv, h), "wv": (kv, h), "wo": (h, h), "w_gate": (f, h), "w_up": (f, h),
-            "w_down": (h, f), "attn_norm": (h,), "mlp_norm": (h,)}
+    """One decoder layer's parameter shapes by short key (see LAYER_KEYS)."""
+    infos = param_infos(model)
+    return {k: infos[f"layers.0.{v}"].shape for k, v in LAYER_KEYS.items()}
 
 
 def model_param_shapes(model: ModelSpec) -> dict[str, tuple[int, ...]]:
-    """Every parameter of the model, in a fixed order (embedding, layers, final norm, head)."""
-    out = {"embed": (model.vocab, model.hidden)}
-    for i in range(model.layers):
-        out.update({f"layers.{i}.{k}": v for k, v in layer_param_shapes(model).items()})
-    out["final_norm"] = (model.hidden,)
-    if not model.tie_embeddings:
-        out["head"] = (model.vocab, model.hidden)
-    return out
+    """Every parameter of the model by its runtime name, in named_parameters() order."""
+    return {p.name: p.shape for p in param_table(model)}
 
 
 @dataclass(frozen=True)
@@ -299,42 +306,58 @@ def stages_of(strategy: Strategy | StageLayout, model: ModelSpec) -> StageLayout
     return tuple(out)
 
 
-def owner_stage(stages: tuple[Stage, ...], name: str) -> Stage:
-    if name == "embed":
+def owner_stage(stages: tuple[Stage, ...], info: ParamInfo) -> Stage:
+    if info.owner == "embed":
         return next(s for s in stages if s.embed)
-    if name in ("final_norm", "head"):
+    if info.owner == "head":
         return next(s for s in stages if s.head)
-    layer = int(name.split(".")[1])
+    layer = int(info.owner)
     for s in stages:
         if s.first <= layer < s.stop:
             return s
     raise TidalError(f"no stage of the pipeline owns layer {layer}")
 
 
-def split_dim(name: str) -> int | None:
-    base = name.split(".")[-1]
-    if base in COLUMN or base in ("embed", "head"):
-        return 0
-    if base in ROW:
-        return 1
-    return None
+def holder_stages(stages: tuple[Stage, ...], info: ParamInfo) -> tuple[Stage, ...]:
+    """The stages of one pipeline that hold a parameter: its owner, plus the last stage for a tied embedding (its
+    output head) when that is another stage."""
+    own = owner_stage(stages, info)
+    if info.tied_head:
+        last = next(s for s in stages if s.head)
+        if last != own:
+            if last.tp != own.tp:
+                raise TidalError(f"tied embedding on stages of TP {own.tp} and {last.tp}: give them equal TP")
+            return own, last
+    return (own,)
 
 
-def param_annotation(strategy: Strategy | StageLayout, model: ModelSpec, name: str, grad: bool = False) -> Annotation:
+def split_dim(model: ModelSpec, name: str) -> int | None:
+    return param_info(model, name).tp_dim
+
+
+def param_annotation(strategy: Strategy | StageLayout, model: ModelSpec, name: str, grad: bool = False,
+                     info: ParamInfo | None = None) -> Annotation:
     """Parameter (or its gradient) under a strategy: in every pipeline, the stage owning it holds it split over TP
-    (column / row / vocab parallel; norms duplicated over TP) and duplicated over CP. Pipelines duplicate parameters
-    (HDim DUP); gradients are partial over CP and over pipelines (HDim PARTIAL) until pushed."""
-    split = split_dim(name)
+    (column / row / vocab parallel; norms duplicated over TP) and duplicated over CP; a tied embedding is held by the
+    first and the last stage alike. Pipelines duplicate parameters (HDim DUP).
+
+    Gradient contract (the runtime's ``run_pipeline(reduce_replicas=False)``): gradients are partial over the CP ranks,
+    over the two stages of a tied embedding and over pipelines (HDim PARTIAL) until pushed; over TP a split weight's
+    shards are disjoint and a norm's gradient is identical on every TP rank (duplicate)."""
+    info = info if info is not None else param_info(model, name)
+    split = info.tp_dim
     rep = PARTIAL if grad else DUPLICATE
     parts = []
     for stages in stages_of(strategy, model):
-        st = owner_stage(stages, name)
+        held = holder_stages(stages, info)
+        tp, reps = held[0].tp, sum(st.cp for st in held)
+        devices = tuple(d for st in held for d in st.devices)
         if split is None:
-            deg = {rep: st.cp, DUPLICATE: st.tp} if grad else {DUPLICATE: st.cp * st.tp}
+            deg = {rep: reps, DUPLICATE: tp} if grad else {DUPLICATE: reps * tp}
             order = (rep, DUPLICATE) if grad else (DUPLICATE,)
         else:
-            deg, order = {rep: st.cp, split: st.tp}, (rep, split)
-        parts.append((st.devices, DistributedStates.make(deg, order)))
+            deg, order = {rep: reps, split: tp}, (rep, split)
+        parts.append((devices, DistributedStates.make(deg, order)))
     return Annotation.union(parts, PARTIAL if grad else DUPLICATE)
 
 
@@ -354,14 +377,14 @@ def llama_layer_annotations(strategy: Strategy, model: ModelSpec, layer: int,
     shapes = layer_param_shapes(model)
     out: dict[str, tuple[Annotation, tuple]] = {}
     for k, shp in shapes.items():
-        name = f"layers.{layer}.{k}"
+        name = f"layers.{layer}.{LAYER_KEYS[k]}"
         out[k] = (param_annotation(strategy, model, name), shp)
         out[k + ".grad"] = (param_annotation(strategy, model, name, grad=True), shp)
     t = sum(tokens)
     parts = []
     for p in strategy.pipelines:
         deg = {0: p.scheme.cp, DUPLICATE: p.scheme.tp}
-        st = owner_stage(stages_of(Strategy((p,)), model)[0], f"layers.{layer}.wq")
+        st = owner_stage(stages_of(Strategy((p,)), model)[0], param_info(model, f"layers.{layer}.{LAYER_KEYS['wq']}"))
         parts.append((st.devices, DistributedStates.make(deg, (0, DUPLICATE))))
     x = Annotation.union(parts, 0, tokens)
     act = {"x": (x, (t, model.hidden))}

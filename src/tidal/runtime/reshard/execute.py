@@ -14,35 +14,11 @@ import torch
 import torch.distributed as dist
 
 from tidal.core.errors import TidalError
+from tidal.runtime.groups import GroupCache
 from tidal.runtime.reshard.annotation import Box, box_size, local_box
 from tidal.runtime.reshard.plan import Cell, CommPlan
 
-
-class GroupCache:
-    """Process groups by sorted rank tuple, created once. `reduce_scatter`: "auto" uses the native collective and
-    falls back to all-reduce + slice if the backend lacks it (older gloo); "allreduce" forces that fallback."""
-
-    def __init__(self, reduce_scatter: str = "auto") -> None:
-        if reduce_scatter not in ("auto", "native", "allreduce"):
-            raise TidalError(f"reduce_scatter must be auto, native or allreduce, got {reduce_scatter!r}")
-        self.reduce_scatter = reduce_scatter
-        self._groups: dict[tuple[int, ...], object] = {}
-
-    def __len__(self) -> int:
-        return len(self._groups)
-
-    def ensure(self, ranks_list: Sequence[tuple[int, ...]]) -> None:
-        """Create missing groups. Collective over the whole world: every rank must pass the same list."""
-        for ranks in ranks_list:
-            key = tuple(sorted(ranks))
-            if key not in self._groups:
-                self._groups[key] = dist.new_group(list(key))
-
-    def get(self, ranks: Sequence[int]):
-        key = tuple(sorted(ranks))
-        if key not in self._groups:
-            raise TidalError(f"process group {list(key)} was not created; call GroupCache.ensure on every rank")
-        return self._groups[key]
+__all__ = ["GroupCache", "execute"]
 
 
 def _slices(box: Box) -> tuple[slice, ...]:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec
 from tidal.core.strategy import Strategy
 from tidal.runtime.reshard.annotation import Annotation
@@ -22,10 +23,10 @@ from tidal.runtime.reshard.bsr import Topology
 from tidal.runtime.reshard.deduce import (
     StageLayout,
     fully_sharded,
+    holder_stages,
     model_param_shapes,
-    owner_stage,
     param_annotation,
-    split_dim,
+    param_infos,
     stages_of,
 )
 from tidal.runtime.reshard.execute import GroupCache, execute
@@ -34,15 +35,18 @@ from tidal.runtime.reshard.resolve import Resolver
 
 
 def _annotations(model: ModelSpec, strategy: Strategy | StageLayout, names, grad: bool = False) -> list[Annotation]:
-    """Parameter annotations, built once per distinct (owning stages, split kind): layers of a stage share them."""
+    """Parameter annotations, built once per distinct (holding stages, split kind): layers of a stage share them."""
     layout = stages_of(strategy, model)
+    infos = param_infos(model)
     memo: dict[tuple, Annotation] = {}
     out = []
     for n in names:
-        key = (tuple(owner_stage(p, n) for p in layout), split_dim(n), n.split(".")[-1] in ("attn_norm", "mlp_norm",
-                                                                                       "final_norm"))
+        info = infos.get(n)
+        if info is None:
+            raise TidalError(f"model {model.name} has no parameter {n!r}")
+        key = (tuple(holder_stages(p, info) for p in layout), info.tp_dim)
         if key not in memo:
-            memo[key] = param_annotation(layout, model, n, grad)
+            memo[key] = param_annotation(layout, model, n, grad, info)
         out.append(memo[key])
     return out
 

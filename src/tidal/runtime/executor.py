@@ -1,0 +1,250 @@
+"""The executor: heterogeneous strategies in one world, optimization-propagation disaggregation, per-step switching.
+
+One world of N ranks. At start-up every pipeline of every candidate strategy is placed, its process groups created
+(one :class:`GroupCache`), its stage model built, and the pull / push plans of every candidate resolved by the
+resharding engine (so groups for their collectives exist too). Each step (Hydraulis §5.1-5.2):
+
+1. **pull**: every rank receives its stage's TP shard of every parameter it holds, from the fully-sharded master
+   copy, in the compute dtype (`runtime.reshard` pull plan of the step's strategy);
+2. **propagate**: each rank runs its pipeline's micro-batches (`run_pipeline(reduce_replicas=False)`); a pipeline
+   with no sequence skips compute and contributes zero gradients;
+3. **push**: gradients, partial over CP ranks, tied-embedding stages and pipelines, are summed and scattered to their
+   owner shards in the master dtype (push plan);
+4. **optimize**: AdamW on the owned shards, clipped by the global norm (:mod:`tidal.runtime.optim`).
+
+The loss is the token-weighted mean over the whole step, so the gradient equals single-process training on the same
+documents. Which strategy and which sequences a step uses comes from a :class:`tidal.core.StepPlan` that every rank
+receives (the caller decides who plans; `tidal train` plans on rank 0 and broadcasts, docs/decisions.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from tidal.core.cluster import ClusterSpec
+from tidal.core.errors import TidalError
+from tidal.core.model import ModelSpec, param_table
+from tidal.core.plan import StepPlan
+from tidal.core.strategy import Strategy
+from tidal.models.llama import Llama
+from tidal.runtime.groups import GroupCache
+from tidal.runtime.optim import OptimConfig, ShardedAdamW, shard_range
+from tidal.runtime.pipeline import RankGrid, build_stage_model, run_pipeline
+from tidal.runtime.reshard.bsr import Topology
+from tidal.runtime.reshard.switch import SwitchPlanner, run
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ExecConfig:
+    seed: int = 0  # model initialisation
+    master_dtype: str = "float32"  # fp32 master weights and Adam moments (float64 for verification)
+    compute_dtype: str = "float32"  # parameters pulled into the strategy in this dtype (float32 | bfloat16 | float64)
+    schedule: str = "1f1b"
+    attn_backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        for k in ("master_dtype", "compute_dtype"):
+            if getattr(self, k) not in DTYPES:
+                raise TidalError(f"{k} must be one of {', '.join(DTYPES)}, got {getattr(self, k)!r}")
+        if self.master_dtype == "bfloat16":
+            raise TidalError("master_dtype must be float32 or float64 (bf16 master weights lose updates)")
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    loss: float  # token-weighted mean cross-entropy over the step (same on every rank)
+    tokens: int
+    sequences: int
+    busy_s: float  # this rank's CPU time over the step (time.thread_time)
+    compute_busy_s: float  # ... in forward/backward only
+    wall_s: float
+    pull_s: float
+    push_s: float
+    pull_bytes: int  # sent + received by this rank
+    push_bytes: int
+    optim: dict
+
+
+def held_params(model: torch.nn.Module, spec: ModelSpec) -> list[torch.nn.Parameter | None]:
+    """This rank's module parameter for every entry of `param_table(spec)` (None where the stage holds none). The
+    last stage's head of a tied embedding stands for the table's `tok_embeddings.weight`."""
+    named = dict(model.named_parameters())
+    out = []
+    for info in param_table(spec):
+        p = named.get(info.name)
+        if p is None and info.tied_head:
+            p = named.get("output.weight")
+        out.append(p)
+    return out
+
+
+class Executor:
+    """Trains on `world` ranks with any of `candidates` per step. Construct on every rank, in the same order."""
+
+    def __init__(self, spec: ModelSpec, cluster: ClusterSpec, candidates: Sequence[Strategy], cfg: ExecConfig,
+                 optim: OptimConfig, groups: GroupCache | None = None) -> None:
+        if not dist.is_initialized():
+            raise TidalError("the executor needs an initialised torch.distributed process group")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if cluster.num_devices != self.world:
+            raise TidalError(f"cluster {cluster.name} has {cluster.num_devices} devices but the world has "
+                             f"{self.world} ranks")
+        self.spec, self.cfg, self.optim_cfg, self.candidates = spec, cfg, optim, tuple(candidates)
+        self.master_dtype, self.compute_dtype = DTYPES[cfg.master_dtype], DTYPES[cfg.compute_dtype]
+        self.table = param_table(spec)
+        for info in self.table:
+            if info.shape[0] < self.world:
+                raise TidalError(f"{info.name} has {info.shape[0]} rows < {self.world} ranks: cannot shard it")
+        self.groups = groups if groups is not None else GroupCache()
+        self.groups.create_all([p for s in self.candidates for p in s.pipelines])
+        topo = Topology.from_cluster(cluster, self.world)
+        pull_planner = SwitchPlanner(topo, itemsize=torch.finfo(self.compute_dtype).bits // 8)
+        push_planner = SwitchPlanner(topo, itemsize=torch.finfo(self.master_dtype).bits // 8)
+        devices = tuple(range(self.world))
+        self.pulls, self.pushes, self.grids, self.models = [], [], [], []
+        for k, strategy in enumerate(self.candidates):
+            if any(d >= self.world for p in strategy.pipelines for d in p.devices):
+                raise TidalError(f"candidate {k} ({strategy}) uses devices beyond the world of {self.world}")
+            pull = pull_planner.pull(spec, strategy, devices)
+            push = push_planner.push(spec, strategy, devices)
+            self.groups.ensure(pull.group_ranks())
+            self.groups.ensure(push.group_ranks())
+            self.pulls.append(pull)
+            self.pushes.append(push)
+            mine = [j for j, p in enumerate(strategy.pipelines) if self.rank in p.devices]
+            if not mine:
+                self.grids.append(None)
+                self.models.append(None)
+                continue
+            grid = RankGrid.build(strategy.pipelines[mine[0]], self.rank, self.groups)
+            model = build_stage_model(spec, grid, seed=cfg.seed, attn_backend=cfg.attn_backend,
+                                      dtype=self.compute_dtype)
+            self._check_layout(model, pull, k)
+            self.grids.append((mine[0], grid))
+            self.models.append(model)
+        self._init_master()
+
+    def _check_layout(self, model: torch.nn.Module, pull, k: int) -> None:
+        """The runtime's module shards and the engine's annotations must agree on every parameter's local shape."""
+        for info, p, mv in zip(self.table, held_params(model, self.spec), pull.moves):
+            want = mv.dst.local_shape(self.rank, info.shape)
+            got = None if p is None else tuple(p.shape)
+            if want != got:
+                raise TidalError(f"candidate {k}: {info.name} on rank {self.rank} is {got} in the model but "
+                                 f"{want} in the resharding plan")
+
+    def _init_master(self) -> None:
+        """Master shards from the unsharded model's initialisation (same seed on every rank), rows shard_range."""
+        torch.manual_seed(self.cfg.seed)
+        full = dict(Llama(self.spec, "sdpa").to(self.master_dtype).named_parameters())
+        shards, decay = [], []
+        for info in self.table:
+            a, b = shard_range(info.shape[0], self.world, self.rank)
+            shards.append(full[info.name].detach()[a:b].clone())
+            decay.append(len(info.shape) > 1)
+        del full
+        self.optim = ShardedAdamW(shards, decay, self.optim_cfg, group=None)
+
+    @property
+    def master(self) -> list[torch.Tensor]:
+        return self.optim.params
+
+    def _pull(self, k: int) -> tuple[float, int]:
+        t0 = time.perf_counter()
+        inputs = [p.to(self.compute_dtype) for p in self.master]
+        outs = run(self.pulls[k], inputs, self.groups, dtype=self.compute_dtype)
+        if self.models[k] is not None:
+            with torch.no_grad():
+                for p, x in zip(held_params(self.models[k], self.spec), outs):
+                    if p is not None:
+                        p.copy_(x)
+        return time.perf_counter() - t0, _bytes(self.pulls[k], self.rank)
+
+    def _push(self, k: int) -> tuple[list[torch.Tensor], float, int]:
+        t0 = time.perf_counter()
+        model = self.models[k]
+        if model is None:
+            inputs = [None] * len(self.table)
+        else:
+            inputs = [None if p is None else (p.grad if p.grad is not None else torch.zeros_like(p)).to(
+                self.master_dtype) for p in held_params(model, self.spec)]
+        outs = run(self.pushes[k], inputs, self.groups, dtype=self.master_dtype)
+        return outs, time.perf_counter() - t0, _bytes(self.pushes[k], self.rank)
+
+    def train_step(self, step: StepPlan, fetch: Callable[[int], torch.Tensor]) -> StepMetrics:
+        """One optimizer step on `step`. `fetch(j)` returns the ``seq_lengths[j] + 1`` token ids of sequence j; it
+        is called only for the sequences this rank's pipeline runs."""
+        t_wall, t_busy = time.perf_counter(), time.thread_time()
+        k = step.strategy
+        if not 0 <= k < len(self.candidates):
+            raise TidalError(f"step plan names candidate {k}; the executor has {len(self.candidates)}")
+        strategy = self.candidates[k]
+        if len(step.pipelines) != len(strategy.pipelines):
+            raise TidalError(f"step plan has {len(step.pipelines)} pipelines; candidate {k} has "
+                             f"{len(strategy.pipelines)}")
+        running = sorted(i for p in step.pipelines for mb in p.micro_batches for i in mb)
+        tokens = sum(step.seq_lengths[i] for i in running)
+        pull_s, pull_b = self._pull(k)
+        loss_part, compute = 0.0, 0.0
+        model = self.models[k]
+        if model is not None:
+            j, grid = self.grids[k]
+            pplan = step.pipelines[j]
+            for p in model.parameters():
+                p.grad = None
+            if pplan.micro_batches and tokens > 0:
+                c0 = time.thread_time()
+                docs = {i: fetch(i) for mb in pplan.micro_batches for i in mb}
+                res = run_pipeline(model, grid, pplan, step.seq_lengths, docs, global_tokens=tokens,
+                                   schedule=self.cfg.schedule, reduce_replicas=False)
+                compute = time.thread_time() - c0
+                if self.rank == grid.pipeline.devices[0]:
+                    loss_part = res.loss
+        grads, push_s, push_b = self._push(k)
+        optim = {}
+        if tokens > 0:  # a step with nothing to train leaves parameters and moments untouched
+            optim = self.optim.step(grads)
+        loss = torch.tensor([loss_part], dtype=torch.float64)
+        dist.all_reduce(loss)
+        return StepMetrics(float(loss), tokens, len(running), time.thread_time() - t_busy, compute,
+                           time.perf_counter() - t_wall, pull_s, push_s, pull_b, push_b, optim)
+
+    def gather_state(self) -> dict[str, dict[str, np.ndarray]] | None:
+        """Full master parameters and Adam moments on rank 0 (None elsewhere): for verification and checkpoints."""
+        out: dict[str, dict[str, np.ndarray]] = {"params": {}, "m": {}, "v": {}}
+        for key, tensors in (("params", self.optim.params), ("m", self.optim.m), ("v", self.optim.v)):
+            parts: list = [None] * self.world
+            dist.all_gather_object(parts, [t.detach().cpu().numpy() for t in tensors])
+            for i, info in enumerate(self.table):
+                out[key][info.name] = np.concatenate([parts[r][i] for r in range(self.world)])
+        return out if self.rank == 0 else None
+
+
+def _bytes(plan, rank: int) -> int:
+    st = plan.stats.get(rank)
+    return 0 if st is None else st.send + st.recv
+
+
+def step_tokens(step: StepPlan) -> int:
+    return sum(step.seq_lengths[i] for p in step.pipelines for mb in p.micro_batches for i in mb)
+
+
+def fetch_from(docs: Sequence[tuple[int, int, int]], corpus) -> Callable[[int], torch.Tensor]:
+    """`fetch` for Executor.train_step over a token corpus: sequence j is (doc_id, start, length) of `docs`."""
+
+    def fetch(j: int) -> torch.Tensor:
+        doc, start, length = docs[j]
+        return torch.from_numpy(np.asarray(corpus.tokens(doc, start, length), dtype=np.int64))
+
+    return fetch
+
+
+__all__ = ["DTYPES", "ExecConfig", "Executor", "StepMetrics", "fetch_from", "held_params", "step_tokens"]

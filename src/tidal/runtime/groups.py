@@ -1,0 +1,79 @@
+"""The one cache of process groups, owned by the caller and passed explicitly (no global group singletons).
+
+Groups are keyed by their *sorted* global ranks: torch's ``new_group`` sorts the ranks it is given, so a group's
+rank order is ascending global rank whatever order the caller lists them in. Code that needs the *layout* order of a
+pipeline (TP shard index, CP row block) takes it from :class:`tidal.runtime.pipeline.RankGrid`, never from the
+group; :func:`slot_in_group` converts between the two.
+
+Creation is collective over the whole world: every rank must call :meth:`GroupCache.create_all` /
+:meth:`GroupCache.ensure` with the same lists in the same order (Megatron does the same; locally synchronised creation
+of overlapping groups can deadlock). One cache serves the pipelines of every candidate strategy and the resharding
+engine, so one rank set never gets two communicators.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch.distributed as dist
+
+from tidal.core.errors import TidalError
+from tidal.core.strategy import Pipeline
+
+REDUCE_SCATTER_MODES = ("auto", "native", "allreduce")
+
+
+def pipeline_group_ranks(pipeline: Pipeline) -> list[tuple[int, ...]]:
+    """Every multi-rank group one pipeline needs, in a fixed order: TP groups, CP groups, the whole pipeline, and the
+    first/last-stage pairs that sum tied-embedding gradients."""
+    s, dev = pipeline.scheme, pipeline.device
+    out = [tuple(dev(st, c, t) for t in range(s.tp)) for st in range(s.pp) for c in range(s.cp)]
+    out += [tuple(dev(st, c, t) for c in range(s.cp)) for st in range(s.pp) for t in range(s.tp)]
+    out.append(tuple(pipeline.devices))
+    if s.pp > 1:
+        out += [(dev(0, c, t), dev(s.pp - 1, c, t)) for c in range(s.cp) for t in range(s.tp)]
+    return [g for g in out if len(g) > 1]
+
+
+def slot_in_group(ranks: Sequence[int], rank: int) -> int:
+    """The position of global `rank` in the group over `ranks` (ascending global rank, as torch orders groups)."""
+    return sorted(int(r) for r in ranks).index(int(rank))
+
+
+class GroupCache:
+    """Process groups by sorted rank tuple, created once. A group of one rank is ``None`` (no communication).
+
+    `reduce_scatter`: how the resharding engine reduces-and-scatters: "native" uses the collective, "allreduce" an
+    all-reduce plus slice (for backends without reduce-scatter), "auto" tries native once and falls back."""
+
+    def __init__(self, reduce_scatter: str = "auto") -> None:
+        if reduce_scatter not in REDUCE_SCATTER_MODES:
+            raise TidalError(f"reduce_scatter must be auto, native or allreduce, got {reduce_scatter!r}")
+        self.reduce_scatter = reduce_scatter
+        self._groups: dict[tuple[int, ...], object] = {}
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def ensure(self, ranks_list: Iterable[Sequence[int]]) -> GroupCache:
+        """Create missing groups (of two or more ranks). Collective over the world: same list on every rank."""
+        for ranks in ranks_list:
+            key = tuple(sorted(int(r) for r in ranks))
+            if len(key) > 1 and key not in self._groups:
+                self._groups[key] = dist.new_group(list(key))
+        return self
+
+    def create_all(self, pipelines: Iterable[Pipeline]) -> GroupCache:
+        """Every group the given pipelines need (see :func:`pipeline_group_ranks`)."""
+        for p in pipelines:
+            self.ensure(pipeline_group_ranks(p))
+        return self
+
+    def get(self, ranks: Sequence[int]):
+        key = tuple(sorted(int(r) for r in ranks))
+        if len(key) == 1:
+            return None
+        if key not in self._groups:
+            raise TidalError(f"no process group for ranks {list(key)}; call GroupCache.create_all/ensure on every "
+                             f"rank first")
+        return self._groups[key]
