@@ -3,32 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
-
-import numpy as np
 
 from tidal.core.cluster import get_cluster
 from tidal.core.errors import TidalError
 from tidal.core.model import get_model
-from tidal.core.plan import Plan, StepPlan
-from tidal.core.scheme import parse_strategies
-from tidal.core.strategy import Strategy, place
+from tidal.core.plan import Plan
+from tidal.core.strategy import Strategy
 from tidal.costmodel.analytic import AnalyticCostModel
-from tidal.costmodel.base import CostModel, pipeline_device
+from tidal.costmodel.base import CostModel
 from tidal.costmodel.fitted import load_cost_model
-from tidal.costmodel.kernel import kernel_for
 from tidal.data.sampler import LONG_DOC_POLICIES, TokenBudgetSampler
 from tidal.data.sources import length_source
-from tidal.planner import packing, wlb
-from tidal.planner.cp_adaptive import choose_for_micro_batches
-from tidal.planner.proposal import propose
-from tidal.planner.select import StepSelection, profile_strategies, select_step
+from tidal.planner.select import StepSelection
+from tidal.planner.stepper import CP_SHARDINGS, PACKERS, PlanningOptions, StepPlanner, build_candidates
 
-PACKERS = {"hydraulis": packing.pack, "wlb": wlb.pack, "fixed": packing.pack_fixed}
 PROPOSAL_SAMPLE = 20000  # documents read from the source to propose candidates
 
 
@@ -60,7 +52,7 @@ def add_parser(sub) -> None:
     p.add_argument("--packing", choices=tuple(PACKERS), default="hydraulis",
                    help="hydraulis: min max micro-batch x (PP-1+V); wlb: WLB-LLM with outlier delay; "
                         "fixed: token-count first-fit (baseline)")
-    p.add_argument("--cp-sharding", choices=("adaptive", "per-seq", "per-doc"), default="adaptive")
+    p.add_argument("--cp-sharding", choices=CP_SHARDINGS, default="adaptive")
     p.add_argument("--exact", action="store_true", help="exact MILP dispatch and packing (small instances only)")
     p.add_argument("--cost-model", type=Path, default=None,
                    help="fitted cost model (.json) or profile (.csv); default: analytic from the specs")
@@ -77,101 +69,43 @@ class PlanRun:
     long_doc_stats: dict
 
 
-def build_candidates(args, cm: CostModel) -> tuple[Strategy, ...]:
-    model, cluster = cm.model, cm.cluster
+def cost_model_of(args) -> CostModel:
+    model, cluster = get_model(args.model), get_cluster(args.cluster)
+    return load_cost_model(args.cost_model, model, cluster) if args.cost_model else AnalyticCostModel(model, cluster)
+
+
+def candidates_of(args, cm: CostModel) -> tuple[Strategy, ...]:
+    """`--strategies`: 'auto' proposes from the first PROPOSAL_SAMPLE documents of `--data`."""
+    sample = None
     if args.strategies.strip().lower() == "auto":
         src = length_source(args.data, args.seed)
-        n = PROPOSAL_SAMPLE if src.size is None else min(src.size, PROPOSAL_SAMPLE)
-        sample = np.minimum(src.lengths(0, n), args.max_len)
-        prop = propose(sample, cm, tokens_per_step=args.tokens_per_step, max_len=args.max_len, seed=args.seed)
-        cands = prop.strategies
-    else:
-        cands = tuple(place(s, cluster, model) for s in parse_strategies(args.strategies))
-    best = max((cm.max_len(p.scheme, pipeline_device(cluster, p)), str(p.scheme)) for s in cands for p in s.pipelines)
-    if best[0] < args.max_len:
-        raise TidalError(f"--max-len {args.max_len} exceeds the MaxLen of every scheme (largest {best[0]} for "
-                         f"{best[1]}); lower --max-len or add a scheme with more TP/CP")
-    return cands
-
-
-def _with_cp_sharding(step: StepPlan, cm: CostModel, policy: str) -> StepPlan:
-    pipes = []
-    for p in step.pipelines:
-        if p.cp > 1 and p.micro_batches:
-            layers = max(p.layer_split) if p.layer_split else cm.model.layers
-            dev = cm.cluster.device_type(p.devices[0])
-            kern = kernel_for(cm.model, tp=p.tp, layers=layers, peak=dev.peak_flops * 0.6, passes=3.0)
-            p = replace(p, cp_sharding=choose_for_micro_batches(step.seq_lengths, p.micro_batches, p.cp, kern, policy))
-        pipes.append(p)
-    return replace(step, pipelines=tuple(pipes))
-
-
-def _embed(sel: StepPlan, now: list[int], ids: tuple[int, ...], lens: tuple[int, ...], deferred: tuple[int, ...],
-           extra_ms: float) -> StepPlan:
-    """Re-index a plan of the `now` subset onto the step's full incoming list (which includes deferred ones)."""
-    pipes = tuple(replace(p, micro_batches=tuple(tuple(now[i] for i in mb) for mb in p.micro_batches))
-                  for p in sel.pipelines)
-    return replace(sel, seq_ids=ids, seq_lengths=lens, pipelines=pipes, deferred=deferred,
-                   plan_ms=sel.plan_ms + extra_ms)
+        sample = src.lengths(0, PROPOSAL_SAMPLE if src.size is None else min(src.size, PROPOSAL_SAMPLE))
+    return build_candidates(cm, args.strategies, sample, tokens_per_step=args.tokens_per_step,
+                            max_len=args.max_len, seed=args.seed)
 
 
 def plan_run(args, progress=None) -> PlanRun:
-    model, cluster = get_model(args.model), get_cluster(args.cluster)
-    cm: CostModel = (load_cost_model(args.cost_model, model, cluster) if args.cost_model
-                     else AnalyticCostModel(model, cluster))
-    candidates = build_candidates(args, cm)
-    profiles = profile_strategies(candidates, cm)
-    packer = PACKERS[args.packing]
+    cm = cost_model_of(args)
+    candidates = candidates_of(args, cm)
+    options = PlanningOptions(max_len=args.max_len, tokens_per_step=args.tokens_per_step, packing=args.packing,
+                              cp_sharding=args.cp_sharding, exact=args.exact, seed=args.seed)
     sampler = TokenBudgetSampler(length_source(args.data, args.seed), args.tokens_per_step, args.max_len,
                                  long_docs=args.long_docs, seed=args.seed)
-    wcfg = wstate = None
-    if args.packing == "wlb":
-        # WLB's N: micro-batch slots per step. A pipeline needs >= PP micro-batches to fill, so N = sum of PP degrees
-        # over the first (best expected) candidate; for one homogeneous pipeline this is the paper's PP x DP.
-        n_slots = sum(p.scheme.pp for p in candidates[0].pipelines)
-        wcfg = wlb.WLBConfig(n_micro=n_slots, max_len=max(args.max_len, math.ceil(2 * args.tokens_per_step / n_slots)),
-                             coeffs=profiles[0].pipes[0].coeffs, thresholds=wlb.default_thresholds(args.max_len))
-        wstate = wlb.WLBState()
-    steps, sels, delays = [], [], []
-
-    def plan_one(ids, lens, now, deferred, t0, waited=None):
-        arr = np.asarray(lens, dtype=np.int64)
-        if now:
-            sel = select_step(arr[now], profiles, packer=packer, seed=args.seed + len(steps), exact=args.exact,
-                              seq_ids=[ids[i] for i in now])
-            step = _embed(sel.plan, now, ids, lens, deferred, 0.0)
-        else:
-            sel, step = None, StepPlan(ids, lens, 0, (), deferred, 0.0, 0.0)
-        step = _with_cp_sharding(step, cm, args.cp_sharding)
-        step = replace(step, plan_ms=(time.perf_counter() - t0) * 1e3)
-        steps.append(step)
-        sels.append(sel)
-        w = arr[now]
-        delays.append(float(np.sum(w * np.asarray(waited)[now]) / w.sum()) if waited is not None and now else 0.0)
+    planner = StepPlanner(cm, candidates, sampler, options)
+    planned = []
+    for ps in chain(planner.steps(args.steps), planner.flush()):
+        planned.append(ps)
         if progress is not None:
-            progress(step, sel)
-
-    for st in sampler.steps(args.steps):
-        t0 = time.perf_counter()
-        if wcfg is None:
-            plan_one(st.seq_ids, st.lengths, list(range(len(st.lengths))), (), t0)
-        else:
-            res, wstate = wlb.wlb_step(wstate, st.seq_ids, st.lengths, wcfg)
-            plan_one(res.seq_ids, res.seq_lengths, sorted(res.packed), res.deferred, t0,
-                     [res.step - a for a in res.arrival])
-    if wcfg is not None and not wstate.empty:
-        flushed, wstate = wlb.wlb_flush(wstate, wcfg)
-        for res in flushed:
-            t0 = time.perf_counter()
-            plan_one(res.seq_ids, res.seq_lengths, sorted(res.packed), res.deferred, t0,
-                     [res.step - a for a in res.arrival])
-    if not steps:
+            progress(ps.plan, ps.selection)
+    if not planned:
         raise TidalError(f"data source {args.data} produced no step")
     meta = {"seed": args.seed, "data": args.data, "max_len": args.max_len, "tokens_per_step": args.tokens_per_step,
             "packing": args.packing, "cp_sharding": args.cp_sharding, "exact": args.exact,
             "long_docs": args.long_docs, "cost_model": str(args.cost_model) if args.cost_model else "analytic"}
-    plan = Plan(model.name, cluster.name, tuple(str(s) for s in candidates), tuple(steps), meta)
-    return PlanRun(plan, tuple(sels), tuple(delays), asdict(sampler.state.stats))
+    plan = Plan(cm.model.name, cm.cluster.name, tuple(str(s) for s in candidates), tuple(p.plan for p in planned),
+                meta)
+    return PlanRun(plan, tuple(p.selection for p in planned), tuple(p.token_delay for p in planned),
+                   planner.long_doc_stats)
 
 
 def run(args) -> int:

@@ -89,6 +89,7 @@ class Step:
     doc_ids: tuple[int, ...]  # index of the source document each sequence came from
     chunks: tuple[int, ...]  # chunk number within its document (0 for unsplit documents)
     stats: LongDocStats  # this step's counts
+    starts: tuple[int, ...] = ()  # offset of each sequence within its document (0 unless a later chunk of a split)
 
     @property
     def tokens(self) -> int:
@@ -133,6 +134,25 @@ class TokenBudgetSampler:
     def state(self) -> SamplerState:
         return self._state
 
+    @property
+    def long_doc_stats(self) -> dict:
+        """Cumulative long-document counts (`LongDocStats` as a dict)."""
+        return asdict(self._state.stats)
+
+    def state_dict(self) -> dict:
+        """JSON-safe state (`SamplerState.to_dict`); `load_state_dict` resumes from it exactly."""
+        return self._state.to_dict()
+
+    def load_state_dict(self, d: dict) -> None:
+        """Resume from `state_dict()` output; the configuration must match (TidalError otherwise)."""
+        st = SamplerState.from_dict(d)
+        mine = (self._state.source, self._state.seed, self._state.tokens_per_step, self._state.max_len,
+                self._state.long_docs, self._state.shuffle, self._state.cycle)
+        theirs = (st.source, st.seed, st.tokens_per_step, st.max_len, st.long_docs, st.shuffle, st.cycle)
+        if mine != theirs:
+            raise TidalError(f"sampler state does not match this configuration: state {theirs} vs {mine}")
+        self._state = st
+
     def _doc_at(self, epoch: int, position: int) -> int:
         if self.source.size is None or not self._state.shuffle:
             return position
@@ -149,6 +169,7 @@ class TokenBudgetSampler:
         lens: list[int] = []
         docs: list[int] = []
         chunks: list[int] = []
+        starts: list[int] = []
         total = 0
         size, budget, max_len = self.source.size, s.tokens_per_step, s.max_len
         while total < budget:
@@ -180,6 +201,7 @@ class TokenBudgetSampler:
             lens.append(piece)
             docs.append(doc)
             chunks.append(chunk)
+            starts.append(sum(pieces[:chunk]))
             sid += 1
             total += piece
             if chunk + 1 < len(pieces):
@@ -188,7 +210,7 @@ class TokenBudgetSampler:
                 pos, chunk = pos + 1, 0
         if not seq_ids:
             return None
-        step = Step(s.step, tuple(seq_ids), tuple(lens), tuple(docs), tuple(chunks), stats)
+        step = Step(s.step, tuple(seq_ids), tuple(lens), tuple(docs), tuple(chunks), stats, tuple(starts))
         self._state = replace(s, step=s.step + 1, epoch=epoch, position=pos, chunk=chunk, next_seq_id=sid,
                               stats=s.stats + stats)
         return step

@@ -1,0 +1,283 @@
+"""The per-step planning loop as a typed, resumable object: step source -> WLB queues -> select_step -> CP sharding.
+
+`StepPlanner` pulls one step of sequences at a time from a `StepSource` (duck-typed; `tidal.data.TokenBudgetSampler`
+satisfies it; this layer must not import `tidal.data`), optionally runs it through WLB-LLM outlier-delay queues
+(`packing="wlb"`), plans the sequences that run now with `select.select_step` over every candidate (or, with
+`rotate=True`, on candidate k % S only), chooses CP sharding per micro-batch and yields a `PlannedStep`. At the end of
+the source (or on `flush()`) WLB flush steps run whatever is still queued. `state_dict()` is JSON-safe and resumes the
+stream exactly: the source's state, the WLB queues, the table of in-flight (deferred) sequences and the step counter.
+
+Everything except `StepPlan.plan_ms` (wall clock) is deterministic in the inputs and `PlanningOptions.seed`; step k is
+selected with seed `seed + k`, as `tidal plan` always did.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
+from types import MappingProxyType
+from typing import Any, Protocol
+
+import numpy as np
+
+from tidal.core.errors import TidalError
+from tidal.core.plan import StepPlan
+from tidal.core.scheme import parse_strategies
+from tidal.core.strategy import Strategy, place
+from tidal.costmodel.base import CostModel, pipeline_device
+from tidal.costmodel.kernel import kernel_for
+from tidal.planner import packing, wlb
+from tidal.planner.cp_adaptive import choose_for_micro_batches
+from tidal.planner.proposal import propose
+from tidal.planner.select import StepSelection, StrategyProfile, profile_strategies, select_step
+
+PACKERS = MappingProxyType({"hydraulis": packing.pack, "wlb": wlb.pack, "fixed": packing.pack_fixed})
+CP_SHARDINGS = ("adaptive", "per-seq", "per-doc")
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PlanningOptions:
+    max_len: int  # longest sequence of a step (the context window)
+    tokens_per_step: int
+    packing: str = "hydraulis"  # hydraulis | wlb | fixed
+    cp_sharding: str = "adaptive"  # adaptive | per-seq | per-doc
+    exact: bool = False
+    seed: int = 0
+    rotate: bool = False  # step k on candidate k % len(candidates) only (tidal verify); else select over all
+
+    def __post_init__(self) -> None:
+        for name in ("max_len", "tokens_per_step"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise TidalError(f"planning option {name} must be a positive integer, got {v!r}")
+        if self.packing not in PACKERS:
+            raise TidalError(f"unknown packing {self.packing!r}; choose one of {', '.join(PACKERS)}")
+        if self.cp_sharding not in CP_SHARDINGS:
+            raise TidalError(f"unknown CP sharding {self.cp_sharding!r}; choose one of {', '.join(CP_SHARDINGS)}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
+            raise TidalError(f"planning option seed must be an integer, got {self.seed!r}")
+        for name in ("exact", "rotate"):
+            if not isinstance(getattr(self, name), bool):
+                raise TidalError(f"planning option {name} must be true or false, got {getattr(self, name)!r}")
+        if self.packing == "wlb" and self.max_len < 4:
+            raise TidalError(f"wlb packing needs max_len >= 4 (outlier thresholds max_len/4, max_len/2), got "
+                             f"{self.max_len}")
+
+
+class StepSource(Protocol):
+    """Where steps of sequences come from (`tidal.data.sampler.TokenBudgetSampler` satisfies it)."""
+
+    def next_step(self) -> Any:  # object with seq_ids, lengths, doc_ids, starts; or None at the end
+        ...
+
+    def state_dict(self) -> dict:
+        ...
+
+    def load_state_dict(self, d: dict) -> None:
+        ...
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    index: int  # 0, 1, 2, ... steps emitted by this planner (WLB flush steps included)
+    plan: StepPlan  # incoming sequences (deferred ones included), strategy, pipelines with cp_sharding filled
+    selection: StepSelection | None  # None for steps with nothing to run now
+    token_delay: float  # mean delay in steps of the tokens run this step (WLB), else 0
+    docs: tuple[tuple[int, int, int], ...]  # per entry of plan.seq_lengths: (doc_id, start in the document, length)
+
+
+def build_candidates(cost_model: CostModel, strategies: str, sample_lengths: np.ndarray | None, *,
+                     tokens_per_step: int, max_len: int, seed: int) -> tuple[Strategy, ...]:
+    """Candidate strategies: "auto" runs the proposal DP on `sample_lengths` (clipped to max_len); anything else is
+    parsed as `;`-separated strategies and placed on the cluster. Checks that some scheme holds max_len tokens."""
+    model, cluster = cost_model.model, cost_model.cluster
+    if strategies.strip().lower() == "auto":
+        if sample_lengths is None or len(sample_lengths) == 0:
+            raise TidalError("strategies 'auto' needs a sample of document lengths to propose candidates from")
+        sample = np.minimum(np.asarray(sample_lengths, dtype=np.int64), max_len)
+        cands = propose(sample, cost_model, tokens_per_step=tokens_per_step, max_len=max_len, seed=seed).strategies
+    else:
+        cands = tuple(place(s, cluster, model) for s in parse_strategies(strategies))
+    if not cands:
+        raise TidalError("no candidate strategy to plan with")
+    best = max((cost_model.max_len(p.scheme, pipeline_device(cluster, p)), str(p.scheme))
+               for s in cands for p in s.pipelines)
+    if best[0] < max_len:
+        raise TidalError(f"--max-len {max_len} exceeds the MaxLen of every scheme (largest {best[0]} for "
+                         f"{best[1]}); lower --max-len or add a scheme with more TP/CP")
+    return tuple(cands)
+
+
+def with_cp_sharding(step: StepPlan, cost_model: CostModel, policy: str) -> StepPlan:
+    """Fill `cp_sharding` of every CP > 1 pipeline with micro-batches (cp_adaptive under `policy`)."""
+    pipes = []
+    for p in step.pipelines:
+        if p.cp > 1 and p.micro_batches:
+            layers = max(p.layer_split) if p.layer_split else cost_model.model.layers
+            dev = cost_model.cluster.device_type(p.devices[0])
+            kern = kernel_for(cost_model.model, tp=p.tp, layers=layers, peak=dev.peak_flops * 0.6, passes=3.0)
+            p = replace(p, cp_sharding=choose_for_micro_batches(step.seq_lengths, p.micro_batches, p.cp, kern,
+                                                                policy))
+        pipes.append(p)
+    return replace(step, pipelines=tuple(pipes))
+
+
+def _embed(sel: StepPlan, now: list[int], ids: tuple[int, ...], lens: tuple[int, ...],
+           deferred: tuple[int, ...]) -> StepPlan:
+    """Re-index a plan of the `now` subset onto the step's full incoming list (which includes deferred ones)."""
+    pipes = tuple(replace(p, micro_batches=tuple(tuple(now[i] for i in mb) for mb in p.micro_batches))
+                  for p in sel.pipelines)
+    return replace(sel, seq_ids=ids, seq_lengths=lens, pipelines=pipes, deferred=deferred)
+
+
+class StepPlanner:
+    """Plans a stream of steps; `next()` -> PlannedStep or None when the source and the WLB queues are empty."""
+
+    def __init__(self, cost_model: CostModel, candidates: Sequence[Strategy], source: StepSource,
+                 options: PlanningOptions) -> None:
+        if not isinstance(options, PlanningOptions):
+            raise TidalError(f"options must be PlanningOptions, got {type(options).__name__}")
+        self.cost_model = cost_model
+        self.candidates: tuple[Strategy, ...] = tuple(candidates)
+        self.profiles: tuple[StrategyProfile, ...] = profile_strategies(self.candidates, cost_model)
+        self.source = source
+        self.options = options
+        self._packer = PACKERS[options.packing]
+        self._wcfg: wlb.WLBConfig | None = None
+        if options.packing == "wlb":
+            # WLB's N: micro-batch slots per step. A pipeline needs >= PP micro-batches to fill, so N = sum of PP
+            # degrees over the first (best expected) candidate; for one homogeneous pipeline the paper's PP x DP.
+            n_slots = sum(p.scheme.pp for p in self.candidates[0].pipelines)
+            self._wcfg = wlb.WLBConfig(
+                n_micro=n_slots, max_len=max(options.max_len, math.ceil(2 * options.tokens_per_step / n_slots)),
+                coeffs=self.profiles[0].pipes[0].coeffs, thresholds=wlb.default_thresholds(options.max_len))
+        self._wstate = wlb.WLBState()
+        self._in_flight: dict[int, tuple[int, int, int]] = {}  # deferred seq_id -> (doc_id, start, length)
+        self._index = 0
+        self._exhausted = False  # the source returned None (or flush() was called): only flush steps remain
+
+    @property
+    def long_doc_stats(self) -> dict:
+        """The source's cumulative long-document counts ({} if the source does not keep them)."""
+        return dict(getattr(self.source, "long_doc_stats", None) or {})
+
+    # -- planning ---------------------------------------------------------------------------------------------
+
+    def _plan(self, ids: tuple[int, ...], lens: tuple[int, ...], now: list[int], deferred: tuple[int, ...],
+              docs: tuple[tuple[int, int, int], ...], t0: float, waited: list[int] | None) -> PlannedStep:
+        k, opt = self._index, self.options
+        arr = np.asarray(lens, dtype=np.int64)
+        if opt.rotate:
+            c = k % len(self.profiles)
+            profiles: tuple[StrategyProfile, ...] = (self.profiles[c],)
+        else:
+            c, profiles = 0, self.profiles
+        if now:
+            sel = select_step(arr[now], profiles, packer=self._packer, seed=opt.seed + k, exact=opt.exact,
+                              seq_ids=[ids[i] for i in now])
+            if opt.rotate:
+                sel = replace(sel, plan=replace(sel.plan, strategy=c),
+                              strategies=tuple(replace(r, index=c) for r in sel.strategies))
+            step = _embed(sel.plan, now, ids, lens, deferred)
+        else:
+            sel, step = None, StepPlan(ids, lens, c, (), deferred, 0.0, 0.0)
+        step = with_cp_sharding(step, self.cost_model, opt.cp_sharding)
+        step = replace(step, plan_ms=(time.perf_counter() - t0) * 1e3)
+        w = arr[now]
+        delay = float(np.sum(w * np.asarray(waited)[now]) / w.sum()) if waited is not None and now else 0.0
+        self._index += 1
+        return PlannedStep(k, step, sel, delay, docs)
+
+    def _wlb(self, res: wlb.WLBStep, t0: float) -> PlannedStep:
+        docs = tuple(self._in_flight[i] for i in res.seq_ids)
+        self._in_flight = {res.seq_ids[i]: docs[i] for i in res.deferred}
+        return self._plan(res.seq_ids, res.seq_lengths, sorted(res.packed), res.deferred, docs, t0,
+                          [res.step - a for a in res.arrival])
+
+    def _flush_step(self) -> PlannedStep | None:
+        assert self._wcfg is not None
+        if self._wstate.empty:
+            return None
+        t0 = time.perf_counter()
+        res, self._wstate = wlb.wlb_step(self._wstate, [], [], self._wcfg, flush=True)
+        if not res.packed:  # cannot happen: the largest pending document always fits an empty micro-batch
+            raise TidalError("WLB flush made no progress")
+        return self._wlb(res, t0)
+
+    def next(self) -> PlannedStep | None:
+        """The next planned step; None once the source is exhausted and every WLB queue is flushed."""
+        if not self._exhausted:
+            st = self.source.next_step()
+            if st is None:
+                self._exhausted = True
+            else:
+                t0 = time.perf_counter()
+                ids = tuple(int(x) for x in st.seq_ids)
+                lens = tuple(int(x) for x in st.lengths)
+                if not len(ids) == len(lens) == len(st.doc_ids) == len(st.starts):
+                    raise TidalError(f"step source gave {len(ids)} seq_ids, {len(lens)} lengths, "
+                                     f"{len(st.doc_ids)} doc_ids and {len(st.starts)} starts")
+                docs = tuple((int(d), int(s), ln) for d, s, ln in zip(st.doc_ids, st.starts, lens))
+                if self._wcfg is None:
+                    return self._plan(ids, lens, list(range(len(lens))), (), docs, t0, None)
+                self._in_flight.update(zip(ids, docs))
+                res, self._wstate = wlb.wlb_step(self._wstate, ids, lens, self._wcfg)
+                return self._wlb(res, t0)
+        return None if self._wcfg is None else self._flush_step()
+
+    def __iter__(self) -> Iterator[PlannedStep]:
+        while (ps := self.next()) is not None:
+            yield ps
+
+    def steps(self, n: int) -> Iterator[PlannedStep]:
+        """At most `n` steps (steps from the source; WLB flush steps once it is exhausted count too)."""
+        for _ in range(n):
+            ps = self.next()
+            if ps is None:
+                return
+            yield ps
+
+    def flush(self) -> Iterator[PlannedStep]:
+        """End the stream now: draw nothing more from the source and yield the WLB flush steps of whatever is still
+        queued (none without WLB). `tidal plan --steps N` plans N steps, then flushes."""
+        self._exhausted = True
+        yield from self
+
+    # -- resumable state --------------------------------------------------------------------------------------
+
+    def _fingerprint(self) -> dict:
+        return {"options": asdict(self.options), "candidates": [str(s) for s in self.candidates]}
+
+    def state_dict(self) -> dict:
+        """JSON-safe: the source's state, WLB queues, in-flight (deferred) sequences, step counter, configuration."""
+        return {
+            "version": STATE_VERSION,
+            **self._fingerprint(),
+            "index": self._index,
+            "exhausted": self._exhausted,
+            "source": self.source.state_dict(),
+            "wlb": self._wstate.to_dict(),
+            "in_flight": [[sid, *doc] for sid, doc in sorted(self._in_flight.items())],
+        }
+
+    def load_state_dict(self, d: dict) -> None:
+        """Resume from `state_dict()` output of a planner with the same options and candidates."""
+        try:
+            if d["version"] != STATE_VERSION:
+                raise TidalError(f"planner state version {d['version']} is not {STATE_VERSION}")
+            fp = {"options": dict(d["options"]), "candidates": list(d["candidates"])}
+            if fp != self._fingerprint():
+                raise TidalError(f"planner state does not match this planner: state {fp} vs {self._fingerprint()}")
+            wstate = wlb.WLBState.from_dict(d["wlb"])
+            in_flight = {int(r[0]): (int(r[1]), int(r[2]), int(r[3])) for r in d["in_flight"]}
+            index, exhausted = int(d["index"]), bool(d["exhausted"])
+            source = d["source"]
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise TidalError(f"malformed planner state: {type(e).__name__}: {e}") from None
+        if {p.seq_id for p in wstate.pending} != set(in_flight):
+            raise TidalError("malformed planner state: in-flight sequences do not match the WLB queues")
+        self.source.load_state_dict(source)
+        self._wstate, self._in_flight, self._index, self._exhausted = wstate, in_flight, index, exhausted
