@@ -14,7 +14,8 @@ Backends (``BACKENDS``):
   materialised by gathering each segment's keys.
 * ``"flex"``: ``torch.nn.attention.flex_attention`` with a document/causal ``mask_mod``. PyTorch has no FlexAttention
   backward on CPU, so on CPU it is used only when no input requires grad.
-* ``"sdpa"``: ``scaled_dot_product_attention`` with a dense boolean document mask (``[Tq, Tk]`` memory).
+* ``"sdpa"``: ``scaled_dot_product_attention`` once per segment (causal kernel, or the segment's own
+  bottom-right mask for CP pieces): work and memory follow the documents, not the packed micro-batch.
 * ``"reference"``: pure torch, one segment at a time, explicit softmax; the ground truth the others are tested against.
 * ``"auto"``: the first available of flash, flex, sdpa, reference.
 
@@ -144,17 +145,29 @@ def _attn_reference(q, k, v, meta: VarlenMeta, scale: float) -> torch.Tensor:
     return torch.cat(outs, dim=0) if outs else q.new_zeros(q.shape)
 
 
-def _dense_mask(meta: VarlenMeta, tk: int, device) -> torch.Tensor:
-    lo, hi = meta.key_bounds()
-    j = torch.arange(tk)[None, :]
-    return ((j >= lo[:, None]) & (j < hi[:, None])).to(device)
-
-
 def _attn_sdpa(q, k, v, meta: VarlenMeta, scale: float) -> torch.Tensor:
-    mask = _dense_mask(meta, k.shape[0], q.device)
-    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                         attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
-    return out[0].transpose(0, 1)
+    """One SDPA call per segment: causal (flash kernel on CPU and GPU) when a segment's queries and keys coincide,
+    else with the segment's own bottom-right [Lq, Lk] mask (CP pieces). Never a [Tq, Tk] mask over the micro-batch,
+    so time and memory follow sum of l^2 over documents, not (sum of l)^2."""
+    gqa = q.shape[1] != k.shape[1]
+    cu = meta.cu_seqlens_q.tolist()
+    ks, kl = meta.k_start.tolist(), meta.k_len.tolist()
+    outs = []
+    for s in range(len(kl)):
+        lq, lk = cu[s + 1] - cu[s], kl[s]
+        if lq == 0:
+            continue
+        qs = q[cu[s] : cu[s + 1]].transpose(0, 1)[None]
+        kk = k[ks[s] : ks[s] + lk].transpose(0, 1)[None]
+        vv = v[ks[s] : ks[s] + lk].transpose(0, 1)[None]
+        if lq == lk:
+            o = F.scaled_dot_product_attention(qs, kk, vv, is_causal=True, scale=scale, enable_gqa=gqa)
+        else:
+            ar = torch.arange(lk, device=q.device)
+            allowed = ar[None, :] <= ar[:lq, None] + (lk - lq)
+            o = F.scaled_dot_product_attention(qs, kk, vv, attn_mask=allowed, scale=scale, enable_gqa=gqa)
+        outs.append(o[0].transpose(0, 1))
+    return torch.cat(outs, dim=0) if outs else q.new_zeros(q.shape)
 
 
 def _attn_flex(q, k, v, meta: VarlenMeta, scale: float) -> torch.Tensor:

@@ -1,0 +1,127 @@
+"""`tidal train` configuration: one TOML file mapped onto nested frozen dataclasses, validated before any process
+group exists (torchtitan's order: parse, validate, then start ranks).
+
+Sections and keys (all optional except where noted; see docs/training.md for the full reference)::
+
+    [model]      name = "tiny", attn_backend = "auto"
+    [world]      cluster = "cpux4"                  # TYPExN; N must equal the number of ranks
+    [data]       source = "stdlib", max_len, tokens_per_step, long_docs = "split", seed
+    [planner]    strategies = "auto" | "tp2+2*tp1;4*tp1", packing = "hydraulis"|"wlb"|"fixed",
+                 cp_sharding = "adaptive", rotate = false, cost_model = "" (path to a fitted model or profile)
+    [optimizer]  lr, beta1, beta2, eps, weight_decay, clip, warmup_steps, decay_steps, min_lr_ratio
+    [train]      steps, seed, schedule = "1f1b"|"gpipe", master_dtype = "float32", compute_dtype = "float32",
+                 metrics = "" (JSONL path), progress = true
+
+An unknown section or key, a wrong type, or a config that cannot run (world size vs cluster, a strategy needing
+more devices, a scheme that does not fit memory, TP not dividing the heads) raises TidalError with one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from tidal.core.errors import TidalError
+from tidal.runtime.optim import OptimConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "tiny"
+    attn_backend: str = "auto"
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    cluster: str = "cpux4"
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = "stdlib"  # stdlib | stdlib:tests | random:synthetic:NAME | random:lengths:FILE
+    max_len: int = 1024
+    tokens_per_step: int = 8192
+    long_docs: str = "split"
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    strategies: str = "auto"
+    packing: str = "hydraulis"
+    cp_sharding: str = "adaptive"
+    rotate: bool = False
+    cost_model: str = ""
+
+
+@dataclass(frozen=True)
+class TrainSection:
+    steps: int = 20
+    seed: int = 0
+    schedule: str = "1f1b"
+    master_dtype: str = "float32"
+    compute_dtype: str = "float32"
+    metrics: str = ""
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    world: WorldConfig = field(default_factory=WorldConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    optimizer: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainSection = field(default_factory=TrainSection)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _typed(section: str, cls, raw: Any):
+    if not isinstance(raw, dict):
+        raise TidalError(f"config section [{section}] must be a table")
+    known = {f.name: f for f in fields(cls)}
+    kw = {}
+    for key, value in raw.items():
+        if key not in known:
+            raise TidalError(f"config [{section}]: unknown key {key!r}; known: {', '.join(known)}")
+        want = type(getattr(cls(), key)) if key not in ("beta1", "beta2") else float
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+            raise TidalError(f"config [{section}] {key}: expected {want.__name__}, got {type(value).__name__} "
+                             f"{value!r}")
+        kw[key] = value
+    return cls(**kw)
+
+
+def config_from_dict(d: dict) -> TrainConfig:
+    known = {f.name: f for f in fields(TrainConfig)}
+    parts = {}
+    for section, raw in d.items():
+        if section not in known:
+            raise TidalError(f"config: unknown section [{section}]; known: {', '.join(known)}")
+        parts[section] = _typed(section, known[section].default_factory, raw)
+    return TrainConfig(**parts)
+
+
+def load_config(path: str | Path) -> TrainConfig:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise TidalError(f"cannot read config {p}: {e.strerror}") from None
+    try:
+        d = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise TidalError(f"{p}: malformed TOML: {e}") from None
+    return config_from_dict(d)

@@ -1,0 +1,189 @@
+"""The training loop behind `tidal train` and `tidal demo`: validate a config, then run it on every rank.
+
+:func:`prepare` resolves and validates everything before any process group exists (model, cluster vs world size,
+corpus, cost model, candidate strategies placed and costed, planning and execution options). :func:`train_worker`
+is one rank's loop: rank 0 plans each step with the :class:`tidal.planner.stepper.StepPlanner` and broadcasts the
+step plan and its documents (docs/decisions.md: one planner, no cross-rank determinism assumptions); every rank
+fetches the tokens of the sequences its pipeline runs and calls :meth:`Executor.train_step`. Per-rank figures are
+all-gathered so rank 0 writes one JSONL row per step (docs/training.md lists the fields).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from tidal.core.cluster import ClusterSpec, get_cluster
+from tidal.core.errors import TidalError
+from tidal.core.model import ModelSpec, get_model, param_table
+from tidal.core.plan import StepPlan
+from tidal.core.strategy import Strategy
+from tidal.costmodel.analytic import AnalyticCostModel
+from tidal.costmodel.fitted import load_cost_model
+from tidal.data.corpus import corpus_from_spec
+from tidal.data.sampler import TokenBudgetSampler
+from tidal.models.attention import BACKENDS
+from tidal.planner.select import profile_strategies
+from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates
+from tidal.runtime.config import TrainConfig
+from tidal.runtime.executor import ExecConfig, Executor, fetch_from
+from tidal.runtime.groups import GroupCache
+from tidal.runtime.pp import SCHEDULES
+
+PROPOSAL_SAMPLE = 20000
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated, runnable job (picklable: it travels to spawned ranks)."""
+
+    config: TrainConfig
+    spec: ModelSpec
+    cluster: ClusterSpec
+    cost_model: object
+    candidates: tuple[Strategy, ...]
+    options: PlanningOptions
+    exec_config: ExecConfig
+
+    @property
+    def world(self) -> int:
+        return self.cluster.num_devices
+
+
+def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
+    """Everything that can be checked before ranks start; raises TidalError with one line otherwise."""
+    spec = get_model(cfg.model.name)
+    cluster = get_cluster(cfg.world.cluster)
+    if nproc is not None and nproc != cluster.num_devices:
+        raise TidalError(f"world size {nproc} does not match cluster {cluster.name} ({cluster.num_devices} devices); "
+                         f"set [world] cluster to TYPEx{nproc}")
+    if cfg.model.attn_backend not in BACKENDS:
+        raise TidalError(f"unknown attention backend {cfg.model.attn_backend!r}; choose one of {', '.join(BACKENDS)}")
+    if cfg.train.schedule not in SCHEDULES:
+        raise TidalError(f"unknown pipeline schedule {cfg.train.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if cfg.train.steps < 1:
+        raise TidalError(f"[train] steps must be >= 1, got {cfg.train.steps}")
+    for info in param_table(spec):
+        if info.shape[0] < cluster.num_devices:
+            raise TidalError(f"model {spec.name}: {info.name} has {info.shape[0]} rows, fewer than the "
+                             f"{cluster.num_devices} ranks that shard the optimizer state")
+    corpus = corpus_from_spec(cfg.data.source, seed=cfg.data.seed, vocab=spec.vocab)
+    if corpus.vocab > spec.vocab:
+        raise TidalError(f"corpus {cfg.data.source} has vocabulary {corpus.vocab} > model {spec.name}'s {spec.vocab}")
+    cm = (load_cost_model(cfg.planner.cost_model, spec, cluster) if cfg.planner.cost_model
+          else AnalyticCostModel(spec, cluster))
+    options = PlanningOptions(max_len=cfg.data.max_len, tokens_per_step=cfg.data.tokens_per_step,
+                              packing=cfg.planner.packing, cp_sharding=cfg.planner.cp_sharding, seed=cfg.data.seed,
+                              rotate=cfg.planner.rotate)
+    sample = None
+    if cfg.planner.strategies.strip().lower() == "auto":
+        src = corpus.length_source()
+        n = PROPOSAL_SAMPLE if src.size is None else min(src.size, PROPOSAL_SAMPLE)
+        sample = np.minimum(src.lengths(0, n), cfg.data.max_len)
+    candidates = build_candidates(cm, cfg.planner.strategies, sample, tokens_per_step=cfg.data.tokens_per_step,
+                                  max_len=cfg.data.max_len, seed=cfg.data.seed)
+    for s in candidates:
+        if s.num_devices > cluster.num_devices:
+            raise TidalError(f"strategy {s} needs {s.num_devices} devices; the world has {cluster.num_devices}")
+    profile_strategies(candidates, cm)  # a scheme that does not fit memory raises here
+    ex = ExecConfig(seed=cfg.train.seed, master_dtype=cfg.train.master_dtype, compute_dtype=cfg.train.compute_dtype,
+                    schedule=cfg.train.schedule, attn_backend=cfg.model.attn_backend)
+    if cfg.train.metrics:
+        parent = Path(cfg.train.metrics).parent
+        if not parent.is_dir():
+            raise TidalError(f"metrics path {cfg.train.metrics}: directory {parent} does not exist")
+    return Prepared(cfg, spec, cluster, cm, candidates, options, ex)
+
+
+def make_planner(job: Prepared) -> tuple[StepPlanner, object]:
+    cfg = job.config
+    corpus = corpus_from_spec(cfg.data.source, seed=cfg.data.seed, vocab=job.spec.vocab)
+    src = corpus.length_source()
+    sampler = TokenBudgetSampler(src, cfg.data.tokens_per_step, cfg.data.max_len, long_docs=cfg.data.long_docs,
+                                 seed=cfg.data.seed, cycle=src.size is not None)
+    return StepPlanner(job.cost_model, job.candidates, sampler, job.options), corpus
+
+
+_RANK_FIELDS = ("busy_s", "compute_busy_s", "wall_s", "pull_s", "push_s", "pull_bytes", "push_bytes")
+
+
+def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict], None] | None = None) -> list[dict]:
+    """One rank's training loop; returns the per-step rows on rank 0 (an empty list elsewhere)."""
+    torch.set_num_threads(1)  # ranks share the machine's cores; one intra-op thread each
+    cfg = job.config
+    groups = GroupCache()
+    executor = Executor(job.spec, job.cluster, job.candidates, job.exec_config, cfg.optimizer, groups)
+    planner, corpus = make_planner(job) if rank == 0 else (None, None)
+    if rank != 0:
+        corpus = corpus_from_spec(cfg.data.source, seed=cfg.data.seed, vocab=job.spec.vocab)
+    rows: list[dict] = []
+    out = open(cfg.train.metrics, "w") if (rank == 0 and cfg.train.metrics) else None  # noqa: SIM115
+    try:
+        for _ in range(cfg.train.steps):
+            t_plan = time.perf_counter()
+            box = [None]
+            if rank == 0:
+                ps = planner.next()
+                if ps is not None:
+                    box = [(ps.index, ps.plan.to_dict(), ps.docs, ps.token_delay)]
+            plan_s = time.perf_counter() - t_plan
+            dist.broadcast_object_list(box, src=0)
+            if box[0] is None:
+                break
+            index, plan_d, docs, delay = box[0]
+            step = StepPlan.from_dict(plan_d)
+            m = executor.train_step(step, fetch_from(docs, corpus))
+            mine = torch.tensor([getattr(m, f) for f in _RANK_FIELDS], dtype=torch.float64)
+            every = [torch.zeros_like(mine) for _ in range(world)]
+            dist.all_gather(every, mine)
+            if rank == 0:
+                row = _row(index, step, job, m, torch.stack(every).numpy(), plan_s, delay)
+                rows.append(row)
+                if out is not None:
+                    out.write(json.dumps(row) + "\n")
+                    out.flush()
+                if on_step is not None:
+                    on_step(row)
+    finally:
+        if out is not None:
+            out.close()
+    return rows
+
+
+def _row(index: int, step: StepPlan, job: Prepared, m, per_rank: np.ndarray, plan_s: float, delay: float) -> dict:
+    col = {f: per_rank[:, i] for i, f in enumerate(_RANK_FIELDS)}
+    busy = col["busy_s"]
+    wall = float(col["wall_s"].max())
+    return {
+        "step": index,
+        "strategy": str(job.candidates[step.strategy]),
+        "strategy_index": step.strategy,
+        "documents": m.sequences,
+        "deferred": len(step.deferred),
+        "tokens": m.tokens,
+        "loss": m.loss,
+        "wall_s": wall,
+        "busy_s": [float(x) for x in busy],
+        "critical_path_s": float(busy.max()),
+        "imbalance": float(busy.max() / busy.mean()) if busy.mean() > 0 else 1.0,
+        "compute_busy_s": [float(x) for x in col["compute_busy_s"]],
+        "est_step_time_s": step.est_step_time,
+        "lower_bound_s": step.lower_bound,
+        "plan_s": plan_s,
+        "token_delay": delay,
+        "pull_s": float(col["pull_s"].max()),
+        "push_s": float(col["push_s"].max()),
+        "pull_bytes": int(col["pull_bytes"].sum()),
+        "push_bytes": int(col["push_bytes"].sum()),
+        "grad_norm": m.optim.get("grad_norm", math.nan),
+        "lr": m.optim.get("lr", math.nan),
+        "tokens_per_s": m.tokens / wall if wall > 0 else 0.0,
+    }
