@@ -114,3 +114,36 @@ def test_state_mismatch_rejected():
         sample_steps("synthetic:github", seed=2, tokens_per_step=1000, max_len=100, steps=2, state=state)
     with pytest.raises(TidalError):
         SamplerState.from_dict({"source": "x"})
+
+
+@pytest.mark.parametrize("policy", ["split", "truncate"])
+def test_starts_are_offsets_within_the_document(tmp_path, policy):
+    lens = [25, 3, 61, 10, 40]
+    src = _file_source(tmp_path, lens)
+    steps = list(TokenBudgetSampler(src, 30, 20, long_docs=policy, seed=1).steps())
+    got: dict[int, list[tuple[int, int, int]]] = {}
+    for s in steps:
+        assert len(s.starts) == len(s.seq_ids)
+        for d, c, st_, ln in zip(s.doc_ids, s.chunks, s.starts, s.lengths):
+            got.setdefault(d, []).append((c, st_, ln))
+    for d, pieces in got.items():
+        if policy == "truncate":
+            assert pieces == [(0, 0, min(lens[d], 20))]
+            continue
+        assert [c for c, _, _ in pieces] == list(range(len(pieces)))
+        assert [st_ for _, st_, _ in pieces] == [sum(split_sizes(lens[d], 20)[:c]) for c in range(len(pieces))]
+        assert pieces[-1][1] + pieces[-1][2] == lens[d]
+
+
+def test_state_dict_round_trip_resumes_exactly():
+    src = length_source("synthetic:github", 5)
+    a = TokenBudgetSampler(src, 50000, 8192, seed=5)
+    ref = list(a.steps(6))
+    b = TokenBudgetSampler(src, 50000, 8192, seed=5)
+    first = list(b.steps(2))
+    c = TokenBudgetSampler(src, 50000, 8192, seed=5)
+    c.load_state_dict(json.loads(json.dumps(b.state_dict())))
+    assert first + list(c.steps(4)) == ref
+    assert c.long_doc_stats == a.long_doc_stats and c.long_doc_stats["docs"] > 0
+    with pytest.raises(TidalError, match="does not match"):
+        TokenBudgetSampler(src, 50000, 4096, seed=5).load_state_dict(b.state_dict())

@@ -1,5 +1,6 @@
-"""Length sources, token-budget step sampling, long-document policy and resumable sampler state (docs/data.md)."""
+"""Token corpora, length sources, token-budget sampling, long-document policy, resumable state (docs/data.md)."""
 
+from tidal.data.corpus import RandomTokenCorpus, StdlibCorpus, TokenCorpus, corpus_from_spec
 from tidal.data.sampler import (
     LONG_DOC_POLICIES,
     LongDocStats,
@@ -12,6 +13,7 @@ from tidal.data.sampler import (
 from tidal.data.sources import SYNTHETIC, LengthSource, length_source, load_lengths
 
 __all__ = [
-    "LONG_DOC_POLICIES", "SYNTHETIC", "LengthSource", "LongDocStats", "SamplerState", "Step", "TokenBudgetSampler",
-    "length_source", "load_lengths", "sample_steps", "split_sizes",
+    "LONG_DOC_POLICIES", "SYNTHETIC", "LengthSource", "LongDocStats", "RandomTokenCorpus", "SamplerState",
+    "StdlibCorpus", "Step", "TokenBudgetSampler", "TokenCorpus", "corpus_from_spec", "length_source", "load_lengths",
+    "sample_steps", "split_sizes",
 ]

@@ -59,6 +59,8 @@ class PlanningOptions:
             raise TidalError(f"unknown CP sharding {self.cp_sharding!r}; choose one of {', '.join(CP_SHARDINGS)}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
             raise TidalError(f"planning option seed must be an integer, got {self.seed!r}")
+        for name in ("max_len", "tokens_per_step", "seed"):  # numpy integers -> int, so state_dict() is JSON-safe
+            object.__setattr__(self, name, int(getattr(self, name)))
         for name in ("exact", "rotate"):
             if not isinstance(getattr(self, name), bool):
                 raise TidalError(f"planning option {name} must be true or false, got {getattr(self, name)!r}")
