@@ -84,3 +84,42 @@ def summary(con: Console, run) -> None:
         t.add_row("long documents", f"{st['split_docs']} split (+{st['split_extra_seqs']} seqs), "
                                     f"{st['truncated_docs']} truncated ({st['truncated_tokens']:,} tokens cut)")
     con.print(t)
+
+
+def train_summary(con: Console, rows: list[dict], metrics_path: str = "") -> None:
+    """Per-strategy and overall figures of a training run (from its per-step rows)."""
+    t = Table(title=f"training: {len(rows)} steps", title_justify="left")
+    for c in ("strategy", "steps", "tokens", "mean loss", "critical path s", "wall s", "pull+push share"):
+        t.add_column(c, justify="right" if c != "strategy" else "left")
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(r["strategy"], []).append(r)
+    for name, rs in sorted(by.items(), key=lambda kv: -len(kv[1])):
+        t.add_row(name, str(len(rs)), f"{sum(r['tokens'] for r in rs):,}", f"{np.mean([r['loss'] for r in rs]):.4f}",
+                  f"{sum(r['critical_path_s'] for r in rs):.2f}", f"{sum(r['wall_s'] for r in rs):.2f}",
+                  f"{_share(rs):.1%}")
+    con.print(t)
+    tok = sum(r["tokens"] for r in rows)
+    wall = sum(r["wall_s"] for r in rows)
+    con.print(f"final loss {rows[-1]['loss']:.4f} | {tok:,} tokens in {wall:.1f} s wall ({tok / wall:,.0f} tok/s) | "
+              f"critical path {sum(r['critical_path_s'] for r in rows):.1f} s | pull+push {_share(rows):.1%} of wall"
+              + (f" | metrics: {metrics_path}" if metrics_path else ""))
+
+
+def _share(rows: list[dict]) -> float:
+    wall = sum(r["wall_s"] for r in rows)
+    return sum(r["pull_s"] + r["push_s"] for r in rows) / wall if wall > 0 else 0.0
+
+
+def verify_table(con: Console, rows: list[dict], ref_losses: list[float], rep: dict, tol: dict, ok: bool) -> None:
+    t = Table(title="distributed vs one process", title_justify="left")
+    for c in ("step", "strategy", "docs", "tokens", "loss", "reference loss", "rel. diff"):
+        t.add_column(c, justify="right" if c != "strategy" else "left")
+    for r, x in zip(rows, ref_losses):
+        t.add_row(str(r["step"]), r["strategy"], str(r["documents"]), f"{r['tokens']:,}", f"{r['loss']:.10f}",
+                  f"{x:.10f}", f"{abs(r['loss'] - x) / abs(x):.1e}" if x == x else "-")
+    con.print(t)
+    con.print(f"max relative difference: loss {rep['loss']:.2e} (tol {tol['loss']:.0e}) | parameters "
+              f"{rep['params']:.2e} at {rep['params_at']} (tol {tol['params']:.0e}) | Adam moments "
+              f"{rep['moments']:.2e} at {rep['moments_at']} (tol {tol['moments']:.0e})")
+    con.print("[bold green]PASS[/]" if ok else "[bold red]FAIL[/]")

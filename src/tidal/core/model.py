@@ -114,6 +114,9 @@ MODEL_PRESETS: MappingProxyType[str, ModelSpec] = MappingProxyType(
     {
         # tiny: 6 layers so PP=4 can split unevenly; 8 heads over 4 KV heads (GQA) so TP=4 divides both.
         "tiny": ModelSpec("tiny", layers=6, hidden=64, heads=8, kv_heads=4, ffn=176, vocab=256),
+        # tiny-tied: the same with a tied input/output embedding (first and last stage share it under PP)
+        "tiny-tied": ModelSpec("tiny-tied", layers=6, hidden=64, heads=8, kv_heads=4, ffn=176, vocab=256,
+                               tie_embeddings=True),
         "small": ModelSpec("small", layers=8, hidden=256, heads=8, kv_heads=4, ffn=704, vocab=4096),
         "llama2-7b": ModelSpec("llama2-7b", 32, 4096, 32, 32, 11008, 32000),
         "llama2-13b": ModelSpec("llama2-13b", 40, 5120, 40, 40, 13824, 32000),

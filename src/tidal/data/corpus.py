@@ -20,6 +20,7 @@ Specs (`corpus_from_spec`):
 from __future__ import annotations
 
 import os
+import re
 import sysconfig
 from pathlib import Path
 from typing import Protocol
@@ -54,6 +55,10 @@ def _check_range(spec: str, doc_id: int, start: int, length: int, n_docs: int | 
         raise TidalError(f"corpus {spec}: bad slice start={start} length={length} of document {doc_id}")
 
 
+UNITS = ("file", "def")
+_TOP_LEVEL = re.compile(rb"\n(?=(?:def |class |async def |@))")
+
+
 def stdlib_root() -> Path:
     """The running Python's standard-library directory (sysconfig's `stdlib` path)."""
     return Path(sysconfig.get_paths()["stdlib"])
@@ -68,7 +73,7 @@ class StdlibCorpus:
     vocab = BYTE_VOCAB
 
     def __init__(self, *, include_tests: bool = False, max_docs: int | None = None, min_len: int = 2,
-                 root: str | Path | None = None) -> None:
+                 root: str | Path | None = None, unit: str = "file") -> None:
         if min_len < 2:
             raise TidalError(f"stdlib corpus: min_len must be >= 2 tokens (a sequence needs 2), got {min_len}")
         if max_docs is not None and max_docs < 1:
@@ -76,7 +81,9 @@ class StdlibCorpus:
         self.root = Path(root) if root is not None else stdlib_root()
         if not self.root.is_dir():
             raise TidalError(f"stdlib corpus: {self.root} is not a directory")
-        self.spec = "stdlib:tests" if include_tests else "stdlib"
+        if unit not in UNITS:
+            raise TidalError(f"stdlib corpus: unit must be one of {', '.join(UNITS)}, got {unit!r}")
+        self.spec = "stdlib:tests" if include_tests else ("stdlib:defs" if unit == "def" else "stdlib")
         skip = SKIP_DIRS if include_tests else SKIP_DIRS | TEST_DIRS
         found: list[tuple[str, int]] = []
         for dirpath, dirnames, filenames in os.walk(self.root):
@@ -87,15 +94,31 @@ class StdlibCorpus:
                     if os.path.isfile(p):
                         found.append((os.path.relpath(p, self.root), os.path.getsize(p)))
         found.sort()
+        if unit == "def":
+            found = self._blocks(found)
         kept = [(p, n) for p, n in found if n >= min_len]
         self.skipped = len(found) - len(kept)
         if max_docs is not None:
             kept = kept[:max_docs]
         if not kept:
             raise TidalError(f"stdlib corpus: no .py file of >= {min_len} bytes under {self.root}")
-        self.paths: tuple[str, ...] = tuple(p for p, _ in kept)  # relative to root; doc_id = index
+        self.paths: tuple[str, ...] = tuple(p.rsplit("@", 1)[0] for p, _ in kept)  # relative; doc_id = index
+        self.offsets = np.asarray([int(p.rsplit("@", 1)[1]) if "@" in p else 0 for p, _ in kept], dtype=np.int64)
         self.sizes = np.asarray([n for _, n in kept], dtype=np.int64)  # tokens (bytes) per document
         self._lengths = LengthSource(self.spec, 0, len(kept), data=self.sizes - 1)
+
+    def _blocks(self, files: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """Split each file at top-level `def` / `class` / `async def` / decorator lines: every byte lands in exactly
+        one block, named `path@offset`."""
+        out = []
+        for rel, _size in files:
+            try:
+                raw = (self.root / rel).read_bytes()
+            except OSError as e:
+                raise TidalError(f"corpus stdlib:defs: cannot read {self.root / rel}: {e.strerror}") from None
+            cuts = [0] + [m.start() + 1 for m in _TOP_LEVEL.finditer(raw)] + [len(raw)]
+            out += [(f"{rel}@{a}", b - a) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+        return out
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -113,7 +136,7 @@ class StdlibCorpus:
         path = self.root / self.paths[doc_id]
         try:
             with open(path, "rb") as fh:
-                fh.seek(start)
+                fh.seek(int(self.offsets[doc_id]) + start)
                 raw = fh.read(length + 1)
         except OSError as e:
             raise TidalError(f"corpus {self.spec}: cannot read {path}: {e.strerror}") from None
@@ -161,11 +184,11 @@ def corpus_from_spec(spec: str, *, seed: int, vocab: int) -> TokenCorpus:
     """`stdlib`, `stdlib:tests`, `random:synthetic:NAME` or `random:lengths:FILE`. `vocab` is the model's vocabulary:
     random tokens are drawn below it; byte corpora need vocab >= 256."""
     kind, _, rest = spec.partition(":")
-    if kind == "stdlib" and rest in ("", "tests"):
+    if kind == "stdlib" and rest in ("", "tests", "defs"):
         if vocab < BYTE_VOCAB:
             raise TidalError(f"corpus {spec} is byte-level (256 token ids) but the model's vocab is {vocab}")
-        return StdlibCorpus(include_tests=rest == "tests")
+        return StdlibCorpus(include_tests=rest == "tests", unit="def" if rest == "defs" else "file")
     if kind == "random" and rest:
         return RandomTokenCorpus(rest, seed=seed, vocab=vocab)
-    raise TidalError(f"bad corpus spec {spec!r}: expected stdlib, stdlib:tests, random:synthetic:NAME or "
+    raise TidalError(f"bad corpus spec {spec!r}: expected stdlib, stdlib:tests, stdlib:defs, random:synthetic:NAME or "
                      f"random:lengths:FILE")

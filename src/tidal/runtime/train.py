@@ -115,8 +115,16 @@ def make_planner(job: Prepared) -> tuple[StepPlanner, object]:
 _RANK_FIELDS = ("busy_s", "compute_busy_s", "wall_s", "pull_s", "push_s", "pull_bytes", "push_bytes")
 
 
-def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict], None] | None = None) -> list[dict]:
-    """One rank's training loop; returns the per-step rows on rank 0 (an empty list elsewhere)."""
+@dataclass(frozen=True)
+class RunResult:
+    rows: list[dict]  # one per step (rank 0; empty elsewhere)
+    state: dict | None  # with record=True: full master params and Adam moments on rank 0 (Executor.gather_state)
+
+
+def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict], None] | None = None,
+                 record: bool = False) -> RunResult:
+    """One rank's training loop. With `record`, each row also lists the (doc_id, start, length) of every sequence
+    trained that step (`docs_run`), and the final optimizer state is gathered, for replay by a reference."""
     torch.set_num_threads(1)  # ranks share the machine's cores; one intra-op thread each
     cfg = job.config
     groups = GroupCache()
@@ -146,6 +154,8 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
             dist.all_gather(every, mine)
             if rank == 0:
                 row = _row(index, step, job, m, torch.stack(every).numpy(), plan_s, delay)
+                if record:
+                    row["docs_run"] = [list(docs[i]) for p in step.pipelines for mb in p.micro_batches for i in mb]
                 rows.append(row)
                 if out is not None:
                     out.write(json.dumps(row) + "\n")
@@ -155,7 +165,8 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
     finally:
         if out is not None:
             out.close()
-    return rows
+    state = executor.gather_state() if record else None
+    return RunResult(rows, state)
 
 
 def _row(index: int, step: StepPlan, job: Prepared, m, per_rank: np.ndarray, plan_s: float, delay: float) -> dict:
