@@ -175,7 +175,8 @@ def main() -> None:
         worst = 0.0
         shapes = model_param_shapes(model)
         for name in ["tok_embeddings.weight", "layers.0.attention.wq.weight", "layers.0.attention.wk.weight",
-                     "layers.0.attention.wo.weight", "layers.0.feed_forward.w2.weight", "layers.0.attention_norm.weight",
+                     "layers.0.attention.wo.weight", "layers.0.feed_forward.w2.weight",
+                     "layers.0.attention_norm.weight",
                      f"layers.{model.layers - 1}.feed_forward.w3.weight", "norm.weight", "output.weight"]:
             size = 2 * math.prod(shapes[name])
             for moves in (pull_moves(model, st, range(world), [name]), push_moves(model, st, range(world), [name])):
