@@ -1,0 +1,117 @@
+"""`tidal simulate`: plan and simulate steps of the same data under several systems and compare them."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from tidal.core.errors import TidalError
+from tidal.data.sampler import LONG_DOC_POLICIES, TokenBudgetSampler
+from tidal.data.sources import length_source
+from tidal.simulator.engine import SCHEDULES, SimConfig
+from tidal.simulator.systems import SYSTEMS, SystemRun, Workload, parse_systems, run_system, speedups
+
+PROPOSAL_SAMPLE = 20000
+
+
+def add_parser(sub) -> None:
+    from tidal.cli.plan import _positive
+
+    p = sub.add_parser("simulate", help="simulate steps under several systems (tidal, hydraulis, megatron, ...)",
+                       description=__doc__)
+    p.add_argument("--model", default="llama2-7b", help="model preset (tiny, small, llama2-7b, llama-32b, ...)")
+    p.add_argument("--cluster", default="a800x64", help="cluster, TYPExN[+TYPExM] e.g. a800x64, h800x16+h20x32")
+    p.add_argument("--data", default="synthetic:commoncrawl",
+                   help="synthetic:commoncrawl|github|flanv2 or lengths:FILE (.npy or one integer per line)")
+    p.add_argument("--max-len", type=_positive, default=32768, help="context length: longest sequence in a step")
+    p.add_argument("--long-docs", choices=LONG_DOC_POLICIES, default="split")
+    p.add_argument("--tokens-per-step", type=_positive, default=200_000)
+    p.add_argument("--steps", type=_positive, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cost-model", type=Path, default=None,
+                   help="fitted cost model (.json) or profile (.csv); default: analytic from the specs")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {', '.join(SYSTEMS)}")
+    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule")
+    p.add_argument("--fwd-share", type=float, default=1 / 3, help="forward share of forward+backward (1:2 = 1/3)")
+    p.add_argument("--no-overlap", action="store_true", help="do not overlap gradient pull/push with compute")
+    p.add_argument("--json", type=Path, default=None, help="write per-system step times here")
+    p.add_argument("--report", type=Path, default=None, help="write index.html and PNG charts into this directory")
+    p.add_argument("--gantt-system", default=None, help="system of the Gantt chart (default tidal, else the last)")
+    p.add_argument("--gantt-step", type=int, default=None, help="step of the Gantt chart (default the slowest)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def workload_of(args) -> Workload:
+    from tidal.cli.plan import cost_model_of
+
+    cm = cost_model_of(args)
+    src = length_source(args.data, args.seed)
+    sample = src.lengths(0, PROPOSAL_SAMPLE if src.size is None else min(src.size, PROPOSAL_SAMPLE))
+
+    def factory():
+        return TokenBudgetSampler(length_source(args.data, args.seed), args.tokens_per_step, args.max_len,
+                                  long_docs=args.long_docs, seed=args.seed)
+
+    return Workload(cm, args.max_len, args.tokens_per_step, args.steps, args.seed, factory, sample)
+
+
+def to_json(runs: list[SystemRun], meta: dict) -> dict:
+    sp = speedups(runs)
+    return {
+        "meta": meta,
+        "systems": {r.name: {"config": r.config, "step_times": r.step_times, "mean_step_time": r.mean_step_time,
+                             "tokens_per_s": r.tokens_per_s, "tokens": r.tokens, "strategies": r.strategies,
+                             "est_step_times": r.est_times, "switches": r.switches, "plan_s": r.plan_s,
+                             "sim_s": r.sim_s} for r in runs},
+        "speedup_vs_best_static": sp,
+    }
+
+
+def run(args) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from tidal.cli import render, sim_report
+
+    names = parse_systems(args.systems)
+    sim = SimConfig(schedule=args.schedule, fwd_share=args.fwd_share, overlap_sync=not args.no_overlap)
+    w = workload_of(args)
+    runs: list[SystemRun] = []
+    t0, c0 = time.perf_counter(), time.thread_time()
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=render.console(stderr=True), transient=True, disable=args.quiet)
+    with bar:
+        for name in names:
+            task = bar.add_task(f"{name:<10}", total=args.steps)
+            runs.append(run_system(name, w, sim, lambda task=task: bar.advance(task)))
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    sp = speedups(runs)
+    con = render.console()
+    t = Table(title=f"simulate: {args.model} on {args.cluster}, {args.data}, max-len {args.max_len}, "
+                    f"{args.tokens_per_step:,} tokens/step, {args.schedule}")
+    for h in sim_report.HEADER[:-1]:
+        t.add_column(h, justify="left" if h == "system" else "right")
+    for row in sim_report.table_rows(runs, sp):
+        t.add_row(*row[:-1])
+    con.print(t)
+    for r in runs:
+        con.print(f"[bold]{r.name}[/bold]: {r.config}")
+    con.print(f"wall {wall:.1f} s, CPU {cpu:.1f} s (planning and simulation of {len(runs)} systems)")
+    meta = {"model": args.model, "cluster": args.cluster, "data": args.data, "max_len": args.max_len,
+            "tokens_per_step": args.tokens_per_step, "steps": args.steps, "seed": args.seed,
+            "schedule": args.schedule, "fwd_share": args.fwd_share, "overlap_sync": not args.no_overlap}
+    if args.json:
+        try:
+            args.json.write_text(json.dumps(to_json(runs, meta), indent=1))
+        except OSError as e:
+            raise TidalError(f"cannot write {args.json}: {e.strerror}") from None
+        print(f"results written to {args.json}", file=sys.stderr)
+    if args.report:
+        title = (f"tidal simulate: {args.model} on {args.cluster}, {args.data}, max-len {args.max_len}, "
+                 f"{args.tokens_per_step:,} tokens/step, {args.steps} steps")
+        sim_report.write_report(args.report, runs, sp, title, args.gantt_system, args.gantt_step)
+        print(f"report written to {args.report / 'index.html'}", file=sys.stderr)
+    return 0

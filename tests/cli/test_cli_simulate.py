@@ -1,0 +1,69 @@
+"""`tidal simulate` end to end: JSON schema, report files, and index.html rendered by headless Chromium."""
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from tidal.cli.main import main
+from tidal.cli.sim_report import CHARTS
+
+pytestmark = pytest.mark.unit
+
+BASE = ["simulate", "--model", "llama2-7b", "--cluster", "a800x16", "--tokens-per-step", "40000", "--max-len",
+        "16384", "--steps", "3", "--quiet", "--systems", "megatron,deepspeed,tidal"]
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sim")
+    assert main([*BASE, "--json", str(d / "r.json"), "--report", str(d / "rep")]) == 0
+    return d
+
+
+def test_json_schema(out):
+    r = json.loads((out / "r.json").read_text())
+    assert set(r["systems"]) == {"megatron", "deepspeed", "tidal"}
+    for v in r["systems"].values():
+        assert {"config", "step_times", "mean_step_time", "tokens_per_s"} <= set(v)
+        assert len(v["step_times"]) == 3 and v["mean_step_time"] == pytest.approx(sum(v["step_times"]) / 3)
+    sp = r["speedup_vs_best_static"]
+    assert max(sp["megatron"], sp["deepspeed"]) == pytest.approx(1.0)
+    tps = {k: v["tokens_per_s"] for k, v in r["systems"].items()}
+    assert sp["tidal"] == pytest.approx(tps["tidal"] / max(tps["megatron"], tps["deepspeed"]))
+
+
+def test_report_files(out):
+    rep = out / "rep"
+    for c in CHARTS:
+        data = (rep / f"{c}.png").read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    page = (rep / "index.html").read_text()
+    assert all(f'id="chart-{c}"' in page for c in CHARTS)
+    assert "src=\"http" not in page and "<link" not in page  # self-contained
+
+
+def _chromium():
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(_chromium() is None, reason="chromium is not installed (apt-get install chromium; .ci/run does)")
+def test_report_renders_in_headless_chromium(out):
+    page = out / "rep" / "index.html"
+    res = subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                          "--virtual-time-budget=10000", "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    m = re.search(r'data-charts-loaded="(\d+)"', res.stdout)
+    assert m, res.stdout[:500]
+    assert int(m.group(1)) == len(CHARTS)  # every chart decoded
+    for c in CHARTS:
+        assert f'id="chart-{c}"' in res.stdout
+
+
+def test_bad_system_is_one_line_error(capsys):
+    assert main([*BASE[:-1], "megatron,nosuch"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nosuch" in err[0]
