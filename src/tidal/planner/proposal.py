@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tidal.core.cluster import DeviceType
 from tidal.core.errors import TidalError
 from tidal.core.scheme import ParallelScheme, format_strategy
 from tidal.core.strategy import Strategy, place
@@ -64,9 +65,15 @@ def scheme_space(cost_model: CostModel, n_devices: int, *, max_tp: int | None = 
 
 
 def _device(cost_model: CostModel):
-    cl = cost_model.cluster
-    # Mixed clusters: schemes are costed on the weakest device type (what pipeline_device does for a mixed pipeline).
-    return min((g.device for g in cl.groups), key=lambda t: (t.peak_flops, t.memory_bytes, t.name))
+    """The device type schemes are costed and sized on. Mixed clusters: the elementwise weakest of all types (least
+    compute, memory and bandwidth), since placement may put any pipeline on any type; so the proposal never offers a
+    scheme that does not fit on the type it lands on (e.g. tp2 of llama-32b fits a 96 GB H20, not an 80 GB H800)."""
+    types = sorted({g.device for g in cost_model.cluster.groups}, key=lambda t: t.name)
+    if len(types) == 1:
+        return types[0]
+    return DeviceType("+".join(t.name for t in types), min(t.peak_flops for t in types),
+                      min(t.memory_bytes for t in types), min(t.intra_bw for t in types),
+                      min(t.inter_bw for t in types), min(t.per_node for t in types))
 
 
 def _histogram(lengths, tokens_per_step: float, max_len: int, bin_width: int):
