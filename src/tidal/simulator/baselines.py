@@ -74,7 +74,11 @@ def homogeneous(cost_model: CostModel, max_len: int, *, ulysses: bool = False, m
     m, cl = cost_model.model, cost_model.cluster
     n = cl.num_devices
     per_node = min(g.device.per_node for g in cl.groups)
-    dev = min((g.device for g in cl.groups), key=lambda t: (t.peak_flops, t.memory_bytes, t.name))
+    types = sorted({g.device for g in cl.groups}, key=lambda t: t.name)
+
+    def fits(cm: CostModel, s: ParallelScheme) -> bool:  # on every device type: placement may use any
+        return min(cm.max_len(s, t) for t in types) >= max_len
+
     out = []
     if ulysses:
         rc = Recompute(cost_model)
@@ -82,9 +86,9 @@ def homogeneous(cost_model: CostModel, max_len: int, *, ulysses: bool = False, m
             if sp > n or n % sp or m.heads % sp:
                 continue
             s = ParallelScheme(1, 1, sp)
-            if cost_model.max_len(s, dev) >= max_len:
+            if fits(cost_model, s):
                 out.append((s, n // sp, False))
-            elif getattr(cost_model, "memory", None) is not None and rc.max_len(s, dev) >= max_len:
+            elif getattr(cost_model, "memory", None) is not None and fits(rc, s):
                 out.append((s, n // sp, True))
         return out
     tps = [t for t in range(1, per_node + 1) if m.heads % t == 0 and m.kv_heads % t == 0]
@@ -92,7 +96,7 @@ def homogeneous(cost_model: CostModel, max_len: int, *, ulysses: bool = False, m
     cps = [1 << i for i in range(0, 12) if (1 << i) <= max_cp]
     for t, p, c in itertools.product(tps, pps, cps):
         s = ParallelScheme(t, p, c)
-        if n % s.num_devices == 0 and cost_model.max_len(s, dev) >= max_len:
+        if n % s.num_devices == 0 and fits(cost_model, s):
             out.append((s, n // s.num_devices, False))
     return out
 

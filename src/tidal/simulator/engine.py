@@ -49,6 +49,7 @@ class SimConfig:
     comm_eff: float = 0.8  # achieved / nominal link bandwidth
     optimizer_bytes_per_param: float = 32.0  # fp32 master, Adam m, v, fp32 gradient: read + write
     hbm_bw: float = 2.0e12  # bytes/s of device memory for the optimizer update
+    cp_imbalance: bool = True  # charge the slowest CP rank under the kernel model (False: perfect 1/CP split)
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -192,7 +193,7 @@ class Simulator:
 
     def _cp_factor(self, lengths: np.ndarray, cp: int, tp: int, mode: str, dev: DeviceType) -> float:
         """Slowest CP rank's attention time over a perfect 1/CP share (>= 1 up to kernel efficiency)."""
-        if cp == 1 or mode == "heads":
+        if cp == 1 or mode == "heads" or not self.cfg.cp_imbalance:
             return 1.0
         key = (tp, dev.name)
         if key not in self._kernels:

@@ -1,7 +1,8 @@
 """HotSPa baseline (as Hydraulis App. G-H configures it): a few homogeneous strategies, one per length bucket, switched
 inside each step.
 
-Buckets: documents of at most max_len/8, max_len/2 and max_len tokens (2-3 non-empty buckets per step). Each bucket's
+Buckets (Hydraulis App. G): documents below 4K, 4K-16K and 16K-max_len tokens (two strategies at a 16K context, three
+at 32K; the same edges at longer contexts). Each bucket's
 strategy is the best homogeneous <TP,PP,CP> x DP config (baselines.homogeneous, MaxLen >= the bucket's edge) on the
 bucket's share of the first steps. A step runs its buckets shortest first, each FFD-packed to its edge and dealt evenly;
 between consecutive buckets every device re-pulls its 16-bit parameters in the new layout and hands its accumulated
@@ -21,7 +22,7 @@ from tidal.simulator.engine import SimConfig, Simulator, StepResult
 
 
 def bucket_edges(max_len: int) -> tuple[int, ...]:
-    return tuple(sorted({max(1, max_len // 8), max(1, max_len // 2), max_len}))
+    return tuple(e for e in (4096, 16384) if e < max_len) + (max_len,)
 
 
 def _split(lens: np.ndarray, edges: tuple[int, ...]) -> list[np.ndarray]:
