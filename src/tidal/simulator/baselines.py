@@ -3,8 +3,9 @@
 Megatron-LM (Hydraulis §8.1 and App. G; WLB-LLM §6.1): every pipeline is the same scheme, documents are packed
 first-fit-decreasing into sequences of at most the context length, and the packed sequences are dealt round-robin to
 the DP replicas, one packed sequence per micro-batch. DeepSpeed (Hydraulis §8.1): Ulysses sequence parallelism x DP
-with ZeRO-3 (parameters gathered for forward and again for backward), activation checkpointing when the context does
-not fit otherwise; Ulysses splits heads, so attention is balanced over the SP ranks ("heads" sharding).
+with ZeRO-3 (parameters sharded over all devices, gathered for forward and again for backward), activation
+checkpointing when the context does not fit otherwise; Ulysses splits heads, so attention is balanced over the SP
+ranks ("heads" sharding).
 """
 
 from __future__ import annotations
@@ -26,13 +27,15 @@ UNIT = LatencyCoeffs(0.0, 1.0, 0.0)  # token-count packing ignores latency
 
 
 @dataclass(frozen=True)
-class Recompute:
-    """Full activation checkpointing on top of an analytic cost model: forward recomputed in backward (4/3 of the
-    forward + backward time), only each layer's 16-bit input kept (2 bytes per token per hidden unit per layer)."""
+class Variant:
+    """An analytic cost model under a baseline's memory techniques. `recompute`: full activation checkpointing, the
+    forward recomputed in backward (4/3 of forward + backward) and only each layer's 16-bit input kept (2 bytes per
+    token per hidden unit per layer). `zero3`: 16-bit parameters and gradients sharded over all devices with the
+    optimizer state (DeepSpeed ZeRO-3; the one layer gathered at a time is left to the workspace)."""
 
     base: CostModel
-    factor: float = 4.0 / 3.0
-    act_bytes: float = 2.0
+    recompute: bool = False
+    zero3: bool = False
 
     @property
     def model(self):
@@ -44,20 +47,25 @@ class Recompute:
 
     def coeffs(self, scheme, device) -> LatencyCoeffs:
         k = self.base.coeffs(scheme, device)
-        return LatencyCoeffs(k.a * self.factor, k.b * self.factor, k.c * self.factor)
+        f = 4.0 / 3.0 if self.recompute else 1.0
+        return LatencyCoeffs(k.a * f, k.b * f, k.c * f)
 
     def max_len(self, scheme, device) -> int:
         mem = getattr(self.base, "memory", None)
         if mem is None:
-            raise TidalError("activation checkpointing needs the analytic cost model (it has a memory config)")
-        return replace(self.base, memory=replace(mem, act_bytes_per_token_layer=self.act_bytes)).max_len(scheme,
-                                                                                                          device)
+            raise TidalError("checkpointing and ZeRO-3 need the analytic cost model (it has a memory config)")
+        if self.recompute:
+            mem = replace(mem, act_bytes_per_token_layer=2.0)
+        if self.zero3:
+            mem = replace(mem, master_bytes_per_param=mem.master_bytes_per_param + mem.model_bytes_per_param,
+                          model_bytes_per_param=0.0)
+        return replace(self.base, memory=mem).max_len(scheme, device)
 
 
 @dataclass(frozen=True)
 class StaticConfig:
     strategy: Strategy
-    cost_model: CostModel  # Recompute(...) when checkpointing
+    cost_model: CostModel  # Variant(...) under checkpointing / ZeRO-3
     cp_mode: str  # per micro-batch CP sharding: per-seq | per-doc | adaptive | heads
     pack_len: int  # FFD capacity (the context length)
     label: str
@@ -81,14 +89,16 @@ def homogeneous(cost_model: CostModel, max_len: int, *, ulysses: bool = False, m
 
     out = []
     if ulysses:
-        rc = Recompute(cost_model)
+        if getattr(cost_model, "memory", None) is None:
+            raise TidalError("the deepspeed baseline needs the analytic cost model (ZeRO-3 memory)")
+        z3, rc = Variant(cost_model, zero3=True), Variant(cost_model, recompute=True, zero3=True)
         for sp in (1 << i for i in range(0, 12)):
             if sp > n or n % sp or m.heads % sp:
                 continue
             s = ParallelScheme(1, 1, sp)
-            if fits(cost_model, s):
+            if fits(z3, s):
                 out.append((s, n // sp, False))
-            elif getattr(cost_model, "memory", None) is not None and fits(rc, s):
+            elif fits(rc, s):
                 out.append((s, n // sp, True))
         return out
     tps = [t for t in range(1, per_node + 1) if m.heads % t == 0 and m.kv_heads % t == 0]
@@ -141,7 +151,7 @@ def configs(cost_model: CostModel, max_len: int, *, ulysses: bool = False, cp_mo
     """Every feasible homogeneous config, placed."""
     out = []
     for s, dp, ckpt in homogeneous(cost_model, max_len, ulysses=ulysses):
-        cm = Recompute(cost_model) if ckpt else cost_model
+        cm = Variant(cost_model, recompute=ckpt, zero3=ulysses) if ulysses or ckpt else cost_model
         strat = place((s,) * dp, cost_model.cluster, cost_model.model)
         name = (f"ulysses sp{s.cp} x dp{dp}" if ulysses else f"{s.short()} x dp{dp}") + (" +ckpt" if ckpt else "")
         out.append(StaticConfig(strat, cm, "heads" if ulysses else cp_mode, pack_len or max_len, name))

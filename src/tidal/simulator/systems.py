@@ -50,6 +50,7 @@ class SystemRun:
     plan_s: float = 0.0  # planning wall time (proposal/search included)
     sim_s: float = 0.0  # simulation wall time
     switches: int = 0  # strategy changes between or inside steps
+    decision_ms: list[float] = field(default_factory=list)  # per-step planning decision time (FlexPipe's HBSA)
 
     @property
     def step_times(self) -> list[float]:
@@ -189,6 +190,12 @@ def sys_tidal(w, sim, progress):
                        config=" ; ".join(str(c) for c in cands), t_plan=time.perf_counter() - t0)
 
 
+def sys_flexpipe(w, sim, progress):
+    from tidal.simulator.flexpipe import run_flexpipe
+
+    return run_flexpipe(w, sim, progress)
+
+
 def sys_hotspa(w, sim, progress):
     from tidal.simulator.hotspa import run_hotspa
 
@@ -197,7 +204,7 @@ def sys_hotspa(w, sim, progress):
 
 SYSTEMS = MappingProxyType({
     "megatron": sys_megatron, "deepspeed": sys_deepspeed, "hotspa": sys_hotspa, "wlb": sys_wlb,
-    "hydraulis": sys_hydraulis, "tidal": sys_tidal,
+    "hydraulis": sys_hydraulis, "tidal": sys_tidal, "flexpipe": sys_flexpipe,
 })
 
 

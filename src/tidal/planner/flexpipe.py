@@ -1,0 +1,326 @@
+"""FlexPipe's Heuristic Bound Search Algorithm (flexpipe.txt §5, Alg. 1) as a planner: per iteration, the pipeline
+mapping (layers per stage, GPUs per stage; a stage's GPUs run it data parallel) and the memory optimisation.
+
+Model (flexpipe.txt §5.1, with Tidal's cost and memory models):
+- t_i, one operation of stage i (forward + backward of a micro-batch): the stage's n_i layers at the per-layer
+  latency of the cost model (TP = CP = 1; the LM head on the last stage), the micro-batch split over the stage's g_i
+  GPUs, plus the stage's data-parallel gradient all-reduce spread over the micro-batches; Eq. 1, read as the 1F1B
+  makespan T = sum_i t_i + (n_micro - 1) max_j t_j (the printed n_micro - |S| + 1 gives (n_micro + 1) t for equal
+  stages, which undercounts the fill).
+- memory per GPU of stage i (Eq. 2 per stage): 16-bit parameters and gradients of its layers, fp32 optimizer state
+  sharded over the job (as `costmodel.memory`), activations of the N - i micro-batches 1F1B keeps in flight at mu
+  tokens each (34 B per token per hidden unit per layer; 2 B for recomputed layers), fp32 logits on the last stage.
+- O_plan: per stage, the least fraction of its layers to recompute so that it fits; costs that fraction of the
+  forward again (T_rc). Offloading is not modelled (T_swap = 0).
+- reconfiguration T(S' -> S): every GPU copies in the layers it did not hold (16-bit parameters + fp32 optimizer
+  state, 16 B per parameter, from the node's TwinLayer in host memory at `host_bw`); the slowest GPU counts.
+Algorithm 1: N_stage = fewest stages whose even split fits mu (lines 3-6); bounds on layers and GPUs per stage
+(lines 9-11); the recursive Search over partitions within the bounds (lines 14-26) into exactly N stages (line 19's
+"remaining > upper bound" test is replaced by the feasibility of the remaining stages, r n_low <= remaining <=
+r n_up, which admits every mapping within the bounds), pruned exactly by a partial bound of Eq. 1, by memory and by
+dominance of (sum t, max t, migration) among prefixes ending at the same layer and GPU; triggers A-D choose keep
+(1), memory optimisation (2), grow (3) or shrink (4) (lines 28-37).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from tidal.core.errors import TidalError
+from tidal.core.scheme import ParallelScheme
+from tidal.costmodel.base import CostModel, LatencyCoeffs
+from tidal.costmodel.memory import MemoryConfig, budget_bytes
+
+ACTIONS = ("keep", "memopt", "grow", "shrink")
+
+
+@dataclass(frozen=True)
+class Mapping:
+    layers: tuple[int, ...]  # per stage, in order
+    gpus: tuple[int, ...]  # per stage: GPUs (data-parallel replicas of the stage), consecutive device ids
+
+    def __post_init__(self) -> None:
+        if len(self.layers) != len(self.gpus) or not self.layers or min(self.layers) < 1 or min(self.gpus) < 1:
+            raise TidalError(f"bad FlexPipe mapping {self.layers} x {self.gpus}")
+
+    @property
+    def stages(self) -> int:
+        return len(self.layers)
+
+    def device_groups(self) -> list[range]:
+        out, d = [], 0
+        for g in self.gpus:
+            out.append(range(d, d + g))
+            d += g
+        return out
+
+    def layer_ranges(self) -> list[range]:
+        out, k = [], 0
+        for n in self.layers:
+            out.append(range(k, k + n))
+            k += n
+        return out
+
+
+@dataclass(frozen=True)
+class Decision:
+    mapping: Mapping
+    action: str  # keep | memopt | grow | shrink
+    recompute: tuple[float, ...]  # fraction of each stage's layers recomputed (O_plan)
+    est_time: float  # Eq. 1 (+ T_rc) of the chosen mapping, s
+    switch_time: float  # reconfiguration from the previous mapping, s
+    search_ms: float
+    candidates: int  # complete mappings evaluated by Search
+
+
+@dataclass(frozen=True)
+class FlexPipePlanner:
+    cost_model: CostModel
+    n_devices: int | None = None  # GPUs for the pipeline (default: the whole cluster)
+    host_bw: float = 32e9  # bytes/s from the TwinLayer in host memory (PCIe 4.0 x16 achievable)
+    fwd_share: float = 1.0 / 3.0
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+
+    @property
+    def D(self) -> int:
+        return self.n_devices or self.cost_model.cluster.num_devices
+
+    # -- costs ------------------------------------------------------------------------------------------------
+
+    def _dev(self):
+        return min((g.device for g in self.cost_model.cluster.groups), key=lambda t: (t.peak_flops, t.name))
+
+    def _per_layer(self) -> tuple[LatencyCoeffs, LatencyCoeffs]:
+        """(per-layer, LM head) coefficients at TP = CP = 1 (slope of the cost model in the layer count)."""
+        L = self.cost_model.model.layers
+        k1 = self.cost_model.coeffs(ParallelScheme(1, 1, 1, (L,)), self._dev())
+        k2 = self.cost_model.coeffs(ParallelScheme(1, 1, 1, (L + 1,)), self._dev())
+        per = [max(0.0, y - x) for x, y in zip((k1.a, k1.b, k1.c), (k2.a, k2.b, k2.c))]
+        head = [max(0.0, x - L * p) for x, p in zip((k1.a, k1.b, k1.c), per)]
+        return LatencyCoeffs(*per), LatencyCoeffs(*head)
+
+    def stage_op_time(self, n_layers: int, gpus: int, last: bool, s1: float, s2: float, n_micro: int,
+                      recompute: float = 0.0, mu: float = 0.0) -> float:
+        """t_i of Eq. 1 for a micro-batch with sum l = s1, sum l^2 = s2 split over the stage's GPUs (a document of mu
+        tokens, the longest, is not split)."""
+        per, head = self._per_layer()
+        k = LatencyCoeffs(per.a * n_layers + (head.a if last else 0), per.b * n_layers + (head.b if last else 0),
+                          per.c * n_layers + (head.c if last else 0))
+        comp = k.c + max((k.a * s2 + k.b * s1) / gpus, k.a * mu * mu + k.b * mu)
+        comp *= 1.0 + recompute * self.fwd_share
+        m = self.cost_model.model
+        params = n_layers * m.layer_params()
+        dev = self._dev()
+        bw = (dev.intra_bw if gpus <= dev.per_node else dev.inter_bw) * 0.8
+        allreduce = 2 * (gpus - 1) / gpus * 2.0 * params / bw if gpus > 1 else 0.0
+        return comp + allreduce / max(1, n_micro)
+
+    def pipeline_time(self, mp: Mapping, s1: float, s2: float, n_micro: int,
+                      recompute: tuple[float, ...] | None = None, mu: float = 0.0) -> float:
+        """Eq. 1."""
+        r = recompute or (0.0,) * mp.stages
+        t = [self.stage_op_time(n, g, i == mp.stages - 1, s1, s2, n_micro, r[i], mu)
+             for i, (n, g) in enumerate(zip(mp.layers, mp.gpus))]
+        return sum(t) + (n_micro - 1) * max(t)
+
+    def stage_bytes(self, n_layers: int, stage: int, stages: int, tokens: float, recompute: float = 0.0) -> float:
+        """Bytes per GPU of a stage: 16 B per parameter of its layers (16-bit parameters and gradients, fp32 master
+        and Adam moments: data parallel without sharding), activations of min(stages - stage, in flight) micro-batches
+        of `tokens` tokens under 1F1B, fp32 logits on the last stage."""
+        m, cfg = self.cost_model.model, self.memory
+        params = n_layers * m.layer_params() + (m.vocab * m.hidden if stage == 0 else 0)
+        if stage == stages - 1:
+            params += m.hidden + (0 if m.tie_embeddings else m.vocab * m.hidden)
+        states = (cfg.master_bytes_per_param + cfg.model_bytes_per_param) * params
+        per_layer = cfg.act_bytes_per_token_layer * (1 - recompute) + 2.0 * recompute
+        act = per_layer * m.hidden * n_layers * (stages - stage) * tokens
+        if stage == stages - 1:
+            act += 8.0 * m.vocab * tokens
+        return states + act
+
+    def budget(self) -> float:
+        return budget_bytes(self._dev(), self.memory)
+
+    @staticmethod
+    def tokens(mu: float, s1: float, gpus: int) -> float:
+        """Tokens per GPU of a micro-batch of s1 tokens split over `gpus` replicas (the longest document, mu, whole)."""
+        return max(float(mu), s1 / gpus)
+
+    def fits(self, mp: Mapping, mu: int, s1: float = 0.0) -> bool:
+        return all(self.stage_bytes(n, i, mp.stages, self.tokens(mu, s1, g)) <= self.budget()
+                   for i, (n, g) in enumerate(zip(mp.layers, mp.gpus)))
+
+    def o_plan(self, mp: Mapping, mu: int, s1: float = 0.0) -> tuple[float, ...] | None:
+        """Least recompute fraction per stage so that every stage fits (None: recomputation is not enough)."""
+        out = []
+        for i, (n, g) in enumerate(zip(mp.layers, mp.gpus)):
+            tk = self.tokens(mu, s1, g)
+            full, none = self.stage_bytes(n, i, mp.stages, tk), self.stage_bytes(n, i, mp.stages, tk, 1.0)
+            if full <= self.budget():
+                out.append(0.0)
+            elif none > self.budget():
+                return None
+            else:
+                out.append(min(1.0, math.ceil((full - self.budget()) / (full - none) * n) / n))
+        return tuple(out)
+
+    def switch_time(self, old: Mapping | None, new: Mapping) -> float:
+        """Slowest GPU's copy-in of the layers it did not hold (16 B per parameter from host memory)."""
+        if old is None or old == new:
+            return 0.0
+        held: dict[int, set[int]] = {}
+        for lr, gr in zip(old.layer_ranges(), old.device_groups()):
+            for d in gr:
+                held[d] = set(lr)
+        per = self.cost_model.model.layer_params() * 16.0
+        worst = 0
+        for lr, gr in zip(new.layer_ranges(), new.device_groups()):
+            for d in gr:
+                worst = max(worst, len(set(lr) - held.get(d, set())))
+        return worst * per / self.host_bw
+
+    # -- Algorithm 1 --------------------------------------------------------------------------------------------
+
+    def even(self, stages: int) -> Mapping:
+        L, D = self.cost_model.model.layers, self.D
+        ql, rl = divmod(L, stages)
+        qg, rg = divmod(D, stages)
+        return Mapping(tuple(ql + (i < rl) for i in range(stages)), tuple(qg + (i < rg) for i in range(stages)))
+
+    def n_stage(self, mu: int, s1: float = 0.0) -> int:
+        """Lines 3-6: the fewest stages (one GPU at least each) whose even split holds the micro-batches."""
+        top = min(self.D, self.cost_model.model.layers)
+        for i in range(1, top + 1):
+            if self.fits(self.even(i), mu, s1):
+                return i
+        for i in range(1, top + 1):  # nothing fits as is: the fewest stages that fit with recomputation
+            if self.o_plan(self.even(i), mu, s1) is not None:
+                return i
+        raise TidalError(f"FlexPipe: no pipeline of at most {self.D} stages holds a {mu}-token micro-batch")
+
+    def bounds(self, N: int, mu: int, s1: float) -> tuple[int, int, int, int]:
+        """Lines 9-11: (n_low^l, n_up^l, n_low^g, n_up^g). n_max^l: the most layers one GPU holds at the stage
+        position that holds the most (1F1B keeps fewer micro-batches in flight on later stages)."""
+        L, D = self.cost_model.model.layers, self.D
+        lo_l, lo_g = L // N, D // N
+        tk = self.tokens(mu, s1, max(1, lo_g))
+        n_max = max((n for k in range(N) for n in range(1, L + 1)
+                     if self.stage_bytes(n, k, N, tk) <= self.budget()), default=0)
+        return lo_l, min(L // N + L % N, max(n_max, lo_l)), lo_g, D // N + D % N
+
+    def search(self, N: int, mu: int, s1: float, s2: float, n_micro: int, old: Mapping | None
+               ) -> tuple[Mapping | None, float, int]:
+        """Lines 9-26: best mapping of N stages within the bounds (value = Eq. 1 + reconfiguration)."""
+        L, D = self.cost_model.model.layers, self.D
+        lo_l, up_l, lo_g, up_g = self.bounds(N, mu, s1)
+        bud = self.budget()
+        if lo_l < 1 or lo_g < 1:
+            return None, math.inf, 0
+        if N == 1:
+            mp = Mapping((L,), (D,))
+            return (mp, self.pipeline_time(mp, s1, s2, n_micro, mu=mu) + self.switch_time(old, mp), 1) \
+                if self.fits(mp, mu, s1) else (None, math.inf, 0)
+        best: list = [None, math.inf]
+        count = [0]
+        t_of: dict[tuple[int, int, bool], float] = {}
+        seen: dict[tuple[int, int, int], list[tuple[float, float, int]]] = {}
+        held: dict[int, set[int]] = {}
+        if old is not None:
+            for lr, gr in zip(old.layer_ranges(), old.device_groups()):
+                for d in gr:
+                    held[d] = set(lr)
+        per_layer_s = self.cost_model.model.layer_params() * 16.0 / self.host_bw
+
+        def t(n: int, g: int, last: bool) -> float:
+            if (n, g, last) not in t_of:
+                t_of[(n, g, last)] = self.stage_op_time(n, g, last, s1, s2, n_micro, 0.0, mu)
+            return t_of[(n, g, last)]
+
+        def moved(l0: int, n: int, g0: int, g: int) -> int:
+            """Most layers one GPU of a stage (layers l0.., GPUs g0..) must copy in from the old mapping."""
+            if old is None:
+                return 0
+            need = set(range(l0, l0 + n))
+            return max(len(need - held.get(d, set())) for d in range(g0, g0 + g))
+
+        def rec(k: int, left_l: int, left_g: int, tsum: float, tmax: float, sw: int, path: list) -> None:
+            if tsum + (n_micro - 1) * tmax + sw * per_layer_s >= best[1]:
+                return  # Eq. 1 and the reconfiguration only grow as stages are added
+            key = (k, left_l, left_g)
+            for a, b, c in seen.get(key, ()):  # a visited prefix ending here that is no worse in every term
+                if a <= tsum and b <= tmax and c <= sw:
+                    return
+            seen.setdefault(key, []).append((tsum, tmax, sw))
+            l0, g0 = L - left_l, D - left_g
+            for i in range(lo_l, up_l + 1):
+                for j in range(lo_g, up_g + 1):
+                    if self.stage_bytes(i, k, N, self.tokens(mu, s1, j)) > bud:
+                        continue
+                    rl, rg = left_l - i, left_g - j
+                    ti = t(i, j, False)
+                    sw_i = max(sw, moved(l0, i, g0, j))
+                    r = N - k - 1  # stages after this one
+                    if r >= 2 and r * lo_l <= rl <= r * up_l and r * lo_g <= rg <= r * up_g:
+                        rec(k + 1, rl, rg, tsum + ti, max(tmax, ti), sw_i, path + [(i, j)])
+                    elif k + 2 == N and lo_l <= rl <= up_l and lo_g <= rg <= up_g:
+                        if self.stage_bytes(rl, N - 1, N, self.tokens(mu, s1, rg)) > bud:
+                            continue
+                        tl = t(rl, rg, True)
+                        sw_l = max(sw_i, moved(l0 + i, rl, g0 + j, rg))
+                        v = tsum + ti + tl + (n_micro - 1) * max(tmax, ti, tl) + sw_l * per_layer_s
+                        count[0] += 1
+                        if v < best[1]:
+                            pth = path + [(i, j), (rl, rg)]
+                            best[0], best[1] = Mapping(tuple(x for x, _ in pth), tuple(y for _, y in pth)), v
+
+        rec(0, L, D, 0.0, 0.0, 0, [])
+        return best[0], best[1], count[0]
+
+    def decide(self, mu: int, s1: float, s2: float, n_micro: int, current: Mapping | None) -> Decision:
+        """One HBSA decision for the next iteration: longest document mu tokens, n_micro micro-batches of mean
+        sum l = s1 and sum l^2 = s2. A mapping that does not fit as is gets its recomputation plan."""
+        d = self._decide(mu, s1, s2, n_micro, current)
+        if any(d.recompute) or self.fits(d.mapping, mu, s1):
+            return d
+        plan = self.o_plan(d.mapping, mu, s1)
+        if plan is None:
+            raise TidalError(f"FlexPipe: mapping {d.mapping.layers} x {d.mapping.gpus} cannot hold {mu} tokens")
+        return Decision(d.mapping, d.action, plan, self.pipeline_time(d.mapping, s1, s2, n_micro, plan, mu),
+                        d.switch_time, d.search_ms, d.candidates)
+
+    def _decide(self, mu: int, s1: float, s2: float, n_micro: int, current: Mapping | None) -> Decision:
+        t0 = time.perf_counter()
+        N = self.n_stage(mu, s1)
+        new, v, count = (None, math.inf, 0)
+        cur_ok = current is not None and self.fits(current, mu, s1)
+        if current is None or current.stages != N or not cur_ok:
+            new, v, count = self.search(N, mu, s1, s2, n_micro, current)
+            if new is None:  # the bounds admit no partition: fall back to the even split of N stages
+                new = self.even(N)
+                rc = None if self.fits(new, mu, s1) else self.o_plan(new, mu, s1)
+                v = self.pipeline_time(new, s1, s2, n_micro, rc, mu) + self.switch_time(current, new)
+        ms = (time.perf_counter() - t0) * 1e3
+        if current is None:
+            return Decision(new, "grow", (0.0,) * new.stages, v, 0.0, ms, count)
+        zero = (0.0,) * current.stages
+        if new == current:
+            new, v = None, math.inf  # nothing better to move to
+        t_cur = self.pipeline_time(current, s1, s2, n_micro, mu=mu)
+        if cur_ok:  # condition A
+            if new is None or v >= t_cur:  # condition B: keep (1)
+                return Decision(current, "keep", zero, t_cur, 0.0, ms, count)
+            sw = self.switch_time(current, new)  # shrink (4), or a better mapping of as many stages
+            return Decision(new, "shrink" if new.stages < current.stages else "grow", (0.0,) * new.stages, v - sw,
+                            sw, ms, count)
+        plan = self.o_plan(current, mu, s1)  # not A: memory optimisation under the current mapping?
+        if plan is not None:  # condition C
+            t_rc = self.pipeline_time(current, s1, s2, n_micro, plan, mu)
+            if v >= t_rc:  # condition D: recompute instead of reconfiguring (2)
+                return Decision(current, "memopt", plan, t_rc, 0.0, ms, count)
+        if new is None:
+            raise TidalError(f"FlexPipe: no mapping holds a {mu}-token micro-batch on {self.D} GPUs")
+        sw = self.switch_time(current, new)  # grow (3)
+        return Decision(new, "grow" if new.stages > current.stages else "shrink", (0.0,) * new.stages, v - sw, sw,
+                        ms, count)

@@ -1,0 +1,119 @@
+"""FlexPipe baseline (flexpipe.txt §4-5, §7.1): one pipeline, TP = CP = 1, its mapping re-decided every step by
+`tidal.planner.flexpipe.FlexPipePlanner` (HBSA), with its reconfiguration (layer migration) and recomputation costs.
+
+A step: documents FFD-packed into about MICRO_BATCHES micro-batches (capacity: the larger of the step's longest
+document mu and tokens / MICRO_BATCHES); the HBSA decision for them; each stage's micro-batch split over its GPUs
+(longest-first onto the least-loaded GPU; the stage waits for its slowest GPU); 1F1B over the stages with P2P between
+the first GPUs of consecutive groups; each stage's data-parallel gradient all-reduce after its last backward
+(overlapped as the engine's push); reconfiguration time before the step. `static=True` holds the mapping HBSA picks
+for micro-batches of one context-length document (the best static PP, no reconfiguration).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from tidal.core.plan import PipelinePlan
+from tidal.planner.flexpipe import FlexPipePlanner, Mapping
+from tidal.planner.packing import pack_fixed
+from tidal.simulator.baselines import UNIT
+from tidal.simulator.engine import BWD, PipelineTrace, SimConfig, Simulator, StepResult, run_pipeline
+
+MICRO_BATCHES = 8  # a step's documents are packed into about this many micro-batches (at least the longest document)
+
+
+def _split_time(work: np.ndarray, g: int) -> float:
+    """Longest-first onto the least-loaded of g GPUs; the largest load."""
+    loads = np.zeros(g)
+    for w in np.sort(work)[::-1]:
+        loads[int(np.argmin(loads))] += w
+    return float(loads.max())
+
+
+def simulate_mapping(sim: Simulator, mp: Mapping, recompute, lengths: np.ndarray, mbs, switch: float) -> StepResult:
+    cfg, m = sim.cfg, sim.model
+    groups = mp.device_groups()
+    dev = [sim.cluster.device_type(g[0]) for g in groups]
+    v, S = len(mbs), mp.stages
+    fb = np.zeros((S, v))
+    toks = np.array([lengths[list(mb)].sum() for mb in mbs], dtype=np.float64)
+    for s in range(S):
+        k = sim.stage_coeffs(1, 1, mp.layers[s], s == S - 1, dev[s])
+        for j, mb in enumerate(mbs):
+            ls = lengths[list(mb)].astype(np.float64)
+            fb[s, j] = (k.c + _split_time(k.a * ls * ls + k.b * ls, mp.gpus[s])) * (1 + recompute[s] * cfg.fwd_share)
+    p2p = np.zeros((max(S - 1, 0), v))
+    for s in range(S - 1):
+        bw = sim._bw(groups[s][0], groups[s + 1][0])
+        p2p[s] = toks * 2.0 * m.hidden / bw
+    fwd, bwd = fb * cfg.fwd_share, fb * (1 - cfg.fwd_share)
+    st, mbi, kind, start, end = run_pipeline(fwd, bwd, p2p, np.zeros(S), cfg.schedule)
+    busy = np.zeros(sim.n)
+    sync_end = np.zeros(S)
+    for s in range(S):
+        params = mp.layers[s] * m.layer_params()
+        g = mp.gpus[s]
+        push = 2 * (g - 1) / g * cfg.grad_bytes * params / sim.sync_bw(groups[s][0]) if g > 1 else 0.0
+        i = int(np.flatnonzero((st == s) & (kind == BWD))[-1])
+        d, L = end[i] - start[i], mp.layers[s]
+        sync_end[s] = start[i] + max(d / L + push, d + push / L) if push > 0 else end[i]
+        busy[list(groups[s])] += float(np.sum(end[st == s] - start[st == s]))
+    opt = max(mp.layers) * m.layer_params() * cfg.optimizer_bytes_per_param / cfg.hbm_bw
+    plan = PipelinePlan(1, S, 1, tuple(g[0] for g in groups), 0, tuple(tuple(int(i) for i in mb) for mb in mbs), 0.0,
+                        (), mp.layers)
+    tr = PipelineTrace(st, mbi, kind, start + switch, end + switch, np.full(S, switch), sync_end + switch)
+    total = switch + max(float(sync_end.max()), tr.finish - switch) + opt
+    return StepResult(total, tr.finish, switch, opt, (plan,), (tr,), busy)
+
+
+def run_flexpipe(w, sim_cfg: SimConfig, progress, *, static: bool = False, name: str = "flexpipe"):
+    from tidal.simulator.systems import SystemRun, _steps_of
+
+    t0 = time.perf_counter()
+    planner = FlexPipePlanner(w.cost_model, fwd_share=sim_cfg.fwd_share)
+    sim = Simulator(w.cost_model, sim_cfg)
+    fixed = None
+    if static:
+        # the mapping for the worst case: micro-batches of one context-length document
+        cap = max(w.max_len, -(-w.tokens_per_step // MICRO_BATCHES))
+        n_mb = max(1, -(-w.tokens_per_step // cap))
+        n = planner.n_stage(w.max_len, float(cap))
+        fixed = planner.search(n, w.max_len, float(cap), float(w.max_len) ** 2, n_mb, None)[0] or planner.even(n)
+    run = SystemRun(name, "", plan_s=time.perf_counter() - t0)
+    current = fixed
+    decisions: list[str] = []
+    search_ms: list[float] = []
+    for lens in _steps_of(w.source_factory(), w.steps):
+        t1 = time.perf_counter()
+        mu = int(lens.max())
+        mbs = pack_fixed(lens, UNIT, 1, max(mu, -(-int(lens.sum()) // MICRO_BATCHES))).micro_batches
+        s1 = float(lens.sum()) / len(mbs)
+        s2 = float(np.sum(lens.astype(np.float64) ** 2)) / len(mbs)
+        if static:
+            mp, rc, sw = fixed, planner.o_plan(fixed, mu, s1) or (0.0,) * fixed.stages, 0.0
+            decisions.append("static")
+        else:
+            dec = planner.decide(mu, s1, s2, len(mbs), current)
+            mp, rc, sw = dec.mapping, dec.recompute, dec.switch_time
+            run.switches += int(current is not None and mp != current)
+            decisions.append(dec.action)
+            search_ms.append(dec.search_ms)
+            current = mp
+        t2 = time.perf_counter()
+        run.steps.append(simulate_mapping(sim, mp, rc, lens, mbs, sw))
+        run.sim_s += time.perf_counter() - t2
+        run.plan_s += t2 - t1
+        run.strategies.append("pp" + ",".join(f"{n}x{g}" for n, g in zip(mp.layers, mp.gpus)))
+        run.tokens.append(int(lens.sum()))
+        run.est_times.append(planner.pipeline_time(mp, s1, s2, len(mbs), rc, mu))
+        if progress:
+            progress()
+    acts = {a: decisions.count(a) for a in dict.fromkeys(decisions)}
+    run.config = ("static " if static else "HBSA ") + ", ".join(f"{a} {n}" for a, n in acts.items())
+    if search_ms:
+        run.config += f"; HBSA median {np.median(search_ms):.1f} ms/decision"
+    run.decision_ms = search_ms
+    return run
+
