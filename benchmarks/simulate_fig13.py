@@ -21,11 +21,12 @@ import numpy as np
 from _simcommon import summary, workload
 
 from tidal.simulator.engine import SimConfig
-from tidal.simulator.systems import SYSTEMS, run_system, speedups
+from tidal.simulator.systems import run_system, speedups
 
 SCENARIOS = (("llama2-7b", "a800x8"), ("llama2-7b", "a800x16"), ("llama2-13b", "a800x32"), ("llama-32b", "a800x64"))
 DATA = ("synthetic:commoncrawl", "synthetic:github")
 TOKENS = (("F2", 100_000), ("F3", 200_000))
+SYSTEMS = ("megatron", "deepspeed", "hotspa", "wlb", "hydraulis", "tidal")  # Hydraulis' baselines, WLB-LLM, Tidal
 
 
 def cell(args):
