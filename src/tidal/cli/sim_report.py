@@ -28,11 +28,18 @@ def _plt():
     return plt
 
 
+def _integer_ticks():
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
+
+
 def chart_step_time(runs, path: Path) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4))
     for r in runs:
         ax.plot(range(len(r.step_times)), r.step_times, marker=".", label=f"{r.name} (mean {r.mean_step_time:.3f}s)")
+    ax.xaxis.set_major_locator(_integer_ticks())
     ax.set_xlabel("step")
     ax.set_ylabel("simulated step time (s)")
     ax.set_title("Step time per system")
@@ -111,6 +118,7 @@ def chart_strategy(runs, path: Path) -> None:
         ax.set_yticks(range(len(names)), [n[:48] for n in names], fontsize=6)
         ax.set_ylim(-0.5, len(names) - 0.5)
         ax.set_title(f"{r.name}: {len(names)} strategies, {r.switches} switches", fontsize=8)
+        ax.xaxis.set_major_locator(_integer_ticks())
     axes[-1, 0].set_xlabel("step")
     fig.suptitle("Strategy chosen per step (Hydraulis Fig. 15a)", fontsize=10)
     fig.tight_layout()
