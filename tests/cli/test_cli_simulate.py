@@ -67,3 +67,15 @@ def test_bad_system_is_one_line_error(capsys):
     assert main([*BASE[:-1], "megatron,nosuch"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nosuch" in err[0]
+
+
+def test_a_system_that_cannot_run_is_reported_not_fatal(tmp_path, capsys):
+    # no homogeneous Megatron config holds llama-32b on 8 A800s; FlexPipe (TP = 1, 8 stages, recomputation) still runs
+    out = tmp_path / "r.json"
+    argv = ["simulate", "--model", "llama-32b", "--cluster", "a800x8", "--tokens-per-step", "40000", "--max-len",
+            "8192", "--steps", "1", "--quiet", "--systems", "megatron,flexpipe", "--json", str(out)]
+    assert main(argv) == 0
+    r = json.loads(out.read_text())
+    assert set(r["systems"]) == {"flexpipe"} and "megatron" in r["errors"]
+    assert "megatron cannot run" in capsys.readouterr().out
+    assert r["speedup_vs_best_static"] == {}

@@ -58,10 +58,11 @@ def workload_of(args) -> Workload:
     return Workload(cm, args.max_len, args.tokens_per_step, args.steps, args.seed, factory, sample)
 
 
-def to_json(runs: list[SystemRun], meta: dict) -> dict:
+def to_json(runs: list[SystemRun], meta: dict, errors: dict[str, str] | None = None) -> dict:
     sp = speedups(runs)
     return {
         "meta": meta,
+        "errors": dict(errors or {}),
         "systems": {r.name: {"config": r.config, "step_times": r.step_times, "mean_step_time": r.mean_step_time,
                              "tokens_per_s": r.tokens_per_s, "tokens": r.tokens, "strategies": r.strategies,
                              "est_step_times": r.est_times, "switches": r.switches, "plan_s": r.plan_s,
@@ -83,10 +84,16 @@ def run(args) -> int:
     t0, c0 = time.perf_counter(), time.thread_time()
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=render.console(stderr=True), transient=True, disable=args.quiet)
+    errors: dict[str, str] = {}
     with bar:
         for name in names:
             task = bar.add_task(f"{name:<10}", total=args.steps)
-            runs.append(run_system(name, w, sim, lambda task=task: bar.advance(task)))
+            try:
+                runs.append(run_system(name, w, sim, lambda task=task: bar.advance(task)))
+            except TidalError as e:  # one system that cannot run this workload does not stop the others
+                errors[name] = str(e)
+    if not runs:
+        raise TidalError("no system could run: " + "; ".join(f"{k}: {v}" for k, v in errors.items()))
     wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
     sp = speedups(runs)
     con = render.console()
@@ -99,13 +106,15 @@ def run(args) -> int:
     con.print(t)
     for r in runs:
         con.print(f"[bold]{r.name}[/bold]: {r.config}")
+    for k, v in errors.items():
+        con.print(f"[bold red]{k}[/bold red] cannot run this workload: {v}")
     con.print(f"wall {wall:.1f} s, CPU {cpu:.1f} s (planning and simulation of {len(runs)} systems)")
     meta = {"model": args.model, "cluster": args.cluster, "data": args.data, "max_len": args.max_len,
             "tokens_per_step": args.tokens_per_step, "steps": args.steps, "seed": args.seed,
             "schedule": args.schedule, "fwd_share": args.fwd_share, "overlap_sync": not args.no_overlap}
     if args.json:
         try:
-            args.json.write_text(json.dumps(to_json(runs, meta), indent=1))
+            args.json.write_text(json.dumps(to_json(runs, meta, errors), indent=1))
         except OSError as e:
             raise TidalError(f"cannot write {args.json}: {e.strerror}") from None
         print(f"results written to {args.json}", file=sys.stderr)
