@@ -83,9 +83,11 @@ def test_simulate_accounting_and_determinism():
     assert r1.step_time == r2.step_time and np.array_equal(r1.busy, r2.busy)
     assert r1.step_time > r1.compute_time > 0
     assert r1.busy[8:].sum() == 0  # the idle pipeline
-    # busy time of a device = the lengths of its intervals
-    for d in (0, 2, 5):
+    # busy time of a device = the lengths of its intervals; busy + idle = the step
+    for d in (0, 2, 5, 12):
         assert r1.busy[d] == pytest.approx(sum(e - s for s, e, _ in r1.device_intervals(d)))
+        idle = sum(e - s for s, e in r1.idle_intervals(d))
+        assert r1.busy[d] + idle == pytest.approx(r1.step_time)
     # without sync and optimizer the step is the last backward
     r3 = sim.simulate(_plan(lengths, pipes), pull=False, push=False, optimizer=False)
     assert r3.step_time == pytest.approx(r3.compute_time)

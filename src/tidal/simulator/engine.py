@@ -102,6 +102,18 @@ class StepResult:
                 out += list(zip(t.start[m].tolist(), t.end[m].tolist(), t.kind[m].tolist()))
         return sorted(out)
 
+    def idle_intervals(self, device: int) -> list[tuple[float, float]]:
+        """(start, end) of every gap of `device` between 0 and the step end (waiting on bubbles, sync, other
+        pipelines); with device_intervals it covers the step exactly."""
+        out, t = [], 0.0
+        for a, b, _ in self.device_intervals(device):
+            if a > t:
+                out.append((t, a))
+            t = max(t, b)
+        if self.step_time > t:
+            out.append((t, self.step_time))
+        return out
+
     def shifted(self, dt: float) -> StepResult:
         """The same step with every interval moved by dt seconds."""
         tr = tuple(replace(t, start=t.start + dt, end=t.end + dt, pull_ready=t.pull_ready + dt,
