@@ -25,7 +25,8 @@ from tidal.core.cluster import ClusterSpec, get_cluster
 from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec, get_model, param_table
 from tidal.core.plan import StepPlan
-from tidal.core.strategy import Strategy
+from tidal.core.scheme import parse_strategies
+from tidal.core.strategy import Strategy, place
 from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.costmodel.fitted import load_cost_model
 from tidal.data.corpus import corpus_from_spec
@@ -84,7 +85,9 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
                               packing=cfg.planner.packing, cp_sharding=cfg.planner.cp_sharding, seed=cfg.data.seed,
                               rotate=cfg.planner.rotate)
     sample = None
-    if cfg.planner.strategies.strip().lower() == "auto":
+    if cfg.planner.strategies.strip().lower() != "auto":  # memory first: a clearer message than the max_len check
+        profile_strategies(tuple(place(sch, cluster, spec) for sch in parse_strategies(cfg.planner.strategies)), cm)
+    else:
         src = corpus.length_source()
         n = PROPOSAL_SAMPLE if src.size is None else min(src.size, PROPOSAL_SAMPLE)
         sample = np.minimum(src.lengths(0, n), cfg.data.max_len)
@@ -112,7 +115,8 @@ def make_planner(job: Prepared) -> tuple[StepPlanner, object]:
     return StepPlanner(job.cost_model, job.candidates, sampler, job.options), corpus
 
 
-_RANK_FIELDS = ("busy_s", "compute_busy_s", "wall_s", "pull_s", "push_s", "pull_bytes", "push_bytes")
+_RANK_FIELDS = ("busy_s", "compute_busy_s", "wall_s", "pull_s", "push_s", "pull_cpu_s", "push_cpu_s", "pull_bytes",
+                "push_bytes")
 
 
 @dataclass(frozen=True)
@@ -192,6 +196,8 @@ def _row(index: int, step: StepPlan, job: Prepared, m, per_rank: np.ndarray, pla
         "token_delay": delay,
         "pull_s": float(col["pull_s"].max()),
         "push_s": float(col["push_s"].max()),
+        "pull_cpu_s": [float(x) for x in col["pull_cpu_s"]],
+        "push_cpu_s": [float(x) for x in col["push_cpu_s"]],
         "pull_bytes": int(col["pull_bytes"].sum()),
         "push_bytes": int(col["push_bytes"].sum()),
         "grad_norm": m.optim.get("grad_norm", math.nan),
