@@ -93,3 +93,30 @@ def test_train_writes_metrics_rows(tmp_path):
             assert k in r, k
         assert len(r["busy_s"]) == 4 and r["critical_path_s"] == max(r["busy_s"])
         assert r["tokens"] > 0 and r["loss"] > 0
+
+
+@pytest.mark.distributed
+def test_verify_cli_passes_and_report_catches_a_defect(capsys):
+    """`tidal verify` exits 0 on a correct run; the same comparison flags a perturbed parameter shard."""
+    import numpy as np
+
+    from tidal.cli.train import VERIFY_TOL, verify_report
+
+    assert main(["verify", "--nproc", "4", "--strategies", "tp2+2*tp1;cp2+tp1pp2", "--steps", "2",
+                 "--max-len", "96", "--tokens-per-step", "384"]) == 0
+    assert "PASS" in capsys.readouterr().out
+    ref = {"params": {"w": np.ones((4, 4))}, "m": {"w": np.ones(3)}, "v": {"w": np.ones(3)}}
+    bad = {"params": {"w": np.ones((4, 4)) + 1e-6}, "m": {"w": np.ones(3)}, "v": {"w": np.ones(3)}}
+    rep = verify_report([{"loss": 1.0}], [1.0], bad, ref)
+    assert rep["params"] > VERIFY_TOL["float64"]["params"] and rep["loss"] == 0.0
+
+
+@pytest.mark.distributed
+def test_demo_small(tmp_path, capsys):
+    """The README's main command, shortened: two runs on the same documents, losses agree, PNG written."""
+    out = tmp_path / "demo"
+    assert main(["demo", "--steps", "2", "--max-len", "256", "--tokens-per-step", "1024", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "speed-up of Tidal" in text and "(agree)" in text and "same documents: True" in text
+    assert (out / "demo.png").stat().st_size > 10_000
+    assert len((out / "tidal.jsonl").read_text().splitlines()) == 2

@@ -10,6 +10,9 @@ packing, which never delays a document):
 * **best static**: the homogeneous strategy (k identical pipelines over all ranks, any <TP, PP, CP>) with the least
   planned time over the same steps, kept for every step.
 
+Both plan with a cost model fitted on this machine: the demo first profiles the tiny model's forward + backward on one
+rank (about 10 s; `profile.csv` in the output directory) and unprofiled schemes scale the analytic model term by term.
+
 It prints a table (wall time, critical path = the slowest rank's CPU time per step, their ratios, pull/push share,
 loss agreement) and writes `demo.png` (loss curves overlaid, per-step critical path) and both runs' JSONL metrics.
 """
@@ -59,26 +62,26 @@ def homogeneous_strategies(spec, world: int) -> list[str]:
     return out
 
 
-def base_config(args, strategies: str, metrics: str):
+def base_config(args, strategies: str, metrics: str, cost_model: str = ""):
     from tidal.runtime.config import DataConfig, ModelConfig, PlannerConfig, TrainConfig, TrainSection, WorldConfig
     from tidal.runtime.optim import OptimConfig
 
     return TrainConfig(
         model=ModelConfig("tiny", "sdpa"), world=WorldConfig(f"cpux{args.nproc}"),
         data=DataConfig(args.data, args.max_len, args.tokens_per_step, "split", args.seed),
-        planner=PlannerConfig(strategies, "hydraulis", "adaptive", False, ""),
+        planner=PlannerConfig(strategies, "hydraulis", "adaptive", False, cost_model),
         optimizer=OptimConfig(lr=2e-3, warmup_steps=3, decay_steps=max(args.steps, 1)),
         train=TrainSection(args.steps, args.seed, "1f1b", "float32", "float32", metrics, True))
 
 
-def best_static(args, tidal_job) -> tuple[str, dict[str, float]]:
+def best_static(args, tidal_job, cost_model: str) -> tuple[str, dict[str, float]]:
     """The homogeneous strategy with the least planned time over the demo's steps (same cost model and sampler)."""
     from tidal.runtime.train import make_planner, prepare
 
     planned: dict[str, float] = {}
     for text in homogeneous_strategies(tidal_job.spec, args.nproc):
         try:
-            job = prepare(base_config(args, text, ""), args.nproc)
+            job = prepare(base_config(args, text, "", cost_model), args.nproc)
         except TidalError:  # does not fit memory at this max-len, etc.
             continue
         planner, _ = make_planner(job)
@@ -86,6 +89,22 @@ def best_static(args, tidal_job) -> tuple[str, dict[str, float]]:
     if not planned:
         raise TidalError(f"no homogeneous strategy can run max-len {args.max_len} on {args.nproc} ranks")
     return min(planned, key=planned.get), planned
+
+
+def calibrate(path: Path, max_len: int, seed: int) -> str:
+    """Profile tp1 forward+backward on this CPU and write the profile both runs plan with (docs/costmodel.md)."""
+    import torch
+
+    from tidal.core.cluster import get_cluster
+    from tidal.core.model import get_model
+    from tidal.costmodel.fitted import load_cost_model
+    from tidal.runtime.profile import compositions, profile_tp1, write_profile
+
+    torch.set_num_threads(1)
+    spec = get_model("tiny")
+    totals = [t for t in (256, 512, 1024, 2048) if t <= max(256, max_len)]
+    write_profile(path, spec, "cpu", "tp1pp1cp1", profile_tp1(spec, compositions(totals, seed)))
+    return load_cost_model(path, spec, get_cluster("cpux4")).describe()
 
 
 def run(args) -> int:
@@ -100,9 +119,13 @@ def run(args) -> int:
     except OSError as e:
         raise TidalError(f"cannot create {args.out}: {e.strerror}") from None
     con = render.console()
-    tidal_job = prepare(base_config(args, "auto", str(args.out / "tidal.jsonl")), args.nproc)
-    static, planned = best_static(args, tidal_job)
-    static_job = prepare(base_config(args, static, str(args.out / "static.jsonl")), args.nproc)
+    profile = args.out / "profile.csv"
+    con.print(f"profiling forward+backward of the tiny model on this CPU -> {profile} ...")
+    fit = calibrate(profile, args.max_len, args.seed)
+    con.print(f"cost model: {fit}")
+    tidal_job = prepare(base_config(args, "auto", str(args.out / "tidal.jsonl"), str(profile)), args.nproc)
+    static, planned = best_static(args, tidal_job, str(profile))
+    static_job = prepare(base_config(args, static, str(args.out / "static.jsonl"), str(profile)), args.nproc)
     con.print(f"corpus {args.data}: {args.steps} steps of ~{args.tokens_per_step:,} tokens, max-len {args.max_len}, "
               f"{args.nproc} ranks")
     con.print(f"Tidal candidates: {', '.join(str(s) for s in tidal_job.candidates)}")
@@ -133,6 +156,7 @@ def compare(dyn: list[dict], sta: list[dict]) -> dict:
     for name, rows in (("tidal", dyn), ("static", sta)):
         wall = tot(rows, "wall_s")
         out[name] = {"wall_s": wall, "critical_path_s": tot(rows, "critical_path_s"),
+                     "process_critical_path_s": tot(rows, "process_critical_path_s"),
                      "busy_sum_s": float(sum(sum(r["busy_s"]) for r in rows)),
                      "pull_push_share": (tot(rows, "pull_s") + tot(rows, "push_s")) / wall if wall else 0.0,
                      "pull_push_cpu_share": float(sum(sum(r["pull_cpu_s"]) + sum(r["push_cpu_s"]) for r in rows)
@@ -142,6 +166,8 @@ def compare(dyn: list[dict], sta: list[dict]) -> dict:
                      "strategies": sorted({r["strategy"] for r in rows})}
     out["speedup_critical_path"] = out["static"]["critical_path_s"] / out["tidal"]["critical_path_s"]
     out["speedup_wall"] = out["static"]["wall_s"] / out["tidal"]["wall_s"]
+    out["speedup_process_critical_path"] = (out["static"]["process_critical_path_s"] /
+                                            out["tidal"]["process_critical_path_s"])
     rel = [abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(dyn, sta) if math.isfinite(b["loss"])]
     out["max_loss_rel_diff"] = max(rel, default=0.0)
     out["loss_agree"] = out["max_loss_rel_diff"] <= DEMO_LOSS_RTOL

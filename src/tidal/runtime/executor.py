@@ -63,8 +63,9 @@ class StepMetrics:
     loss: float  # token-weighted mean cross-entropy over the step (same on every rank)
     tokens: int
     sequences: int
-    busy_s: float  # this rank's CPU time over the step (time.thread_time)
+    busy_s: float  # this rank's CPU time over the step (time.thread_time: the training thread)
     compute_busy_s: float  # ... in forward/backward only
+    process_busy_s: float  # CPU time of the whole rank process, incl. the communication backend's threads
     wall_s: float
     pull_s: float  # wall time of the pull (includes waiting for the ranks it talks to)
     push_s: float  # wall time of the push (includes waiting for the slowest pipeline to finish its backward)
@@ -184,7 +185,7 @@ class Executor:
     def train_step(self, step: StepPlan, fetch: Callable[[int], torch.Tensor]) -> StepMetrics:
         """One optimizer step on `step`. `fetch(j)` returns the ``seq_lengths[j] + 1`` token ids of sequence j; it
         is called only for the sequences this rank's pipeline runs."""
-        t_wall, t_busy = time.perf_counter(), time.thread_time()
+        t_wall, t_busy, t_proc = time.perf_counter(), time.thread_time(), time.process_time()
         k = step.strategy
         if not 0 <= k < len(self.candidates):
             raise TidalError(f"step plan names candidate {k}; the executor has {len(self.candidates)}")
@@ -217,7 +218,8 @@ class Executor:
         loss = torch.tensor([loss_part], dtype=torch.float64)
         dist.all_reduce(loss)
         return StepMetrics(float(loss), tokens, len(running), time.thread_time() - t_busy, compute,
-                           time.perf_counter() - t_wall, pull_s, push_s, pull_c, push_c, pull_b, push_b, optim)
+                           time.process_time() - t_proc, time.perf_counter() - t_wall, pull_s, push_s, pull_c,
+                           push_c, pull_b, push_b, optim)
 
     def gather_state(self) -> dict[str, dict[str, np.ndarray]] | None:
         """Full master parameters and Adam moments on rank 0 (None elsewhere): for verification and checkpoints."""

@@ -49,7 +49,6 @@ class Prepared:
     config: TrainConfig
     spec: ModelSpec
     cluster: ClusterSpec
-    cost_model: object
     candidates: tuple[Strategy, ...]
     options: PlanningOptions
     exec_config: ExecConfig
@@ -57,6 +56,16 @@ class Prepared:
     @property
     def world(self) -> int:
         return self.cluster.num_devices
+
+    def cost_model(self):
+        """The planner's cost model (rebuilt where needed: fitted models hold read-only mappings that do not pickle)."""
+        return build_cost_model(self.config, self.spec, self.cluster)
+
+
+def build_cost_model(cfg: TrainConfig, spec: ModelSpec, cluster: ClusterSpec):
+    if cfg.planner.cost_model:
+        return load_cost_model(cfg.planner.cost_model, spec, cluster)
+    return AnalyticCostModel(spec, cluster)
 
 
 def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
@@ -79,8 +88,7 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
     corpus = corpus_from_spec(cfg.data.source, seed=cfg.data.seed, vocab=spec.vocab)
     if corpus.vocab > spec.vocab:
         raise TidalError(f"corpus {cfg.data.source} has vocabulary {corpus.vocab} > model {spec.name}'s {spec.vocab}")
-    cm = (load_cost_model(cfg.planner.cost_model, spec, cluster) if cfg.planner.cost_model
-          else AnalyticCostModel(spec, cluster))
+    cm = build_cost_model(cfg, spec, cluster)
     options = PlanningOptions(max_len=cfg.data.max_len, tokens_per_step=cfg.data.tokens_per_step,
                               packing=cfg.planner.packing, cp_sharding=cfg.planner.cp_sharding, seed=cfg.data.seed,
                               rotate=cfg.planner.rotate)
@@ -103,7 +111,7 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
         parent = Path(cfg.train.metrics).parent
         if not parent.is_dir():
             raise TidalError(f"metrics path {cfg.train.metrics}: directory {parent} does not exist")
-    return Prepared(cfg, spec, cluster, cm, candidates, options, ex)
+    return Prepared(cfg, spec, cluster, candidates, options, ex)
 
 
 def make_planner(job: Prepared) -> tuple[StepPlanner, object]:
@@ -112,11 +120,11 @@ def make_planner(job: Prepared) -> tuple[StepPlanner, object]:
     src = corpus.length_source()
     sampler = TokenBudgetSampler(src, cfg.data.tokens_per_step, cfg.data.max_len, long_docs=cfg.data.long_docs,
                                  seed=cfg.data.seed, cycle=src.size is not None)
-    return StepPlanner(job.cost_model, job.candidates, sampler, job.options), corpus
+    return StepPlanner(job.cost_model(), job.candidates, sampler, job.options), corpus
 
 
-_RANK_FIELDS = ("busy_s", "compute_busy_s", "wall_s", "pull_s", "push_s", "pull_cpu_s", "push_cpu_s", "pull_bytes",
-                "push_bytes")
+_RANK_FIELDS = ("busy_s", "compute_busy_s", "process_busy_s", "wall_s", "pull_s", "push_s", "pull_cpu_s",
+                "push_cpu_s", "pull_bytes", "push_bytes")
 
 
 @dataclass(frozen=True)
@@ -190,6 +198,8 @@ def _row(index: int, step: StepPlan, job: Prepared, m, per_rank: np.ndarray, pla
         "critical_path_s": float(busy.max()),
         "imbalance": float(busy.max() / busy.mean()) if busy.mean() > 0 else 1.0,
         "compute_busy_s": [float(x) for x in col["compute_busy_s"]],
+        "process_busy_s": [float(x) for x in col["process_busy_s"]],
+        "process_critical_path_s": float(col["process_busy_s"].max()),
         "est_step_time_s": step.est_step_time,
         "lower_bound_s": step.lower_bound,
         "plan_s": plan_s,
