@@ -15,12 +15,14 @@ from tidal.core.errors import TidalError
 
 def build_parser() -> argparse.ArgumentParser:
     from tidal.cli import plan, train
+    from tidal.cli import tokenizer as tokenizer_cli
 
     p = argparse.ArgumentParser(prog="tidal", description="Balance work, not tokens, in variable-length training.")
     p.add_argument("--version", action="version", version=f"tidal {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     plan.add_parser(sub)
     train.add_parsers(sub)
+    tokenizer_cli.add_parser(sub)
     return p
 
 
