@@ -120,9 +120,10 @@ def build_index(src: Source, files: list[Path], want: dict, tok: ByteTokenizer |
                     flush()
                     chars = 0
         flush()
+        skips = dict(sorted(skipped.items()))
         if w.n_docs == 0:
-            raise TidalError(f"corpus {src.spec}: no document of >= 2 tokens (skipped: {dict(skipped) or 'none'})")
-        w.finish({"spec": src.spec, "fingerprint": want, "skipped": dict(sorted(skipped.items())),
+            raise TidalError(f"corpus {src.spec}: no document of >= 2 tokens (skipped: {skips or 'none'})")
+        w.finish({"spec": src.spec, "fingerprint": want, "skipped": skips,
                   "tokenizer": tok.name})
     except BaseException:
         w.abort()
