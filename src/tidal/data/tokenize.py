@@ -60,7 +60,9 @@ class HFTokenizer:
             raise TidalError(f"tokenizer file {p} has a vocabulary of {self.vocab} < 2 tokens")
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        # encode_batch_fast (tokenizers >= 0.20) skips character offsets: same ids, ~25% faster
+        encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+        encs = encode(list(texts), add_special_tokens=False)
         return [np.asarray(e.ids, dtype=np.int64) for e in encs]
 
     def decode(self, ids: Iterable[int]) -> str:
