@@ -36,8 +36,13 @@ def test_tokenizer_train_then_index(tmp_path, capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "120 documents" in out and "(built, " in out
-    assert main(args) == 0
+    assert main([*args, "--lengths-out", str(tmp_path / "len.npy")]) == 0
     assert "(hit, " in capsys.readouterr().out
+    lengths = np.load(tmp_path / "len.npy")
+    assert len(lengths) == 120 and lengths.min() >= 1
+    assert main(["plan", "--data", f"lengths:{tmp_path / 'len.npy'}", "--model", "tiny", "--cluster", "a800x8",
+                 "--max-len", "512", "--tokens-per-step", "2048", "--steps", "2", "--strategies", "8*tp1",
+                 "--quiet"]) == 0
     c = corpus_from_spec(f"jsonl:{p}", seed=0, vocab=320, tokenizer=tok, cache_dir=tmp_path / "cache")
     assert c.cache_status == "hit" and len(c) == 120 and c.vocab <= 320
 

@@ -38,6 +38,8 @@ def add_parser(sub) -> None:
     i.add_argument("--tokenizer", type=Path, default=None, help="tokenizer.json (default: UTF-8 bytes)")
     i.add_argument("--cache-dir", type=Path, default=None, help="index cache (default ~/.cache/tidal/corpora)")
     i.add_argument("--rebuild", action="store_true", help="rebuild even if the cached index is current")
+    i.add_argument("--lengths-out", type=Path, default=None,
+                   help="also write the document lengths (tokens - 1) as .npy, for tidal plan --data lengths:FILE")
     i.set_defaults(func=run_index)
 
 
@@ -105,4 +107,11 @@ def run_index(args) -> int:
     print(f"tokens/document: median {q[0]}, p90 {q[1]}, p99 {q[2]}, max {int(n.max())}")
     print(f"skipped: {c.skipped} {c.skip_reasons or ''}".rstrip())
     print(f"index: {c.prefix}.{{bin,idx}} ({c.cache_status}, {dt:.2f} s)")
+    if args.lengths_out is not None:
+        lengths = c.length_source().lengths(0, len(c))
+        try:
+            np.save(args.lengths_out, lengths)
+        except OSError as e:
+            raise TidalError(f"cannot write {args.lengths_out}: {e.strerror}") from None
+        print(f"lengths: {args.lengths_out} ({len(lengths)} documents; tidal plan --data lengths:{args.lengths_out})")
     return 0
