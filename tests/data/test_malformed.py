@@ -27,7 +27,7 @@ def _lines(path, lines):
 def test_bad_json_line_names_file_and_line(tmp_path):
     p = _lines(tmp_path / "a.jsonl", [json.dumps({"text": DOCS[0]}), json.dumps({"text": DOCS[1]}),
                                       '{"text": "unterminated', json.dumps({"text": DOCS[2]})])
-    with pytest.raises(TidalError, match=rf"^{p.resolve()}:3: bad JSON \(Unterminated string"):
+    with pytest.raises(TidalError, match=rf"^{p.resolve()}:3: bad JSON: Unterminated string starting at \(column 10\)"):
         _open(f"jsonl:{p}", tmp_path)
     q = _lines(tmp_path / "b.jsonl", [json.dumps({"text": DOCS[0]}), json.dumps([1, 2])])
     with pytest.raises(TidalError, match=rf"^{q.resolve()}:2: expected a JSON object, got list"):

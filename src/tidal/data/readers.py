@@ -135,7 +135,7 @@ def _jsonl(src: Source, fi: int, f: Path) -> Iterator[Record]:
                 except UnicodeDecodeError:
                     raise TidalError(f"{f}:{n}: not valid UTF-8") from None
                 except json.JSONDecodeError as e:
-                    raise TidalError(f"{f}:{n}: bad JSON ({e.msg} at column {e.colno})") from None
+                    raise TidalError(f"{f}:{n}: bad JSON: {e.msg} (column {e.colno})") from None
                 if not isinstance(obj, dict):
                     raise TidalError(f"{f}:{n}: expected a JSON object, got {type(obj).__name__}")
                 if field not in obj:
