@@ -114,8 +114,9 @@ def main() -> int:
     try:
         import tokenizers
 
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         print(f"python {platform.python_version()}, tokenizers {tokenizers.__version__}, {os.cpu_count()} CPUs, "
-              f"{platform.machine()}")
+              f"{platform.machine()}, load average {load:.1f} at start")
         src = work / "corpus.jsonl"
         t0 = time.perf_counter()
         n_docs, n_bytes = make_jsonl(src, args.mb)
@@ -130,12 +131,13 @@ def main() -> int:
                 bpe = train_bpe(iter_texts(spec, cache, int(args.tokenizer_mb * 1e6)), args.vocab, tok)
                 print(f"[bpe] trained byte-level BPE vocab {bpe.vocab} on {args.tokenizer_mb:.0f} MB in "
                       f"{time.perf_counter() - t0:.1f} s")
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             c = IndexedCorpus(spec, tokenizer=tok, cache_dir=cache, rebuild=True)
-            dt = time.perf_counter() - t0
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
             print(f"[{name}] index build: {c.tokens_total / 1e6:.1f} M tokens, {len(c)} docs in {dt:.2f} s = "
                   f"{c.tokens_total / dt / 1e6:.2f} M tokens/s, {n_bytes / dt / 1e6:.1f} MB/s of text "
-                  f"({n_bytes / c.tokens_total:.2f} bytes/token); skipped {c.skip_reasons or 0}")
+                  f"({n_bytes / c.tokens_total:.2f} bytes/token); {cpu:.1f} CPU-s (all threads) = "
+                  f"{c.tokens_total / cpu / 1e6:.2f} M tokens per CPU-s; skipped {c.skip_reasons or 0}")
             t0 = time.perf_counter()
             c = IndexedCorpus(spec, tokenizer=tok, cache_dir=cache)
             assert c.cache_status == "hit"

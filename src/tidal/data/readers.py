@@ -12,7 +12,7 @@
 A reader yields records `(file index, record number, text or None, skip reason)`: the record number is the 1-based
 line of a JSONL file and the 0-based row of a Parquet file or dataset (0 for a file of `dir:`). Malformed input is an
 error naming the file and line or row (bad JSON, not an object, missing or non-string field, null value, undecodable
-line, unreadable or non-Parquet file, a tokenizer that does not load); documented skips are yielded with a reason
+line, unreadable or non-Parquet file, a dataset that does not load); documented skips are yielded with a reason
 and counted by the index builder: `blank_line` (an empty JSONL line) and `binary` (a `dir:` file that is not UTF-8
 text or holds a NUL byte). pyarrow and datasets are imported inside the functions that use them.
 """
