@@ -182,3 +182,34 @@ def test_concurrent_opens_build_once(tmp_path):
 def _open_status(p: str, cache: str) -> tuple[str, int]:
     c = corpus_from_spec(f"jsonl:{p}", seed=0, vocab=256, cache_dir=Path(cache))
     return c.cache_status, c.tokens_total
+
+
+def test_optional_libraries_are_imported_lazily(tmp_path):
+    """Without tokenizers / pyarrow / datasets: the CLI imports, byte-level JSONL works, the others say what to
+    install."""
+    import subprocess
+    import sys
+
+    p = write_jsonl(tmp_path / "a.jsonl", DOCS[:5])
+    code = f"""
+import sys
+for m in ("tokenizers", "pyarrow", "pyarrow.parquet", "datasets"):
+    sys.modules[m] = None  # import fails
+import tidal.cli.main
+from tidal.core import TidalError
+from tidal.data import corpus_from_spec
+c = corpus_from_spec("jsonl:{p}", seed=0, vocab=256, cache_dir="{tmp_path / 'cache'}")
+assert len(c) == 5
+for spec, kw in (("jsonl:{p}", {{"tokenizer": "{p}"}}), ("parquet:{p}", {{}}), ("hf:{p}", {{}})):
+    try:
+        corpus_from_spec(spec, seed=0, vocab=256, cache_dir="{tmp_path / 'cache'}", **kw)
+    except TidalError as e:
+        assert "pip install 'tidal[data]'" in str(e), e
+    else:
+        raise AssertionError(spec)
+print("ok")
+"""
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
