@@ -63,11 +63,14 @@ class StepMetrics:
     loss: float  # token-weighted mean cross-entropy over the step (same on every rank)
     tokens: int
     sequences: int
-    busy_s: float  # this rank's CPU time over the step (time.thread_time)
+    busy_s: float  # this rank's CPU time over the step (time.thread_time: the training thread)
     compute_busy_s: float  # ... in forward/backward only
+    process_busy_s: float  # CPU time of the whole rank process, incl. the communication backend's threads
     wall_s: float
-    pull_s: float
-    push_s: float
+    pull_s: float  # wall time of the pull (includes waiting for the ranks it talks to)
+    push_s: float  # wall time of the push (includes waiting for the slowest pipeline to finish its backward)
+    pull_cpu_s: float  # this rank's CPU time in the pull
+    push_cpu_s: float
     pull_bytes: int  # sent + received by this rank
     push_bytes: int
     optim: dict
@@ -157,8 +160,8 @@ class Executor:
     def master(self) -> list[torch.Tensor]:
         return self.optim.params
 
-    def _pull(self, k: int) -> tuple[float, int]:
-        t0 = time.perf_counter()
+    def _pull(self, k: int) -> tuple[float, float, int]:
+        t0, c0 = time.perf_counter(), time.thread_time()
         inputs = [p.to(self.compute_dtype) for p in self.master]
         outs = run(self.pulls[k], inputs, self.groups, dtype=self.compute_dtype)
         if self.models[k] is not None:
@@ -166,10 +169,10 @@ class Executor:
                 for p, x in zip(held_params(self.models[k], self.spec), outs):
                     if p is not None:
                         p.copy_(x)
-        return time.perf_counter() - t0, _bytes(self.pulls[k], self.rank)
+        return time.perf_counter() - t0, time.thread_time() - c0, _bytes(self.pulls[k], self.rank)
 
-    def _push(self, k: int) -> tuple[list[torch.Tensor], float, int]:
-        t0 = time.perf_counter()
+    def _push(self, k: int) -> tuple[list[torch.Tensor], float, float, int]:
+        t0, c0 = time.perf_counter(), time.thread_time()
         model = self.models[k]
         if model is None:
             inputs = [None] * len(self.table)
@@ -177,12 +180,12 @@ class Executor:
             inputs = [None if p is None else (p.grad if p.grad is not None else torch.zeros_like(p)).to(
                 self.master_dtype) for p in held_params(model, self.spec)]
         outs = run(self.pushes[k], inputs, self.groups, dtype=self.master_dtype)
-        return outs, time.perf_counter() - t0, _bytes(self.pushes[k], self.rank)
+        return outs, time.perf_counter() - t0, time.thread_time() - c0, _bytes(self.pushes[k], self.rank)
 
     def train_step(self, step: StepPlan, fetch: Callable[[int], torch.Tensor]) -> StepMetrics:
         """One optimizer step on `step`. `fetch(j)` returns the ``seq_lengths[j] + 1`` token ids of sequence j; it
         is called only for the sequences this rank's pipeline runs."""
-        t_wall, t_busy = time.perf_counter(), time.thread_time()
+        t_wall, t_busy, t_proc = time.perf_counter(), time.thread_time(), time.process_time()
         k = step.strategy
         if not 0 <= k < len(self.candidates):
             raise TidalError(f"step plan names candidate {k}; the executor has {len(self.candidates)}")
@@ -192,7 +195,7 @@ class Executor:
                              f"{len(strategy.pipelines)}")
         running = sorted(i for p in step.pipelines for mb in p.micro_batches for i in mb)
         tokens = sum(step.seq_lengths[i] for i in running)
-        pull_s, pull_b = self._pull(k)
+        pull_s, pull_c, pull_b = self._pull(k)
         loss_part, compute = 0.0, 0.0
         model = self.models[k]
         if model is not None:
@@ -208,14 +211,15 @@ class Executor:
                 compute = time.thread_time() - c0
                 if self.rank == grid.pipeline.devices[0]:
                     loss_part = res.loss
-        grads, push_s, push_b = self._push(k)
+        grads, push_s, push_c, push_b = self._push(k)
         optim = {}
         if tokens > 0:  # a step with nothing to train leaves parameters and moments untouched
             optim = self.optim.step(grads)
         loss = torch.tensor([loss_part], dtype=torch.float64)
         dist.all_reduce(loss)
         return StepMetrics(float(loss), tokens, len(running), time.thread_time() - t_busy, compute,
-                           time.perf_counter() - t_wall, pull_s, push_s, pull_b, push_b, optim)
+                           time.process_time() - t_proc, time.perf_counter() - t_wall, pull_s, push_s, pull_c,
+                           push_c, pull_b, push_b, optim)
 
     def gather_state(self) -> dict[str, dict[str, np.ndarray]] | None:
         """Full master parameters and Adam moments on rank 0 (None elsewhere): for verification and checkpoints."""

@@ -25,7 +25,8 @@ from tidal.core.cluster import ClusterSpec, get_cluster
 from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec, get_model, param_table
 from tidal.core.plan import StepPlan
-from tidal.core.strategy import Strategy
+from tidal.core.scheme import parse_strategies
+from tidal.core.strategy import Strategy, place
 from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.costmodel.fitted import load_cost_model
 from tidal.data.corpus import corpus_from_spec
@@ -48,7 +49,6 @@ class Prepared:
     config: TrainConfig
     spec: ModelSpec
     cluster: ClusterSpec
-    cost_model: object
     candidates: tuple[Strategy, ...]
     options: PlanningOptions
     exec_config: ExecConfig
@@ -56,6 +56,16 @@ class Prepared:
     @property
     def world(self) -> int:
         return self.cluster.num_devices
+
+    def cost_model(self):
+        """The planner's cost model (rebuilt where needed: fitted models hold read-only mappings that do not pickle)."""
+        return build_cost_model(self.config, self.spec, self.cluster)
+
+
+def build_cost_model(cfg: TrainConfig, spec: ModelSpec, cluster: ClusterSpec):
+    if cfg.planner.cost_model:
+        return load_cost_model(cfg.planner.cost_model, spec, cluster)
+    return AnalyticCostModel(spec, cluster)
 
 
 def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
@@ -78,13 +88,14 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
     corpus = corpus_from_spec(cfg.data.source, seed=cfg.data.seed, vocab=spec.vocab)
     if corpus.vocab > spec.vocab:
         raise TidalError(f"corpus {cfg.data.source} has vocabulary {corpus.vocab} > model {spec.name}'s {spec.vocab}")
-    cm = (load_cost_model(cfg.planner.cost_model, spec, cluster) if cfg.planner.cost_model
-          else AnalyticCostModel(spec, cluster))
+    cm = build_cost_model(cfg, spec, cluster)
     options = PlanningOptions(max_len=cfg.data.max_len, tokens_per_step=cfg.data.tokens_per_step,
                               packing=cfg.planner.packing, cp_sharding=cfg.planner.cp_sharding, seed=cfg.data.seed,
                               rotate=cfg.planner.rotate)
     sample = None
-    if cfg.planner.strategies.strip().lower() == "auto":
+    if cfg.planner.strategies.strip().lower() != "auto":  # memory first: a clearer message than the max_len check
+        profile_strategies(tuple(place(sch, cluster, spec) for sch in parse_strategies(cfg.planner.strategies)), cm)
+    else:
         src = corpus.length_source()
         n = PROPOSAL_SAMPLE if src.size is None else min(src.size, PROPOSAL_SAMPLE)
         sample = np.minimum(src.lengths(0, n), cfg.data.max_len)
@@ -100,7 +111,7 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
         parent = Path(cfg.train.metrics).parent
         if not parent.is_dir():
             raise TidalError(f"metrics path {cfg.train.metrics}: directory {parent} does not exist")
-    return Prepared(cfg, spec, cluster, cm, candidates, options, ex)
+    return Prepared(cfg, spec, cluster, candidates, options, ex)
 
 
 def make_planner(job: Prepared) -> tuple[StepPlanner, object]:
@@ -109,10 +120,11 @@ def make_planner(job: Prepared) -> tuple[StepPlanner, object]:
     src = corpus.length_source()
     sampler = TokenBudgetSampler(src, cfg.data.tokens_per_step, cfg.data.max_len, long_docs=cfg.data.long_docs,
                                  seed=cfg.data.seed, cycle=src.size is not None)
-    return StepPlanner(job.cost_model, job.candidates, sampler, job.options), corpus
+    return StepPlanner(job.cost_model(), job.candidates, sampler, job.options), corpus
 
 
-_RANK_FIELDS = ("busy_s", "compute_busy_s", "wall_s", "pull_s", "push_s", "pull_bytes", "push_bytes")
+_RANK_FIELDS = ("busy_s", "compute_busy_s", "process_busy_s", "wall_s", "pull_s", "push_s", "pull_cpu_s",
+                "push_cpu_s", "pull_bytes", "push_bytes")
 
 
 @dataclass(frozen=True)
@@ -186,12 +198,16 @@ def _row(index: int, step: StepPlan, job: Prepared, m, per_rank: np.ndarray, pla
         "critical_path_s": float(busy.max()),
         "imbalance": float(busy.max() / busy.mean()) if busy.mean() > 0 else 1.0,
         "compute_busy_s": [float(x) for x in col["compute_busy_s"]],
+        "process_busy_s": [float(x) for x in col["process_busy_s"]],
+        "process_critical_path_s": float(col["process_busy_s"].max()),
         "est_step_time_s": step.est_step_time,
         "lower_bound_s": step.lower_bound,
         "plan_s": plan_s,
         "token_delay": delay,
         "pull_s": float(col["pull_s"].max()),
         "push_s": float(col["push_s"].max()),
+        "pull_cpu_s": [float(x) for x in col["pull_cpu_s"]],
+        "push_cpu_s": [float(x) for x in col["push_cpu_s"]],
         "pull_bytes": int(col["pull_bytes"].sum()),
         "push_bytes": int(col["push_bytes"].sum()),
         "grad_norm": m.optim.get("grad_norm", math.nan),
