@@ -27,8 +27,8 @@ def add_parser(sub) -> None:
                         "directory, a .jsonl/.parquet file or a text file")
     t.add_argument("--vocab", type=int, required=True, help="vocabulary size (>= 257: 256 bytes + <|endoftext|>)")
     t.add_argument("--out", type=Path, required=True, help="tokenizer.json to write")
-    t.add_argument("--max-bytes", type=int, default=64 << 20,
-                   help="train on about this many bytes of text (default 64 MiB; 0 = all)")
+    t.add_argument("--max-bytes", type=int, default=16 << 20,
+                   help="train on about this many bytes of text (default 16 MiB; 0 = all)")
     t.add_argument("--min-frequency", type=int, default=2, help="pairs seen fewer times are not merged")
     t.add_argument("--cache-dir", type=Path, default=None, help="cache for hf: inputs (default ~/.cache/tidal)")
     t.set_defaults(func=run_train)
