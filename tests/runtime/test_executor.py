@@ -58,6 +58,8 @@ def runs():
     jobs = [prepare(_config(m, s), 8) for _, m, s in CASES]
     jobs.append(prepare(_config("tiny", "tp2pp2+2*tp1pp2"), 8))  # same documents as switch-4, one strategy
     jobs.append(prepare(_config("tiny", "8*tp1", steps=3, tokens=150, max_len=150), 8))  # < 8 sequences per step
+    sync = _config("tiny-tied", CASES[8][2])  # tied PP with the synchronous pull instead of the layer-wise overlap
+    jobs.append(prepare(dataclasses.replace(sync, train=dataclasses.replace(sync.train, overlap_pull=False)), 8))
     results = run_distributed(jobs_worker, 8, jobs, timeout_s=1200)[0]
     return jobs, results
 
@@ -91,9 +93,9 @@ def test_moments_independent_of_switching(runs):
 
 def test_fewer_sequences_than_pipelines(runs):
     jobs, results = runs
-    res = results[-1]
+    res = results[len(CASES) + 1]
     assert any(r["documents"] < 8 for r in res.rows), [r["documents"] for r in res.rows]
-    losses, ref = replay_reference(jobs[-1], res.rows)
+    losses, ref = replay_reference(jobs[len(CASES) + 1], res.rows)
     rep = verify_report(res.rows, losses, res.state, ref)
     assert rep["params"] <= TOL["params"] and rep["loss"] <= TOL["loss"], rep
 
@@ -111,3 +113,13 @@ def test_config_is_picklable_and_frozen():
     cfg = _config("tiny", "8*tp1")
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.train.steps = 3  # type: ignore[misc]
+
+
+def test_synchronous_pull_equals_overlapped(runs):
+    """overlap_pull=False (one blocking pull) trains to the same parameters as the layer-wise overlapped pull."""
+    jobs, results = runs
+    overlapped, sync = results[8], results[-1]
+    assert not jobs[-1].exec_config.overlap_pull and jobs[8].exec_config.overlap_pull
+    for key in ("params", "m", "v"):
+        d, name = max_rel_diff(sync.state[key], overlapped.state[key])
+        assert d <= TOL["params"], (key, name, d)

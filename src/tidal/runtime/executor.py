@@ -37,7 +37,8 @@ from tidal.runtime.groups import GroupCache
 from tidal.runtime.optim import OptimConfig, ShardedAdamW, shard_range
 from tidal.runtime.pipeline import RankGrid, build_stage_model, run_pipeline
 from tidal.runtime.reshard.bsr import Topology
-from tidal.runtime.reshard.switch import SwitchPlanner, run
+from tidal.runtime.reshard.execute import start
+from tidal.runtime.reshard.switch import SwitchPlanner, pull_moves, run
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -49,6 +50,7 @@ class ExecConfig:
     compute_dtype: str = "float32"  # parameters pulled into the strategy in this dtype (float32 | bfloat16 | float64)
     schedule: str = "1f1b"
     attn_backend: str = "auto"
+    overlap_pull: bool = True  # pull layer by layer in the background; each module waits for its own parameters
 
     def __post_init__(self) -> None:
         for k in ("master_dtype", "compute_dtype"):
@@ -113,6 +115,9 @@ class Executor:
         push_planner = SwitchPlanner(topo, itemsize=torch.finfo(self.master_dtype).bits // 8)
         devices = tuple(range(self.world))
         self.pulls, self.pushes, self.grids, self.models = [], [], [], []
+        self.group_index, self.module_group = _param_groups(self.table)
+        self.pull_groups: list[list[tuple[list[int], object]]] = []  # per candidate: (table indices, plan) per group
+        self._inflight: list = []
         for k, strategy in enumerate(self.candidates):
             if any(d >= self.world for p in strategy.pipelines for d in p.devices):
                 raise TidalError(f"candidate {k} ({strategy}) uses devices beyond the world of {self.world}")
@@ -122,6 +127,9 @@ class Executor:
             self.groups.ensure(push.group_ranks())
             self.pulls.append(pull)
             self.pushes.append(push)
+            self.pull_groups.append([(idx, pull_planner.plan(pull_moves(spec, strategy, devices,
+                                                                        [self.table[i].name for i in idx]),
+                                                             bsr_only=True)) for idx in self.group_index])
             mine = [j for j, p in enumerate(strategy.pipelines) if self.rank in p.devices]
             if not mine:
                 self.grids.append(None)
@@ -133,6 +141,10 @@ class Executor:
             self._check_layout(model, pull, k)
             self.grids.append((mine[0], grid))
             self.models.append(model)
+            if cfg.overlap_pull:
+                self._install_hooks(model, k)
+        self._active: int | None = None
+        self._pull_wait_cpu = 0.0
         self._init_master()
 
     def _check_layout(self, model: torch.nn.Module, pull, k: int) -> None:
@@ -161,6 +173,7 @@ class Executor:
         return self.optim.params
 
     def _pull(self, k: int) -> tuple[float, float, int]:
+        """Synchronous pull of every parameter (overlap_pull=False)."""
         t0, c0 = time.perf_counter(), time.thread_time()
         inputs = [p.to(self.compute_dtype) for p in self.master]
         outs = run(self.pulls[k], inputs, self.groups, dtype=self.compute_dtype)
@@ -170,6 +183,49 @@ class Executor:
                     if p is not None:
                         p.copy_(x)
         return time.perf_counter() - t0, time.thread_time() - c0, _bytes(self.pulls[k], self.rank)
+
+    def _start_pull(self, k: int) -> tuple[float, float, int]:
+        """Post every parameter group's pull messages at once (embedding, each layer, head, in that order on every
+        rank); the forward pre-hook of each module completes its group just before the module first runs, so later
+        layers' parameters travel while earlier layers compute (Hydraulis Fig. 11)."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        held = held_params(self.models[k], self.spec) if self.models[k] is not None else None
+        self._inflight = []
+        for idx, plan in self.pull_groups[k]:
+            inputs = [self.master[i].to(self.compute_dtype) for i in idx]
+            fl = start(plan, inputs, dtype=self.compute_dtype)
+            self._inflight.append((idx, fl, held))
+        nbytes = sum(_bytes(plan, self.rank) for _, plan in self.pull_groups[k])
+        return time.perf_counter() - t0, time.thread_time() - c0, nbytes
+
+    def _complete(self, g: int) -> float:
+        """Finish group g's pull (if still in flight) and copy it into the module parameters; returns CPU seconds."""
+        if g >= len(self._inflight):
+            return 0.0
+        idx, fl, held = self._inflight[g]
+        if fl.done:
+            return 0.0
+        c0 = time.thread_time()
+        outs = fl.wait()
+        if held is not None:
+            with torch.no_grad():
+                for i, x in zip(idx, outs):
+                    if held[i] is not None:
+                        held[i].copy_(x)
+        return time.thread_time() - c0
+
+    def _install_hooks(self, model: torch.nn.Module, k: int) -> None:
+        for prefix, g in self.module_group.items():
+            mod = model.get_submodule(prefix) if _has_submodule(model, prefix) else None
+            if mod is None:
+                continue
+            if prefix == "output" and self.spec.tie_embeddings:
+                g = 0  # the tied head is the embedding table's group
+            mod.register_forward_pre_hook(lambda _m, _a, g=g, k=k: self._hook(k, g))
+
+    def _hook(self, k: int, g: int) -> None:
+        if self._active == k:
+            self._pull_wait_cpu += self._complete(g)
 
     def _push(self, k: int) -> tuple[list[torch.Tensor], float, float, int]:
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -195,7 +251,11 @@ class Executor:
                              f"{len(strategy.pipelines)}")
         running = sorted(i for p in step.pipelines for mb in p.micro_batches for i in mb)
         tokens = sum(step.seq_lengths[i] for i in running)
-        pull_s, pull_c, pull_b = self._pull(k)
+        if self.cfg.overlap_pull:
+            self._active, self._pull_wait_cpu = k, 0.0
+            pull_s, pull_c, pull_b = self._start_pull(k)
+        else:
+            pull_s, pull_c, pull_b = self._pull(k)
         loss_part, compute = 0.0, 0.0
         model = self.models[k]
         if model is not None:
@@ -211,6 +271,13 @@ class Executor:
                 compute = time.thread_time() - c0
                 if self.rank == grid.pipeline.devices[0]:
                     loss_part = res.loss
+        if self.cfg.overlap_pull:  # groups this rank only sends, or a pipeline with nothing to run
+            t0 = time.perf_counter()
+            rest = sum(self._complete(g) for g in range(len(self._inflight)))
+            pull_c += rest + self._pull_wait_cpu
+            compute -= self._pull_wait_cpu  # the hooks ran inside forward; count their copies as pull
+            pull_s += time.perf_counter() - t0
+            self._active, self._inflight = None, []
         grads, push_s, push_c, push_b = self._push(k)
         optim = {}
         if tokens > 0:  # a step with nothing to train leaves parameters and moments untouched
@@ -230,6 +297,28 @@ class Executor:
             for i, info in enumerate(self.table):
                 out[key][info.name] = np.concatenate([parts[r][i] for r in range(self.world)])
         return out if self.rank == 0 else None
+
+
+def _param_groups(table) -> tuple[list[list[int]], dict[str, int]]:
+    """Pull groups in forward order: the embedding, each layer, the final norm and head; and the module prefix whose
+    forward pre-hook completes each group."""
+    groups: dict[str, list[int]] = {}
+    for i, info in enumerate(table):
+        key = {"embed": "tok_embeddings", "head": "head"}.get(str(info.owner), f"layers.{info.owner}")
+        groups.setdefault(key, []).append(i)
+    order = list(groups)
+    module_group = {prefix: order.index(prefix) for prefix in order if prefix != "head"}
+    if "head" in groups:
+        module_group["norm"] = order.index("head")
+        module_group["output"] = order.index("head")
+    return [groups[k] for k in order], module_group
+
+
+def _has_submodule(model: torch.nn.Module, prefix: str) -> bool:
+    try:
+        return model.get_submodule(prefix) is not None
+    except AttributeError:
+        return False
 
 
 def _bytes(plan, rank: int) -> int:

@@ -106,7 +106,8 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
             raise TidalError(f"strategy {s} needs {s.num_devices} devices; the world has {cluster.num_devices}")
     profile_strategies(candidates, cm)  # a scheme that does not fit memory raises here
     ex = ExecConfig(seed=cfg.train.seed, master_dtype=cfg.train.master_dtype, compute_dtype=cfg.train.compute_dtype,
-                    schedule=cfg.train.schedule, attn_backend=cfg.model.attn_backend)
+                    schedule=cfg.train.schedule, attn_backend=cfg.model.attn_backend,
+                    overlap_pull=cfg.train.overlap_pull)
     if cfg.train.metrics:
         parent = Path(cfg.train.metrics).parent
         if not parent.is_dir():
