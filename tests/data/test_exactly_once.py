@@ -132,3 +132,11 @@ def test_ledger_rejects_repeats_and_reports_missing():
                                       "delay_steps": 1, "pending_delayed": 0}
     with pytest.raises(TidalError, match="state is for other documents"):
         EpochLedger([5, 3, 9]).load_state_dict(state)
+
+
+def test_ledger_with_truncated_documents():
+    led = EpochLedger([5, 30, 8], truncate_at=10)
+    led.record([(0, 0, 5), (1, 0, 10), (2, 0, 8)])
+    assert led.check_complete()["tokens_trained"] == 23
+    with pytest.raises(TidalError, match=r"\[0, 11\) outside document 1 of 10 positions"):
+        EpochLedger([5, 30], truncate_at=10).record([(1, 0, 11)])

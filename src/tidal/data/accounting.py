@@ -44,10 +44,17 @@ def _lengths_key(lengths: np.ndarray) -> str:
 class EpochLedger:
     """Per-epoch record of trained document positions; see the module docstring."""
 
-    def __init__(self, lengths: np.ndarray | Iterable[int], spec: str = "corpus") -> None:
+    def __init__(self, lengths: np.ndarray | Iterable[int], spec: str = "corpus", *,
+                 truncate_at: int | None = None) -> None:
+        """`truncate_at`: the sampler's max_len when it runs with long_docs="truncate" (only the first max_len
+        positions of a longer document are trained, so that is what completes it)."""
         self.lengths = np.asarray(lengths, dtype=np.int64)
         if self.lengths.ndim != 1 or (self.lengths < 1).any():
             raise TidalError("ledger: lengths must be a 1-D array of positive integers")
+        if truncate_at is not None:
+            if truncate_at < 1:
+                raise TidalError(f"ledger: truncate_at must be >= 1, got {truncate_at}")
+            self.lengths = np.minimum(self.lengths, int(truncate_at))
         self.spec = spec
         self._done = np.zeros(len(self.lengths), dtype=bool)
         self._partial: dict[int, list[tuple[int, int]]] = {}  # doc -> trained (start, end) pieces, incomplete docs
