@@ -140,11 +140,11 @@ def replay_reference(job, rows: list[dict]):
     """The single-process run on the documents every step trained; returns (losses, state)."""
     import torch
 
-    from tidal.data.corpus import corpus_from_spec
     from tidal.runtime.reference import ReferenceTrainer
+    from tidal.runtime.train import open_corpus
 
     cfg = job.config
-    corpus = corpus_from_spec(cfg.data.source, seed=cfg.data.seed, vocab=job.spec.vocab)
+    corpus = open_corpus(cfg, job.spec)
     ref = ReferenceTrainer(job.spec, seed=cfg.train.seed, dtype=getattr(torch, cfg.train.master_dtype),
                            optim=cfg.optimizer)
     losses = []

@@ -5,7 +5,8 @@ Sections and keys (all optional except where noted; see docs/training.md for the
 
     [model]      name = "tiny", attn_backend = "auto"
     [world]      cluster = "cpux4"                  # TYPExN; N must equal the number of ranks
-    [data]       source = "stdlib", max_len, tokens_per_step, long_docs = "split", seed
+    [data]       source = "stdlib", max_len, tokens_per_step, long_docs = "split", seed, tokenizer = "",
+                 cache_dir = "", cycle = false
     [planner]    strategies = "auto" | "tp2+2*tp1;4*tp1", packing = "hydraulis"|"wlb"|"fixed",
                  cp_sharding = "adaptive", rotate = false, cost_model = "" (path to a fitted model or profile)
     [optimizer]  lr, beta1, beta2, eps, weight_decay, clip, warmup_steps, decay_steps, min_lr_ratio
@@ -51,6 +52,9 @@ class DataConfig:
     tokens_per_step: int = 8192
     long_docs: str = "split"
     seed: int = 0
+    tokenizer: str = ""  # tokenizer.json for real corpora (jsonl:, parquet:, hf:, dir:); byte-level when empty
+    cache_dir: str = ""  # where real corpora keep their token index (default: ~/.cache/tidal/corpora)
+    cycle: bool = False  # start a new epoch at the end of a finite corpus instead of stopping
 
 
 @dataclass(frozen=True)

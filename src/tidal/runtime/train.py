@@ -29,6 +29,7 @@ from tidal.core.scheme import parse_strategies
 from tidal.core.strategy import Strategy, place
 from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.costmodel.fitted import load_cost_model
+from tidal.data.accounting import EpochLedger
 from tidal.data.corpus import corpus_from_spec
 from tidal.data.sampler import TokenBudgetSampler
 from tidal.models.attention import BACKENDS
@@ -85,7 +86,7 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
         if info.shape[0] < cluster.num_devices:
             raise TidalError(f"model {spec.name}: {info.name} has {info.shape[0]} rows, fewer than the "
                              f"{cluster.num_devices} ranks that shard the optimizer state")
-    corpus = corpus_from_spec(cfg.data.source, seed=cfg.data.seed, vocab=spec.vocab)
+    corpus = open_corpus(cfg, spec)
     if corpus.vocab > spec.vocab:
         raise TidalError(f"corpus {cfg.data.source} has vocabulary {corpus.vocab} > model {spec.name}'s {spec.vocab}")
     cm = build_cost_model(cfg, spec, cluster)
@@ -115,13 +116,27 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
     return Prepared(cfg, spec, cluster, candidates, options, ex)
 
 
+def open_corpus(cfg: TrainConfig, spec: ModelSpec):
+    return corpus_from_spec(cfg.data.source, seed=cfg.data.seed, vocab=spec.vocab, tokenizer=cfg.data.tokenizer or None,
+                            cache_dir=cfg.data.cache_dir or None)
+
+
 def make_planner(job: Prepared) -> tuple[StepPlanner, object]:
     cfg = job.config
-    corpus = corpus_from_spec(cfg.data.source, seed=cfg.data.seed, vocab=job.spec.vocab)
+    corpus = open_corpus(cfg, job.spec)
     src = corpus.length_source()
     sampler = TokenBudgetSampler(src, cfg.data.tokens_per_step, cfg.data.max_len, long_docs=cfg.data.long_docs,
-                                 seed=cfg.data.seed, cycle=src.size is not None)
+                                 seed=cfg.data.seed, cycle=cfg.data.cycle and src.size is not None)
     return StepPlanner(job.cost_model(), job.candidates, sampler, job.options), corpus
+
+
+def make_ledger(job: Prepared, corpus) -> EpochLedger | None:
+    """Exactly-once accounting of a finite corpus's epoch (None for infinite or cycling sources)."""
+    src = corpus.length_source()
+    if src.size is None or job.config.data.cycle:
+        return None
+    cut = job.config.data.max_len if job.config.data.long_docs == "truncate" else None
+    return EpochLedger(src.lengths(0, src.size), src.spec, truncate_at=cut)
 
 
 _RANK_FIELDS = ("busy_s", "compute_busy_s", "process_busy_s", "wall_s", "pull_s", "push_s", "pull_cpu_s",
@@ -142,9 +157,8 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
     cfg = job.config
     groups = GroupCache()
     executor = Executor(job.spec, job.cluster, job.candidates, job.exec_config, cfg.optimizer, groups)
-    planner, corpus = make_planner(job) if rank == 0 else (None, None)
-    if rank != 0:
-        corpus = corpus_from_spec(cfg.data.source, seed=cfg.data.seed, vocab=job.spec.vocab)
+    planner, corpus = make_planner(job) if rank == 0 else (None, open_corpus(cfg, job.spec))
+    ledger = make_ledger(job, corpus) if rank == 0 else None
     rows: list[dict] = []
     out = open(cfg.train.metrics, "w") if (rank == 0 and cfg.train.metrics) else None  # noqa: SIM115
     try:
@@ -155,6 +169,8 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
                 ps = planner.next()
                 if ps is not None:
                     box = [(ps.index, ps.plan.to_dict(), ps.docs, ps.token_delay)]
+                    if ledger is not None:
+                        ledger.record_planned(ps)
             plan_s = time.perf_counter() - t_plan
             dist.broadcast_object_list(box, src=0)
             if box[0] is None:
@@ -167,6 +183,8 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
             dist.all_gather(every, mine)
             if rank == 0:
                 row = _row(index, step, job, m, torch.stack(every).numpy(), plan_s, delay)
+                if ledger is not None:
+                    row["data"] = ledger.counters()
                 if record:
                     row["docs_run"] = [list(docs[i]) for p in step.pipelines for mb in p.micro_batches for i in mb]
                 rows.append(row)
