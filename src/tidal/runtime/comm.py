@@ -4,15 +4,17 @@ Conventions: every function takes the group it talks over; ``group=None`` means 
 communication at all), never the default world group. Point-to-point calls take global ranks. Nothing here holds
 state between calls.
 
-Gloo notes: reduce-scatter is done as all-reduce then slice on gloo (same result, 2x traffic, and it works on every
-torch >= 2.3 gloo build); all-gather of unequal sizes pads each rank's rows to the group maximum (padding is on the
-wire only, never computed on).
+Gloo notes: reduce-scatter is all-reduce then slice where the backend lacks it (gloo before PyTorch 2.8; see
+`runtime.groups.native_reduce_scatter`); all-gather of unequal sizes pads each rank's rows to the group maximum
+(padding is on the wire only, never computed on).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from tidal.runtime.groups import native_reduce_scatter
 
 _HEADER = 8  # p2p shape header: [ndim, d0, ..., d6]
 
@@ -39,7 +41,7 @@ def reduce_scatter_rows(t: torch.Tensor, group) -> torch.Tensor:
         return t
     n = t.shape[0] // w
     r = group_rank(group)
-    if dist.get_backend(group) == "gloo":
+    if not native_reduce_scatter(dist.get_backend(group)):
         buf = t.contiguous().clone()
         dist.all_reduce(buf, group=group)
         return buf[r * n : (r + 1) * n].contiguous()

@@ -145,14 +145,9 @@ def execute(plan: CommPlan, inputs: Sequence[torch.Tensor | None], groups: Group
             n = col.chunk_elems()
             full = torch.cat([local.pack(ch, contrib, rank) for ch in col.chunks])
             out = torch.empty(n, dtype=dtype, device=device)
-            if groups.reduce_scatter != "allreduce":
-                try:
-                    dist.reduce_scatter(out, list(full.split(n)), group=group)
-                except RuntimeError:
-                    if groups.reduce_scatter == "native":
-                        raise
-                    groups.reduce_scatter = "allreduce"  # deterministic on every rank: the backend lacks it
-            if groups.reduce_scatter == "allreduce":
+            if groups.use_native_reduce_scatter(group):
+                dist.reduce_scatter(out, list(full.split(n)), group=group)
+            else:  # the backend lacks reduce-scatter (capability table in runtime.groups)
                 dist.all_reduce(full, group=group)
                 out = full[me * n:(me + 1) * n]
             local.unpack(out, col.chunks[me])
