@@ -76,12 +76,20 @@ def launch(job, entry, *args, nproc: int | None, timeout_s: float) -> list:
         if world != job.world:
             raise TidalError(f"torchrun world size {world} does not match cluster {job.cluster.name} "
                              f"({job.world} devices)")
-        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+        import torch
+
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
         try:
             return [entry(rank, world, job, *args)]
         finally:
             dist.destroy_process_group()
-    return run_distributed(entry, job.world, job, *args, timeout_s=timeout_s)
+    import torch
+
+    backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= job.world else "gloo"
+    return run_distributed(entry, job.world, job, *args, backend=backend, timeout_s=timeout_s)
 
 
 def train_entry(rank: int, world: int, job, show: bool, record: bool):

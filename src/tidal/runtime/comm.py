@@ -122,15 +122,17 @@ def send_with_shape(t: torch.Tensor, dst: int) -> tuple[list, tuple]:
     header = torch.zeros(_HEADER, dtype=torch.int64)
     header[0] = t.dim()
     header[1 : 1 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
+    header = header.to(t.device)  # on the tensor's device: NCCL sends device memory only
     data = t.detach().contiguous()
     return [dist.isend(header, dst), dist.isend(data, dst)], (header, data)
 
 
-def recv_with_shape(src: int, dtype: torch.dtype, device="cpu") -> torch.Tensor:
+def recv_with_shape(src: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
     """Blocking receive of a header then a tensor of that shape from global rank `src`."""
-    header = torch.empty(_HEADER, dtype=torch.int64)
+    header = torch.empty(_HEADER, dtype=torch.int64, device=device)
     dist.recv(header, src)
-    shape = tuple(int(x) for x in header[1 : 1 + int(header[0])])
+    h = header.tolist()
+    shape = tuple(int(x) for x in h[1 : 1 + int(h[0])])
     out = torch.empty(shape, dtype=dtype, device=device)
     dist.recv(out, src)
     return out

@@ -51,6 +51,7 @@ class ExecConfig:
     schedule: str = "1f1b"
     attn_backend: str = "auto"
     overlap_pull: bool = True  # pull layer by layer in the background; each module waits for its own parameters
+    device: str = "auto"  # auto: the current CUDA device under NCCL, else CPU; or "cpu" / "cuda"
 
     def __post_init__(self) -> None:
         for k in ("master_dtype", "compute_dtype"):
@@ -58,6 +59,8 @@ class ExecConfig:
                 raise TidalError(f"{k} must be one of {', '.join(DTYPES)}, got {getattr(self, k)!r}")
         if self.master_dtype == "bfloat16":
             raise TidalError("master_dtype must be float32 or float64 (bf16 master weights lose updates)")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise TidalError(f"device must be auto, cpu or cuda, got {self.device!r}")
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,7 @@ class Executor:
             raise TidalError(f"cluster {cluster.name} has {cluster.num_devices} devices but the world has "
                              f"{self.world} ranks")
         self.spec, self.cfg, self.optim_cfg, self.candidates = spec, cfg, optim, tuple(candidates)
+        self.device = resolve_device(cfg.device)
         self.master_dtype, self.compute_dtype = DTYPES[cfg.master_dtype], DTYPES[cfg.compute_dtype]
         self.table = param_table(spec)
         for info in self.table:
@@ -137,7 +141,7 @@ class Executor:
                 continue
             grid = RankGrid.build(strategy.pipelines[mine[0]], self.rank, self.groups)
             model = build_stage_model(spec, grid, seed=cfg.seed, attn_backend=cfg.attn_backend,
-                                      dtype=self.compute_dtype)
+                                      dtype=self.compute_dtype).to(self.device)
             self._check_layout(model, pull, k)
             self.grids.append((mine[0], grid))
             self.models.append(model)
@@ -163,7 +167,7 @@ class Executor:
         shards, decay = [], []
         for info in self.table:
             a, b = shard_range(info.shape[0], self.world, self.rank)
-            shards.append(full[info.name].detach()[a:b].clone())
+            shards.append(full[info.name].detach()[a:b].clone().to(self.device))
             decay.append(len(info.shape) > 1)
         del full
         self.optim = ShardedAdamW(shards, decay, self.optim_cfg, group=None)
@@ -176,7 +180,7 @@ class Executor:
         """Synchronous pull of every parameter (overlap_pull=False)."""
         t0, c0 = time.perf_counter(), time.thread_time()
         inputs = [p.to(self.compute_dtype) for p in self.master]
-        outs = run(self.pulls[k], inputs, self.groups, dtype=self.compute_dtype)
+        outs = run(self.pulls[k], inputs, self.groups, dtype=self.compute_dtype, device=self.device)
         if self.models[k] is not None:
             with torch.no_grad():
                 for p, x in zip(held_params(self.models[k], self.spec), outs):
@@ -193,7 +197,7 @@ class Executor:
         self._inflight = []
         for idx, plan in self.pull_groups[k]:
             inputs = [self.master[i].to(self.compute_dtype) for i in idx]
-            fl = start(plan, inputs, dtype=self.compute_dtype)
+            fl = start(plan, inputs, dtype=self.compute_dtype, device=self.device)
             self._inflight.append((idx, fl, held))
         nbytes = sum(_bytes(plan, self.rank) for _, plan in self.pull_groups[k])
         return time.perf_counter() - t0, time.thread_time() - c0, nbytes
@@ -235,7 +239,7 @@ class Executor:
         else:
             inputs = [None if p is None else (p.grad if p.grad is not None else torch.zeros_like(p)).to(
                 self.master_dtype) for p in held_params(model, self.spec)]
-        outs = run(self.pushes[k], inputs, self.groups, dtype=self.master_dtype)
+        outs = run(self.pushes[k], inputs, self.groups, dtype=self.master_dtype, device=self.device)
         return outs, time.perf_counter() - t0, time.thread_time() - c0, _bytes(self.pushes[k], self.rank)
 
     def train_step(self, step: StepPlan, fetch: Callable[[int], torch.Tensor]) -> StepMetrics:
@@ -282,7 +286,7 @@ class Executor:
         optim = {}
         if tokens > 0:  # a step with nothing to train leaves parameters and moments untouched
             optim = self.optim.step(grads)
-        loss = torch.tensor([loss_part], dtype=torch.float64)
+        loss = torch.tensor([loss_part], dtype=torch.float64, device=self.device)
         dist.all_reduce(loss)
         return StepMetrics(float(loss), tokens, len(running), time.thread_time() - t_busy, compute,
                            time.process_time() - t_proc, time.perf_counter() - t_wall, pull_s, push_s, pull_c,
@@ -297,6 +301,15 @@ class Executor:
             for i, info in enumerate(self.table):
                 out[key][info.name] = np.concatenate([parts[r][i] for r in range(self.world)])
         return out if self.rank == 0 else None
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto`: this rank's current CUDA device when the process group runs NCCL, else the CPU."""
+    if name == "cpu" or (name == "auto" and dist.get_backend() != "nccl"):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise TidalError("device cuda requested but no CUDA device is available")
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _param_groups(table) -> tuple[list[list[int]], dict[str, int]]:

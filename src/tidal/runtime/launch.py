@@ -23,6 +23,10 @@ import torch.multiprocessing as mp
 def _worker(rank: int, world_size: int, store_path: str, backend: str, timeout_s: float, fn: Callable, args: tuple,
             queue: Any) -> None:
     try:
+        if backend == "nccl":  # one GPU per rank (round robin over the visible devices)
+            import torch
+
+            torch.cuda.set_device(rank % torch.cuda.device_count())
         store = dist.FileStore(store_path, world_size)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))

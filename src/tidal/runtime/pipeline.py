@@ -147,14 +147,15 @@ def run_pipeline(model: nn.Module, grid: RankGrid, plan: PipelinePlan, seq_lengt
     norm = float(global_tokens if global_tokens is not None else tokens)
     if norm <= 0:
         raise TidalError(f"global_tokens must be positive, got {global_tokens}")
+    device = next(model.parameters()).device  # tokens and the loss follow the model's device
     mbs = []
     for i, mb in enumerate(plan.micro_batches):
         lengths = [seq_lengths[j] for j in mb]
         mode = plan.cp_sharding[i] if s.cp > 1 else "per-seq"
         shard = shard_micro_batch(lengths, s.cp, mode)
         idx = torch.from_numpy(shard.ranks[grid.cp_rank].indices)
-        inputs = torch.cat([documents[j][:-1] for j in mb]).long()[idx]
-        labels = torch.cat([documents[j][1:] for j in mb]).long()[idx]
+        inputs = torch.cat([documents[j][:-1] for j in mb]).long()[idx].to(device)
+        labels = torch.cat([documents[j][1:] for j in mb]).long()[idx].to(device)
         mbs.append((inputs, labels, cp_rank_batch(shard, grid.cp_rank, grid.cp_slots)))
 
     def stage_forward(i: int, x):
@@ -189,7 +190,8 @@ def run_pipeline(model: nn.Module, grid: RankGrid, plan: PipelinePlan, seq_lengt
         if g is not None:
             g.add_(p.grad)
             p.grad = g
-    loss = torch.tensor([stats.loss_sum if (grid.last and grid.tp_rank == 0) else 0.0], dtype=torch.float64)
+    loss = torch.tensor([stats.loss_sum if (grid.last and grid.tp_rank == 0) else 0.0], dtype=torch.float64,
+                        device=device)
     all_reduce_(loss, grid.pipe_group)
     return StepResult(float(loss), tokens, stats.peak_live_micro_batches, stats.peak_saved_bytes,
                       stats.forward_seconds, stats.backward_seconds)

@@ -178,11 +178,11 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
             index, plan_d, docs, delay = box[0]
             step = StepPlan.from_dict(plan_d)
             m = executor.train_step(step, fetch_from(docs, corpus))
-            mine = torch.tensor([getattr(m, f) for f in _RANK_FIELDS], dtype=torch.float64)
+            mine = torch.tensor([getattr(m, f) for f in _RANK_FIELDS], dtype=torch.float64, device=executor.device)
             every = [torch.zeros_like(mine) for _ in range(world)]
             dist.all_gather(every, mine)
             if rank == 0:
-                row = _row(index, step, job, m, torch.stack(every).numpy(), plan_s, delay)
+                row = _row(index, step, job, m, torch.stack(every).cpu().numpy(), plan_s, delay)
                 if ledger is not None:
                     row["data"] = ledger.counters()
                 if record:
