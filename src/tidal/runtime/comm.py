@@ -46,7 +46,9 @@ def reduce_scatter_rows(t: torch.Tensor, group) -> torch.Tensor:
         dist.all_reduce(buf, group=group)
         return buf[r * n : (r + 1) * n].contiguous()
     out = torch.empty((n, *t.shape[1:]), dtype=t.dtype, device=t.device)
-    dist.reduce_scatter_tensor(out, t.contiguous(), group=group)
+    # reduce_scatter_single replaces reduce_scatter_tensor (deprecated) in newer torch; same signature
+    fn = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+    fn(out, t.contiguous(), group=group)
     return out
 
 
