@@ -32,10 +32,10 @@ from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec, param_table
 from tidal.core.plan import StepPlan
 from tidal.core.strategy import Strategy
-from tidal.models.llama import Llama
+from tidal.models.init import derive_seed, init_slice
 from tidal.runtime.groups import GroupCache
 from tidal.runtime.optim import OptimConfig, ShardedAdamW, shard_range
-from tidal.runtime.pipeline import RankGrid, build_stage_model, run_pipeline
+from tidal.runtime.pipeline import RankGrid, build_stage_model, held_params, run_pipeline
 from tidal.runtime.reshard.bsr import Topology
 from tidal.runtime.reshard.execute import start
 from tidal.runtime.reshard.switch import SwitchPlanner, pull_moves, run
@@ -79,19 +79,6 @@ class StepMetrics:
     pull_bytes: int  # sent + received by this rank
     push_bytes: int
     optim: dict
-
-
-def held_params(model: torch.nn.Module, spec: ModelSpec) -> list[torch.nn.Parameter | None]:
-    """This rank's module parameter for every entry of `param_table(spec)` (None where the stage holds none). The
-    last stage's head of a tied embedding stands for the table's `tok_embeddings.weight`."""
-    named = dict(model.named_parameters())
-    out = []
-    for info in param_table(spec):
-        p = named.get(info.name)
-        if p is None and info.tied_head:
-            p = named.get("output.weight")
-        out.append(p)
-    return out
 
 
 class Executor:
@@ -141,7 +128,7 @@ class Executor:
                 continue
             grid = RankGrid.build(strategy.pipelines[mine[0]], self.rank, self.groups)
             model = build_stage_model(spec, grid, seed=cfg.seed, attn_backend=cfg.attn_backend,
-                                      dtype=self.compute_dtype).to(self.device)
+                                      dtype=self.compute_dtype, device=self.device, init=False)  # pulled each step
             self._check_layout(model, pull, k)
             self.grids.append((mine[0], grid))
             self.models.append(model)
@@ -161,15 +148,14 @@ class Executor:
                                  f"{want} in the resharding plan")
 
     def _init_master(self) -> None:
-        """Master shards from the unsharded model's initialisation (same seed on every rank), rows shard_range."""
-        torch.manual_seed(self.cfg.seed)
-        full = dict(Llama(self.spec, "sdpa").to(self.master_dtype).named_parameters())
+        """Master shards (rows shard_range of every parameter) initialised alone to their slice of the unsharded
+        model's initialisation with the same seed (models/init.py): no rank materialises the whole model."""
+        init_seed = derive_seed(self.cfg.seed)
         shards, decay = [], []
-        for info in self.table:
-            a, b = shard_range(info.shape[0], self.world, self.rank)
-            shards.append(full[info.name].detach()[a:b].clone().to(self.device))
+        for i, info in enumerate(self.table):
+            rows = shard_range(info.shape[0], self.world, self.rank)
+            shards.append(init_slice(info, i, init_seed, rows, dtype=self.master_dtype, device=self.device))
             decay.append(len(info.shape) > 1)
-        del full
         self.optim = ShardedAdamW(shards, decay, self.optim_cfg, group=None)
 
     @property
