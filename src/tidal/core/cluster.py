@@ -25,6 +25,9 @@ class DeviceType:
     # tile padding to speak of.
     attn_tile: int = 128
     attn_q_half: float = 174.0
+    # True where the attention kernel computes a CP piece's whole [Lq, Lk] rectangle instead of skipping masked key
+    # blocks (CPU SDPA with a bottom-right mask): per-doc CP then does (2CP+1)/(2CP) times the causal work per rank
+    attn_cp_rect: bool = False
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,8 @@ DEVICE_TYPES: MappingProxyType[str, DeviceType] = MappingProxyType(
         "h20": DeviceType("h20", 148e12, 96 * GB, 900 * GB, 200 * GB),
         # One CPU rank of this class of machine (gloo over shared memory). Figures are nominal: fit a cost model with
         # `tidal profile` for real numbers. Memory is per rank.
-        "cpu": DeviceType("cpu", 5e10, 2 * GiB, 5 * GB, 1 * GB, per_node=8, attn_tile=1, attn_q_half=1.0),
+        "cpu": DeviceType("cpu", 5e10, 2 * GiB, 5 * GB, 1 * GB, per_node=8, attn_tile=1, attn_q_half=1.0,
+                          attn_cp_rect=True),
     }
 )
 
