@@ -58,6 +58,11 @@ def runs():
     jobs = [prepare(_config(m, s), 8) for _, m, s in CASES]
     jobs.append(prepare(_config("tiny", "tp2pp2+2*tp1pp2"), 8))  # same documents as switch-4, one strategy
     jobs.append(prepare(_config("tiny", "8*tp1", steps=3, tokens=150, max_len=150), 8))  # < 8 sequences per step
+    sync = _config("tiny-tied", CASES[8][2])  # tied PP with the synchronous pull instead of the layer-wise overlap
+    jobs.append(prepare(dataclasses.replace(sync, train=dataclasses.replace(sync.train, overlap_pull=False)), 8))
+    bf16 = _config("tiny", "tp2pp2+2*tp1pp2;tp1cp4+4*tp1;tp4+tp2+2*tp1")  # bf16 compute, fp32 master weights
+    jobs.append(prepare(dataclasses.replace(bf16, train=dataclasses.replace(
+        bf16.train, master_dtype="float32", compute_dtype="bfloat16")), 8))
     results = run_distributed(jobs_worker, 8, jobs, timeout_s=1200)[0]
     return jobs, results
 
@@ -91,9 +96,9 @@ def test_moments_independent_of_switching(runs):
 
 def test_fewer_sequences_than_pipelines(runs):
     jobs, results = runs
-    res = results[-1]
+    res = results[len(CASES) + 1]
     assert any(r["documents"] < 8 for r in res.rows), [r["documents"] for r in res.rows]
-    losses, ref = replay_reference(jobs[-1], res.rows)
+    losses, ref = replay_reference(jobs[len(CASES) + 1], res.rows)
     rep = verify_report(res.rows, losses, res.state, ref)
     assert rep["params"] <= TOL["params"] and rep["loss"] <= TOL["loss"], rep
 
@@ -111,3 +116,26 @@ def test_config_is_picklable_and_frozen():
     cfg = _config("tiny", "8*tp1")
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.train.steps = 3  # type: ignore[misc]
+
+
+def test_synchronous_pull_equals_overlapped(runs):
+    """overlap_pull=False (one blocking pull) trains to the same parameters as the layer-wise overlapped pull."""
+    jobs, results = runs
+    overlapped, sync = results[8], results[len(CASES) + 2]
+    assert not jobs[len(CASES) + 2].exec_config.overlap_pull and jobs[8].exec_config.overlap_pull
+    for key in ("params", "m", "v"):
+        d, name = max_rel_diff(sync.state[key], overlapped.state[key])
+        assert d <= TOL["params"], (key, name, d)
+
+
+def test_bf16_compute_against_fp32_reference(runs):
+    """The whole runtime in bf16 (pull, activations, TP/CP/PP traffic) with fp32 master weights and moments, against
+    one fp32 process, at the bf16 tolerance of `tidal verify --dtype bfloat16` (reasons in cli/train.py)."""
+    jobs, results = runs
+    job, res = jobs[-1], results[-1]
+    assert job.exec_config.compute_dtype == "bfloat16" and job.exec_config.master_dtype == "float32"
+    losses, ref = replay_reference(job, res.rows)
+    rep = verify_report(res.rows, losses, res.state, ref)
+    tol = VERIFY_TOL["bfloat16"]
+    assert rep["loss"] <= tol["loss"] and rep["moments"] <= tol["moments"] and rep["params"] <= tol["params"], rep
+    assert rep["loss"] > 1e-7  # it really ran in bf16 (fp32 agrees to ~1e-7)

@@ -14,7 +14,8 @@ from tidal.core.errors import TidalError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tidal.cli import plan, simulate, train
+    from tidal.cli import demo, plan, simulate, train
+    from tidal.cli import tokenizer as tokenizer_cli
 
     p = argparse.ArgumentParser(prog="tidal", description="Balance work, not tokens, in variable-length training.")
     p.add_argument("--version", action="version", version=f"tidal {__version__}")
@@ -22,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_parser(sub)
     simulate.add_parser(sub)
     train.add_parsers(sub)
+    demo.add_parser(sub)
+    tokenizer_cli.add_parser(sub)
     return p
 
 

@@ -123,3 +123,21 @@ def verify_table(con: Console, rows: list[dict], ref_losses: list[float], rep: d
               f"{rep['params']:.2e} at {rep['params_at']} (tol {tol['params']:.0e}) | Adam moments "
               f"{rep['moments']:.2e} at {rep['moments_at']} (tol {tol['moments']:.0e})")
     con.print("[bold green]PASS[/]" if ok else "[bold red]FAIL[/]")
+
+
+def demo_table(con: Console, s: dict, static: str) -> None:
+    t = Table(title=f"Tidal vs best static ({static}): {s['steps']} steps, same documents: {s['same_documents']}",
+              title_justify="left")
+    for c in ("run", "strategies used", "wall s", "critical path s", "incl. comm threads", "sum busy s",
+              "mean imbalance", "pull+push wall", "pull+push CPU", "final loss"):
+        t.add_column(c, justify="left" if c in ("run", "strategies used") else "right")
+    for name in ("tidal", "static"):
+        r = s[name]
+        t.add_row(name, ", ".join(r["strategies"]), f"{r['wall_s']:.1f}", f"{r['critical_path_s']:.2f}",
+                  f"{r['process_critical_path_s']:.2f}",
+                  f"{r['busy_sum_s']:.2f}", f"{r['imbalance']:.2f}", f"{r['pull_push_share']:.1%}",
+                  f"{r['pull_push_cpu_share']:.1%}", f"{r['final_loss']:.4f}")
+    con.print(t)
+    con.print(f"speed-up of Tidal: critical path [bold]{s['speedup_critical_path']:.2f}x[/] (with communication "
+              f"threads {s['speedup_process_critical_path']:.2f}x), wall {s['speedup_wall']:.2f}x | per-step loss "
+              f"max rel. diff {s['max_loss_rel_diff']:.1e} ({'agree' if s['loss_agree'] else 'DISAGREE'})")

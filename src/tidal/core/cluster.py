@@ -20,6 +20,14 @@ class DeviceType:
     intra_bw: float  # bytes/s per device to a peer in the same node
     inter_bw: float  # bytes/s per device to a peer in another node
     per_node: int = 8
+    # attention kernel shape for the CP sharding choice (costmodel.kernel): query tile rows and the padded query length
+    # at which the kernel reaches half its peak. GPU flash kernels: 128 and 174 (WLB-LLM Fig. 10). CPU SDPA has no
+    # tile padding to speak of.
+    attn_tile: int = 128
+    attn_q_half: float = 174.0
+    # True where the attention kernel computes a CP piece's whole [Lq, Lk] rectangle instead of skipping masked key
+    # blocks (CPU SDPA with a bottom-right mask): per-doc CP then does (2CP+1)/(2CP) times the causal work per rank
+    attn_cp_rect: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,7 +107,8 @@ DEVICE_TYPES: MappingProxyType[str, DeviceType] = MappingProxyType(
         "h20": DeviceType("h20", 148e12, 96 * GB, 900 * GB, 200 * GB),
         # One CPU rank of this class of machine (gloo over shared memory). Figures are nominal: fit a cost model with
         # `tidal profile` for real numbers. Memory is per rank.
-        "cpu": DeviceType("cpu", 5e10, 2 * GiB, 5 * GB, 1 * GB, per_node=8),
+        "cpu": DeviceType("cpu", 5e10, 2 * GiB, 5 * GB, 1 * GB, per_node=8, attn_tile=1, attn_q_half=1.0,
+                          attn_cp_rect=True),
     }
 )
 

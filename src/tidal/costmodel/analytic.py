@@ -59,6 +59,8 @@ class AnalyticCostModel:
         h = m.hidden
         exposed = 1.0 - e.comm_overlap
         attn_pair = 3 * m.attn_flops_per_token_pair() / 2 / (t * c * F * e.attn)  # per layer, per l^2
+        if c > 1 and device.attn_cp_rect:  # the busiest rank's chunks {r, 2c-1-r} cost (2c+1) (l/2c)^2 rectangles
+            attn_pair *= (2 * c + 1) / (2 * c)
         gemm_tok = 3 * m.linear_flops_per_token() / (t * c * F * e.gemm)
         tp_tok = 8 * 2 * h * (t - 1) / t / c / (_link_bw(device, t) * e.comm) if t > 1 else 0.0
         cp_tok = 2 * 2 * 2 * m.kv_dim / t * (c - 1) / c / (_link_bw(device, t * c) * e.comm) if c > 1 else 0.0

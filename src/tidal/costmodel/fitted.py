@@ -14,8 +14,8 @@ Fitted model file (JSON):
     {"format": "tidal-costmodel/1", "model": ..., "device": ...,
      "schemes": {"tp1pp1cp1": {"a": ..., "b": ..., "c": ..., "rows": 12, "rel_rmse": 0.03}}}
 
-Schemes that were not profiled fall back to the analytic model scaled by the median fitted/analytic time ratio over
-the profiled schemes at a reference length (documented fallback, reported by `describe()`).
+Schemes that were not profiled fall back to the analytic model with each coefficient scaled by the median
+fitted/analytic ratio of that coefficient over the profiled schemes (documented fallback, reported by `describe()`).
 """
 
 from __future__ import annotations
@@ -117,31 +117,41 @@ class FittedCostModel:
     fits: MappingProxyType  # str(scheme) -> SchemeFit
     fallback: AnalyticCostModel
     reference_len: int = 4096
-    scale: float = field(init=False)
+    scale: float = field(init=False)  # median fitted / analytic time at reference_len (reported)
+    term_scale: tuple[float, float, float] = field(init=False)  # median fitted / analytic ratio of a, b and c
 
     def __post_init__(self) -> None:
         if not self.fits:
             raise TidalError("fitted cost model has no schemes")
         dev = self.cluster.device_type(0)
-        ratios = []
+        ratios, terms = [], []
         for key, fit in self.fits.items():
             s = parse_scheme(key)
-            ratios.append(fit.coeffs.mb_time([self.reference_len]) /
-                          self.fallback.coeffs(s, dev).mb_time([self.reference_len]))
+            ana = self.fallback.coeffs(s, dev)
+            ratios.append(fit.coeffs.mb_time([self.reference_len]) / ana.mb_time([self.reference_len]))
+            terms.append([f / a if a > 0 else 1.0 for f, a in zip((fit.coeffs.a, fit.coeffs.b, fit.coeffs.c),
+                                                                   (ana.a, ana.b, ana.c))])
         object.__setattr__(self, "scale", float(np.median(ratios)))
+        object.__setattr__(self, "term_scale", tuple(float(x) for x in np.median(np.asarray(terms), axis=0)))
 
     def coeffs(self, scheme: ParallelScheme, device: DeviceType) -> LatencyCoeffs:
+        """A profiled scheme's fit; otherwise the analytic coefficients with each term (a: attention, b: per token,
+        c: per micro-batch) scaled by the profiled schemes' median fitted/analytic ratio of that term, so an
+        unprofiled scheme keeps the measured balance between quadratic and linear work."""
         fit = self.fits.get(str(scheme))
         if fit is not None:
             return fit.coeffs
         k = self.fallback.coeffs(scheme, device)
-        return LatencyCoeffs(k.a * self.scale, k.b * self.scale, k.c * self.scale)
+        sa, sb, sc = self.term_scale
+        return LatencyCoeffs(k.a * sa, k.b * sb, k.c * sc)
 
     def max_len(self, scheme: ParallelScheme, device: DeviceType) -> int:
         return self.fallback.max_len(scheme, device)
 
     def describe(self) -> str:
-        return (f"fitted on {len(self.fits)} scheme(s) ({', '.join(self.fits)}); others: analytic x {self.scale:.3g}")
+        sa, sb, sc = self.term_scale
+        return (f"fitted on {len(self.fits)} scheme(s) ({', '.join(self.fits)}); others: analytic with a x {sa:.3g}, "
+                f"b x {sb:.3g}, c x {sc:.3g}")
 
     def to_json(self, device_name: str) -> str:
         return json.dumps(

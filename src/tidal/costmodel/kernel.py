@@ -100,13 +100,13 @@ class KernelModel:
 
 
 def kernel_for(model: ModelSpec, *, tp: int = 1, layers: int = 1, peak: float = 989e12 * 0.6, passes: float = 1.0,
-               tile: int = 128) -> KernelModel:
+               tile: int = 128, q_half: float = 174.0) -> KernelModel:
     """Kernel model of `layers` attention layers of `model` under TP degree `tp`: flops_per_pair =
     passes * 4 * hidden / tp * layers (passes = 1 forward only, ~3 forward + backward)."""
     if tp < 1 or layers < 1 or passes <= 0:
         raise TidalError(f"kernel_for: tp, layers and passes must be positive, got tp={tp} layers={layers}")
     fpp = passes * model.attn_flops_per_token_pair() / tp * layers
-    return KernelModel(tile=tile, peak=peak, flops_per_pair=fpp)
+    return KernelModel(tile=tile, peak=peak, q_half=q_half, flops_per_pair=fpp)
 
 
 def fit_achieved(q_lens, flops_per_s, base: KernelModel | None = None) -> KernelModel:

@@ -15,6 +15,8 @@ Specs (`corpus_from_spec`):
     stdlib:tests                the same with test directories (test, tests, idle_test) included
     random:synthetic:NAME       a `tidal plan` length source filled with seeded random tokens (benchmarks)
     random:lengths:FILE         the same over a length file
+    jsonl:PATH[:field], parquet:PATH[:column], hf:PATH[:field], dir:PATH[:suffixes]
+                                real corpora, tokenized once into a cached memory-mapped index (realcorpus.py)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tidal.core.errors import TidalError
 from tidal.data.sources import LengthSource, length_source
 
 BYTE_VOCAB = 256
+REAL_READERS = ("jsonl", "parquet", "hf", "dir")  # tidal.data.readers.READERS, without importing it here
 TEST_DIRS = frozenset({"test", "tests", "idle_test"})
 SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
@@ -180,15 +183,29 @@ class RandomTokenCorpus:
         return f"RandomTokenCorpus({self.spec!r}, seed={self.seed}, vocab={self.vocab})"
 
 
-def corpus_from_spec(spec: str, *, seed: int, vocab: int) -> TokenCorpus:
-    """`stdlib`, `stdlib:tests`, `random:synthetic:NAME` or `random:lengths:FILE`. `vocab` is the model's vocabulary:
-    random tokens are drawn below it; byte corpora need vocab >= 256."""
+def corpus_from_spec(spec: str, *, seed: int, vocab: int, tokenizer: str | Path | None = None,
+                     cache_dir: str | Path | None = None) -> TokenCorpus:
+    """`stdlib`, `stdlib:tests`, `stdlib:defs`, `random:synthetic:NAME`, `random:lengths:FILE`, or a real corpus
+    `jsonl:PATH[:field]`, `parquet:PATH[:column]`, `hf:PATH[:field]`, `dir:PATH[:suffixes]` (tokenized with the
+    tokenizer.json at `tokenizer`, UTF-8 bytes when None, and cached under `cache_dir`; see `realcorpus`). `vocab`
+    is the model's vocabulary: random tokens are drawn below it, and a corpus with a larger vocabulary is an error."""
     kind, _, rest = spec.partition(":")
+    if kind in REAL_READERS:
+        from tidal.data.realcorpus import IndexedCorpus
+
+        corpus = IndexedCorpus(spec, tokenizer=tokenizer, cache_dir=cache_dir)
+        if corpus.vocab > vocab:
+            raise TidalError(f"corpus {spec} has token ids up to {corpus.vocab - 1} (tokenizer "
+                             f"{corpus.tokenizer.name}) but the model's vocab is {vocab}")
+        return corpus
+    if tokenizer is not None:
+        raise TidalError(f"a tokenizer applies to {', '.join(REAL_READERS)} corpora, not {spec!r}")
     if kind == "stdlib" and rest in ("", "tests", "defs"):
         if vocab < BYTE_VOCAB:
             raise TidalError(f"corpus {spec} is byte-level (256 token ids) but the model's vocab is {vocab}")
         return StdlibCorpus(include_tests=rest == "tests", unit="def" if rest == "defs" else "file")
     if kind == "random" and rest:
         return RandomTokenCorpus(rest, seed=seed, vocab=vocab)
-    raise TidalError(f"bad corpus spec {spec!r}: expected stdlib, stdlib:tests, stdlib:defs, random:synthetic:NAME or "
-                     f"random:lengths:FILE")
+    raise TidalError(f"bad corpus spec {spec!r}: expected stdlib, stdlib:tests, stdlib:defs, random:synthetic:NAME, "
+                     f"random:lengths:FILE, jsonl:PATH[:field], parquet:PATH[:column], hf:PATH[:field] or "
+                     f"dir:PATH[:suffixes]")

@@ -23,8 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from tidal.core.errors import TidalError
-from tidal.core.model import ModelSpec
+from tidal.core.model import ModelSpec, param_table
 from tidal.models.attention import VarlenMeta, varlen_attention
+from tidal.models.init import init_slice
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,9 +131,13 @@ class Llama(nn.Module):
     ``[T, hidden]``; it returns logits ``[T, vocab]`` when ``output`` is present, else hidden states.
     """
 
-    def __init__(self, spec: ModelSpec, attn_backend: str = "auto", init_std: float = 0.02) -> None:
+    def __init__(self, spec: ModelSpec, attn_backend: str = "auto", init_std: float = 0.02,
+                 seed: int | None = None) -> None:
         super().__init__()
         self.spec = spec
+        # the initialisation seed: given, or the first draw of torch's global generator (so that
+        # `torch.manual_seed(s); Llama(spec)` equals `Llama(spec, seed=models.init.derive_seed(s))`)
+        self.init_seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if seed is None else int(seed)
         self.tok_embeddings: nn.Module | None = nn.Embedding(spec.vocab, spec.hidden)
         self.layers = nn.ModuleDict({str(i): Block(spec, attn_backend) for i in range(spec.layers)})
         self.norm: nn.Module | None = RMSNorm(spec.hidden, spec.norm_eps)
@@ -142,9 +147,16 @@ class Llama(nn.Module):
             self.output.weight = self.tok_embeddings.weight
 
     def _init(self, std: float) -> None:
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, std=std)
+        """Row-block seeded initialisation (models/init.py), so any shard can be initialised alone; nothing to do
+        on the meta device (the runtime initialises each stage's shards after materialising them)."""
+        if self.tok_embeddings.weight.is_meta:
+            return
+        seed = self.init_seed
+        named = dict(self.named_parameters())
+        with torch.no_grad():
+            for i, info in enumerate(param_table(self.spec)):
+                p = named[info.name]
+                p.copy_(init_slice(info, i, seed, dtype=p.dtype, std=std))
 
     def set_attn_backend(self, backend: str) -> None:
         for layer in self.layers.values():

@@ -120,7 +120,8 @@ def with_cp_sharding(step: StepPlan, cost_model: CostModel, policy: str) -> Step
         if p.cp > 1 and p.micro_batches:
             layers = max(p.layer_split) if p.layer_split else cost_model.model.layers
             dev = cost_model.cluster.device_type(p.devices[0])
-            kern = kernel_for(cost_model.model, tp=p.tp, layers=layers, peak=dev.peak_flops * 0.6, passes=3.0)
+            kern = kernel_for(cost_model.model, tp=p.tp, layers=layers, peak=dev.peak_flops * 0.6, passes=3.0,
+                              tile=dev.attn_tile, q_half=dev.attn_q_half)
             p = replace(p, cp_sharding=choose_for_micro_batches(step.seq_lengths, p.micro_batches, p.cp, kern,
                                                                 policy))
         pipes.append(p)

@@ -4,15 +4,17 @@ Conventions: every function takes the group it talks over; ``group=None`` means 
 communication at all), never the default world group. Point-to-point calls take global ranks. Nothing here holds
 state between calls.
 
-Gloo notes: reduce-scatter is done as all-reduce then slice on gloo (same result, 2x traffic, and it works on every
-torch >= 2.3 gloo build); all-gather of unequal sizes pads each rank's rows to the group maximum (padding is on the
-wire only, never computed on).
+Gloo notes: reduce-scatter is all-reduce then slice where the backend lacks it (gloo before PyTorch 2.8; see
+`runtime.groups.native_reduce_scatter`); all-gather of unequal sizes pads each rank's rows to the group maximum
+(padding is on the wire only, never computed on).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from tidal.runtime.groups import native_reduce_scatter
 
 _HEADER = 8  # p2p shape header: [ndim, d0, ..., d6]
 
@@ -39,12 +41,14 @@ def reduce_scatter_rows(t: torch.Tensor, group) -> torch.Tensor:
         return t
     n = t.shape[0] // w
     r = group_rank(group)
-    if dist.get_backend(group) == "gloo":
+    if not native_reduce_scatter(dist.get_backend(group)):
         buf = t.contiguous().clone()
         dist.all_reduce(buf, group=group)
         return buf[r * n : (r + 1) * n].contiguous()
     out = torch.empty((n, *t.shape[1:]), dtype=t.dtype, device=t.device)
-    dist.reduce_scatter_tensor(out, t.contiguous(), group=group)
+    # reduce_scatter_single replaces reduce_scatter_tensor (deprecated) in newer torch; same signature
+    fn = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+    fn(out, t.contiguous(), group=group)
     return out
 
 
@@ -120,15 +124,17 @@ def send_with_shape(t: torch.Tensor, dst: int) -> tuple[list, tuple]:
     header = torch.zeros(_HEADER, dtype=torch.int64)
     header[0] = t.dim()
     header[1 : 1 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
+    header = header.to(t.device)  # on the tensor's device: NCCL sends device memory only
     data = t.detach().contiguous()
     return [dist.isend(header, dst), dist.isend(data, dst)], (header, data)
 
 
-def recv_with_shape(src: int, dtype: torch.dtype, device="cpu") -> torch.Tensor:
+def recv_with_shape(src: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
     """Blocking receive of a header then a tensor of that shape from global rank `src`."""
-    header = torch.empty(_HEADER, dtype=torch.int64)
+    header = torch.empty(_HEADER, dtype=torch.int64, device=device)
     dist.recv(header, src)
-    shape = tuple(int(x) for x in header[1 : 1 + int(header[0])])
+    h = header.tolist()
+    shape = tuple(int(x) for x in h[1 : 1 + int(h[0])])
     out = torch.empty(shape, dtype=dtype, device=device)
     dist.recv(out, src)
     return out

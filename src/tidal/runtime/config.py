@@ -5,12 +5,13 @@ Sections and keys (all optional except where noted; see docs/training.md for the
 
     [model]      name = "tiny", attn_backend = "auto"
     [world]      cluster = "cpux4"                  # TYPExN; N must equal the number of ranks
-    [data]       source = "stdlib", max_len, tokens_per_step, long_docs = "split", seed
+    [data]       source = "stdlib", max_len, tokens_per_step, long_docs = "split", seed, tokenizer = "",
+                 cache_dir = "", cycle = false
     [planner]    strategies = "auto" | "tp2+2*tp1;4*tp1", packing = "hydraulis"|"wlb"|"fixed",
                  cp_sharding = "adaptive", rotate = false, cost_model = "" (path to a fitted model or profile)
     [optimizer]  lr, beta1, beta2, eps, weight_decay, clip, warmup_steps, decay_steps, min_lr_ratio
     [train]      steps, seed, schedule = "1f1b"|"gpipe", master_dtype = "float32", compute_dtype = "float32",
-                 metrics = "" (JSONL path), progress = true
+                 metrics = "" (JSONL path), progress = true, overlap_pull = true
 
 An unknown section or key, a wrong type, or a config that cannot run (world size vs cluster, a strategy needing
 more devices, a scheme that does not fit memory, TP not dividing the heads) raises TidalError with one line.
@@ -51,6 +52,9 @@ class DataConfig:
     tokens_per_step: int = 8192
     long_docs: str = "split"
     seed: int = 0
+    tokenizer: str = ""  # tokenizer.json for real corpora (jsonl:, parquet:, hf:, dir:); byte-level when empty
+    cache_dir: str = ""  # where real corpora keep their token index (default: ~/.cache/tidal/corpora)
+    cycle: bool = False  # start a new epoch at the end of a finite corpus instead of stopping
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class TrainSection:
     compute_dtype: str = "float32"
     metrics: str = ""
     progress: bool = True
+    overlap_pull: bool = True
 
 
 @dataclass(frozen=True)

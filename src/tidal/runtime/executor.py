@@ -32,12 +32,13 @@ from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec, param_table
 from tidal.core.plan import StepPlan
 from tidal.core.strategy import Strategy
-from tidal.models.llama import Llama
+from tidal.models.init import derive_seed, init_slice
 from tidal.runtime.groups import GroupCache
 from tidal.runtime.optim import OptimConfig, ShardedAdamW, shard_range
-from tidal.runtime.pipeline import RankGrid, build_stage_model, run_pipeline
+from tidal.runtime.pipeline import RankGrid, build_stage_model, held_params, run_pipeline
 from tidal.runtime.reshard.bsr import Topology
-from tidal.runtime.reshard.switch import SwitchPlanner, run
+from tidal.runtime.reshard.execute import start
+from tidal.runtime.reshard.switch import SwitchPlanner, pull_moves, run
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -49,6 +50,8 @@ class ExecConfig:
     compute_dtype: str = "float32"  # parameters pulled into the strategy in this dtype (float32 | bfloat16 | float64)
     schedule: str = "1f1b"
     attn_backend: str = "auto"
+    overlap_pull: bool = True  # pull layer by layer in the background; each module waits for its own parameters
+    device: str = "auto"  # auto: the current CUDA device under NCCL, else CPU; or "cpu" / "cuda"
 
     def __post_init__(self) -> None:
         for k in ("master_dtype", "compute_dtype"):
@@ -56,6 +59,8 @@ class ExecConfig:
                 raise TidalError(f"{k} must be one of {', '.join(DTYPES)}, got {getattr(self, k)!r}")
         if self.master_dtype == "bfloat16":
             raise TidalError("master_dtype must be float32 or float64 (bf16 master weights lose updates)")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise TidalError(f"device must be auto, cpu or cuda, got {self.device!r}")
 
 
 @dataclass(frozen=True)
@@ -63,27 +68,17 @@ class StepMetrics:
     loss: float  # token-weighted mean cross-entropy over the step (same on every rank)
     tokens: int
     sequences: int
-    busy_s: float  # this rank's CPU time over the step (time.thread_time)
+    busy_s: float  # this rank's CPU time over the step (time.thread_time: the training thread)
     compute_busy_s: float  # ... in forward/backward only
+    process_busy_s: float  # CPU time of the whole rank process, incl. the communication backend's threads
     wall_s: float
-    pull_s: float
-    push_s: float
+    pull_s: float  # wall time of the pull (includes waiting for the ranks it talks to)
+    push_s: float  # wall time of the push (includes waiting for the slowest pipeline to finish its backward)
+    pull_cpu_s: float  # this rank's CPU time in the pull
+    push_cpu_s: float
     pull_bytes: int  # sent + received by this rank
     push_bytes: int
     optim: dict
-
-
-def held_params(model: torch.nn.Module, spec: ModelSpec) -> list[torch.nn.Parameter | None]:
-    """This rank's module parameter for every entry of `param_table(spec)` (None where the stage holds none). The
-    last stage's head of a tied embedding stands for the table's `tok_embeddings.weight`."""
-    named = dict(model.named_parameters())
-    out = []
-    for info in param_table(spec):
-        p = named.get(info.name)
-        if p is None and info.tied_head:
-            p = named.get("output.weight")
-        out.append(p)
-    return out
 
 
 class Executor:
@@ -98,6 +93,7 @@ class Executor:
             raise TidalError(f"cluster {cluster.name} has {cluster.num_devices} devices but the world has "
                              f"{self.world} ranks")
         self.spec, self.cfg, self.optim_cfg, self.candidates = spec, cfg, optim, tuple(candidates)
+        self.device = resolve_device(cfg.device)
         self.master_dtype, self.compute_dtype = DTYPES[cfg.master_dtype], DTYPES[cfg.compute_dtype]
         self.table = param_table(spec)
         for info in self.table:
@@ -110,6 +106,9 @@ class Executor:
         push_planner = SwitchPlanner(topo, itemsize=torch.finfo(self.master_dtype).bits // 8)
         devices = tuple(range(self.world))
         self.pulls, self.pushes, self.grids, self.models = [], [], [], []
+        self.group_index, self.module_group = _param_groups(self.table)
+        self.pull_groups: list[list[tuple[list[int], object]]] = []  # per candidate: (table indices, plan) per group
+        self._inflight: list = []
         for k, strategy in enumerate(self.candidates):
             if any(d >= self.world for p in strategy.pipelines for d in p.devices):
                 raise TidalError(f"candidate {k} ({strategy}) uses devices beyond the world of {self.world}")
@@ -119,6 +118,9 @@ class Executor:
             self.groups.ensure(push.group_ranks())
             self.pulls.append(pull)
             self.pushes.append(push)
+            self.pull_groups.append([(idx, pull_planner.plan(pull_moves(spec, strategy, devices,
+                                                                        [self.table[i].name for i in idx]),
+                                                             bsr_only=True)) for idx in self.group_index])
             mine = [j for j, p in enumerate(strategy.pipelines) if self.rank in p.devices]
             if not mine:
                 self.grids.append(None)
@@ -126,10 +128,14 @@ class Executor:
                 continue
             grid = RankGrid.build(strategy.pipelines[mine[0]], self.rank, self.groups)
             model = build_stage_model(spec, grid, seed=cfg.seed, attn_backend=cfg.attn_backend,
-                                      dtype=self.compute_dtype)
+                                      dtype=self.compute_dtype, device=self.device, init=False)  # pulled each step
             self._check_layout(model, pull, k)
             self.grids.append((mine[0], grid))
             self.models.append(model)
+            if cfg.overlap_pull:
+                self._install_hooks(model, k)
+        self._active: int | None = None
+        self._pull_wait_cpu = 0.0
         self._init_master()
 
     def _check_layout(self, model: torch.nn.Module, pull, k: int) -> None:
@@ -142,47 +148,90 @@ class Executor:
                                  f"{want} in the resharding plan")
 
     def _init_master(self) -> None:
-        """Master shards from the unsharded model's initialisation (same seed on every rank), rows shard_range."""
-        torch.manual_seed(self.cfg.seed)
-        full = dict(Llama(self.spec, "sdpa").to(self.master_dtype).named_parameters())
+        """Master shards (rows shard_range of every parameter) initialised alone to their slice of the unsharded
+        model's initialisation with the same seed (models/init.py): no rank materialises the whole model."""
+        init_seed = derive_seed(self.cfg.seed)
         shards, decay = [], []
-        for info in self.table:
-            a, b = shard_range(info.shape[0], self.world, self.rank)
-            shards.append(full[info.name].detach()[a:b].clone())
+        for i, info in enumerate(self.table):
+            rows = shard_range(info.shape[0], self.world, self.rank)
+            shards.append(init_slice(info, i, init_seed, rows, dtype=self.master_dtype, device=self.device))
             decay.append(len(info.shape) > 1)
-        del full
         self.optim = ShardedAdamW(shards, decay, self.optim_cfg, group=None)
 
     @property
     def master(self) -> list[torch.Tensor]:
         return self.optim.params
 
-    def _pull(self, k: int) -> tuple[float, int]:
-        t0 = time.perf_counter()
+    def _pull(self, k: int) -> tuple[float, float, int]:
+        """Synchronous pull of every parameter (overlap_pull=False)."""
+        t0, c0 = time.perf_counter(), time.thread_time()
         inputs = [p.to(self.compute_dtype) for p in self.master]
-        outs = run(self.pulls[k], inputs, self.groups, dtype=self.compute_dtype)
+        outs = run(self.pulls[k], inputs, self.groups, dtype=self.compute_dtype, device=self.device)
         if self.models[k] is not None:
             with torch.no_grad():
                 for p, x in zip(held_params(self.models[k], self.spec), outs):
                     if p is not None:
                         p.copy_(x)
-        return time.perf_counter() - t0, _bytes(self.pulls[k], self.rank)
+        return time.perf_counter() - t0, time.thread_time() - c0, _bytes(self.pulls[k], self.rank)
 
-    def _push(self, k: int) -> tuple[list[torch.Tensor], float, int]:
-        t0 = time.perf_counter()
+    def _start_pull(self, k: int) -> tuple[float, float, int]:
+        """Post every parameter group's pull messages at once (embedding, each layer, head, in that order on every
+        rank); the forward pre-hook of each module completes its group just before the module first runs, so later
+        layers' parameters travel while earlier layers compute (Hydraulis Fig. 11)."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        held = held_params(self.models[k], self.spec) if self.models[k] is not None else None
+        self._inflight = []
+        for idx, plan in self.pull_groups[k]:
+            inputs = [self.master[i].to(self.compute_dtype) for i in idx]
+            fl = start(plan, inputs, dtype=self.compute_dtype, device=self.device)
+            self._inflight.append((idx, fl, held))
+        nbytes = sum(_bytes(plan, self.rank) for _, plan in self.pull_groups[k])
+        return time.perf_counter() - t0, time.thread_time() - c0, nbytes
+
+    def _complete(self, g: int) -> float:
+        """Finish group g's pull (if still in flight) and copy it into the module parameters; returns CPU seconds."""
+        if g >= len(self._inflight):
+            return 0.0
+        idx, fl, held = self._inflight[g]
+        if fl.done:
+            return 0.0
+        c0 = time.thread_time()
+        outs = fl.wait()
+        if held is not None:
+            with torch.no_grad():
+                for i, x in zip(idx, outs):
+                    if held[i] is not None:
+                        held[i].copy_(x)
+        return time.thread_time() - c0
+
+    def _install_hooks(self, model: torch.nn.Module, k: int) -> None:
+        for prefix, g in self.module_group.items():
+            mod = model.get_submodule(prefix) if _has_submodule(model, prefix) else None
+            if mod is None:
+                continue
+            if prefix == "output" and self.spec.tie_embeddings:
+                g = 0  # the tied head is the embedding table's group
+            mod.register_forward_pre_hook(lambda _m, _a, g=g, k=k: self._hook(k, g))
+
+    def _hook(self, k: int, g: int) -> None:
+        if self._active == k:
+            self._pull_wait_cpu += self._complete(g)
+
+    def _push(self, k: int) -> tuple[list[torch.Tensor], float, float, int]:
+        t0, c0 = time.perf_counter(), time.thread_time()
         model = self.models[k]
         if model is None:
             inputs = [None] * len(self.table)
         else:
             inputs = [None if p is None else (p.grad if p.grad is not None else torch.zeros_like(p)).to(
                 self.master_dtype) for p in held_params(model, self.spec)]
-        outs = run(self.pushes[k], inputs, self.groups, dtype=self.master_dtype)
-        return outs, time.perf_counter() - t0, _bytes(self.pushes[k], self.rank)
+        outs = run(self.pushes[k], inputs, self.groups, dtype=self.master_dtype, device=self.device)
+        return outs, time.perf_counter() - t0, time.thread_time() - c0, _bytes(self.pushes[k], self.rank)
 
     def train_step(self, step: StepPlan, fetch: Callable[[int], torch.Tensor]) -> StepMetrics:
         """One optimizer step on `step`. `fetch(j)` returns the ``seq_lengths[j] + 1`` token ids of sequence j; it
         is called only for the sequences this rank's pipeline runs."""
-        t_wall, t_busy = time.perf_counter(), time.thread_time()
+        t_wall, t_busy, t_proc = time.perf_counter(), time.thread_time(), time.process_time()
         k = step.strategy
         if not 0 <= k < len(self.candidates):
             raise TidalError(f"step plan names candidate {k}; the executor has {len(self.candidates)}")
@@ -192,7 +241,11 @@ class Executor:
                              f"{len(strategy.pipelines)}")
         running = sorted(i for p in step.pipelines for mb in p.micro_batches for i in mb)
         tokens = sum(step.seq_lengths[i] for i in running)
-        pull_s, pull_b = self._pull(k)
+        if self.cfg.overlap_pull:
+            self._active, self._pull_wait_cpu = k, 0.0
+            pull_s, pull_c, pull_b = self._start_pull(k)
+        else:
+            pull_s, pull_c, pull_b = self._pull(k)
         loss_part, compute = 0.0, 0.0
         model = self.models[k]
         if model is not None:
@@ -208,14 +261,22 @@ class Executor:
                 compute = time.thread_time() - c0
                 if self.rank == grid.pipeline.devices[0]:
                     loss_part = res.loss
-        grads, push_s, push_b = self._push(k)
+        if self.cfg.overlap_pull:  # groups this rank only sends, or a pipeline with nothing to run
+            t0 = time.perf_counter()
+            rest = sum(self._complete(g) for g in range(len(self._inflight)))
+            pull_c += rest + self._pull_wait_cpu
+            compute -= self._pull_wait_cpu  # the hooks ran inside forward; count their copies as pull
+            pull_s += time.perf_counter() - t0
+            self._active, self._inflight = None, []
+        grads, push_s, push_c, push_b = self._push(k)
         optim = {}
         if tokens > 0:  # a step with nothing to train leaves parameters and moments untouched
             optim = self.optim.step(grads)
-        loss = torch.tensor([loss_part], dtype=torch.float64)
+        loss = torch.tensor([loss_part], dtype=torch.float64, device=self.device)
         dist.all_reduce(loss)
         return StepMetrics(float(loss), tokens, len(running), time.thread_time() - t_busy, compute,
-                           time.perf_counter() - t_wall, pull_s, push_s, pull_b, push_b, optim)
+                           time.process_time() - t_proc, time.perf_counter() - t_wall, pull_s, push_s, pull_c,
+                           push_c, pull_b, push_b, optim)
 
     def gather_state(self) -> dict[str, dict[str, np.ndarray]] | None:
         """Full master parameters and Adam moments on rank 0 (None elsewhere): for verification and checkpoints."""
@@ -226,6 +287,37 @@ class Executor:
             for i, info in enumerate(self.table):
                 out[key][info.name] = np.concatenate([parts[r][i] for r in range(self.world)])
         return out if self.rank == 0 else None
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto`: this rank's current CUDA device when the process group runs NCCL, else the CPU."""
+    if name == "cpu" or (name == "auto" and dist.get_backend() != "nccl"):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise TidalError("device cuda requested but no CUDA device is available")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _param_groups(table) -> tuple[list[list[int]], dict[str, int]]:
+    """Pull groups in forward order: the embedding, each layer, the final norm and head; and the module prefix whose
+    forward pre-hook completes each group."""
+    groups: dict[str, list[int]] = {}
+    for i, info in enumerate(table):
+        key = {"embed": "tok_embeddings", "head": "head"}.get(str(info.owner), f"layers.{info.owner}")
+        groups.setdefault(key, []).append(i)
+    order = list(groups)
+    module_group = {prefix: order.index(prefix) for prefix in order if prefix != "head"}
+    if "head" in groups:
+        module_group["norm"] = order.index("head")
+        module_group["output"] = order.index("head")
+    return [groups[k] for k in order], module_group
+
+
+def _has_submodule(model: torch.nn.Module, prefix: str) -> bool:
+    try:
+        return model.get_submodule(prefix) is not None
+    except AttributeError:
+        return False
 
 
 def _bytes(plan, rank: int) -> int:

@@ -15,12 +15,27 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import torch
 import torch.distributed as dist
 
 from tidal.core.errors import TidalError
 from tidal.core.strategy import Pipeline
 
 REDUCE_SCATTER_MODES = ("auto", "native", "allreduce")
+# Backends with a native reduce-scatter. gloo gained `reduce_scatter` in PyTorch 2.8 (pytorch/pytorch#149869,
+# 2025-03); before that it is all-reduce + slice (same result, twice the traffic).
+_NATIVE_RS = ("nccl", "xccl", "ucc", "mpi")
+
+
+def native_reduce_scatter(backend: str) -> bool:
+    """Whether `backend` has a native reduce-scatter: a capability table, never a caught error."""
+    b = str(backend).lower()
+    if b in _NATIVE_RS:
+        return True
+    if b == "gloo":
+        major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+        return (major, minor) >= (2, 8)
+    return False
 
 
 def pipeline_group_ranks(pipeline: Pipeline) -> list[tuple[int, ...]]:
@@ -44,7 +59,7 @@ class GroupCache:
     """Process groups by sorted rank tuple, created once. A group of one rank is ``None`` (no communication).
 
     `reduce_scatter`: how the resharding engine reduces-and-scatters: "native" uses the collective, "allreduce" an
-    all-reduce plus slice (for backends without reduce-scatter), "auto" tries native once and falls back."""
+    all-reduce plus slice, "auto" picks by the group's backend capability (:func:`native_reduce_scatter`)."""
 
     def __init__(self, reduce_scatter: str = "auto") -> None:
         if reduce_scatter not in REDUCE_SCATTER_MODES:
@@ -68,6 +83,11 @@ class GroupCache:
         for p in pipelines:
             self.ensure(pipeline_group_ranks(p))
         return self
+
+    def use_native_reduce_scatter(self, group) -> bool:
+        if self.reduce_scatter == "auto":
+            return native_reduce_scatter(dist.get_backend(group))
+        return self.reduce_scatter == "native"
 
     def get(self, ranks: Sequence[int]):
         key = tuple(sorted(int(r) for r in ranks))

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
+from queue import Empty
 from typing import Any
 
 import torch.distributed as dist
@@ -21,6 +23,10 @@ import torch.multiprocessing as mp
 def _worker(rank: int, world_size: int, store_path: str, backend: str, timeout_s: float, fn: Callable, args: tuple,
             queue: Any) -> None:
     try:
+        if backend == "nccl":  # one GPU per rank (round robin over the visible devices)
+            import torch
+
+            torch.cuda.set_device(rank % torch.cuda.device_count())
         store = dist.FileStore(store_path, world_size)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
@@ -35,11 +41,14 @@ def _worker(rank: int, world_size: int, store_path: str, backend: str, timeout_s
 
 def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
                     timeout_s: float = 120.0) -> list[Any]:
-    """Run fn on `world_size` spawned ranks; return the per-rank results in rank order."""
+    """Run fn on `world_size` spawned ranks; return the per-rank results in rank order.
+
+    Fails (RuntimeError naming the rank and carrying its traceback) as soon as a rank raises or dies without a
+    result (e.g. at import), and after `timeout_s` seconds overall, naming the ranks that had not finished."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
+    queue = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="tidal-store-") as tmp:
         store_path = os.path.join(tmp, "store")
         procs = [
@@ -50,24 +59,42 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, backend
         for p in procs:
             p.start()
         results: dict[int, Any] = {}
-        errors: list[str] = []
-        for _ in range(world_size):
-            rank, ok, payload = queue.get()
+        error: str | None = None
+        deadline = time.monotonic() + timeout_s
+        while len(results) < world_size and error is None:
+            try:
+                rank, ok, payload = queue.get(timeout=0.5)
+            except Empty:
+                dead = [r for r, p in enumerate(procs) if r not in results and p.exitcode not in (None, 0)]
+                if dead:
+                    try:  # a rank may have reported just before exiting
+                        rank, ok, payload = queue.get(timeout=2.0)
+                    except Empty:
+                        error = (f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode} before reporting "
+                                 f"(crashed at start-up or was killed)")
+                        continue
+                elif time.monotonic() > deadline:
+                    missing = [r for r in range(world_size) if r not in results]
+                    error = f"timed out after {timeout_s:.0f} s waiting for ranks {missing}"
+                    continue
+                else:
+                    continue
             if ok:
                 results[rank] = payload
             else:
-                errors.append(f"rank {rank}:\n{payload}")
-                break
-        if errors:
+                error = f"rank {rank} raised:\n{payload}"
+        if error is not None:
             for p in procs:
-                p.kill()
+                if p.is_alive():
+                    p.kill()
         for p in procs:
-            p.join(timeout=timeout_s)
+            p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-        if errors:
-            raise RuntimeError("distributed worker failed\n" + "\n".join(errors))
-        bad = [p.exitcode for p in procs if p.exitcode not in (0, None)]
+                p.join(timeout=5)
+        if error is not None:
+            raise RuntimeError("distributed worker failed: " + error)
+        bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (0, None)]
         if bad:
             raise RuntimeError(f"distributed workers exited with codes {bad}")
     return [results[r] for r in range(world_size)]

@@ -20,9 +20,10 @@ import torch
 from torch import nn
 
 from tidal.core.errors import TidalError
-from tidal.core.model import ModelSpec
+from tidal.core.model import ModelSpec, param_table
 from tidal.core.plan import PipelinePlan
 from tidal.core.strategy import Pipeline
+from tidal.models.init import derive_seed, init_slice
 from tidal.models.llama import Llama, loss_sum
 from tidal.planner.cp_sharding import shard_micro_batch
 from tidal.runtime.comm import all_reduce_
@@ -83,17 +84,55 @@ class RankGrid:
         )
 
 
+def held_params(model: nn.Module, spec: ModelSpec) -> list[nn.Parameter | None]:
+    """This rank's module parameter for every entry of `param_table(spec)` (None where the stage holds none). The
+    last stage's head of a tied embedding stands for the table's `tok_embeddings.weight`."""
+    named = dict(model.named_parameters())
+    out = []
+    for info in param_table(spec):
+        p = named.get(info.name)
+        if p is None and info.tied_head:
+            p = named.get("output.weight")
+        out.append(p)
+    return out
+
+
 def build_stage_model(spec: ModelSpec, grid: RankGrid, *, seed: int = 0, attn_backend: str = "auto",
-                      dtype: torch.dtype = torch.float32) -> Llama:
-    """Build the full model from `seed` (identical on every rank), keep this rank's stage, shard it over TP and
-    install the CP hook. Parameter names stay those of the full model."""
+                      dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                      init: bool = True) -> Llama:
+    """This rank's stage of the model, TP-sharded, with the CP hook installed. Built on the meta device and then
+    materialised: a rank allocates only its stage's layers and its TP shard, never the whole model. With `init`,
+    each shard is initialised alone (models/init.py) to exactly the slice of `torch.manual_seed(seed); Llama(spec)`;
+    the executor passes init=False because every parameter is pulled before use. Names stay the full model's."""
     grid.scheme.validate(spec)
-    torch.manual_seed(seed)
-    model = Llama(spec, attn_backend).to(dtype)
+    init_seed = derive_seed(seed)
+    with torch.device("meta"):
+        model = Llama(spec, attn_backend, seed=init_seed)
     split_stage(model, grid.scheme.stage_layers(spec.layers), grid.stage)
     parallelize_tp(model, grid.tp_group, grid.tp_rank)
     apply_cp(model, grid.cp_group)
+    model = model.to_empty(device=device).to(dtype)
+    if spec.tie_embeddings and model.output is not None and model.tok_embeddings is not None:
+        model.output.weight = model.tok_embeddings.weight  # to_empty unties shared parameters
+    if init:
+        init_stage(model, spec, init_seed, grid.tp_rank, grid.scheme.tp)
     return model
+
+
+def init_stage(model: nn.Module, spec: ModelSpec, init_seed: int, tp_rank: int, tp: int) -> None:
+    """Initialise every parameter a stage holds to its slice (TP shard `tp_rank` of `tp`) of the unsharded model."""
+    with torch.no_grad():
+        for i, (info, p) in enumerate(zip(param_table(spec), held_params(model, spec))):
+            if p is None:
+                continue
+            rows = cols = None
+            if info.tp_dim is not None and tp > 1:
+                n = info.shape[info.tp_dim] // tp
+                if info.tp_dim == 0:
+                    rows = (tp_rank * n, (tp_rank + 1) * n)
+                else:
+                    cols = (tp_rank * n, (tp_rank + 1) * n)
+            p.copy_(init_slice(info, i, init_seed, rows, cols, dtype=p.dtype, device=p.device))
 
 
 @dataclass(frozen=True)
@@ -147,14 +186,15 @@ def run_pipeline(model: nn.Module, grid: RankGrid, plan: PipelinePlan, seq_lengt
     norm = float(global_tokens if global_tokens is not None else tokens)
     if norm <= 0:
         raise TidalError(f"global_tokens must be positive, got {global_tokens}")
+    device = next(model.parameters()).device  # tokens and the loss follow the model's device
     mbs = []
     for i, mb in enumerate(plan.micro_batches):
         lengths = [seq_lengths[j] for j in mb]
         mode = plan.cp_sharding[i] if s.cp > 1 else "per-seq"
         shard = shard_micro_batch(lengths, s.cp, mode)
         idx = torch.from_numpy(shard.ranks[grid.cp_rank].indices)
-        inputs = torch.cat([documents[j][:-1] for j in mb]).long()[idx]
-        labels = torch.cat([documents[j][1:] for j in mb]).long()[idx]
+        inputs = torch.cat([documents[j][:-1] for j in mb]).long()[idx].to(device)
+        labels = torch.cat([documents[j][1:] for j in mb]).long()[idx].to(device)
         mbs.append((inputs, labels, cp_rank_batch(shard, grid.cp_rank, grid.cp_slots)))
 
     def stage_forward(i: int, x):
@@ -189,7 +229,8 @@ def run_pipeline(model: nn.Module, grid: RankGrid, plan: PipelinePlan, seq_lengt
         if g is not None:
             g.add_(p.grad)
             p.grad = g
-    loss = torch.tensor([stats.loss_sum if (grid.last and grid.tp_rank == 0) else 0.0], dtype=torch.float64)
+    loss = torch.tensor([stats.loss_sum if (grid.last and grid.tp_rank == 0) else 0.0], dtype=torch.float64,
+                        device=device)
     all_reduce_(loss, grid.pipe_group)
     return StepResult(float(loss), tokens, stats.peak_live_micro_batches, stats.peak_saved_bytes,
                       stats.forward_seconds, stats.backward_seconds)

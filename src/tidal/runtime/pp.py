@@ -139,6 +139,7 @@ def execute(
     the received hidden states elsewhere; `stage_loss(i, out)` turns the last stage's output into the normalised loss.
     Gradients accumulate into the parameters' `.grad`."""
     counter = _SavedBytes(params)
+    device = params[0].device if params else torch.device("cpu")  # received activations live with the parameters
     live: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
     pending: list = []
     peak_live, loss_total = 0, 0.0
@@ -149,7 +150,7 @@ def execute(
         if kind == "F":
             if i in live:
                 raise TidalError(f"micro-batch {i} forwarded twice")
-            x = None if first else recv_with_shape(prev_rank, dtype).requires_grad_()
+            x = None if first else recv_with_shape(prev_rank, dtype, device).requires_grad_()
             with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
                 out = stage_forward(i, x)
                 if last:
@@ -168,7 +169,7 @@ def execute(
             if last:
                 out.backward()
             else:
-                grad = recv_with_shape(next_rank, dtype)
+                grad = recv_with_shape(next_rank, dtype, device)
                 torch.autograd.backward(out, grad)
             if not first:
                 works, bufs = send_with_shape(x.grad, prev_rank)

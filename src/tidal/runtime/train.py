@@ -25,9 +25,11 @@ from tidal.core.cluster import ClusterSpec, get_cluster
 from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec, get_model, param_table
 from tidal.core.plan import StepPlan
-from tidal.core.strategy import Strategy
+from tidal.core.scheme import parse_strategies
+from tidal.core.strategy import Strategy, place
 from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.costmodel.fitted import load_cost_model
+from tidal.data.accounting import EpochLedger
 from tidal.data.corpus import corpus_from_spec
 from tidal.data.sampler import TokenBudgetSampler
 from tidal.models.attention import BACKENDS
@@ -48,7 +50,6 @@ class Prepared:
     config: TrainConfig
     spec: ModelSpec
     cluster: ClusterSpec
-    cost_model: object
     candidates: tuple[Strategy, ...]
     options: PlanningOptions
     exec_config: ExecConfig
@@ -56,6 +57,16 @@ class Prepared:
     @property
     def world(self) -> int:
         return self.cluster.num_devices
+
+    def cost_model(self):
+        """The planner's cost model (rebuilt where needed: fitted models hold read-only mappings that do not pickle)."""
+        return build_cost_model(self.config, self.spec, self.cluster)
+
+
+def build_cost_model(cfg: TrainConfig, spec: ModelSpec, cluster: ClusterSpec):
+    if cfg.planner.cost_model:
+        return load_cost_model(cfg.planner.cost_model, spec, cluster)
+    return AnalyticCostModel(spec, cluster)
 
 
 def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
@@ -75,16 +86,17 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
         if info.shape[0] < cluster.num_devices:
             raise TidalError(f"model {spec.name}: {info.name} has {info.shape[0]} rows, fewer than the "
                              f"{cluster.num_devices} ranks that shard the optimizer state")
-    corpus = corpus_from_spec(cfg.data.source, seed=cfg.data.seed, vocab=spec.vocab)
+    corpus = open_corpus(cfg, spec)
     if corpus.vocab > spec.vocab:
         raise TidalError(f"corpus {cfg.data.source} has vocabulary {corpus.vocab} > model {spec.name}'s {spec.vocab}")
-    cm = (load_cost_model(cfg.planner.cost_model, spec, cluster) if cfg.planner.cost_model
-          else AnalyticCostModel(spec, cluster))
+    cm = build_cost_model(cfg, spec, cluster)
     options = PlanningOptions(max_len=cfg.data.max_len, tokens_per_step=cfg.data.tokens_per_step,
                               packing=cfg.planner.packing, cp_sharding=cfg.planner.cp_sharding, seed=cfg.data.seed,
                               rotate=cfg.planner.rotate)
     sample = None
-    if cfg.planner.strategies.strip().lower() == "auto":
+    if cfg.planner.strategies.strip().lower() != "auto":  # memory first: a clearer message than the max_len check
+        profile_strategies(tuple(place(sch, cluster, spec) for sch in parse_strategies(cfg.planner.strategies)), cm)
+    else:
         src = corpus.length_source()
         n = PROPOSAL_SAMPLE if src.size is None else min(src.size, PROPOSAL_SAMPLE)
         sample = np.minimum(src.lengths(0, n), cfg.data.max_len)
@@ -95,24 +107,40 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
             raise TidalError(f"strategy {s} needs {s.num_devices} devices; the world has {cluster.num_devices}")
     profile_strategies(candidates, cm)  # a scheme that does not fit memory raises here
     ex = ExecConfig(seed=cfg.train.seed, master_dtype=cfg.train.master_dtype, compute_dtype=cfg.train.compute_dtype,
-                    schedule=cfg.train.schedule, attn_backend=cfg.model.attn_backend)
+                    schedule=cfg.train.schedule, attn_backend=cfg.model.attn_backend,
+                    overlap_pull=cfg.train.overlap_pull)
     if cfg.train.metrics:
         parent = Path(cfg.train.metrics).parent
         if not parent.is_dir():
             raise TidalError(f"metrics path {cfg.train.metrics}: directory {parent} does not exist")
-    return Prepared(cfg, spec, cluster, cm, candidates, options, ex)
+    return Prepared(cfg, spec, cluster, candidates, options, ex)
+
+
+def open_corpus(cfg: TrainConfig, spec: ModelSpec):
+    return corpus_from_spec(cfg.data.source, seed=cfg.data.seed, vocab=spec.vocab, tokenizer=cfg.data.tokenizer or None,
+                            cache_dir=cfg.data.cache_dir or None)
 
 
 def make_planner(job: Prepared) -> tuple[StepPlanner, object]:
     cfg = job.config
-    corpus = corpus_from_spec(cfg.data.source, seed=cfg.data.seed, vocab=job.spec.vocab)
+    corpus = open_corpus(cfg, job.spec)
     src = corpus.length_source()
     sampler = TokenBudgetSampler(src, cfg.data.tokens_per_step, cfg.data.max_len, long_docs=cfg.data.long_docs,
-                                 seed=cfg.data.seed, cycle=src.size is not None)
-    return StepPlanner(job.cost_model, job.candidates, sampler, job.options), corpus
+                                 seed=cfg.data.seed, cycle=cfg.data.cycle and src.size is not None)
+    return StepPlanner(job.cost_model(), job.candidates, sampler, job.options), corpus
 
 
-_RANK_FIELDS = ("busy_s", "compute_busy_s", "wall_s", "pull_s", "push_s", "pull_bytes", "push_bytes")
+def make_ledger(job: Prepared, corpus) -> EpochLedger | None:
+    """Exactly-once accounting of a finite corpus's epoch (None for infinite or cycling sources)."""
+    src = corpus.length_source()
+    if src.size is None or job.config.data.cycle:
+        return None
+    cut = job.config.data.max_len if job.config.data.long_docs == "truncate" else None
+    return EpochLedger(src.lengths(0, src.size), src.spec, truncate_at=cut)
+
+
+_RANK_FIELDS = ("busy_s", "compute_busy_s", "process_busy_s", "wall_s", "pull_s", "push_s", "pull_cpu_s",
+                "push_cpu_s", "pull_bytes", "push_bytes")
 
 
 @dataclass(frozen=True)
@@ -129,9 +157,8 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
     cfg = job.config
     groups = GroupCache()
     executor = Executor(job.spec, job.cluster, job.candidates, job.exec_config, cfg.optimizer, groups)
-    planner, corpus = make_planner(job) if rank == 0 else (None, None)
-    if rank != 0:
-        corpus = corpus_from_spec(cfg.data.source, seed=cfg.data.seed, vocab=job.spec.vocab)
+    planner, corpus = make_planner(job) if rank == 0 else (None, open_corpus(cfg, job.spec))
+    ledger = make_ledger(job, corpus) if rank == 0 else None
     rows: list[dict] = []
     out = open(cfg.train.metrics, "w") if (rank == 0 and cfg.train.metrics) else None  # noqa: SIM115
     try:
@@ -142,6 +169,8 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
                 ps = planner.next()
                 if ps is not None:
                     box = [(ps.index, ps.plan.to_dict(), ps.docs, ps.token_delay)]
+                    if ledger is not None:
+                        ledger.record_planned(ps)
             plan_s = time.perf_counter() - t_plan
             dist.broadcast_object_list(box, src=0)
             if box[0] is None:
@@ -149,11 +178,13 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
             index, plan_d, docs, delay = box[0]
             step = StepPlan.from_dict(plan_d)
             m = executor.train_step(step, fetch_from(docs, corpus))
-            mine = torch.tensor([getattr(m, f) for f in _RANK_FIELDS], dtype=torch.float64)
+            mine = torch.tensor([getattr(m, f) for f in _RANK_FIELDS], dtype=torch.float64, device=executor.device)
             every = [torch.zeros_like(mine) for _ in range(world)]
             dist.all_gather(every, mine)
             if rank == 0:
-                row = _row(index, step, job, m, torch.stack(every).numpy(), plan_s, delay)
+                row = _row(index, step, job, m, torch.stack(every).cpu().numpy(), plan_s, delay)
+                if ledger is not None:
+                    row["data"] = ledger.counters()
                 if record:
                     row["docs_run"] = [list(docs[i]) for p in step.pipelines for mb in p.micro_batches for i in mb]
                 rows.append(row)
@@ -186,12 +217,16 @@ def _row(index: int, step: StepPlan, job: Prepared, m, per_rank: np.ndarray, pla
         "critical_path_s": float(busy.max()),
         "imbalance": float(busy.max() / busy.mean()) if busy.mean() > 0 else 1.0,
         "compute_busy_s": [float(x) for x in col["compute_busy_s"]],
+        "process_busy_s": [float(x) for x in col["process_busy_s"]],
+        "process_critical_path_s": float(col["process_busy_s"].max()),
         "est_step_time_s": step.est_step_time,
         "lower_bound_s": step.lower_bound,
         "plan_s": plan_s,
         "token_delay": delay,
         "pull_s": float(col["pull_s"].max()),
         "push_s": float(col["push_s"].max()),
+        "pull_cpu_s": [float(x) for x in col["pull_cpu_s"]],
+        "push_cpu_s": [float(x) for x in col["push_cpu_s"]],
         "pull_bytes": int(col["pull_bytes"].sum()),
         "push_bytes": int(col["push_bytes"].sum()),
         "grad_norm": m.optim.get("grad_norm", math.nan),

@@ -18,7 +18,7 @@ from tidal.runtime.groups import GroupCache
 from tidal.runtime.reshard.annotation import Box, box_size, local_box
 from tidal.runtime.reshard.plan import Cell, CommPlan
 
-__all__ = ["GroupCache", "execute"]
+__all__ = ["GroupCache", "InFlight", "execute", "start"]
 
 
 def _slices(box: Box) -> tuple[slice, ...]:
@@ -145,14 +145,9 @@ def execute(plan: CommPlan, inputs: Sequence[torch.Tensor | None], groups: Group
             n = col.chunk_elems()
             full = torch.cat([local.pack(ch, contrib, rank) for ch in col.chunks])
             out = torch.empty(n, dtype=dtype, device=device)
-            if groups.reduce_scatter != "allreduce":
-                try:
-                    dist.reduce_scatter(out, list(full.split(n)), group=group)
-                except RuntimeError:
-                    if groups.reduce_scatter == "native":
-                        raise
-                    groups.reduce_scatter = "allreduce"  # deterministic on every rank: the backend lacks it
-            if groups.reduce_scatter == "allreduce":
+            if groups.use_native_reduce_scatter(group):
+                dist.reduce_scatter(out, list(full.split(n)), group=group)
+            else:  # the backend lacks reduce-scatter (capability table in runtime.groups)
                 dist.all_reduce(full, group=group)
                 out = full[me * n:(me + 1) * n]
             local.unpack(out, col.chunks[me])
@@ -168,3 +163,54 @@ def execute(plan: CommPlan, inputs: Sequence[torch.Tensor | None], groups: Group
         if r == rank:
             local.write(cell, local.read(cell))
     return local.out
+
+
+PULL_TAG = 7  # p2p tag of started (asynchronous) plans, apart from the pipeline's activation messages (tag 0)
+
+
+class InFlight:
+    """A plan whose point-to-point messages have been posted; :meth:`wait` completes it and returns the outputs."""
+
+    def __init__(self, local: _Local, works: list, recvs: list, copies, rank: int) -> None:
+        self._local, self._works, self._recvs, self._copies, self._rank = local, works, recvs, copies, rank
+        self._out: list[torch.Tensor | None] | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._out is not None
+
+    def wait(self) -> list[torch.Tensor | None]:
+        if self._out is None:
+            for w in self._works:
+                w.wait()
+            for buf, m in self._recvs:
+                self._local.unpack(buf, m.cells)
+            for r, cell in self._copies:
+                if r == self._rank:
+                    self._local.write(cell, self._local.read(cell))
+            self._out = self._local.out
+            self._works, self._recvs = [], []
+        return self._out
+
+
+def start(plan: CommPlan, inputs: Sequence[torch.Tensor | None], dtype: torch.dtype = torch.float32,
+          device: torch.device | str | None = None, tag: int = PULL_TAG) -> InFlight:
+    """Post this rank's messages of a plan made of point-to-point messages and local copies only (a pull: BSR from
+    the fully-sharded layout) without waiting, so the caller can compute while they travel. Every rank must start
+    the same plans in the same order. Plans with reductions or collectives are refused (use `execute`)."""
+    if plan.reductions or plan.reduce_msgs or plan.collectives:
+        raise TidalError("start() takes plans of point-to-point messages and copies only; use execute()")
+    rank = dist.get_rank()
+    if device is None:
+        device = next((x.device for x in inputs if x is not None), torch.device("cpu"))
+    local = _Local(plan, rank, inputs, dtype, device)
+    ops, recvs = [], []
+    for m in sorted((m for m in plan.messages if rank in (m.sender, m.receiver)), key=lambda m: m.batch):
+        if m.sender == rank:
+            ops.append(dist.P2POp(dist.isend, local.pack(m.cells).contiguous(), m.receiver, tag=tag))
+        else:
+            buf = torch.empty(m.elems, dtype=dtype, device=device)
+            ops.append(dist.P2POp(dist.irecv, buf, m.sender, tag=tag))
+            recvs.append((buf, m))
+    works = dist.batch_isend_irecv(ops) if ops else []
+    return InFlight(local, list(works), recvs, plan.copies, rank)

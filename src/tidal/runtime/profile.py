@@ -1,0 +1,60 @@
+"""Measure one rank's forward + backward time of packed micro-batches (tp1, one process) in the profile format of
+docs/costmodel.md, so a fitted cost model reflects this device. Busy time is the thread's CPU time
+(time.thread_time), which stays meaningful when other processes share the cores."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tidal.core.model import ModelSpec
+from tidal.costmodel.fitted import PROFILE_FORMAT
+from tidal.models.llama import Llama, VarlenBatch, loss_sum
+
+
+def compositions(totals: Sequence[int], seed: int = 0) -> list[list[int]]:
+    """Per total length: one document, 4 equal, 16 equal, and a long-tailed (lognormal) mix, so the fit separates the
+    quadratic (sum l^2) and linear (sum l) work."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in totals:
+        out += [[t], [t // 4] * 4, [max(1, t // 16)] * 16]
+        raw = rng.lognormal(0.0, 1.2, size=8)
+        lens = np.maximum(1, np.floor(raw / raw.sum() * t)).astype(int)
+        lens[0] += t - int(lens.sum())
+        out.append(sorted((int(x) for x in lens if x > 0), reverse=True))
+    return out
+
+
+def profile_tp1(spec: ModelSpec, micro_batches: Sequence[Sequence[int]], *, backend: str = "sdpa",
+                repeats: int = 1, seed: int = 0) -> list[tuple[tuple[int, ...], float]]:
+    """(lengths, seconds) per micro-batch: the median over `repeats` of one forward + backward's CPU time."""
+    torch.manual_seed(seed)
+    model = Llama(spec, backend)
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    warm = torch.randint(0, spec.vocab, (65,), generator=g)
+    loss_sum(model(warm[:-1], VarlenBatch.from_lengths([64])), warm[1:]).backward()
+    for lens in micro_batches:
+        toks = torch.randint(0, spec.vocab, (sum(lens) + 1,), generator=g)
+        batch = VarlenBatch.from_lengths(lens)
+        times = []
+        for _ in range(repeats):
+            model.zero_grad(set_to_none=True)
+            t0 = time.thread_time()
+            loss_sum(model(toks[:-1], batch), toks[1:]).backward()
+            times.append(time.thread_time() - t0)
+        out.append((tuple(int(x) for x in lens), statistics.median(times)))
+    return out
+
+
+def write_profile(path: str | Path, spec: ModelSpec, device: str, scheme: str,
+                  rows: Sequence[tuple[Sequence[int], float]]) -> None:
+    lines = [f"# {PROFILE_FORMAT} model={spec.name} device={device}", "scheme,lengths,seconds"]
+    lines += [f"{scheme},{' '.join(map(str, lens))},{sec:.6g}" for lens, sec in rows]
+    Path(path).write_text("\n".join(lines) + "\n")

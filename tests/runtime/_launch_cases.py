@@ -1,0 +1,29 @@
+"""Worker bodies for the launcher's failure tests (module-level so spawn can pickle them)."""
+
+import os
+import time
+
+
+def dies_on_rank1(rank, world):
+    if rank == 1:
+        os._exit(3)  # like a crash at import or start-up: no exception, no report
+    time.sleep(120)
+    return rank
+
+
+def raises_on_rank2(rank, world):
+    if rank == 2:
+        raise ValueError("boom on rank 2")
+    time.sleep(120)
+    return rank
+
+
+def hangs(rank, world):
+    if rank == 0:
+        return rank
+    time.sleep(120)
+    return rank
+
+
+def ok(rank, world, x):
+    return rank * x

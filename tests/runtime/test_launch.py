@@ -1,0 +1,32 @@
+"""The spawning launcher fails fast and names the rank: a rank that dies without reporting, one that raises, and a
+hang past the timeout (none of these may wait for the other ranks' 120 s sleeps). Timeouts leave room for a slow
+start-up (three processes importing torch on two busy cores)."""
+
+import time
+
+import pytest
+
+from tidal.runtime.launch import run_distributed
+
+from _launch_cases import dies_on_rank1, hangs, ok, raises_on_rank2  # isort: skip
+
+pytestmark = pytest.mark.distributed
+
+
+def test_results_in_rank_order():
+    assert run_distributed(ok, 3, 5, timeout_s=60) == [0, 5, 10]
+
+
+@pytest.mark.parametrize("fn,msg", [(dies_on_rank1, "rank 1 died with exit code 3"),
+                                    (raises_on_rank2, "rank 2 raised"),
+                                    (hangs, "timed out after 45 s waiting for ranks")])
+def test_failures_name_the_rank_and_return_early(fn, msg):
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="distributed worker failed") as e:
+        run_distributed(fn, 3, timeout_s=45)
+    assert msg in str(e.value), str(e.value)
+    if fn is raises_on_rank2:
+        assert "ValueError: boom on rank 2" in str(e.value)  # the rank's traceback travels with the error
+    if fn is hangs:
+        assert "1, 2]" in str(e.value)
+    assert time.monotonic() - t0 < 100
