@@ -125,7 +125,12 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: Va
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     name = resolve_backend(backend, q, needs_grad)
     fn = {"flash": _attn_flash, "flex": _attn_flex, "sdpa": _attn_sdpa, "reference": _attn_reference}[name]
-    return fn(q, k, v, meta, scale)
+    out = fn(q, k, v, meta, scale)
+    if q.shape[0] == 0 and needs_grad:
+        # A rank with no query (a CP rank left empty) must still back-propagate through k and v: under CP they come
+        # from a collective whose backward every rank of the group has to join.
+        out = out + 0.0 * (k.sum() + v.sum())
+    return out
 
 
 def _attn_reference(q, k, v, meta: VarlenMeta, scale: float) -> torch.Tensor:
