@@ -62,6 +62,8 @@ def add_parser(sub) -> None:
                         "fixed: token-count first-fit (baseline)")
     p.add_argument("--cp-sharding", choices=("adaptive", "per-seq", "per-doc"), default="adaptive")
     p.add_argument("--exact", action="store_true", help="exact MILP dispatch and packing (small instances only)")
+    p.add_argument("--plan-budget-ms", type=float, default=2000.0,
+                   help="per-step planning budget: past it the best plan so far is returned (valid, gap reported)")
     p.add_argument("--cost-model", type=Path, default=None,
                    help="fitted cost model (.json) or profile (.csv); default: analytic from the specs")
     p.add_argument("--json", type=Path, default=None, help="write the plan JSON here (docs/plan-format.md)")
@@ -138,7 +140,7 @@ def plan_run(args, progress=None) -> PlanRun:
         arr = np.asarray(lens, dtype=np.int64)
         if now:
             sel = select_step(arr[now], profiles, packer=packer, seed=args.seed + len(steps), exact=args.exact,
-                              seq_ids=[ids[i] for i in now])
+                              seq_ids=[ids[i] for i in now], budget_ms=getattr(args, "plan_budget_ms", None))
             step = _embed(sel.plan, now, ids, lens, deferred, 0.0)
         else:
             sel, step = None, StepPlan(ids, lens, 0, (), deferred, 0.0, 0.0)
