@@ -158,7 +158,12 @@ def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | 
             h = heaps[k]
             if h:
                 j = h[0][1]
-                v = _f1(a, b, c, q, M, W[j] + wx, T[j] + x, L[j] if L[j] > wx else wx, U[j] + 1, G[j] + (2 * x > M))
+                tok, wm, g = T[j] + x, (L[j] if L[j] > wx else wx), G[j] + (2 * x > M)
+                if q == 0:  # _f1 inlined for PP = 1: V = V_min
+                    vm = max(1, -(-tok // M), g)
+                    v = max(vm * c + W[j] + wx, vm * (c + wm))
+                else:
+                    v = _f1(a, b, c, q, M, W[j] + wx, tok, wm, U[j] + 1, g)
                 if best_key is None or (v, j) < best_key:
                     best_key, best_k, wbest = (v, j), k, wx
             e = empty[k]
@@ -369,31 +374,37 @@ def dispatch_hydraulis(lengths, pipes: Sequence[PipeCost], *, trials: int = 100,
     Q1 = np.array([p.pp - 1 for p in pipes], dtype=np.float64)
     M = np.array([p.max_len for p in pipes], dtype=np.float64)
     has_e = bool(np.any(Q1 > 0))
+    m_min = float(M.min())
     best_obj, best_owner = float("inf"), None
     for _ in range(trials):
         perm = rng.permutation(l_.size)
         Cj = np.zeros(D)
         Ej = np.zeros(D)
+        tot = np.zeros(D)  # C_j + E_j
         lmax = np.zeros(D)
         owner = np.empty(l_.size, dtype=np.int64)
         for i in perm.tolist():
             x = int(l_[i])
-            tot = Cj + Ej
-            k1 = int(np.argmax(tot))
+            k1 = int(tot.argmax())
             top = tot[k1]
-            tot[k1] = -np.inf
-            second = float(tot.max()) if D > 1 else 0.0
+            if D > 1:
+                tot[k1] = -np.inf
+                second = float(tot.max())
+                tot[k1] = top
+            else:
+                second = 0.0
             o = Cj + A * x * x  # same operation order as the paper's loop: ((C_j + a x x) + b x) + c
             o += B * x
             o += C
             if has_e:
                 lm = np.maximum(lmax, x)
                 o += (A * lm * lm + B * lm + C) * Q1
-            others = np.full(D, top)
-            others[k1] = second
-            np.maximum(o, others, out=o)
-            o[x > M] = np.inf
-            j = int(np.argmin(o))
+            own = max(o[k1], second)  # the max over k != j of C_k + E_k is `second` for j = k1, `top` otherwise
+            np.maximum(o, top, out=o)
+            o[k1] = own
+            if x > m_min:
+                o[x > M] = np.inf
+            j = int(o.argmin())
             if not o[j] < np.inf:
                 raise TidalError(f"sequence of length {x} exceeds the MaxLen of every pipeline")
             p = pipes[j]
@@ -401,6 +412,7 @@ def dispatch_hydraulis(lengths, pipes: Sequence[PipeCost], *, trials: int = 100,
             lm_j = max(int(lmax[j]), x)
             lmax[j] = lm_j
             Ej[j] = (p.a * lm_j ** 2 + p.b * lm_j + p.c) * (p.pp - 1)
+            tot[j] = Cj[j] + Ej[j]
             owner[i] = j
         obj = float(np.max(Cj + Ej)) if D else 0.0
         if obj < best_obj:

@@ -108,12 +108,22 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
     disp = dispatch(l_, prof.pipes, exact=exact, seed=seed, target=target * 1.001, deadline=deadline)
     est, plans = _pack_groups(l_, prof, disp.groups, packer, exact)
     if fallback and est > target and (deadline is None or time.perf_counter() < deadline):
-        hy = dispatch_hydraulis(l_, prof.pipes, trials=HYDRAULIS_TRIALS, seed=seed)
-        if hy.objective < est:
-            est2, plans2 = _pack_groups(l_, prof, hy.groups, packer, exact)
-            if est2 < est:
-                return est2, plans2
+        hy = _hydraulis_plan(l_, prof, packer, seed, exact, est)
+        if hy is not None:
+            return hy
     return est, plans
+
+
+def _hydraulis_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: int, exact: bool,
+                    limit: float) -> tuple[float, tuple[PipelinePlan, ...]] | None:
+    """Hydraulis' dispatch followed by `packer`, if it beats `limit` (packed only when its dispatch cost, a lower
+    bound on its packed time, is below `limit`)."""
+    hy = dispatch_hydraulis(l_, prof.pipes, trials=HYDRAULIS_TRIALS, seed=seed)
+    if hy.objective < limit:
+        est, plans = _pack_groups(l_, prof, hy.groups, packer, exact)
+        if est < limit:
+            return est, plans
+    return None
 
 
 def _pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Packer,
@@ -191,11 +201,25 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
             if (bounds[k], k) >= (best[0], best[1]):
                 continue
         est, plans = assign(l_, profiles[k], packer=packer, seed=seed, exact=exact, target=bounds[k],
-                            deadline=deadline)
+                            deadline=deadline, fallback=False)
         ests[k] = est
         if best is None or (est, k) < (best[0], best[1]):
             best = (est, k, plans)
     assert best is not None
+    # Never worse than Hydraulis' dispatch + the same packer on any candidate: its packed time is >= the candidate's
+    # bound, so only candidates whose (refined) bound is below the best estimate need it (same set with or without
+    # pruning). Index order and strict improvement keep the answer deterministic.
+    for k in range(len(profiles)):
+        if bounds[k] == float("inf") or (deadline is not None and time.perf_counter() > deadline):
+            cut = cut or bounds[k] != float("inf")
+            continue
+        refine(k)
+        if bounds[k] >= best[0]:
+            continue
+        hy = _hydraulis_plan(l_, profiles[k], packer, seed, exact, best[0])
+        if hy is not None:
+            ests[k] = hy[0] if ests[k] is None else min(ests[k], hy[0])
+            best = (hy[0], k, hy[1])
     est, k, plans = best
     lb = float("inf")
     for i in sorted(range(len(profiles)), key=lambda i: (bounds[i], i)):
