@@ -108,14 +108,16 @@ def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, b
     kw = {"budget_ms": budget_ms} if budget_ms is not None and "budget_ms" in inspect.signature(
         select_step).parameters else {}
     cpu, wall, ratio, nseq, hy_loss, hy_worst, hy_pairs, hy_step = [], [], [], [], 0, 0.0, 0, []
-    err = None
+    err, cut = None, 0
     for seed in seeds:
         sts = sample_steps(grid.specs[source], seed=seed, tokens_per_step=tokens, max_len=MAX_LEN, steps=steps)[0]
         for st in sts:
             l_ = st.lengths_array()
             try:
                 c0, w0 = time.thread_time(), time.perf_counter()
-                plan = select_step(l_, profs, seed=0, **kw).plan
+                sel = select_step(l_, profs, seed=0, **kw)
+                plan = sel.plan
+                cut += bool(getattr(sel, "cut_short", False))
                 cpu.append((time.thread_time() - c0) * 1e3)
                 wall.append((time.perf_counter() - w0) * 1e3)
             except TidalError as e:
@@ -139,7 +141,7 @@ def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, b
     row.update(steps=len(cpu), seqs=int(np.median(nseq)) if nseq else 0,
                cpu_med=q(cpu, .5), cpu_p90=q(cpu, .9), cpu_max=max(cpu, default=np.nan),
                wall_med=q(wall, .5), wall_p90=q(wall, .9), wall_max=max(wall, default=np.nan),
-               r_med=q(ratio, .5), r_p90=q(ratio, .9), r_max=max(ratio, default=np.nan))
+               r_med=q(ratio, .5), r_p90=q(ratio, .9), r_max=max(ratio, default=np.nan), cut=cut)
     if err and not cpu:
         row["error"] = err
     elif err:
@@ -167,7 +169,8 @@ def fmt(row) -> str:
     return (f"| {row['model']} | {row['cluster']} | {row['cands']} | {row['source']} | {row['n_cands']} | "
             f"{row['seqs']} | {row['cpu_med']:.1f} | {row['cpu_p90']:.1f} | {row['cpu_max']:.1f} | "
             f"{row['wall_med']:.1f} | {row['wall_p90']:.1f} | {row['wall_max']:.1f} | {row['r_med']:.4f} | "
-            f"{row['r_max']:.4f} |{hy}" + (f" {row['error']}" if row.get("error") else ""))
+            f"{row['r_max']:.4f} |{hy}" + (f" cut short: {row['cut']}/{row['steps']} |" if row.get("cut") else "")
+            + (f" {row['error']}" if row.get("error") else ""))
 
 
 HEADER = ("| model | cluster | cands | source | #c | seqs | cpu med | cpu p90 | cpu max | wall med | wall p90 "
@@ -213,3 +216,34 @@ def summary(rows) -> None:
         print(f"\nvs dispatch_hydraulis + same packer: {sum(r['hy_loss'] for r in hy)} losses over "
               f"{sum(r['hy_pairs'] for r in hy)} (step, candidate) pairs; worst ours/hydraulis "
               f"{max(r['hy_worst'] for r in hy):.4f}")
+
+
+def compare(before_path: str, after_path: str) -> None:
+    """Merged before/after table of two --out files (python benchmarks/planner_grid.py BEFORE.json AFTER.json)."""
+    before = {(r["model"], r["cluster"], r["cands"], r["source"]): r for r in json.loads(Path(before_path).read_text())}
+    after = json.loads(Path(after_path).read_text())
+    print("| model | cluster | cands | source | seqs | cpu p90 ms before -> after | cpu max before -> after "
+          "| wall p90 after | est/lb med before -> after | est/lb max before -> after | lose vs hy (after) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    worse = []
+    for r in after:
+        b = before.get((r["model"], r["cluster"], r["cands"], r["source"]), {})
+        if "cpu_p90" not in r or "cpu_p90" not in b:
+            print(f"| {r['model']} | {r['cluster']} | {r['cands']} | {r['source']} | before: {b.get('error', '-')} "
+                  f"| after: {r.get('error', 'ok')} |")
+            continue
+        if r["r_med"] > b["r_med"] + 1e-4:
+            worse.append((r["model"], r["cluster"], r["cands"], r["source"], b["r_med"], r["r_med"]))
+        hy = f"{r['hy_loss']}/{r['hy_pairs']}" if "hy_pairs" in r else "-"
+        print(f"| {r['model']} | {r['cluster']} | {r['cands']} | {r['source']} | {r['seqs']} | {b['cpu_p90']:.1f} -> "
+              f"{r['cpu_p90']:.1f} | {b['cpu_max']:.1f} -> {r['cpu_max']:.1f} | {r['wall_p90']:.1f} | "
+              f"{b['r_med']:.4f} -> {r['r_med']:.4f} | {b['r_max']:.4f} -> {r['r_max']:.4f} | {hy} |")
+    print(f"\ncells whose median est/lb got worse by > 1e-4: {len(worse)}")
+    for w in worse:
+        print("  ", w)
+
+
+if __name__ == "__main__":
+    import sys
+
+    compare(sys.argv[1], sys.argv[2])

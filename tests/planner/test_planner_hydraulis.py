@@ -114,3 +114,22 @@ def test_issue_repro_capacity_aware_dispatch():
             if pl.pp == 1 and pl.micro_batches:
                 assert len(pl.micro_batches) == -(-sum(int(l_[i]) for mb in pl.micro_batches for i in mb)
                                                    // pl.max_len)
+
+
+@pytest.mark.parametrize("n_pipes", [25, 40, 70])
+def test_numpy_alg1_trial_matches_the_loop_on_many_pipelines(n_pipes):
+    """dispatch_hydraulis scans pipelines with numpy above 24 pipelines: same owners, same objective."""
+    from tidal.planner import dispatch as d
+
+    rng = np.random.default_rng(n_pipes)
+    kinds = [PipeCost(1e-3, 1.0, 0.5, 1, 64), PipeCost(0.5e-3, 0.5, 0.5, 2, 128), PipeCost(2e-4, 0.25, 1.0, 4, 200)]
+    pipes = [kinds[rng.integers(0, 3)] for _ in range(n_pipes)]
+    l_ = rng.integers(1, 200, size=400)
+    perm = rng.permutation(l_.size)
+    arr = [np.array([getattr(p, f) for p in pipes], dtype=np.float64) for f in ("a", "b", "c")]
+    q1 = np.array([p.pp - 1 for p in pipes], dtype=np.float64)
+    m = np.array([p.max_len for p in pipes], dtype=np.float64)
+    own_np, obj_np = d._alg1_trial_numpy(l_, pipes, perm, *arr, q1, m, True, float(m.min()))
+    own_loop, obj_loop = d._alg1_trial_loop(l_, pipes, perm)
+    np.testing.assert_array_equal(own_np, own_loop)
+    assert obj_np == obj_loop

@@ -213,6 +213,8 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
         if bounds[k] == float("inf") or (deadline is not None and time.perf_counter() > deadline):
             cut = cut or bounds[k] != float("inf")
             continue
+        if bounds[k] >= best[0]:  # the quick bound already rules it out (refining only raises it)
+            continue
         refine(k)
         if bounds[k] >= best[0]:
             continue
