@@ -6,6 +6,7 @@ answer equals the exhaustive minimum over candidates (ties go to the lower candi
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -148,8 +149,11 @@ def _pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Pac
 
 def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer = pack, seed: int = 0,
                 exact: bool = False, seq_ids: Sequence[int] | None = None, prune: bool = True,
-                budget_ms: float | None = None) -> StepSelection:
+                budget_ms: float | None = None, tol: float = 1e-3) -> StepSelection:
     """Plan one step: the candidate (index into `profiles`) with the least estimated step time, plus reports.
+    `tol`: a candidate (or Hydraulis' dispatch on it) is skipped when its proven bound is within a factor 1 + tol of
+    the incumbent, so the estimate is within 1 + tol of the best over candidates of min(our assignment, Hydraulis'
+    dispatch + the same packer); tol = 0 gives exactly that best (ties to the lower index), pruned or not.
     `budget_ms`: once that much wall time has passed, no further candidate is assigned, the local search stops and the
     bounds are not refined; the best plan so far is returned (always valid; at least one candidate is assigned, by the
     greedy dispatch at worst) with a proven, possibly looser, lower bound, and `cut_short` set. Without a budget, or
@@ -188,18 +192,21 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
     ests: list[float | None] = [None] * len(profiles)
     best: tuple[float, int, tuple[PipelinePlan, ...]] | None = None
     cut = False
-    for k in sorted(range(len(profiles)), key=lambda k: (bounds[k], k)):
-        if bounds[k] == float("inf"):
-            continue
+    # Best-first over candidates with lazy refinement: a candidate is assigned only once it has the least refined
+    # bound among those left, so candidates whose quick bound is loose do not get assigned early.
+    heap = [(bounds[k], k) for k in range(len(profiles)) if bounds[k] != float("inf")]
+    heapq.heapify(heap)
+    while heap:
+        _, k = heapq.heappop(heap)
         if deadline is not None and best is not None and time.perf_counter() > deadline:
             cut = True
             break
-        if prune and best is not None and (bounds[k], k) >= (best[0], best[1]):
+        if prune and best is not None and (bounds[k] * (1 + tol), k) >= (best[0], best[1]):
             continue
-        if prune and best is not None:  # a sharper bound may still rule the candidate out before the costly assignment
+        if not refined[k] and (deadline is None or time.perf_counter() <= deadline):
             refine(k)
-            if (bounds[k], k) >= (best[0], best[1]):
-                continue
+            heapq.heappush(heap, (bounds[k], k))
+            continue
         est, plans = assign(l_, profiles[k], packer=packer, seed=seed, exact=exact, target=bounds[k],
                             deadline=deadline, fallback=False)
         ests[k] = est
@@ -213,10 +220,10 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
         if bounds[k] == float("inf") or (deadline is not None and time.perf_counter() > deadline):
             cut = cut or bounds[k] != float("inf")
             continue
-        if bounds[k] >= best[0]:  # the quick bound already rules it out (refining only raises it)
+        if bounds[k] * (1 + tol) >= best[0]:  # the quick bound already rules it out (refining only raises it)
             continue
         refine(k)
-        if bounds[k] >= best[0]:
+        if bounds[k] * (1 + tol) >= best[0]:
             continue
         hy = _hydraulis_plan(l_, profiles[k], packer, seed, exact, best[0])
         if hy is not None:
