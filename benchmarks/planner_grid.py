@@ -211,17 +211,52 @@ def summary(rows) -> None:
         print(f"| {n} | {len(rs)} | {w['cpu_p90']:.1f} ({w['model']} {w['cands']} {w['source']}) | "
               f"{max(r['wall_p90'] for r in rs):.1f} | {np.median([r['r_med'] for r in rs]):.4f} | "
               f"{max(r['r_med'] for r in rs):.4f} |")
+    for how in ("proposal", "hand"):
+        rs = [r["r_med"] for r in ok if r["cands"] == how]
+        if rs:
+            print(f"{how}: median over cells of the median est/lb {np.median(rs):.4f}, cells with median <= 1.01: "
+                  f"{sum(x <= 1.01 for x in rs)}/{len(rs)}")
     hy = [r for r in ok if "hy_pairs" in r]
     if hy:
         print(f"\nvs dispatch_hydraulis + same packer: {sum(r['hy_loss'] for r in hy)} losses over "
               f"{sum(r['hy_pairs'] for r in hy)} (step, candidate) pairs; worst ours/hydraulis "
-              f"{max(r['hy_worst'] for r in hy):.4f}")
+              f"{max(r['hy_worst'] for r in hy):.4f}; per step, best plan / best Hydraulis plan over candidates: "
+              f"median of cell medians {np.median([r['hy_step_med'] for r in hy]):.3f}")
+
+
+def load_rows(path: str) -> list[dict]:
+    """Rows of a --out JSON file, or of the printed table (a saved stdout; several files joined by ',')."""
+    rows = []
+    for one in path.split(","):
+        text = Path(one).read_text()
+        if one.endswith(".json"):
+            rows += json.loads(text)
+            continue
+        keys = ("n_cands", "seqs", "cpu_med", "cpu_p90", "cpu_max", "wall_med", "wall_p90", "wall_max", "r_med",
+                "r_max")
+        for line in text.splitlines():
+            f = [x.strip() for x in line.strip().strip("|").split("|")]
+            if len(f) < 14 or f[0] not in MODELS:
+                continue
+            r = dict(model=f[0], cluster=f[1], cands=f[2], source=f[3])
+            try:
+                r.update({k: float(v) for k, v in zip(keys, f[4:14])})
+            except ValueError:
+                r["error"] = f[4]
+                rows.append(r)
+                continue
+            if f[14] != "-":
+                lost, pairs = f[14].split("/")
+                r.update(hy_loss=int(lost), hy_pairs=int(pairs), hy_worst=float(f[15]), hy_step_med=float(f[16]))
+            rows.append(r)
+    return rows
 
 
 def compare(before_path: str, after_path: str) -> None:
-    """Merged before/after table of two --out files (python benchmarks/planner_grid.py BEFORE.json AFTER.json)."""
-    before = {(r["model"], r["cluster"], r["cands"], r["source"]): r for r in json.loads(Path(before_path).read_text())}
-    after = json.loads(Path(after_path).read_text())
+    """Merged before/after table of two grid outputs (python benchmarks/planner_grid.py BEFORE AFTER; each a --out
+    JSON file or a saved stdout, several joined by ',')."""
+    before = {(r["model"], r["cluster"], r["cands"], r["source"]): r for r in load_rows(before_path)}
+    after = load_rows(after_path)
     print("| model | cluster | cands | source | seqs | cpu p90 ms before -> after | cpu max before -> after "
           "| wall p90 after | est/lb med before -> after | est/lb max before -> after | lose vs hy (after) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -235,12 +270,17 @@ def compare(before_path: str, after_path: str) -> None:
         if r["r_med"] > b["r_med"] + 1e-4:
             worse.append((r["model"], r["cluster"], r["cands"], r["source"], b["r_med"], r["r_med"]))
         hy = f"{r['hy_loss']}/{r['hy_pairs']}" if "hy_pairs" in r else "-"
-        print(f"| {r['model']} | {r['cluster']} | {r['cands']} | {r['source']} | {r['seqs']} | {b['cpu_p90']:.1f} -> "
+        print(f"| {r['model']} | {r['cluster']} | {r['cands']} | {r['source']} | {r['seqs']:.0f} | "
+              f"{b['cpu_p90']:.1f} -> "
               f"{r['cpu_p90']:.1f} | {b['cpu_max']:.1f} -> {r['cpu_max']:.1f} | {r['wall_p90']:.1f} | "
               f"{b['r_med']:.4f} -> {r['r_med']:.4f} | {b['r_max']:.4f} -> {r['r_max']:.4f} | {hy} |")
     print(f"\ncells whose median est/lb got worse by > 1e-4: {len(worse)}")
     for w in worse:
         print("  ", w)
+    print("\nbefore:")
+    summary(list(before.values()))
+    print("\nafter:")
+    summary(after)
 
 
 if __name__ == "__main__":
