@@ -245,6 +245,9 @@ def load_rows(path: str) -> list[dict]:
                 r["error"] = f[4]
                 rows.append(r)
                 continue
+            tail = " ".join(x for x in f[17:] if x)
+            if "failed" in tail:
+                r["error"] = tail
             if f[14] != "-":
                 lost, pairs = f[14].split("/")
                 r.update(hy_loss=int(lost), hy_pairs=int(pairs), hy_worst=float(f[15]), hy_step_med=float(f[16]))
@@ -273,10 +276,18 @@ def compare(before_path: str, after_path: str) -> None:
         print(f"| {r['model']} | {r['cluster']} | {r['cands']} | {r['source']} | {r['seqs']:.0f} | "
               f"{b['cpu_p90']:.1f} -> "
               f"{r['cpu_p90']:.1f} | {b['cpu_max']:.1f} -> {r['cpu_max']:.1f} | {r['wall_p90']:.1f} | "
-              f"{b['r_med']:.4f} -> {r['r_med']:.4f} | {b['r_max']:.4f} -> {r['r_max']:.4f} | {hy} |")
+              f"{b['r_med']:.4f} -> {r['r_med']:.4f} | {b['r_max']:.4f} -> {r['r_max']:.4f} | {hy} |"
+              + (" before: some steps failed (no candidate held the step's longest sequence) |"
+                 if "failed" in str(b.get("error", "")) else ""))
     print(f"\ncells whose median est/lb got worse by > 1e-4: {len(worse)}")
     for w in worse:
         print("  ", w)
+    done = {(r["model"], r["cluster"], r["cands"], r["source"]) for r in after if "cpu_p90" in r}
+    had = {k for k, r in before.items() if "cpu_p90" in r}
+    for name, got in (("after", done), ("before", had)):
+        miss = [k for k in ((m, c, h, src) for m in MODELS for c in CLUSTERS for h in ("proposal", "hand")
+                            for src in SOURCES) if k not in got]
+        print(f"\ncells not run ({name}): {len(miss)}" + (": " + "; ".join(" ".join(k) for k in miss) if miss else ""))
     print("\nbefore:")
     summary(list(before.values()))
     print("\nafter:")
