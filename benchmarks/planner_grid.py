@@ -259,7 +259,7 @@ def compare(before_path: str, after_path: str) -> None:
     """Merged before/after table of two grid outputs (python benchmarks/planner_grid.py BEFORE AFTER; each a --out
     JSON file or a saved stdout, several joined by ',')."""
     before = {(r["model"], r["cluster"], r["cands"], r["source"]): r for r in load_rows(before_path)}
-    after = load_rows(after_path)
+    after = list({(r["model"], r["cluster"], r["cands"], r["source"]): r for r in load_rows(after_path)}.values())
     print("| model | cluster | cands | source | seqs | cpu p90 ms before -> after | cpu max before -> after "
           "| wall p90 after | est/lb med before -> after | est/lb max before -> after | lose vs hy (after) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
