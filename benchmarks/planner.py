@@ -3,6 +3,8 @@ and token first-fit-decreasing. Prints figures; nothing is asserted.
 
     python benchmarks/planner.py                 # everything (about 2-4 minutes on 2 cores)
     python benchmarks/planner.py --only speed    # speed | quality | exact | compare | packers | proposal
+    python benchmarks/planner.py --grid [--models M,..] [--clusters C,..] [--cands proposal,hand] [--sources S,..]
+                                 [--seeds 0,1,2] [--steps 10] [--hy-trials 1] [--budget-ms X] [--out grid.json]
 """
 
 from __future__ import annotations
@@ -211,7 +213,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", choices=["speed", "quality", "exact", "compare", "packers", "proposal"])
     ap.add_argument("--candidates", choices=["hand", "proposal"], default="proposal")
+    ap.add_argument("--grid", action="store_true", help="worst-case grid (benchmarks/planner_grid.py)")
+    ap.add_argument("--models", default="llama2-7b,llama2-13b,llama-32b")
+    ap.add_argument("--clusters", default="a800x16,a800x32,a800x64,a800x256,a800x1024")
+    ap.add_argument("--cands", default="proposal,hand")
+    ap.add_argument("--sources", default="commoncrawl,github,flanv2,heavytail")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--steps", type=int, default=10, help="grid: steps per seed")
+    ap.add_argument("--hy-trials", type=int, default=1, help="grid: dispatch_hydraulis shuffles (0: no column)")
+    ap.add_argument("--hy-max-devices", type=int, default=1024, help="grid: hydraulis column up to this cluster size")
+    ap.add_argument("--budget-ms", type=float, default=None, help="grid: per-step planning budget")
+    ap.add_argument("--out", default=None, help="grid: write the rows as JSON")
     a = ap.parse_args()
+    if a.grid:
+        import planner_grid
+
+        planner_grid.main(a)
+        return
     print(f"candidates: {a.candidates}")
     for name, fn in (("speed", lambda: bench_speed(a.candidates)), ("quality", lambda: bench_quality(a.candidates)),
                      ("exact", bench_exact), ("compare", lambda: bench_compare(a.candidates)),

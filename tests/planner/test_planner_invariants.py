@@ -60,9 +60,11 @@ def test_select_invariants(lengths, cands, seed):
     check_step(lengths, profiles, sel.plan)
     again = select_step(list(lengths), profiles, seed=seed).plan
     assert json.dumps(again.to_dict(timings=False)) == json.dumps(sel.plan.to_dict(timings=False))
-    if seed == 0:  # pruning never changes the answer
-        full = select_step(lengths, profiles, seed=seed, prune=False).plan
-        assert full.strategy == sel.plan.strategy and full.est_step_time == sel.plan.est_step_time
+    if seed == 0:  # with tol = 0 pruning never changes the answer; the default tol costs at most a factor 1 + tol
+        exact_ = select_step(lengths, profiles, seed=seed, tol=0.0).plan
+        full = select_step(lengths, profiles, seed=seed, prune=False, tol=0.0).plan
+        assert full.strategy == exact_.strategy and full.est_step_time == exact_.est_step_time
+        assert exact_.est_step_time <= sel.plan.est_step_time <= exact_.est_step_time * (1 + 1e-3)
 
 
 @settings(max_examples=1500, **SETTINGS)

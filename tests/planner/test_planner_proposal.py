@@ -68,3 +68,16 @@ def test_expected_cost_monotone_in_pipelines():
     h = _histogram(_lengths(9), 50_000, 32768, 256)
     p = PipeCost(1e-9, 3e-5, 0.005, 1, 40000)
     assert expected_cost(h, [p, p]) <= expected_cost(h, [p])
+
+
+def test_proposal_covers_max_len_when_the_sample_holds_no_long_document():
+    """Issue 9: a flanv2-like sample (nothing above 4K) with --max-len 16384 must still yield candidates that run a
+    16K sequence, the first one (best single strategy) included."""
+    cm = default_cost_model(get_model("llama-32b"), get_cluster("a800x16"))
+    rng = np.random.default_rng(1)
+    lengths = np.clip(rng.lognormal(5.0, 1.0, 4000), 1, 4000).astype(np.int64)
+    assert lengths.max() < 16384
+    dev = cm.cluster.device_type(0)
+    prop = propose(lengths, cm, tokens_per_step=50_000, max_len=16384, eval_steps=2)
+    assert max(cm.max_len(p.scheme, dev) for p in prop.strategies[0].pipelines) >= 16384
+    assert all(np.isfinite(prop.expected[:1]))

@@ -54,6 +54,8 @@ def add_parser(sub) -> None:
                         "fixed: token-count first-fit (baseline)")
     p.add_argument("--cp-sharding", choices=CP_SHARDINGS, default="adaptive")
     p.add_argument("--exact", action="store_true", help="exact MILP dispatch and packing (small instances only)")
+    p.add_argument("--plan-budget-ms", type=float, default=2000.0,
+                   help="per-step planning budget: past it the best plan so far is returned (valid, gap reported)")
     p.add_argument("--cost-model", type=Path, default=None,
                    help="fitted cost model (.json) or profile (.csv); default: analytic from the specs")
     p.add_argument("--json", type=Path, default=None, help="write the plan JSON here (docs/plan-format.md)")
@@ -88,7 +90,8 @@ def plan_run(args, progress=None) -> PlanRun:
     cm = cost_model_of(args)
     candidates = candidates_of(args, cm)
     options = PlanningOptions(max_len=args.max_len, tokens_per_step=args.tokens_per_step, packing=args.packing,
-                              cp_sharding=args.cp_sharding, exact=args.exact, seed=args.seed)
+                              cp_sharding=args.cp_sharding, exact=args.exact, seed=args.seed,
+                              budget_ms=args.plan_budget_ms)
     sampler = TokenBudgetSampler(length_source(args.data, args.seed), args.tokens_per_step, args.max_len,
                                  long_docs=args.long_docs, seed=args.seed)
     planner = StepPlanner(cm, candidates, sampler, options)

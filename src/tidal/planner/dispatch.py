@@ -11,6 +11,8 @@ or swaps sequences off the bottleneck pipeline while that strictly lowers it. Ex
 from __future__ import annotations
 
 import heapq
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,50 +29,69 @@ class DispatchResult:
     loads: tuple[float, ...]  # D_j per pipeline
 
 
+def _cost(A, B, C, Q1, M, Q, S, N, lmax, G, R) -> np.ndarray:
+    """Capacity-aware pipeline cost (vectorised): min over integer V in [V_min, U] of (PP - 1 + V) * max(c + W / V,
+    c + w(l_max)) with W = a * sum l^2 + b * sum l, U the count and V_min = max(ceil(sum l / MaxLen), G), G the number
+    of documents longer than MaxLen / 2 (no two share a micro-batch); 0 when empty. A lower bound on the packed time
+    (bounds.pipeline_bound with the G term) that charges the micro-batches MaxLen forces: a PP = 1 pipeline over its
+    MaxLen costs >= 2 (c + w(l_max)), not W + 2c. The function of V is convex with continuous minimiser
+    min(sqrt((PP - 1) W / c), W / w(l_max)) (docs/planner.md), so only its floor and ceiling (clipped) are evaluated.
+    R = sqrt((PP - 1) / c) per pipeline (a huge finite number when c = 0 < PP - 1)."""
+    W = A * Q + B * S
+    wm = A * lmax * lmax + B * lmax
+    vmin = np.maximum(np.maximum(1.0, np.ceil(S / M)), G)
+    vmax = np.maximum(vmin, N)
+    v0 = np.minimum(np.sqrt(W) * R, W / np.maximum(wm, 1e-300))
+    lo = np.minimum(np.maximum(np.floor(v0), vmin), vmax)
+    hi = np.minimum(np.maximum(np.ceil(v0), vmin), vmax)
+    cw = C + wm
+    f = np.minimum((Q1 + lo) * np.maximum(W / lo + C, cw), (Q1 + hi) * np.maximum(W / hi + C, cw))
+    return np.where(N > 0, f, 0.0)
+
+
 class _State:
-    """Per-pipeline sums with vectorised evaluation of D for hypothetical changes."""
+    """Per-pipeline sums (sum l, sum l^2, count, top-two lengths) and costs, updated in O(1) per move (plus an O(B)
+    scan of the two pipelines' top lengths); hypothetical moves are evaluated vectorised with `_cost`."""
 
     def __init__(self, pipes: Sequence[PipeCost], lengths: np.ndarray, owner: np.ndarray):
         self.A = np.array([p.a for p in pipes])
         self.B = np.array([p.b for p in pipes])
         self.C = np.array([p.c for p in pipes])
         self.Q1 = np.array([p.pp - 1 for p in pipes], dtype=np.float64)
-        self.M = np.array([p.max_len for p in pipes], dtype=np.int64)
+        self.M = np.array([p.max_len for p in pipes], dtype=np.float64)
+        self.R = np.sqrt(self.Q1 / np.where(self.C > 0, self.C, 1e-300)).clip(max=1e150)
         self.l = lengths
         self.lf = lengths.astype(np.float64)
         self.owner = owner
         n = len(pipes)
         self.S = np.bincount(owner, weights=self.lf, minlength=n)
         self.Q = np.bincount(owner, weights=self.lf * self.lf, minlength=n)
-        self.N = np.bincount(owner, minlength=n)
+        self.N = np.bincount(owner, minlength=n).astype(np.float64)
+        self.H = self.M / 2  # documents longer than this need a micro-batch of their own
+        self.G = np.bincount(owner, weights=(self.lf > self.H[owner]).astype(np.float64), minlength=n)
         self.top1 = np.zeros(n)
         np.maximum.at(self.top1, owner, self.lf)
         is_top = self.lf == self.top1[owner]
         self.cnt1 = np.bincount(owner[is_top], minlength=n).astype(np.int64)
         self.top2 = np.zeros(n)
         np.maximum.at(self.top2, owner[~is_top], self.lf[~is_top])
+        self.load = self.value(slice(None), self.Q, self.S, self.N, self.top1, self.G)
 
     def _refresh(self, j: int) -> None:
         v = self.lf[self.owner == j]
         if v.size == 0:
             self.top1[j] = self.top2[j] = 0.0
             self.cnt1[j] = 0
-            return
-        m = v.max()
-        self.top1[j] = m
-        self.cnt1[j] = int(np.count_nonzero(v == m))
-        rest = v[v < m]
-        self.top2[j] = rest.max() if rest.size else 0.0
+        else:
+            m = v.max()
+            self.top1[j] = m
+            self.cnt1[j] = int(np.count_nonzero(v == m))
+            rest = v[v < m]
+            self.top2[j] = rest.max() if rest.size else 0.0
+        self.load[j] = self.value(j, self.Q[j], self.S[j], self.N[j], self.top1[j], self.G[j])
 
-    def value(self, idx, Q, S, N, lmax) -> np.ndarray:
-        A, B, C, Q1, M = self.A[idx], self.B[idx], self.C[idx], self.Q1[idx], self.M[idx]
-        vmin = np.maximum(1.0, np.ceil(S / M))
-        d = A * Q + B * S + C * vmin + Q1 * (C + A * lmax * lmax + B * lmax)
-        return np.where(N > 0, d, 0.0)
-
-    def loads(self) -> np.ndarray:
-        idx = np.arange(len(self.S))
-        return self.value(idx, self.Q, self.S, self.N, self.top1)
+    def value(self, idx, Q, S, N, lmax, G) -> np.ndarray:
+        return _cost(self.A[idx], self.B[idx], self.C[idx], self.Q1[idx], self.M[idx], Q, S, N, lmax, G, self.R[idx])
 
     def lmax_without(self, j, length):
         """l_max of pipeline(s) j after removing one document of `length` (vectorised)."""
@@ -82,6 +103,8 @@ class _State:
         self.S[j] -= x
         self.Q[j] -= x * x
         self.N[j] -= 1
+        self.G[j] -= x > self.H[j]
+        self.G[k] += x > self.H[k]
         self.S[k] += x
         self.Q[k] += x * x
         self.N[k] += 1
@@ -90,9 +113,24 @@ class _State:
         self._refresh(k)
 
 
+def _f1(a: float, b: float, c: float, q: int, M: int, W: float, tok: int, wm: float, cnt: int, g: int) -> float:
+    """Scalar `_cost` for the greedy (same formula, Python floats)."""
+    vmin = max(1, -(-tok // M), g)
+    if q == 0:
+        return max(vmin * c + W, vmin * (c + wm))
+    vmax = max(vmin, cnt)
+    v0 = math.sqrt(q * W / c) if c > 0 else math.inf
+    if wm > 0:
+        v0 = min(v0, W / wm)
+    cands = {vmin, vmax}
+    if math.isfinite(v0):
+        cands |= {min(vmax, max(vmin, math.floor(v0))), min(vmax, max(vmin, math.ceil(v0)))}
+    return min((q + v) * max(W / v + c, c + wm) for v in cands)
+
+
 def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | None = None) -> np.ndarray:
     """List scheduling: each sequence (longest first unless `order`) to the eligible pipeline with the least resulting
-    D_j. Per class of identical pipelines only two can be best: the first empty one and the least-loaded used one."""
+    cost. Per class of identical pipelines only two are tried: the first empty one and the least-loaded used one."""
     classes, _ = group_pipes(pipes)
     members: list[list[int]] = [[] for _ in classes]
     cls_of = {p: k for k, p in enumerate(classes)}
@@ -103,6 +141,8 @@ def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | 
     W = [0.0] * len(pipes)
     T = [0] * len(pipes)
     L = [0.0] * len(pipes)
+    U = [0] * len(pipes)
+    G = [0] * len(pipes)
     owner = np.empty(lengths.size, dtype=np.int64)
     if order is None:
         order = np.argsort(-lengths, kind="stable")
@@ -118,14 +158,18 @@ def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | 
             h = heaps[k]
             if h:
                 j = h[0][1]
-                tok = T[j] + x
-                v = W[j] + wx + c * (1 if tok <= M else -(-tok // M)) + q * (c + (L[j] if L[j] > wx else wx))
+                tok, wm, g = T[j] + x, (L[j] if L[j] > wx else wx), G[j] + (2 * x > M)
+                if q == 0:  # _f1 inlined for PP = 1: V = V_min
+                    vm = max(1, -(-tok // M), g)
+                    v = max(vm * c + W[j] + wx, vm * (c + wm))
+                else:
+                    v = _f1(a, b, c, q, M, W[j] + wx, tok, wm, U[j] + 1, g)
                 if best_key is None or (v, j) < best_key:
                     best_key, best_k, wbest = (v, j), k, wx
             e = empty[k]
             if e:
                 j = e[-1]
-                v = wx + c + q * (c + wx)
+                v = (q + 1) * (c + wx)
                 if best_key is None or (v, j) < best_key:
                     best_key, best_k, wbest = (v, j), k, wx
         if best_key is None:
@@ -138,6 +182,8 @@ def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | 
             heapq.heapreplace(heaps[best_k], (newd, j))  # j was the heap top
         W[j] += wbest
         T[j] += x
+        U[j] += 1
+        G[j] += 2 * x > pipes[j].max_len
         if wbest > L[j]:
             L[j] = wbest
         owner[i] = j
@@ -145,86 +191,103 @@ def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | 
 
 
 def _local_search(st: _State, max_rounds: int, max_docs: int = 16, pairs: bool = False, target: float = 0.0,
-                  min_gain: float = 1e-4) -> None:
-    """Stops when no move/swap lowers the bottleneck by more than `min_gain` (relative) or it reaches `target`."""
+                  min_gain: float = 1e-4, deadline: float | None = None) -> bool:
+    """Move or swap documents off the bottleneck pipeline while that lowers it by more than `min_gain` (relative);
+    all candidate moves of one round are evaluated in one vectorised pass. Stops at `target` (nothing better exists)
+    or at `deadline` (time.perf_counter value). Returns False when cut short by the deadline."""
     n_p = len(st.S)
     all_p = np.arange(n_p)
     for _ in range(max_rounds):
-        loads = st.loads()
-        j = int(np.argmax(loads))
-        dmax = loads[j]
+        if deadline is not None and time.perf_counter() > deadline:
+            return False
+        j = int(np.argmax(st.load))
+        dmax = st.load[j]
         if dmax <= target or dmax <= 0:
-            return
+            return True
         mine = np.flatnonzero(st.owner == j)
-        uniq = np.unique(st.l[mine])[::-1][:max_docs]
+        ml = st.l[mine]
+        uniq, first = np.unique(ml, return_index=True)
+        sel = mine[first[::-1][:max_docs]]  # one document per distinct length, longest first
+        xs = st.lf[sel]
+        x2 = xs * xs
+        lj = st.lmax_without(j, xs)
+        best_val, best_act = dmax * (1 - min_gain), None
+        # move one document of j to any other eligible pipeline: |xs| x P
+        new_j = st.value(j, st.Q[j] - x2, st.S[j] - xs, st.N[j] - 1, lj, st.G[j] - (xs > st.H[j]))
+        new_k = _cost(st.A, st.B, st.C, st.Q1, st.M, st.Q[None, :] + x2[:, None], st.S[None, :] + xs[:, None],
+                      st.N[None, :] + 1, np.maximum(st.top1[None, :], xs[:, None]),
+                      st.G[None, :] + (xs[:, None] > st.H[None, :]), st.R)
+        val = np.where((all_p[None, :] != j) & (xs[:, None] <= st.M[None, :]), np.maximum(new_j[:, None], new_k),
+                       np.inf)
+        m = int(np.argmin(val))
+        if val.flat[m] < best_val:
+            u, k = divmod(m, n_p)
+            best_val, best_act = float(val.flat[m]), (int(sel[u]), k, -1)
         if st.l.size > 256 and n_p > 8:
             # Large steps: swap partners only from the 8 least-loaded pipelines (where a bottleneck's work can go).
-            light = np.argpartition(loads, 8)[:8]
+            light = np.argpartition(st.load, 8)[:8]
             e_idx = np.flatnonzero(np.isin(st.owner, light[light != j]))
         else:
             e_idx = np.flatnonzero(st.owner != j)
-        best_val, best_act = dmax * (1 - min_gain), None
-        for x in uniq.tolist():
-            i = int(mine[np.flatnonzero(st.l[mine] == x)[0]])
-            xf = float(x)
-            lj = st.lmax_without(j, xf)
-            # move i to any other eligible pipeline
-            new_j = st.value(j, st.Q[j] - xf * xf, st.S[j] - xf, st.N[j] - 1, lj)
-            new_k = st.value(all_p, st.Q + xf * xf, st.S + xf, st.N + 1, np.maximum(st.top1, xf))
-            val = np.where((all_p != j) & (x <= st.M), np.maximum(new_j, new_k), np.inf)
-            k = int(np.argmin(val))
-            if val[k] < best_val:
-                best_val, best_act = float(val[k]), (i, k, -1)
-            if e_idx.size == 0:
-                continue
-            # swap i with a document e of another pipeline
-            le = st.lf[e_idx]
+        if e_idx.size:
+            # swap a document of j with a document e of another pipeline: |xs| x E
+            le = st.lf[e_idx][None, :]
             ke = st.owner[e_idx]
-            nj = st.value(j, st.Q[j] - xf * xf + le * le, st.S[j] - xf + le, st.N[j], np.maximum(lj, le))
-            lk = st.lmax_without(ke, le)
-            nk = st.value(ke, st.Q[ke] - le * le + xf * xf, st.S[ke] - le + xf, st.N[ke], np.maximum(lk, xf))
-            ok = (st.l[e_idx] <= st.M[j]) & (x <= st.M[ke]) & (le != xf)
+            hk = st.H[ke][None, :]
+            nj = st.value(j, st.Q[j] - x2[:, None] + le * le, st.S[j] - xs[:, None] + le, st.N[j],
+                          np.maximum(lj[:, None], le), st.G[j] - (xs[:, None] > st.H[j]) + (le > st.H[j]))
+            lk = st.lmax_without(ke, le[0])[None, :]
+            nk = _cost(st.A[ke], st.B[ke], st.C[ke], st.Q1[ke], st.M[ke], st.Q[ke] - le * le + x2[:, None],
+                       st.S[ke] - le + xs[:, None], st.N[ke], np.maximum(lk, xs[:, None]),
+                       st.G[ke] - (le > hk) + (xs[:, None] > hk), st.R[ke])
+            ok = (le <= st.M[j]) & (xs[:, None] <= st.M[ke][None, :]) & (le != xs[:, None])
             val = np.where(ok, np.maximum(nj, nk), np.inf)
             m = int(np.argmin(val))
-            if val[m] < best_val:
-                best_val, best_act = float(val[m]), (i, int(ke[m]), int(e_idx[m]))
-        if best_act is None and pairs and 2 <= mine.size <= 24 and e_idx.size:
-            best_val, best_act = _pair_swap(st, j, mine, e_idx, best_val)
+            if val.flat[m] < best_val:
+                u, e = divmod(m, e_idx.size)
+                best_val, best_act = float(val.flat[m]), (int(sel[u]), int(ke[e]), int(e_idx[e]))
+            if best_act is None and pairs and 2 <= mine.size <= 24:
+                best_val, best_act = _pair_swap(st, j, mine, e_idx, best_val)
         if best_act is None:
-            return
+            return True
         i, k, e = best_act[:3]
         st.move(i, k)
         if e >= 0:
             st.move(e, j)
         if len(best_act) > 3:
             st.move(best_act[3], k)
+    return True
 
 
 def _pair_swap(st: _State, j: int, mine: np.ndarray, e_idx: np.ndarray, best_val: float):
-    """Two sequences of the bottleneck pipeline j for one sequence of another pipeline."""
-    best_act = None
-    le = st.lf[e_idx]
+    """Two documents of the bottleneck pipeline j for one document of another pipeline (all pairs vectorised)."""
+    order = mine[np.argsort(-st.lf[mine], kind="stable")]
+    ls = st.lf[order]
+    u, v = np.triu_indices(order.size, 1)
+    # l_max of j without sorted positions u < v: the first position not in {u, v}
+    rest = np.where(u > 0, ls[0], np.where(v > 1, ls[1] if ls.size > 1 else 0.0, ls[2] if ls.size > 2 else 0.0))
+    x1, x2 = ls[u][:, None], ls[v][:, None]
+    q, s = x1 * x1 + x2 * x2, x1 + x2
+    le = st.lf[e_idx][None, :]
     ke = st.owner[e_idx]
-    lj_all = st.lf[mine]
-    for u in range(mine.size):
-        for v in range(u + 1, mine.size):
-            x1, x2 = lj_all[u], lj_all[v]
-            rest = np.delete(lj_all, [u, v])
-            lj = rest.max() if rest.size else 0.0
-            q, s = x1 * x1 + x2 * x2, x1 + x2
-            nj = st.value(j, st.Q[j] - q + le * le, st.S[j] - s + le, st.N[j] - 1, np.maximum(lj, le))
-            lk = st.lmax_without(ke, le)
-            nk = st.value(ke, st.Q[ke] - le * le + q, st.S[ke] - le + s, st.N[ke] + 1, np.maximum(lk, max(x1, x2)))
-            ok = (st.l[e_idx] <= st.M[j]) & (max(x1, x2) <= st.M[ke])
-            val = np.where(ok, np.maximum(nj, nk), np.inf)
-            m = int(np.argmin(val))
-            if val[m] < best_val:
-                best_val, best_act = float(val[m]), (int(mine[u]), int(ke[m]), int(e_idx[m]), int(mine[v]))
-    return best_val, best_act
+    hj, hk = st.H[j], st.H[ke][None, :]
+    nj = st.value(j, st.Q[j] - q + le * le, st.S[j] - s + le, st.N[j] - 1, np.maximum(rest[:, None], le),
+                  st.G[j] - (x1 > hj) - (x2 > hj) + (le > hj))
+    lk = st.lmax_without(ke, le[0])[None, :]
+    nk = _cost(st.A[ke], st.B[ke], st.C[ke], st.Q1[ke], st.M[ke], st.Q[ke] - le * le + q, st.S[ke] - le + s,
+               st.N[ke] + 1, np.maximum(lk, np.maximum(x1, x2)), st.G[ke] - (le > hk) + (x1 > hk) + (x2 > hk),
+               st.R[ke])
+    ok = (le <= st.M[j]) & (np.maximum(x1, x2) <= st.M[ke][None, :])
+    val = np.where(ok, np.maximum(nj, nk), np.inf)
+    m = int(np.argmin(val))
+    if val.flat[m] < best_val:
+        p, e = divmod(m, e_idx.size)
+        return float(val.flat[m]), (int(order[u[p]]), int(ke[e]), int(e_idx[e]), int(order[v[p]]))
+    return best_val, None
 
 
 def _result(st: _State, n_pipes: int) -> DispatchResult:
-    loads = st.loads()
+    loads = st.load
     groups = tuple(tuple(np.flatnonzero(st.owner == j).tolist()) for j in range(n_pipes))
     return DispatchResult(groups, float(loads.max()) if n_pipes else 0.0, tuple(float(x) for x in loads))
 
@@ -255,11 +318,12 @@ def evaluate(lengths, pipes: Sequence[PipeCost], groups: Sequence[Sequence[int]]
 
 def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: int = 0,
              max_rounds: int | None = None, restarts: int = 8, target: float = 0.0,
-             time_limit: float = 10.0) -> DispatchResult:
-    """Dispatch sequences to pipelines minimising max_j D_j. Deterministic for a given `seed` (used only by the
-    `restarts` random-order restarts on small instances, B x D <= 512). The local search stops early once the
-    objective is <= `target` (e.g. a lower bound: nothing better is possible). exact=True also solves the MILP and
-    keeps the better of the two."""
+             time_limit: float = 10.0, deadline: float | None = None) -> DispatchResult:
+    """Dispatch sequences to pipelines minimising max_j of the capacity-aware pipeline cost (`_cost`). Deterministic
+    for a given `seed` (used only by the `restarts` random-order restarts on tiny instances, B x D <= 128). The local
+    search stops early once the objective is <= `target` (e.g. a lower bound: nothing better is possible), and at
+    `deadline` (a time.perf_counter value: the greedy dispatch always completes, so the result is always valid).
+    exact=True also solves the MILP (of the linear objective D_j, bounds.eq2_bound) and keeps the better of the two."""
     l_ = check_lengths(lengths)
     check_pipes(pipes)
     top = max(p.max_len for p in pipes)
@@ -270,17 +334,19 @@ def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: i
     small = l_.size * len(pipes) <= 512
     rounds = max_rounds if max_rounds is not None else 20 + len(pipes) + (l_.size if small else 0)
     st = _State(pipes, l_, _greedy(l_, pipes))
-    _local_search(st, rounds, pairs=small, target=target)
+    done = _local_search(st, rounds, pairs=small, target=target, deadline=deadline)
     res = _result(st, len(pipes))
-    if small and restarts:
-        # Small instances: a few seeded random-order restarts (cheap here, and they escape LPT's worst cases).
+    if l_.size * len(pipes) <= 128 and restarts and done and res.objective > target:
+        # Tiny instances: a few seeded random-order restarts (cheap here, and they escape LPT's worst cases).
         rng = np.random.default_rng(seed)
         for _ in range(restarts):
             st = _State(pipes, l_, _greedy(l_, pipes, rng.permutation(l_.size)))
-            _local_search(st, rounds, pairs=True)
+            done = _local_search(st, rounds, pairs=True, target=target, deadline=deadline)
             cand = _result(st, len(pipes))
             if cand.objective < res.objective:
                 res = cand
+            if not done or res.objective <= target:
+                break
     if exact:
         from tidal.planner.exact import dispatch_milp
 
@@ -295,44 +361,104 @@ def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: i
 def dispatch_hydraulis(lengths, pipes: Sequence[PipeCost], *, trials: int = 100, seed: int = 0) -> DispatchResult:
     """Faithful re-implementation of Hydraulis Alg. 1 (baseline): `trials` random shuffles, each dispatching sequences
     one by one to the eligible pipeline that minimises the max over pipelines of C_j + E_j, with Hydraulis' per-sequence
-    T(l) = a l^2 + b l + c and E_j = T(l_max) (PP - 1). Returns the best trial, re-scored with our D_j."""
+    T(l) = a l^2 + b l + c and E_j = T(l_max) (PP - 1). Returns the best trial, re-scored with our cost. The scan over
+    pipelines is vectorised; it makes the same choices, float for float, as the per-pipeline loop of the paper (a
+    differential test checks it against that loop)."""
     l_ = check_lengths(lengths)
     check_pipes(pipes)
     rng = np.random.default_rng(seed)
     D = len(pipes)
+    A = np.array([p.a for p in pipes])
+    B = np.array([p.b for p in pipes])
+    C = np.array([p.c for p in pipes])
+    Q1 = np.array([p.pp - 1 for p in pipes], dtype=np.float64)
+    M = np.array([p.max_len for p in pipes], dtype=np.float64)
+    has_e = bool(np.any(Q1 > 0))
+    m_min = float(M.min())
     best_obj, best_owner = float("inf"), None
     for _ in range(trials):
         perm = rng.permutation(l_.size)
-        Cj = [0.0] * D
-        Ej = [0.0] * D
-        lmax = [0] * D
-        owner = np.empty(l_.size, dtype=np.int64)
-        for i in perm.tolist():
-            x = int(l_[i])
-            o_min, j_best = float("inf"), -1
-            # max_{k != j} (C_k + E_k) from the two largest totals: same result as the O(D) scan of line 11
-            tot = [Cj[k] + Ej[k] for k in range(D)]
-            k1 = max(range(D), key=tot.__getitem__)
-            second = max((tot[k] for k in range(D) if k != k1), default=0.0)
-            for j, p in enumerate(pipes):
-                if x > p.max_len:
-                    continue
-                lm = max(x, lmax[j])
-                cj = Cj[j] + p.a * x * x + p.b * x + p.c
-                ej = (p.a * lm * lm + p.b * lm + p.c) * (p.pp - 1)
-                o = max(cj + ej, second if j == k1 else tot[k1])
-                if o < o_min:
-                    o_min, j_best = o, j
-            if j_best < 0:
-                raise TidalError(f"sequence of length {x} exceeds the MaxLen of every pipeline")
-            p = pipes[j_best]
-            Cj[j_best] += p.a * x * x + p.b * x + p.c
-            lmax[j_best] = max(lmax[j_best], x)
-            Ej[j_best] = (p.a * lmax[j_best] ** 2 + p.b * lmax[j_best] + p.c) * (p.pp - 1)
-            owner[i] = j_best
-        obj = max(Cj[k] + Ej[k] for k in range(D))
+        if D <= 24:  # few pipelines: the paper's loop is faster than numpy calls on tiny arrays
+            owner, obj = _alg1_trial_loop(l_, pipes, perm)
+        else:
+            owner, obj = _alg1_trial_numpy(l_, pipes, perm, A, B, C, Q1, M, has_e, m_min)
         if obj < best_obj:
             best_obj, best_owner = obj, owner
     if best_owner is None:
         return DispatchResult(tuple(() for _ in pipes), 0.0, tuple(0.0 for _ in pipes))
     return _result(_State(pipes, l_, best_owner), D)
+
+
+def _alg1_trial_loop(l_: np.ndarray, pipes: Sequence[PipeCost], perm: np.ndarray) -> tuple[np.ndarray, float]:
+    """One shuffle of Hydraulis Alg. 1, one pipeline at a time as the paper writes it."""
+    D = len(pipes)
+    Cj, Ej, lmax = [0.0] * D, [0.0] * D, [0] * D
+    cost = [(p.a, p.b, p.c, p.pp - 1, p.max_len) for p in pipes]
+    owner = np.empty(l_.size, dtype=np.int64)
+    tot = [0.0] * D
+    k1, second = 0, 0.0  # first index of the largest C_k + E_k, and the largest over the others
+    for i in perm.tolist():
+        x = int(l_[i])
+        o_min, j_best = float("inf"), -1
+        for j, (a, b, c, q, M) in enumerate(cost):
+            if x > M:
+                continue
+            lm = x if x > lmax[j] else lmax[j]
+            o = max(Cj[j] + a * x * x + b * x + c + (a * lm * lm + b * lm + c) * q, second if j == k1 else tot[k1])
+            if o < o_min:
+                o_min, j_best = o, j
+        if j_best < 0:
+            raise TidalError(f"sequence of length {x} exceeds the MaxLen of every pipeline")
+        a, b, c, q, _ = cost[j_best]
+        Cj[j_best] += a * x * x + b * x + c
+        lmax[j_best] = max(lmax[j_best], x)
+        Ej[j_best] = (a * lmax[j_best] ** 2 + b * lmax[j_best] + c) * q
+        t = tot[j_best] = Cj[j_best] + Ej[j_best]
+        if j_best != k1 and (t > tot[k1] or (t == tot[k1] and j_best < k1)):  # totals only grow
+            k1, second = j_best, tot[k1]
+        elif j_best != k1 and t > second:
+            second = t
+        owner[i] = j_best
+    return owner, max(Cj[k] + Ej[k] for k in range(D))
+
+
+def _alg1_trial_numpy(l_, pipes, perm, A, B, C, Q1, M, has_e, m_min) -> tuple[np.ndarray, float]:
+    """One shuffle of Hydraulis Alg. 1 with the scan over pipelines vectorised (same choices, float for float)."""
+    D = len(pipes)
+    Cj = np.zeros(D)
+    Ej = np.zeros(D)
+    tot = np.zeros(D)  # C_j + E_j
+    lmax = np.zeros(D)
+    owner = np.empty(l_.size, dtype=np.int64)
+    for i in perm.tolist():
+        x = int(l_[i])
+        k1 = int(tot.argmax())
+        top = tot[k1]
+        if D > 1:
+            tot[k1] = -np.inf
+            second = float(tot.max())
+            tot[k1] = top
+        else:
+            second = 0.0
+        o = Cj + A * x * x  # same operation order as the paper's loop: ((C_j + a x x) + b x) + c
+        o += B * x
+        o += C
+        if has_e:
+            lm = np.maximum(lmax, x)
+            o += (A * lm * lm + B * lm + C) * Q1
+        own = max(o[k1], second)  # the max over k != j of C_k + E_k is `second` for j = k1, `top` otherwise
+        np.maximum(o, top, out=o)
+        o[k1] = own
+        if x > m_min:
+            o[x > M] = np.inf
+        j = int(o.argmin())
+        if not o[j] < np.inf:
+            raise TidalError(f"sequence of length {x} exceeds the MaxLen of every pipeline")
+        p = pipes[j]
+        Cj[j] += p.a * x * x + p.b * x + p.c
+        lm_j = max(int(lmax[j]), x)
+        lmax[j] = lm_j
+        Ej[j] = (p.a * lm_j ** 2 + p.b * lm_j + p.c) * (p.pp - 1)
+        tot[j] = Cj[j] + Ej[j]
+        owner[i] = j
+    return owner, float(np.max(Cj + Ej)) if D else 0.0

@@ -92,6 +92,21 @@ def _histogram(lengths, tokens_per_step: float, max_len: int, bin_width: int):
     return hi, cnt, s1, s2
 
 
+def _cover(hist, max_len: int, count: float = 1e-3):
+    """The histogram plus `count` expected documents of exactly `max_len` tokens per step: the proposal must offer
+    strategies that run a max_len sequence even when its sample holds none (Hydraulis sizes its strategies for the
+    longest length it must serve). The count is tiny, so the work terms barely move; the longest-document terms
+    (expected_cost's doc term, the DP's eligibility, top_len) now require a pipeline with MaxLen >= max_len."""
+    hi, cnt, s1, s2 = (a.copy() for a in hist)
+    if hi.max() >= max_len:
+        return hist
+    cnt[-1] += count
+    s1[-1] += count * max_len
+    s2[-1] += count * float(max_len) ** 2
+    hi[-1] = max_len
+    return hi, cnt, s1, s2
+
+
 def expected_cost(hist, pipes: Sequence[PipeCost]) -> float:
     """The proposal objective: step lower bound (bounds.strategy_bound, doc + work terms) of the expected step."""
     hi, cnt, s1, s2 = hist
@@ -234,7 +249,8 @@ def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: in
     pc = [PipeCost.of(cost_model.coeffs(s, dev), s.pp, cost_model.max_len(s, dev)) for s in space]
     K = {f: np.array([getattr(p, f) for p in pc], dtype=np.float64) for f in ("a", "b", "c", "pp", "max_len")}
     K["n"] = np.array([s.num_devices for s in space], dtype=np.float64)
-    full = _histogram(lengths, tokens_per_step, max_len, bin_width)
+    sample_top = int(min(np.max(lengths), max_len)) if np.size(lengths) else 0
+    full = _cover(_histogram(lengths, tokens_per_step, max_len, bin_width), max_len)
     nonempty = np.flatnonzero(full[1] > 0)
     top_bin = int(nonempty[-1]) + 1
     if full[0][top_bin - 1] > K["max_len"].max():
@@ -248,6 +264,8 @@ def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: in
         if sub.size == 0:
             continue
         hist = _histogram(sub, tokens_per_step, max_len, bin_width)
+        if top_bin <= L:  # the full sample: cover max_len
+            hist = _cover(hist, max_len)
         Lb = int(np.flatnonzero(hist[1] > 0)[-1]) + 1
         lo, hi_t = 0.0, max(float(np.min(K["pp"] * (K["c"] + K["a"] * hist[0][Lb - 1] ** 2 + K["b"] * hist[0][Lb - 1])
                                            + np.where(K["max_len"] >= hist[0][Lb - 1], 0, np.inf))), 1e-6)
@@ -316,25 +334,33 @@ def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: in
             except TidalError:
                 continue
             taken += 1
-    E = _simulate(lengths, [st for _, st in pool], cost_model, tokens_per_step, max_len, eval_steps, seed)
+    E = _simulate(lengths, [st for _, st in pool], cost_model, tokens_per_step, max_len, eval_steps, seed,
+                  long_step=sample_top < max_len)
     chosen = _greedy_cover(E, max_candidates)
     return Proposal(tuple(pool[i][1] for i in chosen), tuple(scored[pool[i][0]] for i in chosen),
                     tuple(float(E[i].mean()) for i in chosen), dp_best, space)
 
 
-def _simulate(lengths, strategies, cost_model, tokens_per_step, max_len, eval_steps, seed) -> np.ndarray:
+def _simulate(lengths, strategies, cost_model, tokens_per_step, max_len, eval_steps, seed,
+              long_step: bool = False) -> np.ndarray:
     """Estimated step time of every strategy on `eval_steps` steps sampled (seeded) from `lengths` (inf when a step
-    holds a document longer than the strategy's largest MaxLen)."""
+    holds a document longer than the strategy's largest MaxLen). `long_step`: one more step, the first sampled one
+    plus a max_len document, so that the greedy cover's first pick can run a max_len sequence."""
     from tidal.planner.select import assign, profile_strategies
 
     rng = np.random.default_rng(seed)
     l_all = np.minimum(np.asarray(lengths, dtype=np.int64), max_len)
     per = max(1, int(2 * tokens_per_step / max(1.0, float(l_all.mean()))) + 8)
     profs = profile_strategies(strategies, cost_model)
-    E = np.full((len(strategies), eval_steps), np.inf)
-    for s in range(eval_steps):
-        draw = l_all[rng.integers(0, l_all.size, size=per)]
-        step = draw[: int(np.searchsorted(np.cumsum(draw), tokens_per_step)) + 1]
+    E = np.full((len(strategies), eval_steps + long_step), np.inf)
+    first = None
+    for s in range(eval_steps + long_step):
+        if s < eval_steps:
+            draw = l_all[rng.integers(0, l_all.size, size=per)]
+            step = draw[: int(np.searchsorted(np.cumsum(draw), tokens_per_step)) + 1]
+            first = step if first is None else first
+        else:
+            step = np.append(first if first is not None else [], max_len).astype(np.int64)
         for i, prof in enumerate(profs):
             if int(step.max()) <= prof.max_len:
                 E[i, s] = assign(step, prof, seed=seed)[0]

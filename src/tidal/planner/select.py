@@ -6,6 +6,7 @@ answer equals the exhaustive minimum over candidates (ties go to the lower candi
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.strategy import Strategy
 from tidal.costmodel.base import CostModel, pipeline_device
 from tidal.planner.bounds import PipeCost, check_lengths, pipeline_bound, strategy_bound
-from tidal.planner.dispatch import dispatch
+from tidal.planner.dispatch import dispatch, dispatch_hydraulis
 from tidal.planner.metrics import max_over_mean, mb_imbalance, rank_spread
 from tidal.planner.packing import Packer, pack, pipeline_time
 
@@ -80,6 +81,7 @@ class StepSelection:
     pipelines: tuple[PipelineReport, ...]  # of the chosen strategy
     rank_spread: float  # (max - min) / max of pipeline times (Hydraulis Fig. 15b)
     pipeline_imbalance: float  # max / mean of pipeline times
+    cut_short: bool = False  # the time budget ended the search early (the plan is valid, its bound still proven)
 
 
 def _check_packing(mbs, n: int, sub: np.ndarray, max_len: int) -> None:
@@ -91,13 +93,44 @@ def _check_packing(mbs, n: int, sub: np.ndarray, max_len: int) -> None:
             raise TidalError(f"packer returned a micro-batch of {int(sub[list(mb)].sum())} tokens > MaxLen {max_len}")
 
 
+HYDRAULIS_TRIALS = 1  # shuffles of Hydraulis Alg. 1 that assign() also packs (its never-worse guarantee)
+
+
 def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack, seed: int = 0,
-           exact: bool = False, target: float = 0.0) -> tuple[float, tuple[PipelinePlan, ...]]:
+           exact: bool = False, target: float = 0.0, deadline: float | None = None,
+           fallback: bool = True) -> tuple[float, tuple[PipelinePlan, ...]]:
     """Two-stage assignment on one strategy: (step estimate, per-pipeline plans with step indices). `target` (a
-    lower bound) lets the dispatch local search stop once it is within 0.1 % of it."""
-    disp = dispatch(lengths, prof.pipes, exact=exact, seed=seed, target=target * 1.001)
+    lower bound) lets the dispatch local search stop once it is within 0.1 % of it; `deadline` (time.perf_counter)
+    cuts the local search short. With `fallback`, Hydraulis' dispatch (dispatch_hydraulis, HYDRAULIS_TRIALS shuffles,
+    `seed`) followed by the same packer is also tried when its dispatch cost (a lower bound on its packed time) is
+    below our estimate, and the better plan kept: the result is never worse than that baseline (unless the deadline
+    passed before it ran)."""
+    l_ = np.asarray(lengths, dtype=np.int64)
+    disp = dispatch(l_, prof.pipes, exact=exact, seed=seed, target=target * 1.001, deadline=deadline)
+    est, plans = _pack_groups(l_, prof, disp.groups, packer, exact)
+    if fallback and est > target and (deadline is None or time.perf_counter() < deadline):
+        hy = _hydraulis_plan(l_, prof, packer, seed, exact, est)
+        if hy is not None:
+            return hy
+    return est, plans
+
+
+def _hydraulis_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: int, exact: bool,
+                    limit: float) -> tuple[float, tuple[PipelinePlan, ...]] | None:
+    """Hydraulis' dispatch followed by `packer`, if it beats `limit` (packed only when its dispatch cost, a lower
+    bound on its packed time, is below `limit`)."""
+    hy = dispatch_hydraulis(l_, prof.pipes, trials=HYDRAULIS_TRIALS, seed=seed)
+    if hy.objective < limit:
+        est, plans = _pack_groups(l_, prof, hy.groups, packer, exact)
+        if est < limit:
+            return est, plans
+    return None
+
+
+def _pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Packer,
+                 exact: bool) -> tuple[float, tuple[PipelinePlan, ...]]:
     plans = []
-    for j, (pipe, group) in enumerate(zip(prof.pipes, disp.groups)):
+    for j, (pipe, group) in enumerate(zip(prof.pipes, groups)):
         pl = prof.strategy.pipelines[j]
         idx = np.asarray(group, dtype=np.int64)
         if idx.size == 0:
@@ -115,9 +148,18 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
 
 
 def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer = pack, seed: int = 0,
-                exact: bool = False, seq_ids: Sequence[int] | None = None, prune: bool = True) -> StepSelection:
-    """Plan one step: the candidate (index into `profiles`) with the least estimated step time, plus reports."""
+                exact: bool = False, seq_ids: Sequence[int] | None = None, prune: bool = True,
+                budget_ms: float | None = None, tol: float = 1e-3) -> StepSelection:
+    """Plan one step: the candidate (index into `profiles`) with the least estimated step time, plus reports.
+    `tol`: a candidate (or Hydraulis' dispatch on it) is skipped when its proven bound is within a factor 1 + tol of
+    the incumbent, so the estimate is within 1 + tol of the best over candidates of min(our assignment, Hydraulis'
+    dispatch + the same packer); tol = 0 gives exactly that best (ties to the lower index), pruned or not.
+    `budget_ms`: once that much wall time has passed, no further candidate is assigned, the local search stops and the
+    bounds are not refined; the best plan so far is returned (always valid; at least one candidate is assigned, by the
+    greedy dispatch at worst) with a proven, possibly looser, lower bound, and `cut_short` set. Without a budget, or
+    when it is not reached, the result is deterministic."""
     t0 = time.perf_counter()
+    deadline = None if budget_ms is None else t0 + budget_ms / 1e3
     l_ = check_lengths(lengths)
     if not profiles:
         raise TidalError("no candidate strategy to plan with")
@@ -149,25 +191,53 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
                          f"{top}); split or truncate long documents before planning")
     ests: list[float | None] = [None] * len(profiles)
     best: tuple[float, int, tuple[PipelinePlan, ...]] | None = None
-    for k in sorted(range(len(profiles)), key=lambda k: (bounds[k], k)):
-        if bounds[k] == float("inf"):
+    cut = False
+    # Best-first over candidates with lazy refinement: a candidate is assigned only once it has the least refined
+    # bound among those left, so candidates whose quick bound is loose do not get assigned early.
+    heap = [(bounds[k], k) for k in range(len(profiles)) if bounds[k] != float("inf")]
+    heapq.heapify(heap)
+    while heap:
+        _, k = heapq.heappop(heap)
+        if deadline is not None and best is not None and time.perf_counter() > deadline:
+            cut = True
+            break
+        if prune and best is not None and (bounds[k] * (1 + tol), k) >= (best[0], best[1]):
             continue
-        if prune and best is not None and (bounds[k], k) >= (best[0], best[1]):
-            continue
-        if prune and best is not None:  # a sharper bound may still rule the candidate out before the costly assignment
+        if not refined[k] and (deadline is None or time.perf_counter() <= deadline):
             refine(k)
-            if (bounds[k], k) >= (best[0], best[1]):
-                continue
-        est, plans = assign(l_, profiles[k], packer=packer, seed=seed, exact=exact, target=bounds[k])
+            heapq.heappush(heap, (bounds[k], k))
+            continue
+        est, plans = assign(l_, profiles[k], packer=packer, seed=seed, exact=exact, target=bounds[k],
+                            deadline=deadline, fallback=False)
         ests[k] = est
         if best is None or (est, k) < (best[0], best[1]):
             best = (est, k, plans)
     assert best is not None
+    # Never worse than Hydraulis' dispatch + the same packer on any candidate: its packed time is >= the candidate's
+    # bound, so only candidates whose (refined) bound is below the best estimate need it (same set with or without
+    # pruning). Index order and strict improvement keep the answer deterministic.
+    for k in range(len(profiles)):
+        if bounds[k] == float("inf") or (deadline is not None and time.perf_counter() > deadline):
+            cut = cut or bounds[k] != float("inf")
+            continue
+        if bounds[k] * (1 + tol) >= best[0]:  # the quick bound already rules it out (refining only raises it)
+            continue
+        refine(k)
+        if bounds[k] * (1 + tol) >= best[0]:
+            continue
+        hy = _hydraulis_plan(l_, profiles[k], packer, seed, exact, best[0])
+        if hy is not None:
+            ests[k] = hy[0] if ests[k] is None else min(ests[k], hy[0])
+            best = (hy[0], k, hy[1])
     est, k, plans = best
     lb = float("inf")
     for i in sorted(range(len(profiles)), key=lambda i: (bounds[i], i)):
         if bounds[i] >= lb:
             break
+        if deadline is not None and time.perf_counter() > deadline:
+            cut = True
+            lb = min(lb, bounds[i])  # the quick bound is valid, only looser
+            continue
         refine(i)
         lb = min(lb, bounds[i])
     prof = profiles[k]
@@ -182,7 +252,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
     plan = StepPlan(ids, tuple(int(x) for x in l_), k, plans, (), float(est), float(lb),
                     (time.perf_counter() - t0) * 1e3)
     strat = tuple(StrategyReport(i, names[i], bounds[i], ests[i]) for i in range(len(profiles)))
-    return StepSelection(plan, strat, tuple(reports), rank_spread(times), max_over_mean(times))
+    return StepSelection(plan, strat, tuple(reports), rank_spread(times), max_over_mean(times), cut)
 
 
 def plan_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer = pack, seed: int = 0,

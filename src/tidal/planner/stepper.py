@@ -47,6 +47,7 @@ class PlanningOptions:
     exact: bool = False
     seed: int = 0
     rotate: bool = False  # step k on candidate k % len(candidates) only (tidal verify); else select over all
+    budget_ms: float | None = None  # per-step planning budget (select_step): past it the best plan so far is kept
 
     def __post_init__(self) -> None:
         for name in ("max_len", "tokens_per_step"):
@@ -61,6 +62,8 @@ class PlanningOptions:
             raise TidalError(f"planning option seed must be an integer, got {self.seed!r}")
         for name in ("max_len", "tokens_per_step", "seed"):  # numpy integers -> int, so state_dict() is JSON-safe
             object.__setattr__(self, name, int(getattr(self, name)))
+        if self.budget_ms is not None and not self.budget_ms >= 0:
+            raise TidalError(f"planning option budget_ms must be >= 0, got {self.budget_ms!r}")
         for name in ("exact", "rotate"):
             if not isinstance(getattr(self, name), bool):
                 raise TidalError(f"planning option {name} must be true or false, got {getattr(self, name)!r}")
@@ -180,7 +183,7 @@ class StepPlanner:
             c, profiles = 0, self.profiles
         if now:
             sel = select_step(arr[now], profiles, packer=self._packer, seed=opt.seed + k, exact=opt.exact,
-                              seq_ids=[ids[i] for i in now])
+                              seq_ids=[ids[i] for i in now], budget_ms=opt.budget_ms)
             if opt.rotate:
                 sel = replace(sel, plan=replace(sel.plan, strategy=c),
                               strategies=tuple(replace(r, index=c) for r in sel.strategies))

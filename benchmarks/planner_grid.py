@@ -1,0 +1,300 @@
+"""Planner worst-case grid (issue 9): per-step plan time (median / p90 / max, CPU and wall) and est / bound over
+models x clusters x candidate sets x length sources x seeds, with a column against Hydraulis' dispatch followed by the
+same packer. Run through `python benchmarks/planner.py --grid [--models ...] [--clusters ...] ...`.
+
+Tokens per step: 200K for <= 64 GPUs, 800K for 256 (the same 3,125 tokens per GPU as 200K on 64 and 3.2M on 1024),
+3.2M for 1024. Proposal candidates are computed once per (model, cluster, source) in a run (the DP takes seconds).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tidal.core import TidalError, get_cluster, get_model, parse_strategy, place
+from tidal.costmodel import default_cost_model
+from tidal.data import sample_steps
+from tidal.planner.dispatch import dispatch_hydraulis
+from tidal.planner.packing import pack
+from tidal.planner.select import assign, profile_strategies, select_step
+
+MAX_LEN = 32768
+MODELS = ("llama2-7b", "llama2-13b", "llama-32b")
+CLUSTERS = ("a800x16", "a800x32", "a800x64", "a800x256", "a800x1024")
+SOURCES = ("commoncrawl", "github", "flanv2", "heavytail")
+TOKENS = {16: 200_000, 32: 200_000, 64: 200_000, 256: 800_000, 1024: 3_200_000}
+# Hand lists: 10 templates on 16 GPUs, every count scaled by N / 16. llama-32b needs TP >= 4 (TP 1-2 hold < 100 tokens).
+HAND16 = {
+    "default": ("2*tp8", "4*tp4", "tp8+2*tp4", "tp8+tp4+2*tp2", "tp8+4*tp2", "tp8cp2", "tp8+tp4+4*tp1", "2*tp4pp2",
+                "tp8pp2", "tp4+4*tp2+4*tp1"),
+    "llama-32b": ("tp8pp2", "tp8cp2", "2*tp8", "tp8+2*tp4", "4*tp4", "2*tp4pp2", "tp8+tp4pp2", "tp4pp4",
+                  "tp4cp2+2*tp4", "tp4pp2+2*tp4"),
+}
+
+
+def hand_list(model: str, n: int) -> list[str]:
+    k = n // 16
+    out = []
+    for t in HAND16.get(model, HAND16["default"]):
+        terms = []
+        for term in t.split("+"):
+            m = re.fullmatch(r"(?:(\d+)\*)?(\w+)", term)
+            assert m is not None
+            terms.append(f"{int(m.group(1) or 1) * k}*{m.group(2)}")
+        out.append("+".join(terms))
+    return out
+
+
+def heavytail_file(tmp: Path) -> str:
+    """A heavy-tailed lengths file: Pareto(alpha 1.1, xmin 256) clipped at 256K (split at 32K by the sampler)."""
+    rng = np.random.default_rng(2026)
+    x = np.clip(256.0 / rng.random(200_000) ** (1 / 1.1), 1, 262_144).astype(np.int64)
+    path = tmp / "heavytail.npy"
+    np.save(path, x)
+    return f"lengths:{path}"
+
+
+class Grid:
+    def __init__(self, tmp: Path):
+        self.specs = {s: f"synthetic:{s}" for s in SOURCES if s != "heavytail"}
+        self.specs["heavytail"] = heavytail_file(tmp)
+        self.cache: dict = {}
+
+    def candidates(self, model: str, cluster: str, how: str, source: str):
+        key = (model, cluster, how, source if how == "proposal" else "")
+        if key not in self.cache:
+            md, cl = get_model(model), get_cluster(cluster)
+            cm = default_cost_model(md, cl)
+            tokens = TOKENS[cl.num_devices]
+            if how == "proposal":
+                from tidal.planner.proposal import propose
+
+                lengths = np.concatenate([np.asarray(s.lengths) for s in sample_steps(
+                    self.specs[source], seed=99, tokens_per_step=200_000, max_len=MAX_LEN, steps=50)[0]])
+                t0 = time.perf_counter()
+                try:
+                    strats = propose(lengths, cm, tokens_per_step=tokens, max_len=MAX_LEN).strategies
+                    names = [str(s) for s in strats]
+                except TidalError as e:
+                    names, strats = [], ()
+                    print(f"  proposal failed for {key}: {e}")
+                dt = time.perf_counter() - t0
+            else:
+                names, dt = hand_list(model, cl.num_devices), 0.0
+                strats = [place(parse_strategy(n), cl, md) for n in names]
+            profs = profile_strategies(strats, cm) if strats else ()
+            self.cache[key] = (names, profs, dt)
+        return self.cache[key]
+
+
+def q(xs, p):
+    return float(np.quantile(np.asarray(xs, dtype=np.float64), p)) if len(xs) else float("nan")
+
+
+def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, budget_ms):
+    names, profs, prop_s = grid.candidates(model, cluster, how, source)
+    row = {"model": model, "cluster": cluster, "cands": how, "source": source, "n_cands": len(names),
+           "proposal_s": prop_s, "names": names}
+    if not profs:
+        row["error"] = "no candidates"
+        return row
+    tokens = TOKENS[get_cluster(cluster).num_devices]
+    kw = {"budget_ms": budget_ms} if budget_ms is not None and "budget_ms" in inspect.signature(
+        select_step).parameters else {}
+    cpu, wall, ratio, nseq, hy_loss, hy_worst, hy_pairs, hy_step = [], [], [], [], 0, 0.0, 0, []
+    err, cut = None, 0
+    for seed in seeds:
+        sts = sample_steps(grid.specs[source], seed=seed, tokens_per_step=tokens, max_len=MAX_LEN, steps=steps)[0]
+        for st in sts:
+            l_ = st.lengths_array()
+            try:
+                c0, w0 = time.thread_time(), time.perf_counter()
+                sel = select_step(l_, profs, seed=0, **kw)
+                plan = sel.plan
+                cut += bool(getattr(sel, "cut_short", False))
+                cpu.append((time.thread_time() - c0) * 1e3)
+                wall.append((time.perf_counter() - w0) * 1e3)
+            except TidalError as e:
+                err = str(e)
+                continue
+            ratio.append(plan.est_step_time / plan.lower_bound if plan.lower_bound > 0 else 1.0)
+            nseq.append(l_.size)
+            if hy_trials:
+                best_hy = np.inf
+                for prof in profs:
+                    if int(l_.max()) > prof.max_len:
+                        continue
+                    ours = assign(l_, prof, seed=0)[0]
+                    hy = _hydraulis(l_, prof, hy_trials)
+                    best_hy = min(best_hy, hy)
+                    hy_pairs += 1
+                    hy_worst = max(hy_worst, ours / hy)
+                    if ours > hy * (1 + 1e-9):
+                        hy_loss += 1
+                hy_step.append(plan.est_step_time / best_hy)
+    row.update(steps=len(cpu), seqs=int(np.median(nseq)) if nseq else 0,
+               cpu_med=q(cpu, .5), cpu_p90=q(cpu, .9), cpu_max=max(cpu, default=np.nan),
+               wall_med=q(wall, .5), wall_p90=q(wall, .9), wall_max=max(wall, default=np.nan),
+               r_med=q(ratio, .5), r_p90=q(ratio, .9), r_max=max(ratio, default=np.nan), cut=cut)
+    if err and not cpu:
+        row["error"] = err
+    elif err:
+        row["error"] = f"some steps failed: {err}"
+    if hy_trials:
+        row.update(hy_pairs=hy_pairs, hy_loss=hy_loss, hy_worst=hy_worst, hy_step_med=q(hy_step, .5),
+                   hy_step_max=max(hy_step, default=np.nan))
+    return row
+
+
+def _hydraulis(l_, prof, trials):
+    d = dispatch_hydraulis(l_, prof.pipes, trials=trials, seed=0)
+    est = 0.0
+    for g, p in zip(d.groups, prof.pipes):
+        if g:
+            est = max(est, pack(l_[list(g)], p.coeffs, p.pp, p.max_len).est_time)
+    return est
+
+
+def fmt(row) -> str:
+    if "cpu_med" not in row:
+        return f"| {row['model']} | {row['cluster']} | {row['cands']} | {row['source']} | {row.get('error')} |"
+    hy = (f" {row['hy_loss']}/{row['hy_pairs']} | {row['hy_worst']:.3f} | {row['hy_step_med']:.3f} |"
+          if "hy_pairs" in row else " - | - | - |")
+    return (f"| {row['model']} | {row['cluster']} | {row['cands']} | {row['source']} | {row['n_cands']} | "
+            f"{row['seqs']} | {row['cpu_med']:.1f} | {row['cpu_p90']:.1f} | {row['cpu_max']:.1f} | "
+            f"{row['wall_med']:.1f} | {row['wall_p90']:.1f} | {row['wall_max']:.1f} | {row['r_med']:.4f} | "
+            f"{row['r_max']:.4f} |{hy}" + (f" cut short: {row['cut']}/{row['steps']} |" if row.get("cut") else "")
+            + (f" {row['error']}" if row.get("error") else ""))
+
+
+HEADER = ("| model | cluster | cands | source | #c | seqs | cpu med | cpu p90 | cpu max | wall med | wall p90 "
+          "| wall max "
+          "| est/lb med | est/lb max | lose vs hy | ours/hy worst | step est/hy med |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def main(args) -> None:
+    seeds = [int(s) for s in args.seeds.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        grid = Grid(Path(tmp))
+        print(f"grid: steps/seed {args.steps}, seeds {seeds}, hydraulis trials {args.hy_trials}, "
+              f"budget {args.budget_ms} ms; times in ms per step (cpu = thread_time)")
+        print(HEADER)
+        for model in args.models.split(","):
+            for cluster in args.clusters.split(","):
+                for how in args.cands.split(","):
+                    for source in args.sources.split(","):
+                        trials = args.hy_trials if get_cluster(cluster).num_devices <= args.hy_max_devices else 0
+                        row = run_cell(grid, model, cluster, how, source, seeds, args.steps, trials, args.budget_ms)
+                        rows.append(row)
+                        print(fmt(row), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1, default=float))
+    summary(rows)
+
+
+def summary(rows) -> None:
+    ok = [r for r in rows if "cpu_med" in r]
+    print("\n| GPUs | cells | worst cpu p90 ms (cell) | worst wall p90 ms | median est/lb (all steps' cell medians) "
+          "| worst cell est/lb med |")
+    print("|---|---|---|---|---|---|")
+    for n in sorted({get_cluster(r["cluster"]).num_devices for r in ok}):
+        rs = [r for r in ok if get_cluster(r["cluster"]).num_devices == n]
+        w = max(rs, key=lambda r: r["cpu_p90"])
+        print(f"| {n} | {len(rs)} | {w['cpu_p90']:.1f} ({w['model']} {w['cands']} {w['source']}) | "
+              f"{max(r['wall_p90'] for r in rs):.1f} | {np.median([r['r_med'] for r in rs]):.4f} | "
+              f"{max(r['r_med'] for r in rs):.4f} |")
+    for how in ("proposal", "hand"):
+        rs = [r["r_med"] for r in ok if r["cands"] == how]
+        if rs:
+            print(f"{how}: median over cells of the median est/lb {np.median(rs):.4f}, cells with median <= 1.01: "
+                  f"{sum(x <= 1.01 for x in rs)}/{len(rs)}")
+    hy = [r for r in ok if "hy_pairs" in r]
+    if hy:
+        print(f"\nvs dispatch_hydraulis + same packer: {sum(r['hy_loss'] for r in hy)} losses over "
+              f"{sum(r['hy_pairs'] for r in hy)} (step, candidate) pairs; worst ours/hydraulis "
+              f"{max(r['hy_worst'] for r in hy):.4f}; per step, best plan / best Hydraulis plan over candidates: "
+              f"median of cell medians {np.median([r['hy_step_med'] for r in hy]):.3f}")
+
+
+def load_rows(path: str) -> list[dict]:
+    """Rows of a --out JSON file, or of the printed table (a saved stdout; several files joined by ',')."""
+    rows = []
+    for one in path.split(","):
+        text = Path(one).read_text()
+        if one.endswith(".json"):
+            rows += json.loads(text)
+            continue
+        keys = ("n_cands", "seqs", "cpu_med", "cpu_p90", "cpu_max", "wall_med", "wall_p90", "wall_max", "r_med",
+                "r_max")
+        for line in text.splitlines():
+            f = [x.strip() for x in line.strip().strip("|").split("|")]
+            if len(f) < 14 or f[0] not in MODELS:
+                continue
+            r = dict(model=f[0], cluster=f[1], cands=f[2], source=f[3])
+            try:
+                r.update({k: float(v) for k, v in zip(keys, f[4:14])})
+            except ValueError:
+                r["error"] = f[4]
+                rows.append(r)
+                continue
+            tail = " ".join(x for x in f[17:] if x)
+            if "failed" in tail:
+                r["error"] = tail
+            if f[14] != "-":
+                lost, pairs = f[14].split("/")
+                r.update(hy_loss=int(lost), hy_pairs=int(pairs), hy_worst=float(f[15]), hy_step_med=float(f[16]))
+            rows.append(r)
+    return rows
+
+
+def compare(before_path: str, after_path: str) -> None:
+    """Merged before/after table of two grid outputs (python benchmarks/planner_grid.py BEFORE AFTER; each a --out
+    JSON file or a saved stdout, several joined by ',')."""
+    before = {(r["model"], r["cluster"], r["cands"], r["source"]): r for r in load_rows(before_path)}
+    after = list({(r["model"], r["cluster"], r["cands"], r["source"]): r for r in load_rows(after_path)}.values())
+    print("| model | cluster | cands | source | seqs | cpu p90 ms before -> after | cpu max before -> after "
+          "| wall p90 after | est/lb med before -> after | est/lb max before -> after | lose vs hy (after) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    worse = []
+    for r in after:
+        b = before.get((r["model"], r["cluster"], r["cands"], r["source"]), {})
+        if "cpu_p90" not in r or "cpu_p90" not in b:
+            print(f"| {r['model']} | {r['cluster']} | {r['cands']} | {r['source']} | before: {b.get('error', '-')} "
+                  f"| after: {r.get('error', 'ok')} |")
+            continue
+        if r["r_med"] > b["r_med"] + 1e-4:
+            worse.append((r["model"], r["cluster"], r["cands"], r["source"], b["r_med"], r["r_med"]))
+        hy = f"{r['hy_loss']}/{r['hy_pairs']}" if "hy_pairs" in r else "-"
+        print(f"| {r['model']} | {r['cluster']} | {r['cands']} | {r['source']} | {r['seqs']:.0f} | "
+              f"{b['cpu_p90']:.1f} -> "
+              f"{r['cpu_p90']:.1f} | {b['cpu_max']:.1f} -> {r['cpu_max']:.1f} | {r['wall_p90']:.1f} | "
+              f"{b['r_med']:.4f} -> {r['r_med']:.4f} | {b['r_max']:.4f} -> {r['r_max']:.4f} | {hy} |"
+              + (" before: some steps failed (no candidate held the step's longest sequence) |"
+                 if "failed" in str(b.get("error", "")) else ""))
+    print(f"\ncells whose median est/lb got worse by > 1e-4: {len(worse)}")
+    for w in worse:
+        print("  ", w)
+    done = {(r["model"], r["cluster"], r["cands"], r["source"]) for r in after if "cpu_p90" in r}
+    had = {k for k, r in before.items() if "cpu_p90" in r}
+    for name, got in (("after", done), ("before", had)):
+        miss = [k for k in ((m, c, h, src) for m in MODELS for c in CLUSTERS for h in ("proposal", "hand")
+                            for src in SOURCES) if k not in got]
+        print(f"\ncells not run ({name}): {len(miss)}" + (": " + "; ".join(" ".join(k) for k in miss) if miss else ""))
+    print("\nbefore:")
+    summary(list(before.values()))
+    print("\nafter:")
+    summary(after)
+
+
+if __name__ == "__main__":
+    import sys
+
+    compare(sys.argv[1], sys.argv[2])
