@@ -78,12 +78,11 @@ def _texts(inputs: list[str], cache_dir: Path, max_bytes: int | None, seen: list
 
 
 def run_train(args) -> int:
-    from tidal.data.realcorpus import default_cache_dir
     from tidal.data.tokenize import train_bpe
 
     if args.max_bytes < 0:
         raise TidalError(f"--max-bytes must be >= 0, got {args.max_bytes}")
-    cache = args.cache_dir or default_cache_dir()
+    cache = args.cache_dir or user_cache_dir()
     seen = [0]
     t0 = time.perf_counter()
     tok = train_bpe(_texts(args.input, cache / "hf", args.max_bytes or None, seen), args.vocab, args.out,
@@ -99,7 +98,8 @@ def run_index(args) -> int:
     from tidal.data.realcorpus import IndexedCorpus
 
     t0 = time.perf_counter()
-    c = IndexedCorpus(args.data, tokenizer=args.tokenizer, cache_dir=args.cache_dir, rebuild=args.rebuild)
+    c = IndexedCorpus(args.data, tokenizer=args.tokenizer, cache_dir=args.cache_dir or user_cache_dir(),
+                      rebuild=args.rebuild)
     dt = time.perf_counter() - t0
     n = c.sizes
     q = np.percentile(n, [50, 90, 99]).astype(int)
@@ -115,3 +115,8 @@ def run_index(args) -> int:
             raise TidalError(f"cannot write {args.lengths_out}: {e.strerror}") from None
         print(f"lengths: {args.lengths_out} ({len(lengths)} documents; tidal plan --data lengths:{args.lengths_out})")
     return 0
+
+
+def user_cache_dir() -> Path:
+    """The commands' default index cache (the CLI is the only layer that reads the environment)."""
+    return Path.home() / ".cache" / "tidal" / "corpora"

@@ -126,7 +126,7 @@ def run_train(args) -> int:
     from tidal.runtime.config import load_config
     from tidal.runtime.train import prepare
 
-    cfg = load_config(args.config)
+    cfg = with_cache_dir(load_config(args.config))
     if args.steps is not None or args.metrics is not None:
         tr = dataclasses.replace(cfg.train, steps=args.steps if args.steps is not None else cfg.train.steps,
                                  metrics=str(args.metrics) if args.metrics is not None else cfg.train.metrics)
@@ -139,6 +139,17 @@ def run_train(args) -> int:
     if results[0].rows:
         render.train_summary(render.console(), results[0].rows, cfg.train.metrics)
     return 0
+
+
+def with_cache_dir(cfg):
+    """Real corpora keep their token index under ~/.cache/tidal/corpora unless the config names a directory."""
+    import dataclasses
+
+    from tidal.cli.tokenizer import user_cache_dir
+
+    if cfg.data.cache_dir:
+        return cfg
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, cache_dir=str(user_cache_dir())))
 
 
 def verify_config(args):

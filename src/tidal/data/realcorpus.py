@@ -40,8 +40,11 @@ BATCH_DOCS = 512  # documents per tokenizer call
 BATCH_CHARS = 8 << 20  # or this many characters, whichever comes first
 
 
-def default_cache_dir() -> Path:
-    return Path.home() / ".cache" / "tidal" / "corpora"
+def default_cache_dir(src: Source) -> Path:
+    """Where an index lives when the caller names no cache directory: `.tidal-cache` beside the source (the library
+    reads no environment; `tidal` commands pass `~/.cache/tidal/corpora` unless told otherwise)."""
+    base = src.path if src.path.is_dir() else src.path.parent
+    return base / ".tidal-cache"
 
 
 def cache_prefix(src: Source, tok_sha: str, cache_dir: Path) -> Path:
@@ -141,7 +144,7 @@ class IndexedCorpus:
         fp = fingerprint(src, files)
         want = {"reader": src.kind, "path": str(src.path), "field": src.field, "tokenizer": tok.sha256,
                 "files": fp}
-        cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        cache = Path(cache_dir) if cache_dir is not None else default_cache_dir(src)
         try:
             cache.mkdir(parents=True, exist_ok=True)
         except OSError as e:
