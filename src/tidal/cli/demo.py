@@ -196,7 +196,9 @@ def plot(runs: dict[str, list[dict]], static: str, path: Path) -> None:
     ax2.set_xlabel("step")
     ax2.set_ylabel("critical path (s): slowest rank's CPU time")
     ax2.set_title("per-step critical path")
-    ax2.legend()
+    top = max(r["critical_path_s"] for rows in runs.values() for r in rows)
+    ax2.set_ylim(0, top * 1.3)  # room for the strategy labels above the bars
+    ax2.legend(loc="upper left", fontsize=8)
     for r, x in zip(runs["tidal"], np.arange(len(runs["tidal"]))):
         ax2.annotate(r["strategy"], (x - 0.5 * width, r["critical_path_s"]), rotation=90, fontsize=7,
                      ha="center", va="bottom")
