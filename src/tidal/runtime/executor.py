@@ -30,7 +30,7 @@ import torch.distributed as dist
 from tidal.core.cluster import ClusterSpec
 from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec, param_table
-from tidal.core.plan import StepPlan
+from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.strategy import Strategy
 from tidal.models.init import derive_seed, init_slice
 from tidal.runtime.groups import GroupCache
@@ -228,9 +228,24 @@ class Executor:
         outs = run(self.pushes[k], inputs, self.groups, dtype=self.master_dtype, device=self.device)
         return outs, time.perf_counter() - t0, time.thread_time() - c0, _bytes(self.pushes[k], self.rank)
 
-    def train_step(self, step: StepPlan, fetch: Callable[[int], torch.Tensor]) -> StepMetrics:
+    def warm_up(self, length: int = 256) -> None:
+        """Run every candidate once (pull, forward and backward of one `length`-token sequence per pipeline; no push,
+        no optimizer step, parameters and moments untouched), so first-use costs (allocations, page faults, kernel
+        selection) are not charged to whichever step first uses a strategy. Collective: every rank calls it."""
+        g = torch.Generator().manual_seed(self.cfg.seed)
+        for k, strategy in enumerate(self.candidates):
+            pipes = tuple(PipelinePlan(p.scheme.tp, p.scheme.pp, p.scheme.cp, p.devices, length, ((j,),), 0.0,
+                                       ("per-doc",) if p.scheme.cp > 1 else (), p.scheme.layer_split)
+                          for j, p in enumerate(strategy.pipelines))
+            n = len(pipes)
+            plan = StepPlan(tuple(range(n)), (length,) * n, k, pipes, (), 0.0, 0.0)
+            toks = torch.randint(0, self.spec.vocab, (length + 1,), generator=g)
+            self.train_step(plan, lambda _j, t=toks: t, update=False)
+
+    def train_step(self, step: StepPlan, fetch: Callable[[int], torch.Tensor], update: bool = True) -> StepMetrics:
         """One optimizer step on `step`. `fetch(j)` returns the ``seq_lengths[j] + 1`` token ids of sequence j; it
-        is called only for the sequences this rank's pipeline runs."""
+        is called only for the sequences this rank's pipeline runs. `update=False` stops after the backward (warm-up):
+        no push, no optimizer step, gradients dropped."""
         t_wall, t_busy, t_proc = time.perf_counter(), time.thread_time(), time.process_time()
         k = step.strategy
         if not 0 <= k < len(self.candidates):
@@ -268,6 +283,12 @@ class Executor:
             compute -= self._pull_wait_cpu  # the hooks ran inside forward; count their copies as pull
             pull_s += time.perf_counter() - t0
             self._active, self._inflight = None, []
+        if not update:
+            if model is not None:
+                for p in model.parameters():
+                    p.grad = None
+            return StepMetrics(0.0, tokens, len(running), 0.0, compute, 0.0, 0.0, pull_s, 0.0, pull_c, 0.0, pull_b,
+                               0, {})
         grads, push_s, push_c, push_b = self._push(k)
         optim = {}
         if tokens > 0:  # a step with nothing to train leaves parameters and moments untouched

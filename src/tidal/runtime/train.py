@@ -157,6 +157,7 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
     cfg = job.config
     groups = GroupCache()
     executor = Executor(job.spec, job.cluster, job.candidates, job.exec_config, cfg.optimizer, groups)
+    executor.warm_up(min(256, cfg.data.max_len))  # first-use costs of each candidate, before any timed step
     planner, corpus = make_planner(job) if rank == 0 else (None, open_corpus(cfg, job.spec))
     ledger = make_ledger(job, corpus) if rank == 0 else None
     rows: list[dict] = []
