@@ -34,9 +34,8 @@ def _positive(text: str) -> int:
     return v
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("plan", help="plan steps: strategy per step, dispatch, packing, CP sharding, lower bound",
-                       description=__doc__)
+def add_workload_args(p) -> None:
+    """The model, cluster and data flags `tidal plan` and `tidal simulate` share."""
     p.add_argument("--model", default="llama2-7b", help="model preset (tiny, small, llama2-7b, llama-32b, ...)")
     p.add_argument("--cluster", default="a800x64", help="cluster, TYPExN[+TYPExM] e.g. a800x64, h800x16+h20x32")
     p.add_argument("--data", default="synthetic:commoncrawl",
@@ -46,6 +45,12 @@ def add_parser(sub) -> None:
                    help="documents above --max-len: split into chunks (default), truncate, or error")
     p.add_argument("--tokens-per-step", type=_positive, default=200_000)
     p.add_argument("--steps", type=_positive, default=10)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="plan steps: strategy per step, dispatch, packing, CP sharding, lower bound",
+                       description=__doc__)
+    add_workload_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--strategies", default="auto",
                    help="'auto' (proposal DP) or strategies separated by ';', e.g. 'tp4+tp2pp2+2*tp1pp2;8*tp1'")

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from tidal.core.errors import TidalError
-from tidal.data.sampler import LONG_DOC_POLICIES, TokenBudgetSampler
+from tidal.data.sampler import TokenBudgetSampler
 from tidal.data.sources import length_source
 from tidal.simulator.engine import SCHEDULES, SimConfig
 from tidal.simulator.systems import SYSTEMS, SystemRun, Workload, parse_systems, run_system, speedups
@@ -17,18 +17,11 @@ PROPOSAL_SAMPLE = 20000
 
 
 def add_parser(sub) -> None:
-    from tidal.cli.plan import _positive
+    from tidal.cli.plan import add_workload_args
 
     p = sub.add_parser("simulate", help="simulate steps under several systems (tidal, hydraulis, megatron, ...)",
                        description=__doc__)
-    p.add_argument("--model", default="llama2-7b", help="model preset (tiny, small, llama2-7b, llama-32b, ...)")
-    p.add_argument("--cluster", default="a800x64", help="cluster, TYPExN[+TYPExM] e.g. a800x64, h800x16+h20x32")
-    p.add_argument("--data", default="synthetic:commoncrawl",
-                   help="synthetic:commoncrawl|github|flanv2 or lengths:FILE (.npy or one integer per line)")
-    p.add_argument("--max-len", type=_positive, default=32768, help="context length: longest sequence in a step")
-    p.add_argument("--long-docs", choices=LONG_DOC_POLICIES, default="split")
-    p.add_argument("--tokens-per-step", type=_positive, default=200_000)
-    p.add_argument("--steps", type=_positive, default=10)
+    add_workload_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cost-model", type=Path, default=None,
                    help="fitted cost model (.json) or profile (.csv); default: analytic from the specs")
