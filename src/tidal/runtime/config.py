@@ -8,10 +8,11 @@ Sections and keys (all optional except where noted; see docs/training.md for the
     [data]       source = "stdlib", max_len, tokens_per_step, long_docs = "split", seed, tokenizer = "",
                  cache_dir = "", cycle = false
     [planner]    strategies = "auto" | "tp2+2*tp1;4*tp1", packing = "hydraulis"|"wlb"|"fixed",
-                 cp_sharding = "adaptive", rotate = false, cost_model = "" (path to a fitted model or profile)
+                 cp_sharding = "adaptive", rotate = false, cost_model = "" (path to a fitted model or profile),
+                 exact = false
     [optimizer]  lr, beta1, beta2, eps, weight_decay, clip, warmup_steps, decay_steps, min_lr_ratio
     [train]      steps, seed, schedule = "1f1b"|"gpipe", master_dtype = "float32", compute_dtype = "float32",
-                 metrics = "" (JSONL path), progress = true, overlap_pull = true
+                 metrics = "" (JSONL path), progress = true, overlap_pull = true, plan_ahead = 2
 
 An unknown section or key, a wrong type, or a config that cannot run (world size vs cluster, a strategy needing
 more devices, a scheme that does not fit memory, TP not dividing the heads) raises TidalError with one line.
@@ -64,6 +65,7 @@ class PlannerConfig:
     cp_sharding: str = "adaptive"
     rotate: bool = False
     cost_model: str = ""
+    exact: bool = False  # exact MILP dispatch and packing (small steps only; slow: benchmarks/plan_overlap.py)
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class TrainSection:
     metrics: str = ""
     progress: bool = True
     overlap_pull: bool = True
+    plan_ahead: int = 2  # plans computed ahead in a background process (queue depth); 0 = plan inline
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 
 :func:`prepare` resolves and validates everything before any process group exists (model, cluster vs world size,
 corpus, cost model, candidate strategies placed and costed, planning and execution options). :func:`train_worker`
-is one rank's loop: rank 0 plans each step with the :class:`tidal.planner.stepper.StepPlanner` and broadcasts the
-step plan and its documents (docs/decisions.md: one planner, no cross-rank determinism assumptions); every rank
+is one rank's loop: rank 0 gets each step's plan from the :class:`tidal.planner.stepper.StepPlanner`, inline or
+computed ahead in a background process (`runtime.planahead`, ``[train] plan_ahead``), and broadcasts the step plan
+and its documents (docs/decisions.md: one planner, no cross-rank determinism assumptions); every rank
 fetches the tokens of the sequences its pipeline runs and calls :meth:`Executor.train_step`. Per-rank figures are
 all-gathered so rank 0 writes one JSONL row per step (docs/training.md lists the fields).
 """
@@ -31,13 +32,13 @@ from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.costmodel.fitted import load_cost_model
 from tidal.data.accounting import EpochLedger
 from tidal.data.corpus import corpus_from_spec
-from tidal.data.sampler import TokenBudgetSampler
 from tidal.models.attention import BACKENDS
 from tidal.planner.select import profile_strategies
 from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates
 from tidal.runtime.config import TrainConfig
 from tidal.runtime.executor import ExecConfig, Executor, fetch_from
 from tidal.runtime.groups import GroupCache
+from tidal.runtime.planahead import PlannerSpec, open_plans
 from tidal.runtime.pp import SCHEDULES
 
 PROPOSAL_SAMPLE = 20000
@@ -82,6 +83,8 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
         raise TidalError(f"unknown pipeline schedule {cfg.train.schedule!r}; choose one of {', '.join(SCHEDULES)}")
     if cfg.train.steps < 1:
         raise TidalError(f"[train] steps must be >= 1, got {cfg.train.steps}")
+    if cfg.train.plan_ahead < 0:
+        raise TidalError(f"[train] plan_ahead must be >= 0 (0 plans inline), got {cfg.train.plan_ahead}")
     for info in param_table(spec):
         if info.shape[0] < cluster.num_devices:
             raise TidalError(f"model {spec.name}: {info.name} has {info.shape[0]} rows, fewer than the "
@@ -92,7 +95,7 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
     cm = build_cost_model(cfg, spec, cluster)
     options = PlanningOptions(max_len=cfg.data.max_len, tokens_per_step=cfg.data.tokens_per_step,
                               packing=cfg.planner.packing, cp_sharding=cfg.planner.cp_sharding, seed=cfg.data.seed,
-                              rotate=cfg.planner.rotate)
+                              rotate=cfg.planner.rotate, exact=cfg.planner.exact)
     sample = None
     if cfg.planner.strategies.strip().lower() != "auto":  # memory first: a clearer message than the max_len check
         profile_strategies(tuple(place(sch, cluster, spec) for sch in parse_strategies(cfg.planner.strategies)), cm)
@@ -121,13 +124,16 @@ def open_corpus(cfg: TrainConfig, spec: ModelSpec):
                             cache_dir=cfg.data.cache_dir or None)
 
 
+def planner_spec(job: Prepared) -> PlannerSpec:
+    """The picklable, torch-free inputs of the job's planner (what a background planner process builds it from)."""
+    cfg, d = job.config, job.config.data
+    return PlannerSpec(d.source, d.seed, job.spec.vocab, d.tokenizer, d.cache_dir, d.tokens_per_step, d.max_len,
+                       d.long_docs, d.cycle, cfg.planner.cost_model, job.spec, job.cluster, job.candidates,
+                       job.options)
+
+
 def make_planner(job: Prepared) -> tuple[StepPlanner, object]:
-    cfg = job.config
-    corpus = open_corpus(cfg, job.spec)
-    src = corpus.length_source()
-    sampler = TokenBudgetSampler(src, cfg.data.tokens_per_step, cfg.data.max_len, long_docs=cfg.data.long_docs,
-                                 seed=cfg.data.seed, cycle=cfg.data.cycle and src.size is not None)
-    return StepPlanner(job.cost_model(), job.candidates, sampler, job.options), corpus
+    return planner_spec(job).build()
 
 
 def make_ledger(job: Prepared, corpus) -> EpochLedger | None:
@@ -147,32 +153,40 @@ _RANK_FIELDS = ("busy_s", "compute_busy_s", "process_busy_s", "wall_s", "pull_s"
 class RunResult:
     rows: list[dict]  # one per step (rank 0; empty elsewhere)
     state: dict | None  # with record=True: full master params and Adam moments on rank 0 (Executor.gather_state)
+    planner_state: dict | None = None  # rank 0: the planner's state as of the last step trained (resumes the stream)
 
 
 def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict], None] | None = None,
-                 record: bool = False) -> RunResult:
+                 record: bool = False, plan_factory: Callable[[], object] | None = None,
+                 plan_state: dict | None = None) -> RunResult:
     """One rank's training loop. With `record`, each row also lists the (doc_id, start, length) of every sequence
-    trained that step (`docs_run`), and the final optimizer state is gathered, for replay by a reference."""
+    trained that step (`docs_run`), and the final optimizer state is gathered, for replay by a reference.
+
+    Rank 0 plans with `plan_factory()` (picklable; default: the job's `PlannerSpec`) resumed from `plan_state`, inline
+    or `[train] plan_ahead` steps ahead in a background process started before the warm-up."""
     torch.set_num_threads(1)  # ranks share the machine's cores; one intra-op thread each
     cfg = job.config
-    groups = GroupCache()
-    executor = Executor(job.spec, job.cluster, job.candidates, job.exec_config, cfg.optimizer, groups)
-    executor.warm_up(min(256, cfg.data.max_len))  # first-use costs of each candidate, before any timed step
-    planner, corpus = make_planner(job) if rank == 0 else (None, open_corpus(cfg, job.spec))
-    ledger = make_ledger(job, corpus) if rank == 0 else None
-    rows: list[dict] = []
-    out = open(cfg.train.metrics, "w") if (rank == 0 and cfg.train.metrics) else None  # noqa: SIM115
+    plans = (open_plans(plan_factory or planner_spec(job), cfg.train.plan_ahead, plan_state) if rank == 0
+             else None)
+    out = None
     try:
+        groups = GroupCache()
+        executor = Executor(job.spec, job.cluster, job.candidates, job.exec_config, cfg.optimizer, groups)
+        executor.warm_up(min(256, cfg.data.max_len))  # first-use costs of each candidate, before any timed step
+        corpus = open_corpus(cfg, job.spec)
+        ledger = make_ledger(job, corpus) if rank == 0 else None
+        rows: list[dict] = []
+        out = open(cfg.train.metrics, "w") if (rank == 0 and cfg.train.metrics) else None  # noqa: SIM115
         for _ in range(cfg.train.steps):
-            t_plan = time.perf_counter()
+            t_loop = time.perf_counter()
             box = [None]
             if rank == 0:
-                ps = planner.next()
+                ps = plans.next()
+                plan_wait_s = time.perf_counter() - t_loop  # planning on the critical path
                 if ps is not None:
                     box = [(ps.index, ps.plan.to_dict(), ps.docs, ps.token_delay)]
                     if ledger is not None:
                         ledger.record_planned(ps)
-            plan_s = time.perf_counter() - t_plan
             dist.broadcast_object_list(box, src=0)
             if box[0] is None:
                 break
@@ -183,7 +197,9 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
             every = [torch.zeros_like(mine) for _ in range(world)]
             dist.all_gather(every, mine)
             if rank == 0:
-                row = _row(index, step, job, m, torch.stack(every).cpu().numpy(), plan_s, delay)
+                row = _row(index, step, job, m, torch.stack(every).cpu().numpy(), plans.plan_s, delay)
+                row.update(plan_cpu_s=plans.plan_cpu_s, plan_wait_s=plan_wait_s,
+                           loop_s=time.perf_counter() - t_loop)
                 if ledger is not None:
                     row["data"] = ledger.counters()
                 if record:
@@ -194,11 +210,14 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
                     out.flush()
                 if on_step is not None:
                     on_step(row)
+        planner_state = plans.state_dict() if rank == 0 else None
     finally:
+        if plans is not None:
+            plans.close()
         if out is not None:
             out.close()
     state = executor.gather_state() if record else None
-    return RunResult(rows, state)
+    return RunResult(rows, state, planner_state)
 
 
 def _row(index: int, step: StepPlan, job: Prepared, m, per_rank: np.ndarray, plan_s: float, delay: float) -> dict:

@@ -1,0 +1,212 @@
+"""Planning ahead in a background process (runtime.planahead): the same plans, documents, ledger counters and
+resumable state as inline planning; a planner's failure surfaces in the trainer as one line instead of a hang."""
+
+import dataclasses
+import json
+import time
+
+import numpy as np
+import pytest
+
+from tidal.core.errors import TidalError
+from tidal.runtime.config import DataConfig, ModelConfig, PlannerConfig, TrainConfig, TrainSection, WorldConfig
+from tidal.runtime.launch import run_distributed
+from tidal.runtime.optim import OptimConfig
+from tidal.runtime.planahead import BackgroundPlannerError, BackgroundPlans, InlinePlans, ReplayPlanner, open_plans
+from tidal.runtime.train import make_ledger, planner_spec, prepare
+
+from _planahead_cases import Faulty, faulty_worker, jobs_worker, rotate  # isort: skip
+
+STRATS = "4*tp1;2*tp2;tp4;cp2+2*tp1"
+
+
+def _job(source="stdlib:defs", packing="wlb", plan_ahead=2, steps=4, max_len=512, tps=4096, world=4):
+    cfg = TrainConfig(model=ModelConfig("tiny", "sdpa"), world=WorldConfig(f"cpux{world}"),
+                      data=DataConfig(source, max_len, tps, "split", 3),
+                      planner=PlannerConfig(STRATS if world == 4 else "2*tp1;tp2", packing),
+                      optimizer=OptimConfig(warmup_steps=1, decay_steps=10),
+                      train=TrainSection(steps, 0, progress=False, plan_ahead=plan_ahead))
+    return prepare(cfg, world)
+
+
+def _key(ps):
+    """Everything of a planned step but the planner's wall-clock time."""
+    if ps is None:
+        return None
+    d = ps.plan.to_dict()
+    d.pop("plan_ms")
+    return ps.index, d, ps.docs, ps.token_delay
+
+
+def _stream(plans, job, n):
+    """(step key, state after it, ledger counters after it) for n steps; the ledger records consumed steps."""
+    ledger = make_ledger(job, planner_spec(job).corpus())
+    out = []
+    for _ in range(n):
+        ps = plans.next()
+        if ps is not None and ledger is not None:
+            ledger.record_planned(ps)
+        out.append((_key(ps), json.dumps(plans.state_dict(), sort_keys=True),
+                    ledger.counters() if ledger is not None else None))
+    return out
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("packing", ["wlb", "hydraulis"])
+def test_background_plans_equal_inline(packing):
+    job = _job(packing=packing)
+    with open_plans(planner_spec(job), 0) as inline:
+        want = _stream(inline, job, 12)
+    with open_plans(planner_spec(job), 2) as bg:
+        assert isinstance(bg, BackgroundPlans)
+        got = _stream(bg, job, 12)
+    assert got == want
+    if packing == "wlb":  # the state carried delayed sequences, so the test covers the WLB queues
+        assert any(json.loads(s)["in_flight"] for _, s, _ in want)
+        assert want[-1][2]["seqs_delayed"] > 0
+
+
+@pytest.mark.unit
+def test_end_of_stream_and_flush_steps_equal_inline(tmp_path):
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(str(x) for x in np.random.default_rng(0).integers(20, 500, size=60)))
+    job = _job(source=f"random:lengths:{lengths}", max_len=512, tps=2048)
+    with InlinePlans(planner_spec(job)) as inline:
+        want = _stream(inline, job, 16)
+    with BackgroundPlans(planner_spec(job), 3) as bg:
+        got = _stream(bg, job, 16)
+        t = time.perf_counter()
+        assert bg.next() is None  # after the end: at once, not after a timeout
+        assert time.perf_counter() - t < 5
+    assert got == want
+    ends = [k is None for k, _, _ in want]
+    assert ends[-1] and not ends[0] and ends == sorted(ends)  # the epoch (and WLB flush steps) ended inside 16 steps
+    assert want[-1][2]["docs_trained"] == 60 and want[-1][2]["pending_delayed"] == 0
+
+
+@pytest.mark.unit
+def test_state_is_as_of_the_last_consumed_step_and_resumes():
+    job = _job()
+    spec = planner_spec(job)
+    with InlinePlans(spec) as inline:
+        want = [_key(inline.next()) for _ in range(7)]
+        inline_state3 = None
+    with InlinePlans(spec) as inline:
+        for _ in range(3):
+            inline.next()
+        inline_state3 = inline.state_dict()
+    with BackgroundPlans(spec, 2) as bg:
+        assert [_key(bg.next()) for _ in range(3)] == want[:3]
+        time.sleep(1.0)  # let the process run ahead (it plans up to 3 more steps)
+        state = bg.state_dict()
+    assert state == inline_state3
+    assert state["index"] == 3
+    state = json.loads(json.dumps(state))  # a checkpoint round trip
+    with BackgroundPlans(spec, 2, state=state) as bg:
+        assert [_key(bg.next()) for _ in range(4)] == want[3:]
+    with InlinePlans(spec, state=state) as inline:
+        assert [_key(inline.next()) for _ in range(4)] == want[3:]
+
+
+@pytest.mark.unit
+def test_rewind_with_an_update_matches_inline():
+    """What an online refit will send: rewind to the last consumed step and change the planner from there."""
+    job = _job(packing="hydraulis")
+    spec = planner_spec(job)
+
+    def run(plans):
+        first = [_key(plans.next()) for _ in range(2)]
+        st = plans.state_dict()
+        ahead = [_key(plans.next()) for _ in range(2)]  # planned, then thrown away by the rewind below
+        plans.rewind(st, rotate)
+        return first, ahead, [_key(plans.next()) for _ in range(4)], plans.state_dict()
+
+    with InlinePlans(spec) as inline:
+        want = run(inline)
+    with BackgroundPlans(spec, 2) as bg:
+        time.sleep(0.5)
+        got = run(bg)
+    assert got == want
+    strategies = [k[1]["strategy"] for k in want[2]]
+    assert strategies == [2 % 4, 3 % 4, 4 % 4, 5 % 4]  # rotate: step k on candidate k mod 4
+    assert want[2][:2] != want[1]  # the update changed the plans of the rewound steps
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("at", [2, -1])
+def test_planner_exception_surfaces_as_one_line(at):
+    job = _job()
+    bg = BackgroundPlans(Faulty(planner_spec(job), at), 2)
+    try:
+        for _ in range(max(at, 0)):
+            assert bg.next() is not None
+        with pytest.raises(BackgroundPlannerError) as e:
+            bg.next()
+    finally:
+        bg.close()
+    msg = str(e.value)
+    assert "\n" not in msg
+    want = "ValueError: boom at step 2" if at == 2 else "RuntimeError: cannot build the planner"
+    assert msg.startswith(f"background planner raised {want} (at _planahead_cases.py:")
+    assert "Traceback (most recent call last)" in e.value.traceback and want in e.value.traceback
+    assert isinstance(e.value, TidalError)
+    assert not bg.alive
+
+
+@pytest.mark.unit
+def test_dead_or_silent_planner_is_an_error_not_a_hang():
+    job = _job()
+    with BackgroundPlans(Faulty(planner_spec(job), 1, "exit"), 2) as bg:
+        bg.next()
+        with pytest.raises(BackgroundPlannerError, match="exited with code 3 without a plan"):
+            bg.next()
+    with BackgroundPlans(Faulty(planner_spec(job), 0, "hang"), 2, timeout_s=3.0) as bg:
+        with pytest.raises(BackgroundPlannerError, match="no plan from the background planner within 3 s"):
+            bg.next()
+        assert not bg.alive  # terminated by close(), although it was still sleeping
+
+
+@pytest.mark.unit
+def test_close_stops_a_process_blocked_on_a_full_queue():
+    bg = BackgroundPlans(planner_spec(_job()), 1)
+    bg.next()
+    time.sleep(1.0)  # the queue is full and the process waits to put the next plan
+    assert bg.alive
+    bg.close()
+    bg.close()  # idempotent
+    assert not bg.alive
+    with pytest.raises(TidalError, match="closed"):
+        bg.next()
+
+
+@pytest.mark.unit
+def test_replay_and_bad_depth():
+    job = _job(packing="hydraulis")
+    with InlinePlans(planner_spec(job)) as inline:
+        steps = [inline.next() for _ in range(3)]
+    with BackgroundPlans(ReplayPlanner(steps), 2) as bg:
+        assert [_key(bg.next()) for _ in range(4)] == [*map(_key, steps), None]
+        assert bg.state_dict() == {"replayed": 3}
+    with pytest.raises(TidalError, match="positive integer"):
+        BackgroundPlans(ReplayPlanner(steps), 0)
+    cfg = dataclasses.replace(job.config, train=dataclasses.replace(job.config.train, plan_ahead=-1))
+    with pytest.raises(TidalError, match="plan_ahead must be >= 0"):
+        prepare(cfg, 4)
+
+
+@pytest.mark.distributed
+def test_training_with_plan_ahead_equals_inline():
+    jobs = [_job(packing="wlb", plan_ahead=p, steps=4, max_len=256, tps=1024, world=2) for p in (0, 2)]
+    inline, ahead = run_distributed(jobs_worker, 2, jobs, timeout_s=600)[0]
+    keep = ("step", "strategy", "documents", "deferred", "tokens", "loss", "docs_run", "data", "token_delay")
+    assert [{k: r[k] for k in keep} for r in ahead.rows] == [{k: r[k] for k in keep} for r in inline.rows]
+    assert ahead.planner_state == inline.planner_state and ahead.planner_state["index"] == 4
+    for r in ahead.rows + inline.rows:
+        assert 0 <= r["plan_wait_s"] <= r["loop_s"] and r["plan_s"] >= 0 and r["plan_cpu_s"] >= 0
+
+
+@pytest.mark.distributed
+def test_training_surfaces_a_planner_exception():
+    job = _job(packing="hydraulis", steps=4, max_len=256, tps=1024, world=2)
+    with pytest.raises(RuntimeError, match="background planner raised ValueError: boom at step 2"):
+        run_distributed(faulty_worker, 2, job, Faulty(planner_spec(job), 2), timeout_s=300)
