@@ -57,3 +57,15 @@ def jobs_worker(rank: int, world: int, jobs: list) -> list:
 
 def faulty_worker(rank: int, world: int, job, factory) -> None:
     train_worker(rank, world, job, plan_factory=factory)
+
+
+def orphan_maker(factory, q) -> None:
+    """A trainer that dies without closing its background planner (as a rank killed by its launcher)."""
+    from tidal.runtime.planahead import BackgroundPlans
+
+    bg = BackgroundPlans(factory, 1)
+    bg.next()  # the process is up, and soon blocked on a full queue
+    q.put(bg._proc.pid)
+    q.close()
+    q.join_thread()  # the pid reaches the pipe before the exit below skips every cleanup
+    os._exit(0)

@@ -3,7 +3,9 @@ resumable state as inline planning; a planner's failure surfaces in the trainer 
 
 import dataclasses
 import json
+import multiprocessing as mp
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ from tidal.runtime.optim import OptimConfig
 from tidal.runtime.planahead import BackgroundPlannerError, BackgroundPlans, InlinePlans, ReplayPlanner, open_plans
 from tidal.runtime.train import make_ledger, planner_spec, prepare
 
-from _planahead_cases import Faulty, faulty_worker, jobs_worker, rotate  # isort: skip
+from _planahead_cases import Faulty, faulty_worker, jobs_worker, orphan_maker, rotate  # isort: skip
 
 STRATS = "4*tp1;2*tp2;tp4;cp2+2*tp1"
 
@@ -179,6 +181,29 @@ def test_close_stops_a_process_blocked_on_a_full_queue():
         bg.next()
 
 
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie waits for a reaper that a container may not have)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+@pytest.mark.unit
+def test_planner_process_exits_when_the_trainer_dies():
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    trainer = ctx.Process(target=orphan_maker, args=(planner_spec(_job()), q))
+    trainer.start()
+    pid = q.get(timeout=120)
+    trainer.join(timeout=60)
+    deadline = time.monotonic() + 30
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(pid)
+
+
 @pytest.mark.unit
 def test_replay_and_bad_depth():
     job = _job(packing="hydraulis")
@@ -189,6 +214,8 @@ def test_replay_and_bad_depth():
         assert bg.state_dict() == {"replayed": 3}
     with pytest.raises(TidalError, match="positive integer"):
         BackgroundPlans(ReplayPlanner(steps), 0)
+    with pytest.raises(TidalError, match="must be picklable"):
+        BackgroundPlans(lambda: ReplayPlanner(steps), 2)
     cfg = dataclasses.replace(job.config, train=dataclasses.replace(job.config.train, plan_ahead=-1))
     with pytest.raises(TidalError, match="plan_ahead must be >= 0"):
         prepare(cfg, 4)

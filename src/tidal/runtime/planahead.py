@@ -33,6 +33,7 @@ it and terminates it if it does not stop; the process also exits by itself when 
 from __future__ import annotations
 
 import multiprocessing as mp
+import pickle
 import queue
 import time
 import traceback
@@ -237,7 +238,12 @@ class BackgroundPlans:
         self._out = ctx.Queue(maxsize=depth)
         self._proc = ctx.Process(target=_serve, args=(factory, state, self._requests, self._out), daemon=True,
                                  name="tidal-planner")
-        self._proc.start()
+        try:
+            self._proc.start()
+        except (pickle.PicklingError, AttributeError, TypeError) as e:  # a lambda, a local class, an open file ...
+            for q in (self._requests, self._out):
+                q.close()
+            raise TidalError(f"the planner factory must be picklable to plan in a background process: {e}") from None
         self.depth, self.timeout_s = depth, timeout_s
         self._gen = 0
         self._state: dict | None = None  # as of the last consumed step (or the start)
