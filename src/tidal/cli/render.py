@@ -99,6 +99,8 @@ def train_summary(con: Console, rows: list[dict], metrics_path: str = "") -> Non
                   f"{sum(r['critical_path_s'] for r in rs):.2f}", f"{sum(r['wall_s'] for r in rs):.2f}",
                   f"{_share(rs):.1%}")
     con.print(t)
+    if rows[0].get("attn_backend"):
+        con.print(f"attention backend: {rows[0]['attn_backend']}")
     tok = sum(r["tokens"] for r in rows)
     wall = sum(r["wall_s"] for r in rows)
     con.print(f"final loss {rows[-1]['loss']:.4f} | {tok:,} tokens in {wall:.1f} s wall ({tok / wall:,.0f} tok/s) | "

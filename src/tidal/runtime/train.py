@@ -108,7 +108,7 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
     profile_strategies(candidates, cm)  # a scheme that does not fit memory raises here
     ex = ExecConfig(seed=cfg.train.seed, master_dtype=cfg.train.master_dtype, compute_dtype=cfg.train.compute_dtype,
                     schedule=cfg.train.schedule, attn_backend=cfg.model.attn_backend,
-                    overlap_pull=cfg.train.overlap_pull)
+                    overlap_pull=cfg.train.overlap_pull, sequence_parallel=cfg.train.sequence_parallel)
     if cfg.train.metrics:
         parent = Path(cfg.train.metrics).parent
         if not parent.is_dir():
@@ -184,6 +184,7 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
             dist.all_gather(every, mine)
             if rank == 0:
                 row = _row(index, step, job, m, torch.stack(every).cpu().numpy(), plan_s, delay)
+                row["attn_backend"] = executor.attn_backend
                 if ledger is not None:
                     row["data"] = ledger.counters()
                 if record:
