@@ -7,9 +7,11 @@ A pipeline that runs V micro-batches in a step does, on its slowest rank, about 
 so every (pipeline, step) pair is one linear observation `PipelineObs(scheme, sum_sq, sum_len, V, seconds)` of the
 scheme's (a, b, c). :func:`robust_fit` solves for them by iteratively reweighted non-negative least squares in
 relative error with Huber weights (residuals beyond 1.345 robust standard deviations are down-weighted, so a step
-slowed by another process barely moves the fit), plus a weak ridge pull toward the prior coefficients: a coefficient
-the observations cannot identify (training micro-batches of one scheme often have similar token counts, so sum_len
-and V are nearly collinear) stays at the prior instead of wandering. Everything is deterministic in its inputs.
+slowed by another process barely moves the fit), plus a weak ridge pull toward the prior coefficients, measured in
+each term's share of an average row's time (so a prior that is far off, e.g. the nominal analytic model, does not
+bias what the rows determine): a direction the observations cannot identify (training micro-batches of one scheme
+often have similar token counts, so sum_len and V are nearly collinear) stays near the prior instead of wandering.
+Everything is deterministic in its inputs.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from tidal.costmodel.base import CostModel, LatencyCoeffs
 from tidal.costmodel.fitted import FittedCostModel, SchemeFit
 
 HUBER_K = 1.345  # 95 % efficiency under Gaussian noise
-PRIOR_WEIGHT = 1e-3  # a 100 % move of a coefficient costs as much as one row 3 % off
+PRIOR_WEIGHT = 1e-2  # a move that shifts the average prediction by 10 % costs as much as one row 1 % off
 MIN_SCALE = 0.005  # robust residual scale floor (relative): below this every row counts fully
 
 
@@ -49,7 +51,7 @@ class PipelineObs:
 def robust_fit(X: np.ndarray, t: np.ndarray, prior: Sequence[float] | None = None, *, iters: int = 30,
                prior_weight: float = PRIOR_WEIGHT) -> np.ndarray:
     """Huber-IRLS NNLS of X @ coef ~= t in relative error ((X coef - t) / t), optionally pulled toward `prior`
-    (relative ridge on each coefficient with a positive prior). Returns coef >= 0."""
+    (a ridge on each coefficient, scaled by its feature's mean relative size). Returns coef >= 0."""
     X = np.asarray(X, dtype=np.float64)
     t = np.asarray(t, dtype=np.float64)
     if X.ndim != 2 or len(X) != len(t) or len(t) == 0:
@@ -60,13 +62,12 @@ def robust_fit(X: np.ndarray, t: np.ndarray, prior: Sequence[float] | None = Non
     scale = np.where(X.max(axis=0) > 0, X.max(axis=0), 1.0)
     A = X / scale / t[:, None]  # relative residual rows: A @ (coef * scale) - 1
     extra_A, extra_b = [], []
-    if prior is not None:
+    if prior is not None:  # ridge in units of the coefficient's share of an average row's time
         for j, p in enumerate(prior):
-            if p > 0:
-                row = np.zeros(k)
-                row[j] = np.sqrt(prior_weight) / (p * scale[j])
-                extra_A.append(row)
-                extra_b.append(np.sqrt(prior_weight))
+            row = np.zeros(k)
+            row[j] = np.sqrt(prior_weight) * float(A[:, j].mean())
+            extra_A.append(row)
+            extra_b.append(row[j] * p * scale[j])
     w = np.ones(len(t))
     sol = np.zeros(k)
     for _ in range(iters):

@@ -176,6 +176,11 @@ def profile_model(spec: ModelSpec, cluster: ClusterSpec, schemes: Sequence[Paral
     """Profile every scheme, fit latency (a, b, c) and MaxLen; returns the fitted model and the measurements."""
     if not schemes:
         raise TidalError("no scheme to profile")
+    for s in schemes:  # every refusal before any rank starts
+        s.validate(spec)
+        if s.num_devices > cluster.num_devices:
+            raise TidalError(f"scheme {s.short()} needs {s.num_devices} devices; cluster {cluster.name} has "
+                             f"{cluster.num_devices}")
     cuda = dist_backend == "nccl"
     if memory_gib is not None:
         if not memory_gib > 0:
