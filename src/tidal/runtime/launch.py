@@ -87,8 +87,8 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, backend
             for p in procs:
                 if p.is_alive():
                     p.kill()
-        for p in procs:
-            p.join(timeout=10)
+        for p in procs:  # every rank reported: give teardown (destroy_process_group) time on a loaded machine
+            p.join(timeout=10 if error is not None else 60)
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
