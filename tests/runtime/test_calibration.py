@@ -112,3 +112,17 @@ def test_set_cost_model_plans_as_a_planner_built_with_that_model():
     for _ in range(3):
         x, y = a.next(), b.next()
         assert x.plan.to_dict(timings=False) == y.plan.to_dict(timings=False)
+
+
+def test_plans_recording_the_even_layer_split_are_costed_as_the_plain_scheme():
+    from types import MappingProxyType
+
+    from tidal.costmodel.base import LatencyCoeffs
+    from tidal.costmodel.fitted import FittedCostModel, SchemeFit
+
+    k = LatencyCoeffs(1e-7, 5e-5, 0.01)
+    fm = FittedCostModel(TINY, CPU4, MappingProxyType({"tp1pp1cp1": SchemeFit(k, 10, 0.0)}),
+                         AnalyticCostModel(TINY, CPU4))
+    step = StepPlan((0,), (300,), 0, (PipelinePlan(1, 1, 1, (0,), 4096, ((0,),), 0.0, (), (6,)),), (), 0.0, 0.0)
+    (q,) = calibration_fields(step, fm, [0.1, 0, 0, 0], "p.json")["pipelines"]
+    assert q["scheme"] == "tp1pp1cp1" and q["predicted_s"] == pytest.approx(k.mb_time([300]))

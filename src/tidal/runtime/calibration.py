@@ -30,8 +30,16 @@ from tidal.costmodel.refit import PipelineObs, refit_model
 REFIT_MODES = ("off", "online")
 
 
-def pipeline_scheme(p) -> ParallelScheme:
-    return ParallelScheme(p.tp, p.pp, p.cp, p.layer_split)
+def pipeline_scheme(p, layers: int) -> ParallelScheme:
+    """The scheme of a PipelinePlan as the planner costed it: a layer split equal to the even split is dropped
+    (plans record the split; candidates and fitted models name the plain scheme)."""
+    return plain_scheme(ParallelScheme(p.tp, p.pp, p.cp, p.layer_split), layers)
+
+
+def plain_scheme(s: ParallelScheme, layers: int) -> ParallelScheme:
+    if s.layer_split is not None and s.layer_split == ParallelScheme(s.tp, s.pp, s.cp).stage_layers(layers):
+        return ParallelScheme(s.tp, s.pp, s.cp)
+    return s
 
 
 def calibration_fields(step: StepPlan, cost_model: CostModel, compute_busy: Sequence[float], label: str) -> dict:
@@ -41,7 +49,7 @@ def calibration_fields(step: StepPlan, cost_model: CostModel, compute_busy: Sequ
     for p in step.pipelines:
         if not p.micro_batches:
             continue
-        scheme = pipeline_scheme(p)
+        scheme = pipeline_scheme(p, cost_model.model.layers)
         co = cost_model.coeffs(scheme, pipeline_device(cost_model.cluster, Pipeline(scheme, p.devices)))
         mbs = [[step.seq_lengths[i] for i in mb] for mb in p.micro_batches]
         pipes.append({
@@ -142,7 +150,7 @@ def repredict(rows: list[dict], cost_model: CostModel) -> list[dict]:
     for row in rows:
         pipes = []
         for q in row["pipelines"]:
-            scheme = parse_scheme(q["scheme"])
+            scheme = plain_scheme(parse_scheme(q["scheme"]), cost_model.model.layers)
             devices = tuple(q.get("ranks") or range(scheme.num_devices))
             co = cost_model.coeffs(scheme, pipeline_device(cost_model.cluster, Pipeline(scheme, devices)))
             pred = co.a * q["sum_sq"] + co.b * q["sum_len"] + co.c * q["micro_batches"]
