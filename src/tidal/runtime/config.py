@@ -11,7 +11,8 @@ Sections and keys (all optional except where noted; see docs/training.md for the
                  cp_sharding = "adaptive", rotate = false, cost_model = "" (path to a fitted model or profile)
     [optimizer]  lr, beta1, beta2, eps, weight_decay, clip, warmup_steps, decay_steps, min_lr_ratio
     [train]      steps, seed, schedule = "1f1b"|"gpipe", master_dtype = "float32", compute_dtype = "float32",
-                 metrics = "" (JSONL path), progress = true, overlap_pull = true, sequence_parallel = false
+                 metrics = "" (JSONL path), progress = true, overlap_pull = true, sequence_parallel = false,
+                 refit = "off"|"online", refit_every = 5
 
 An unknown section or key, a wrong type, or a config that cannot run (world size vs cluster, a strategy needing
 more devices, a scheme that does not fit memory, TP not dividing the heads) raises TidalError with one line.
@@ -77,6 +78,8 @@ class TrainSection:
     progress: bool = True
     overlap_pull: bool = True
     sequence_parallel: bool = False  # Megatron-style SP inside every TP group (runtime/tp.py)
+    refit: str = "off"  # "online": refit the cost model's coefficients from measured steps (docs/training.md)
+    refit_every: int = 5  # steps between online refits
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from tidal.data.sampler import TokenBudgetSampler
 from tidal.models.attention import BACKENDS
 from tidal.planner.select import profile_strategies
 from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates
+from tidal.runtime.calibration import REFIT_MODES, OnlineRefit, calibration_fields
 from tidal.runtime.config import TrainConfig
 from tidal.runtime.executor import ExecConfig, Executor, fetch_from
 from tidal.runtime.groups import GroupCache
@@ -82,6 +83,10 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
         raise TidalError(f"unknown pipeline schedule {cfg.train.schedule!r}; choose one of {', '.join(SCHEDULES)}")
     if cfg.train.steps < 1:
         raise TidalError(f"[train] steps must be >= 1, got {cfg.train.steps}")
+    if cfg.train.refit not in REFIT_MODES:
+        raise TidalError(f"[train] refit must be one of {', '.join(REFIT_MODES)}, got {cfg.train.refit!r}")
+    if cfg.train.refit_every < 1:
+        raise TidalError(f"[train] refit_every must be >= 1, got {cfg.train.refit_every}")
     for info in param_table(spec):
         if info.shape[0] < cluster.num_devices:
             raise TidalError(f"model {spec.name}: {info.name} has {info.shape[0]} rows, fewer than the "
@@ -160,6 +165,9 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
     executor.warm_up(min(256, cfg.data.max_len))  # first-use costs of each candidate, before any timed step
     planner, corpus = make_planner(job) if rank == 0 else (None, open_corpus(cfg, job.spec))
     ledger = make_ledger(job, corpus) if rank == 0 else None
+    label = cfg.planner.cost_model or "analytic"
+    refit = OnlineRefit(planner.cost_model, every=cfg.train.refit_every) if (
+        rank == 0 and cfg.train.refit == "online") else None
     rows: list[dict] = []
     out = open(cfg.train.metrics, "w") if (rank == 0 and cfg.train.metrics) else None  # noqa: SIM115
     try:
@@ -183,7 +191,13 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
             every = [torch.zeros_like(mine) for _ in range(world)]
             dist.all_gather(every, mine)
             if rank == 0:
-                row = _row(index, step, job, m, torch.stack(every).cpu().numpy(), plan_s, delay)
+                per_rank = torch.stack(every).cpu().numpy()
+                row = _row(index, step, job, m, per_rank, plan_s, delay)
+                busy = per_rank[:, _RANK_FIELDS.index("compute_busy_s")]
+                row.update(calibration_fields(step, planner.cost_model, [float(x) for x in busy], label))
+                if refit is not None and (new := refit.observe(row)) is not None:
+                    planner.set_cost_model(new)  # later steps are planned with the refitted coefficients
+                    label = f"refit-{refit.generation}"
                 row["attn_backend"] = executor.attn_backend
                 if ledger is not None:
                     row["data"] = ledger.counters()
