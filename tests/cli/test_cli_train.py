@@ -95,6 +95,13 @@ def test_train_writes_metrics_rows(tmp_path):
             assert k in r, k
         assert len(r["busy_s"]) == 4 and r["critical_path_s"] == max(r["busy_s"])
         assert r["tokens"] > 0 and r["loss"] > 0
+        # calibration: per pipeline predicted (sum of its micro-batches' T) beside measured (slowest rank)
+        assert r["cost_model"] == "analytic" and r["pipelines"]
+        assert r["measured_s"] == pytest.approx(max(r["compute_busy_s"]))
+        assert r["predicted_s"] == max(q["predicted_s"] for q in r["pipelines"]) > 0
+        for q in r["pipelines"]:
+            assert q["measured_s"] == max(r["compute_busy_s"][k] for k in q["ranks"]) > 0
+    assert sum(q["sum_len"] for r in rows for q in r["pipelines"]) == sum(r["tokens"] for r in rows)
 
 
 @pytest.mark.distributed

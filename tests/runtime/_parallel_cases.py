@@ -47,7 +47,7 @@ def _slice(ref: torch.Tensor, dim: int | None, rank: int, size: int) -> torch.Te
 
 def run_case(rank: int, pipelines: list[tuple[ParallelScheme, tuple[int, ...], ModelSpec]], seq_lengths,
              micro_batches, cp_sharding=(), schedule="1f1b", extra_tokens: int = 0, groups: GroupCache | None = None,
-             compare: bool = True) -> dict | None:
+             compare: bool = True, tp_options: dict | None = None) -> dict | None:
     """Run one case on this rank (a rank in no pipeline returns None): every pipeline (scheme, devices, model) runs
     the same micro-batches. Returns loss, per-parameter errors against the one-process reference, and grads."""
     torch.set_num_threads(1)  # several ranks share 2 cores: OpenMP spinning across processes is very slow
@@ -58,7 +58,7 @@ def run_case(rank: int, pipelines: list[tuple[ParallelScheme, tuple[int, ...], M
     scheme, devices, spec = mine[0]
     documents = make_documents(seq_lengths, spec.vocab, seed=1)
     grid = RankGrid.build(Pipeline(scheme, devices), rank, groups)
-    model = build_stage_model(spec, grid, seed=0, attn_backend="sdpa")
+    model = build_stage_model(spec, grid, seed=0, attn_backend="sdpa", **(tp_options or {}))
     tokens = sum(seq_lengths[j] for mb in micro_batches for j in mb)
     norm = tokens + extra_tokens
     plan = PipelinePlan(scheme.tp, scheme.pp, scheme.cp, devices, max(seq_lengths), tuple(micro_batches), 0.0,
@@ -73,9 +73,10 @@ def run_case(rank: int, pipelines: list[tuple[ParallelScheme, tuple[int, ...], M
         ref_loss, ref = reference_grads(spec, seq_lengths, documents, micro_batches, norm)
         errs = {}
         for n, g in grads.items():
+            dim = dims.get(n)
             if spec.tie_embeddings and n == "output.weight":  # the last stage's copy of the tied table
                 n = "tok_embeddings.weight"
-            r = _slice(ref[n], dims.get(n), grid.tp_rank, scheme.tp)
+            r = _slice(ref[n], dim, grid.tp_rank, scheme.tp)
             if r.shape != g.shape:
                 raise AssertionError(f"{n}: shard shape {tuple(g.shape)} vs reference slice {tuple(r.shape)}")
             errs[n] = max(errs.get(n, 0.0), float((g - r).abs().max() / ref[n].abs().max()))

@@ -63,6 +63,8 @@ def runs():
     bf16 = _config("tiny", "tp2pp2+2*tp1pp2;tp1cp4+4*tp1;tp4+tp2+2*tp1")  # bf16 compute, fp32 master weights
     jobs.append(prepare(dataclasses.replace(bf16, train=dataclasses.replace(
         bf16.train, master_dtype="float32", compute_dtype="bfloat16")), 8))
+    sp = _config("tiny-tied", "tp2pp2+2*tp1pp2;tp4+tp2+2*tp1;tp2cp2+tp2pp2")  # sequence parallelism in every TP group
+    jobs.append(prepare(dataclasses.replace(sp, train=dataclasses.replace(sp.train, sequence_parallel=True)), 8))
     results = run_distributed(jobs_worker, 8, jobs, timeout_s=1200)[0]
     return jobs, results
 
@@ -132,10 +134,21 @@ def test_bf16_compute_against_fp32_reference(runs):
     """The whole runtime in bf16 (pull, activations, TP/CP/PP traffic) with fp32 master weights and moments, against
     one fp32 process, at the bf16 tolerance of `tidal verify --dtype bfloat16` (reasons in cli/train.py)."""
     jobs, results = runs
-    job, res = jobs[-1], results[-1]
+    job, res = jobs[-2], results[-2]
     assert job.exec_config.compute_dtype == "bfloat16" and job.exec_config.master_dtype == "float32"
     losses, ref = replay_reference(job, res.rows)
     rep = verify_report(res.rows, losses, res.state, ref)
     tol = VERIFY_TOL["bfloat16"]
     assert rep["loss"] <= tol["loss"] and rep["moments"] <= tol["moments"] and rep["params"] <= tol["params"], rep
     assert rep["loss"] > 1e-7  # it really ran in bf16 (fp32 agrees to ~1e-7)
+
+
+def test_sequence_parallel_training_matches_single_process(runs):
+    """Sequence parallelism in every TP group, strategies switched every step, tied embeddings: float64 verify."""
+    jobs, results = runs
+    job, res = jobs[-1], results[-1]
+    assert job.exec_config.sequence_parallel
+    assert len({r["strategy"] for r in res.rows}) == 3
+    losses, ref = replay_reference(job, res.rows)
+    rep = verify_report(res.rows, losses, res.state, ref)
+    assert rep["loss"] <= TOL["loss"] and rep["params"] <= TOL["params"] and rep["moments"] <= TOL["moments"], rep

@@ -6,15 +6,27 @@ import json
 import multiprocessing as mp
 import time
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 import pytest
 
 from tidal.core.errors import TidalError
+from tidal.core.scheme import parse_scheme
+from tidal.costmodel.analytic import AnalyticCostModel
+from tidal.costmodel.base import LatencyCoeffs
+from tidal.costmodel.fitted import FittedCostModel, SchemeFit
 from tidal.runtime.config import DataConfig, ModelConfig, PlannerConfig, TrainConfig, TrainSection, WorldConfig
 from tidal.runtime.launch import run_distributed
 from tidal.runtime.optim import OptimConfig
-from tidal.runtime.planahead import BackgroundPlannerError, BackgroundPlans, InlinePlans, ReplayPlanner, open_plans
+from tidal.runtime.planahead import (
+    BackgroundPlannerError,
+    BackgroundPlans,
+    InlinePlans,
+    ReplayPlanner,
+    SetCostModel,
+    open_plans,
+)
 from tidal.runtime.train import make_ledger, planner_spec, prepare
 
 from _planahead_cases import Faulty, faulty_worker, jobs_worker, orphan_maker, rotate  # isort: skip
@@ -22,12 +34,14 @@ from _planahead_cases import Faulty, faulty_worker, jobs_worker, orphan_maker, r
 STRATS = "4*tp1;2*tp2;tp4;cp2+2*tp1"
 
 
-def _job(source="stdlib:defs", packing="wlb", plan_ahead=2, steps=4, max_len=512, tps=4096, world=4):
+def _job(source="stdlib:defs", packing="wlb", plan_ahead=2, steps=4, max_len=512, tps=4096, world=4, refit="off",
+         strategies=None):
     cfg = TrainConfig(model=ModelConfig("tiny", "sdpa"), world=WorldConfig(f"cpux{world}"),
                       data=DataConfig(source, max_len, tps, "split", 3),
-                      planner=PlannerConfig(STRATS if world == 4 else "2*tp1;tp2", packing),
+                      planner=PlannerConfig(strategies or (STRATS if world == 4 else "2*tp1;tp2"), packing),
                       optimizer=OptimConfig(warmup_steps=1, decay_steps=10),
-                      train=TrainSection(steps, 0, progress=False, plan_ahead=plan_ahead))
+                      train=TrainSection(steps, 0, progress=False, plan_ahead=plan_ahead, refit=refit,
+                                         refit_every=2))
     return prepare(cfg, world)
 
 
@@ -135,6 +149,36 @@ def test_rewind_with_an_update_matches_inline():
 
 
 @pytest.mark.unit
+def test_a_cost_model_swap_reaches_the_background_planner():
+    """Online refit's message: a fitted model (whose read-only mapping is made to pickle) applied after step 2."""
+    job = _job(packing="wlb")
+    spec = planner_spec(job)
+    ana = AnalyticCostModel(job.spec, job.cluster)
+    dev = job.cluster.device_type(0)
+    fits = {}
+    for s in ("tp1pp1cp1", "tp2pp1cp1", "tp4pp1cp1", "tp1pp1cp2"):
+        c = ana.coeffs(parse_scheme(s), dev)
+        slow = 50.0 if s == "tp2pp1cp1" else 1.0  # tp2 pipelines 50x slower: 2*tp2, chosen before, no longer
+        fits[s] = SchemeFit(LatencyCoeffs(c.a * slow, c.b * slow, c.c * slow), 6, 0.0)
+    refitted = FittedCostModel(job.spec, job.cluster, MappingProxyType(fits), ana)
+
+    def run(plans):
+        first = [_key(plans.next()) for _ in range(2)]
+        plans.apply(SetCostModel(refitted))
+        return first + [_key(plans.next()) for _ in range(5)], plans.state_dict()
+
+    with InlinePlans(spec) as inline:
+        want = run(inline)
+    with InlinePlans(spec) as inline:
+        plain = [_key(inline.next()) for _ in range(7)]
+    with BackgroundPlans(spec, 2) as bg:
+        time.sleep(0.5)  # the process has planned ahead with the old model
+        got = run(bg)
+    assert got == want
+    assert want[0][:2] == plain[:2] and want[0][2:] != plain[2:]
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize("at", [2, -1])
 def test_planner_exception_surfaces_as_one_line(at):
     job = _job()
@@ -223,11 +267,22 @@ def test_replay_and_bad_depth():
 
 @pytest.mark.distributed
 def test_training_with_plan_ahead_equals_inline():
-    jobs = [_job(packing="wlb", plan_ahead=p, steps=4, max_len=256, tps=1024, world=2) for p in (0, 2)]
-    inline, ahead = run_distributed(jobs_worker, 2, jobs, timeout_s=600)[0]
-    keep = ("step", "strategy", "documents", "deferred", "tokens", "loss", "docs_run", "data", "token_delay")
+    """Also with the online refit, which swaps the planner's cost model through the plan stream. A refit is fed by
+    measured times, so two runs refit to different models: their plans agree up to the first refit (the swap itself
+    is checked to match inline in test_a_cost_model_swap_reaches_the_background_planner)."""
+    jobs = [_job(packing="wlb", plan_ahead=p, steps=s, max_len=256, tps=1024, world=2, refit=r, strategies=st)
+            for r, s, st in (("off", 4, None), ("online", 6, "2*tp1")) for p in (0, 2)]
+    results = run_distributed(jobs_worker, 2, jobs, timeout_s=600)[0]
+    keep = ("step", "strategy", "documents", "deferred", "tokens", "loss", "docs_run", "data", "token_delay",
+            "cost_model", "predicted_s")
+    inline, ahead = results[:2]
     assert [{k: r[k] for k in keep} for r in ahead.rows] == [{k: r[k] for k in keep} for r in inline.rows]
     assert ahead.planner_state == inline.planner_state and ahead.planner_state["index"] == 4
+    inline, ahead = results[2:]
+    assert [{k: r[k] for k in keep} for r in ahead.rows[:4]] == [{k: r[k] for k in keep} for r in inline.rows[:4]]
+    labels = [r["cost_model"] for r in ahead.rows]  # refit after 3 steps of 2 tp1 pipelines (6 rows), at step 4
+    assert labels == ["analytic"] * 4 + ["refit-1"] * 2 == [r["cost_model"] for r in inline.rows]
+    assert ahead.planner_state["index"] == 6
     for r in ahead.rows + inline.rows:
         assert 0 <= r["plan_wait_s"] <= r["loop_s"] and r["plan_s"] >= 0 and r["plan_cpu_s"] >= 0
 

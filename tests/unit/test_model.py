@@ -8,6 +8,7 @@ import torch
 
 from tidal.core import TidalError, get_model
 from tidal.models import Llama, VarlenBatch, VarlenMeta, loss_sum, resolve_backend, varlen_attention
+from tidal.models.attention import describe_backend, explain_backend
 from tidal.planner.cp_sharding import shard_micro_batch
 
 pytestmark = pytest.mark.unit
@@ -72,10 +73,66 @@ def test_flex_forward_matches_reference():
 def test_backend_fallback_on_cpu():
     q = torch.zeros(4, 4, 16)
     assert resolve_backend("flash", q, needs_grad=True) == "sdpa"  # no GPU: flash -> flex (no CPU backward) -> sdpa
-    assert resolve_backend("auto", q, needs_grad=False) == "flex"
+    assert resolve_backend("auto", q, needs_grad=False) == "sdpa"  # eager flex on CPU is unfused: auto skips it
+    assert resolve_backend("flex", q, needs_grad=False) == "flex"  # named: honoured where it runs
     assert resolve_backend("reference", q, needs_grad=True) == "reference"
     with pytest.raises(TidalError):
         resolve_backend("cudnn", q, needs_grad=True)
+
+
+def test_backend_choice_is_explained():
+    chosen, skipped = explain_backend("auto", "cpu", torch.float32, needs_grad=True)
+    assert chosen == "sdpa"
+    assert [b for b, _ in skipped] == ["flash", "flex"]
+    assert dict(skipped)["flex"] == "no FlexAttention backward on CPU"
+    line = describe_backend("auto", "cpu", torch.bfloat16)
+    assert line.startswith("sdpa (auto; flash: needs CUDA; flex: ") and line.endswith(")")
+    assert explain_backend("reference", "cpu", torch.float32) == ("reference", [])
+
+
+def test_flex_block_mask_is_built_once_per_micro_batch(monkeypatch):
+    """Every layer of a micro-batch shares one FlexAttention block mask (cached on the VarlenMeta the layers share);
+    a new micro-batch builds its own."""
+    import torch.nn.attention.flex_attention as fa
+
+    calls = []
+    real = fa.create_block_mask
+
+    def counting(*a, **k):
+        calls.append(a[3:5])
+        return real(*a, **k)
+
+    monkeypatch.setattr(fa, "create_block_mask", counting)
+    torch.manual_seed(0)
+    model = Llama(get_model("tiny"), "flex")
+    with torch.no_grad():
+        for lengths in ([5, 9, 2], [16]):
+            x = torch.randint(0, 256, (sum(lengths),))
+            out = model(x, VarlenBatch.from_lengths(lengths))
+            model.set_attn_backend("sdpa")
+            ref = model(x, VarlenBatch.from_lengths(lengths))
+            model.set_attn_backend("flex")
+            torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    assert calls == [(16, 16), (16, 16)]  # one per micro-batch (16 tokens each), not one per layer (6)
+
+
+def test_fused_projections_equal_separate_ones():
+    """One GEMM over [wq; wk; wv] and [w1; w3] computes the same projections as separate calls (fp64: only the
+    GEMM's blocking differs)."""
+    spec = get_model("tiny")
+    torch.manual_seed(0)
+    fused = Llama(spec, "sdpa").double()
+    torch.manual_seed(0)
+    plain = Llama(spec, "sdpa").double()
+    plain.set_fused(False)
+    x = torch.randint(0, 256, (21,))
+    batch = VarlenBatch.from_lengths([4, 17])
+    a, b = fused(x, batch), plain(x, batch)
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    a.square().sum().backward()
+    b.square().sum().backward()
+    for (n, p), q in zip(fused.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-12, msg=n)
 
 
 def test_documents_are_isolated_and_positions_reset():

@@ -99,6 +99,8 @@ def train_summary(con: Console, rows: list[dict], metrics_path: str = "") -> Non
                   f"{sum(r['critical_path_s'] for r in rs):.2f}", f"{sum(r['wall_s'] for r in rs):.2f}",
                   f"{_share(rs):.1%}")
     con.print(t)
+    if rows[0].get("attn_backend"):
+        con.print(f"attention backend: {rows[0]['attn_backend']}")
     tok = sum(r["tokens"] for r in rows)
     wall = sum(r["wall_s"] for r in rows)
     con.print(f"final loss {rows[-1]['loss']:.4f} | {tok:,} tokens in {wall:.1f} s wall ({tok / wall:,.0f} tok/s) | "
@@ -142,3 +144,29 @@ def demo_table(con: Console, s: dict, static: str) -> None:
     con.print(f"speed-up of Tidal: critical path [bold]{s['speedup_critical_path']:.2f}x[/] (with communication "
               f"threads {s['speedup_process_critical_path']:.2f}x), wall {s['speedup_wall']:.2f}x | per-step loss "
               f"max rel. diff {s['max_loss_rel_diff']:.1e} ({'agree' if s['loss_agree'] else 'DISAGREE'})")
+
+
+def profile_table(con: Console, res) -> None:
+    """`tidal profile`: the fitted coefficients, fit error and MaxLen per scheme."""
+    t = Table(title=f"fitted cost model ({res.time_source}; MaxLen for {res.memory_bytes / 2**30:.1f} GiB per device)")
+    for c in ("scheme", "rows", "a (s/tok²)", "b (s/tok)", "c (s/mb)", "rel. RMSE", "act. B/token", "MaxLen"):
+        t.add_column(c, justify="right")
+    for sp in res.schemes:
+        key = str(sp.scheme)
+        f, act = res.model.fits[key], res.activations[key]
+        t.add_row(sp.scheme.short(), str(f.rows), f"{f.coeffs.a:.3g}", f"{f.coeffs.b:.3g}", f"{f.coeffs.c:.3g}",
+                  f"{f.rel_rmse:.1%}", f"{act.m1:,.0f}", f"{f.max_len:,}")
+    con.print(t)
+
+
+def calibration_table(con: Console, stats: dict, title: str) -> None:
+    """`tidal report calibration`: |predicted - measured| / measured per step and per pipeline."""
+    t = Table(title=title)
+    for c in ("level", "n", "median", "p90", "max", "bias (median pred/meas - 1)"):
+        t.add_column(c, justify="right")
+    for level, n in (("step", stats["steps"]), ("pipeline", stats["pipelines"])):
+        s = stats[level]
+        t.add_row(level, str(n), f"{s['median']:.1%}", f"{s['p90']:.1%}", f"{s['max']:.1%}", f"{s['bias']:+.1%}")
+    for k, s in stats["by_scheme"].items():
+        t.add_row(f"  {k}", str(s["n"]), f"{s['median']:.1%}", f"{s['p90']:.1%}", "", "")
+    con.print(t)

@@ -45,6 +45,10 @@ def add_parsers(sub) -> None:
                    help="spawn this many local gloo ranks; omit under torchrun")
     p.add_argument("--steps", type=int, default=None, help="override [train] steps")
     p.add_argument("--metrics", type=Path, default=None, help="override [train] metrics (JSONL path)")
+    p.add_argument("--refit", choices=("off", "online"), default=None,
+                   help="override [train] refit: 'online' refits the cost model from measured steps")
+    p.add_argument("--cost-model", type=Path, default=None,
+                   help="override [planner] cost_model (fitted model JSON from `tidal profile`, or profile CSV)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before a hung collective fails")
     p.set_defaults(func=run_train)
 
@@ -127,10 +131,11 @@ def run_train(args) -> int:
     from tidal.runtime.train import prepare
 
     cfg = with_cache_dir(load_config(args.config))
-    if args.steps is not None or args.metrics is not None:
-        tr = dataclasses.replace(cfg.train, steps=args.steps if args.steps is not None else cfg.train.steps,
-                                 metrics=str(args.metrics) if args.metrics is not None else cfg.train.metrics)
-        cfg = dataclasses.replace(cfg, train=tr)
+    over = {k: v for k, v in (("steps", args.steps), ("metrics", args.metrics and str(args.metrics)),
+                              ("refit", args.refit)) if v is not None}
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **over))
+    if args.cost_model is not None:
+        cfg = dataclasses.replace(cfg, planner=dataclasses.replace(cfg.planner, cost_model=str(args.cost_model)))
     env = _under_torchrun()
     if env is None and args.nproc is None:
         raise TidalError("give --nproc N to spawn ranks, or launch with torchrun")

@@ -10,12 +10,14 @@ Profile file (CSV, written by `tidal profile`, documented in docs/costmodel.md):
 documents, space-separated. For each scheme we solve min ||X [a b c]^T - t|| with X = [sum l^2, sum l, 1] under
 a, b, c >= 0 (scipy NNLS on rows scaled by 1/t, i.e. relative error, so short micro-batches count as much as long ones).
 
-Fitted model file (JSON):
+Fitted model file (JSON; `tidal profile --out` writes it):
     {"format": "tidal-costmodel/1", "model": ..., "device": ...,
-     "schemes": {"tp1pp1cp1": {"a": ..., "b": ..., "c": ..., "rows": 12, "rel_rmse": 0.03}}}
+     "schemes": {"tp1pp1cp1": {"a": ..., "b": ..., "c": ..., "rows": 12, "rel_rmse": 0.03, "max_len": 20480}}}
 
 Schemes that were not profiled fall back to the analytic model with each coefficient scaled by the median
 fitted/analytic ratio of that coefficient over the profiled schemes (documented fallback, reported by `describe()`).
+`max_len` is optional per scheme (measured by `tidal profile`); without it MaxLen is the analytic memory model's.
+Other top-level keys (`memory`, `profile`, ...) are kept for people and ignored here.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class SchemeFit:
     coeffs: LatencyCoeffs
     rows: int
     rel_rmse: float
+    max_len: int | None = None  # measured MaxLen (tidal profile); None: the analytic memory model's
 
 
 def read_profile(path: str | Path) -> list[ProfileRow]:
@@ -120,6 +123,9 @@ class FittedCostModel:
     scale: float = field(init=False)  # median fitted / analytic time at reference_len (reported)
     term_scale: tuple[float, float, float] = field(init=False)  # median fitted / analytic ratio of a, b and c
 
+    def __reduce__(self):  # the read-only mapping does not pickle; travel as a dict (to a background planner)
+        return (_rebuild_fitted, (self.model, self.cluster, dict(self.fits), self.fallback, self.reference_len))
+
     def __post_init__(self) -> None:
         if not self.fits:
             raise TidalError("fitted cost model has no schemes")
@@ -146,6 +152,10 @@ class FittedCostModel:
         return LatencyCoeffs(k.a * sa, k.b * sb, k.c * sc)
 
     def max_len(self, scheme: ParallelScheme, device: DeviceType) -> int:
+        """The profiled MaxLen of a scheme where the file has one, else the analytic memory model's."""
+        fit = self.fits.get(str(scheme))
+        if fit is not None and fit.max_len is not None:
+            return fit.max_len
         return self.fallback.max_len(scheme, device)
 
     def describe(self) -> str:
@@ -153,17 +163,16 @@ class FittedCostModel:
         return (f"fitted on {len(self.fits)} scheme(s) ({', '.join(self.fits)}); others: analytic with a x {sa:.3g}, "
                 f"b x {sb:.3g}, c x {sc:.3g}")
 
-    def to_json(self, device_name: str) -> str:
-        return json.dumps(
-            {
-                "format": MODEL_FORMAT,
-                "model": self.model.name,
-                "device": device_name,
-                "schemes": {k: {"a": f.coeffs.a, "b": f.coeffs.b, "c": f.coeffs.c, "rows": f.rows,
-                                "rel_rmse": f.rel_rmse} for k, f in self.fits.items()},
-            },
-            indent=1,
-        )
+    def to_json(self, device_name: str, extra: dict | None = None) -> str:
+        """The fitted model file; `extra` adds informational top-level keys (ignored by the loader)."""
+        schemes = {}
+        for k, f in self.fits.items():
+            d = {"a": f.coeffs.a, "b": f.coeffs.b, "c": f.coeffs.c, "rows": f.rows, "rel_rmse": f.rel_rmse}
+            if f.max_len is not None:
+                d["max_len"] = f.max_len
+            schemes[k] = d
+        head = {"format": MODEL_FORMAT, "model": self.model.name, "device": device_name}
+        return json.dumps({**head, **(extra or {}), "schemes": schemes}, indent=1)
 
 
 def fitted_from_rows(rows: list[ProfileRow], model: ModelSpec, cluster: ClusterSpec) -> FittedCostModel:
@@ -185,10 +194,20 @@ def load_cost_model(path: str | Path, model: ModelSpec, cluster: ClusterSpec) ->
         raise TidalError(f"{path}: not a Tidal cost model (format must be {MODEL_FORMAT!r})")
     try:
         fits = {str(parse_scheme(k)): SchemeFit(LatencyCoeffs(float(v["a"]), float(v["b"]), float(v["c"])),
-                                                int(v.get("rows", 0)), float(v.get("rel_rmse", 0.0)))
+                                                int(v.get("rows", 0)), float(v.get("rel_rmse", 0.0)),
+                                                None if v.get("max_len") is None else int(v["max_len"]))
                 for k, v in d["schemes"].items()}
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise TidalError(f"malformed cost model {path}: {type(e).__name__}: {e}") from None
+    for k, f in fits.items():
+        co = (f.coeffs.a, f.coeffs.b, f.coeffs.c)
+        if not all(np.isfinite(co)) or min(co) < 0 or (f.max_len is not None and f.max_len < 0):
+            raise TidalError(f"malformed cost model {path}: scheme {k} needs finite a, b, c >= 0 and max_len >= 0")
     if d.get("model") not in (None, model.name):
         raise TidalError(f"{path}: fitted for model {d.get('model')!r}, not {model.name!r}")
     return FittedCostModel(model, cluster, MappingProxyType(fits), AnalyticCostModel(model, cluster))
+
+
+def _rebuild_fitted(model: ModelSpec, cluster: ClusterSpec, fits: dict, fallback: AnalyticCostModel,
+                    reference_len: int) -> FittedCostModel:
+    return FittedCostModel(model, cluster, MappingProxyType(fits), fallback, reference_len)

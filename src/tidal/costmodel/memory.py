@@ -14,7 +14,11 @@ MaxLen(P) = floor((budget - states) / per_token), 0 when even the states do not 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import nnls
 
 from tidal.core.cluster import DeviceType
 from tidal.core.errors import TidalError
@@ -71,3 +75,50 @@ def max_len(model: ModelSpec, scheme: ParallelScheme, device: DeviceType, n_devi
     slope = [m1 - m0 for m0, m1 in zip(fixed, stage_memory(model, scheme, n_devices, 1.0, cfg))]
     best = min((budget - f) / s for f, s in zip(fixed, slope))
     return max(0, int(best))
+
+
+@dataclass(frozen=True)
+class ActivationFit:
+    """Measured activation bytes of one micro-batch on the worst rank: m0 + m1 * sum(l) + m2 * sum(l^2)."""
+
+    m0: float
+    m1: float
+    m2: float
+    rows: int
+    source: str  # "saved-tensors" (CPU: autograd-saved bytes) or "cuda-peak" (torch.cuda.max_memory_allocated)
+
+    def bytes_at(self, length: float) -> float:
+        """Bytes of a one-document micro-batch of `length` tokens (the worst composition of that many tokens)."""
+        return self.m0 + self.m1 * length + self.m2 * length * length
+
+
+def fit_activation_bytes(points, source: str) -> ActivationFit:
+    """NNLS of [1, sum l, sum l^2] -> bytes over (lengths, bytes) points, in relative error."""
+    pts = [(tuple(ls), float(b)) for ls, b in points if b > 0]
+    if len(pts) < 3:
+        raise TidalError(f"need >= 3 positive activation measurements to fit memory, got {len(pts)}")
+    X = np.array([[1.0, float(sum(ls)), float(sum(x * x for x in ls))] for ls, _ in pts])
+    y = np.array([b for _, b in pts])
+    scale = X.max(axis=0)
+    sol, _ = nnls(X / scale / y[:, None], np.ones_like(y))
+    m0, m1, m2 = (float(v) for v in sol / scale)
+    return ActivationFit(m0, m1, m2, len(pts), source)
+
+
+def measured_max_len(model: ModelSpec, scheme: ParallelScheme, device: DeviceType, n_devices: int,
+                     act: ActivationFit, cfg: MemoryConfig) -> int:
+    """MaxLen from measured activations: the largest L with states + PP * act(L) <= budget on the worst rank. The
+    states (fp32 master + Adam moments sharded over all devices, this stage's parameters and gradients) are the
+    analytic model's; 1F1B keeps up to PP micro-batches' activations on the first stage (as the analytic model)."""
+    budget = budget_bytes(device, cfg)
+    states = max(stage_memory(model, scheme, n_devices, 0.0, cfg))
+    room = (budget - states) / scheme.pp - act.m0
+    if room <= 0:
+        return 0
+    if act.m2 > 0:
+        length = (-act.m1 + math.sqrt(act.m1 * act.m1 + 4 * act.m2 * room)) / (2 * act.m2)
+    elif act.m1 > 0:
+        length = room / act.m1
+    else:
+        raise TidalError(f"{scheme}: measured activation bytes do not grow with length; cannot derive MaxLen")
+    return max(0, int(length))

@@ -12,12 +12,16 @@ Backends (``BACKENDS``):
 
 * ``"flash"``: ``flash_attn_varlen_func`` (CUDA only, when the package is installed). Overlapping key ranges are
   materialised by gathering each segment's keys.
-* ``"flex"``: ``torch.nn.attention.flex_attention`` with a document/causal ``mask_mod``. PyTorch has no FlexAttention
-  backward on CPU, so on CPU it is used only when no input requires grad.
+* ``"flex"``: ``torch.nn.attention.flex_attention`` with a document/causal ``mask_mod``; its block mask is built once
+  per micro-batch (cached on the ``VarlenMeta``, which every layer shares) and, on CUDA, the kernel is compiled
+  (``torch.compile``). PyTorch has no FlexAttention backward on CPU, so on CPU it runs only when no input requires
+  grad, eagerly, and ``auto`` skips it there: eager FlexAttention materialises the whole [Tq, Tk] score matrix (40-120x
+  slower than ``sdpa`` here), and compiling it on CPU took 81 s for a 1.3x faster forward (docs/decisions.md).
 * ``"sdpa"``: ``scaled_dot_product_attention`` once per segment (causal kernel, or the segment's own
   bottom-right mask for CP pieces): work and memory follow the documents, not the packed micro-batch.
 * ``"reference"``: pure torch, one segment at a time, explicit softmax; the ground truth the others are tested against.
-* ``"auto"``: the first available of flash, flex, sdpa, reference.
+* ``"auto"``: the fastest correct one for the device: flash, then flex (CUDA only), then sdpa, then reference.
+  :func:`explain_backend` says which one runs and why the faster ones were passed over.
 
 An unavailable backend falls back along ``FALLBACK`` (flash -> flex -> sdpa -> reference); :func:`resolve_backend`
 reports the one actually used.
@@ -26,7 +30,7 @@ reports the one actually used.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +50,8 @@ class VarlenMeta:
     k_len: torch.Tensor  # int64 [S]
     max_seqlen_q: int
     max_seqlen_k: int
+    # per-micro-batch artefacts that every layer reuses (FlexAttention's block mask); filled lazily by the backends
+    cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     def from_cu_seqlens(cu_seqlens: torch.Tensor, max_seqlen: int) -> VarlenMeta:
@@ -72,7 +78,7 @@ class VarlenMeta:
         hi = lo + self.k_len[seg] - lq[seg] + i + 1
         return lo, hi
 
-    def to(self, device: torch.device | str) -> VarlenMeta:
+    def to(self, device: torch.device | str) -> VarlenMeta:  # a fresh cache: artefacts are per device
         return VarlenMeta(self.cu_seqlens_q.to(device), self.k_start.to(device), self.k_len.to(device),
                           self.max_seqlen_q, self.max_seqlen_k)
 
@@ -93,28 +99,57 @@ def _flex_fn():
     return flex_attention, create_block_mask
 
 
-def _available(name: str, q: torch.Tensor, needs_grad: bool) -> bool:
+def _unavailable(name: str, cuda: bool, dtype: torch.dtype, needs_grad: bool, auto: bool) -> str:
+    """Why backend `name` cannot (or, under auto, should not) run here; empty when it can."""
     if name == "flash":
-        return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and _flash_fn() is not None
+        if not cuda:
+            return "needs CUDA"
+        if dtype not in (torch.float16, torch.bfloat16):
+            return f"needs fp16/bf16, not {str(dtype).replace('torch.', '')}"
+        return "" if _flash_fn() is not None else "flash_attn is not installed"
     if name == "flex":
-        return _flex_fn() is not None and (q.is_cuda or not needs_grad)
-    return True
+        if _flex_fn() is None:
+            return "this PyTorch has no FlexAttention"
+        if not cuda and needs_grad:
+            return "no FlexAttention backward on CPU"
+        if not cuda and auto:
+            return "eager on CPU (materialises [Tq, Tk]; slower than sdpa)"
+    return ""
+
+
+def explain_backend(name: str, device: torch.device | str, dtype: torch.dtype,
+                    needs_grad: bool = True) -> tuple[str, list[tuple[str, str]]]:
+    """(backend that runs, [(faster backend passed over, why)]) for a request of `name` on `device` in `dtype`."""
+    if name not in BACKENDS:
+        raise TidalError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    cuda = torch.device(device).type == "cuda"
+    chain = FALLBACK if name == "auto" else FALLBACK[FALLBACK.index(name):]
+    skipped = []
+    for b in chain:
+        why = _unavailable(b, cuda, dtype, needs_grad, name == "auto")
+        if not why:
+            return b, skipped
+        skipped.append((b, why))
+    raise AssertionError("unreachable: the reference backend is always available")
+
+
+def describe_backend(name: str, device: torch.device | str, dtype: torch.dtype, needs_grad: bool = True) -> str:
+    """One line for logs: 'sdpa (auto; flash: needs CUDA; flex: no FlexAttention backward on CPU)'."""
+    chosen, skipped = explain_backend(name, device, dtype, needs_grad)
+    reasons = "; ".join(f"{b}: {why}" for b, why in skipped)
+    return f"{chosen} ({name}{'; ' + reasons if reasons else ''})"
 
 
 def resolve_backend(name: str, q: torch.Tensor, needs_grad: bool) -> str:
     """The backend `varlen_attention` will run for this request: `name` if usable, else the next in FALLBACK."""
-    if name not in BACKENDS:
-        raise TidalError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKENDS)}")
-    chain = FALLBACK if name == "auto" else FALLBACK[FALLBACK.index(name):]
-    for b in chain:
-        if _available(b, q, needs_grad):
-            return b
-    raise AssertionError("unreachable: the reference backend is always available")
+    return explain_backend(name, q.device, q.dtype, needs_grad)[0]
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: VarlenMeta,
-                     backend: str = "auto", scale: float | None = None) -> torch.Tensor:
-    """Causal per-segment attention; returns ``[Tq, H, D]``. See the module docstring for the semantics."""
+                     backend: str = "auto", scale: float | None = None,
+                     kernels: AttentionKernels | None = None) -> torch.Tensor:
+    """Causal per-segment attention; returns ``[Tq, H, D]``. See the module docstring for the semantics. `kernels`
+    holds compiled kernels across calls (a model passes its own; without it, a compiled backend compiles per call)."""
     if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape or q.shape[-1] != k.shape[-1]:
         raise TidalError(f"varlen_attention wants q [T,H,D], k/v [T,Hkv,D]; got {tuple(q.shape)}, {tuple(k.shape)}")
     if q.shape[1] % k.shape[1]:
@@ -124,8 +159,11 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: Va
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     name = resolve_backend(backend, q, needs_grad)
-    fn = {"flash": _attn_flash, "flex": _attn_flex, "sdpa": _attn_sdpa, "reference": _attn_reference}[name]
-    out = fn(q, k, v, meta, scale)
+    if name == "flex":
+        out = _attn_flex(q, k, v, meta, scale, kernels)
+    else:
+        fn = {"flash": _attn_flash, "sdpa": _attn_sdpa, "reference": _attn_reference}[name]
+        out = fn(q, k, v, meta, scale)
     if q.shape[0] == 0 and needs_grad:
         # A rank with no query (a CP rank left empty) must still back-propagate through k and v: under CP they come
         # from a collective whose backward every rank of the group has to join.
@@ -175,16 +213,42 @@ def _attn_sdpa(q, k, v, meta: VarlenMeta, scale: float) -> torch.Tensor:
     return torch.cat(outs, dim=0) if outs else q.new_zeros(q.shape)
 
 
-def _attn_flex(q, k, v, meta: VarlenMeta, scale: float) -> torch.Tensor:
-    flex_attention, create_block_mask = _flex_fn()
+def flex_block_mask(meta: VarlenMeta, tq: int, tk: int, device: torch.device):
+    """The micro-batch's FlexAttention block mask, built on first use and then shared by every layer."""
+    key = ("flex_block_mask", str(device), tq, tk)
+    if key not in meta.cache:
+        _, create_block_mask = _flex_fn()
+        lo, hi = (t.to(device) for t in meta.key_bounds())
+
+        def mask_mod(b, h, qi, ki):
+            return (ki >= lo[qi]) & (ki < hi[qi])
+
+        meta.cache[key] = create_block_mask(mask_mod, None, None, tq, tk, device=str(device))
+    return meta.cache[key]
+
+
+class AttentionKernels:
+    """Compiled kernels one model shares across its layers and micro-batches (today: FlexAttention on CUDA).
+    Dynamo guards a compiled frame on the `torch.compile` wrapper that produced it, so the wrapper must live as long
+    as the model: a fresh `torch.compile(flex_attention)` per call would recompile every call."""
+
+    def __init__(self) -> None:
+        self._flex = None
+
+    def flex(self, cuda: bool):
+        fn, _ = _flex_fn()
+        if not cuda:
+            return fn  # eager (CPU, no grad only); see the module docstring
+        if self._flex is None:
+            self._flex = torch.compile(fn)
+        return self._flex
+
+
+def _attn_flex(q, k, v, meta: VarlenMeta, scale: float, kernels: AttentionKernels | None = None) -> torch.Tensor:
     if not torch.is_grad_enabled():  # FlexAttention rejects CPU inputs that merely carry requires_grad
         q, k, v = q.detach(), k.detach(), v.detach()
-    lo, hi = (t.to(q.device) for t in meta.key_bounds())
-
-    def mask_mod(b, h, qi, ki):
-        return (ki >= lo[qi]) & (ki < hi[qi])
-
-    bm = create_block_mask(mask_mod, None, None, q.shape[0], k.shape[0], device=str(q.device))
+    bm = flex_block_mask(meta, q.shape[0], k.shape[0], q.device)
+    flex_attention = (kernels if kernels is not None else AttentionKernels()).flex(q.is_cuda)
     out = flex_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask=bm,
                          scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     return out[0].transpose(0, 1)

@@ -9,6 +9,11 @@ The runtime parallelises a model by swapping or deleting modules (``tidal.runtim
 * heads per rank are read from the projection output sizes, so column-sharded ``wq/wk/wv`` just work;
 * ``Attention.kv_exchange`` (default ``None``) is a hook ``(k, v, batch) -> (k_all, v_all)`` the CP runtime sets to
   all-gather keys/values across its group;
+* ``Attention``/``FeedForward`` compute q/k/v and gate/up with one GEMM over their concatenated weights (``fused``;
+  the parameters stay separate, so names and shards do not depend on fusion), between two hooks ``tp_in``/``tp_out``
+  ``(x, tokens) -> x`` where TP puts its communication: one collective in and one out per sublayer (Megatron's
+  f and g, or their sequence-parallel all-gather / reduce-scatter); ``Llama.seq_parallel`` says how many rows of
+  the residual stream a rank keeps under sequence parallelism and gathers them before the output head;
 * ``layers`` is a ``ModuleDict`` keyed by the *global* layer index, so a pipeline stage that deletes the other layers
   keeps the parameter names of the full model; ``tok_embeddings``, ``norm`` and ``output`` may be ``None`` on stages
   that do not own them.
@@ -24,7 +29,7 @@ from torch import nn
 
 from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec, param_table
-from tidal.models.attention import VarlenMeta, varlen_attention
+from tidal.models.attention import AttentionKernels, VarlenMeta, varlen_attention
 from tidal.models.init import init_slice
 
 
@@ -86,18 +91,30 @@ class Attention(nn.Module):
         self.wk = nn.Linear(spec.hidden, spec.kv_dim, bias=False)
         self.wv = nn.Linear(spec.hidden, spec.kv_dim, bias=False)
         self.wo = nn.Linear(spec.heads * spec.head_dim, spec.hidden, bias=False)
+        self.fused = True  # q, k and v in one GEMM over the concatenated weights (False: three calls of wq/wk/wv)
         self.kv_exchange = None  # set by the CP runtime; (k, v, batch) -> (k_all, v_all)
+        self.kernels: AttentionKernels | None = None  # compiled kernels shared by the model's layers (Llama sets it)
+        self.tp_in = None  # set by the TP runtime; (x, tokens) -> x entering the TP region (copy or seq all-gather)
+        self.tp_out = None  # (y, tokens) -> y leaving it (all-reduce or seq reduce-scatter)
 
     def forward(self, x: torch.Tensor, batch: VarlenBatch, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        t, hd = x.shape[0], self.head_dim
+        n, hd = batch.positions.shape[0], self.head_dim
+        if self.tp_in is not None:
+            x = self.tp_in(x, n)
         # head counts from the (possibly TP-sharded) projection sizes; explicit so that 0-token CP ranks work too
-        q = apply_rope(self.wq(x).view(t, self.wq.weight.shape[0] // hd, hd), cos, sin)
-        k = apply_rope(self.wk(x).view(t, self.wk.weight.shape[0] // hd, hd), cos, sin)
-        v = self.wv(x).view(t, self.wv.weight.shape[0] // hd, hd)
+        sizes = (self.wq.weight.shape[0], self.wk.weight.shape[0], self.wv.weight.shape[0])
+        if self.fused:
+            q, k, v = F.linear(x, torch.cat([self.wq.weight, self.wk.weight, self.wv.weight])).split(sizes, dim=-1)
+        else:
+            q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        q = apply_rope(q.reshape(n, sizes[0] // hd, hd), cos, sin)
+        k = apply_rope(k.reshape(n, sizes[1] // hd, hd), cos, sin)
+        v = v.reshape(n, sizes[2] // hd, hd)
         if self.kv_exchange is not None:
             k, v = self.kv_exchange(k, v, batch)
-        o = varlen_attention(q, k, v, batch.meta, backend=self.backend)
-        return self.wo(o.reshape(t, q.shape[1] * hd))
+        o = varlen_attention(q, k, v, batch.meta, backend=self.backend, kernels=self.kernels)
+        out = self.wo(o.reshape(n, q.shape[1] * hd))
+        return out if self.tp_out is None else self.tp_out(out, n)
 
 
 class FeedForward(nn.Module):
@@ -106,9 +123,20 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(spec.hidden, spec.ffn, bias=False)  # gate
         self.w3 = nn.Linear(spec.hidden, spec.ffn, bias=False)  # up
         self.w2 = nn.Linear(spec.ffn, spec.hidden, bias=False)  # down
+        self.fused = True  # gate and up in one GEMM (False: two calls)
+        self.tp_in = None  # as Attention.tp_in / tp_out
+        self.tp_out = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+    def forward(self, x: torch.Tensor, tokens: int | None = None) -> torch.Tensor:
+        n = x.shape[0] if tokens is None else int(tokens)
+        if self.tp_in is not None:
+            x = self.tp_in(x, n)
+        if self.fused:
+            gate, up = F.linear(x, torch.cat([self.w1.weight, self.w3.weight])).chunk(2, dim=-1)
+        else:
+            gate, up = self.w1(x), self.w3(x)
+        out = self.w2(F.silu(gate) * up)
+        return out if self.tp_out is None else self.tp_out(out, n)
 
 
 class Block(nn.Module):
@@ -121,7 +149,7 @@ class Block(nn.Module):
 
     def forward(self, x, batch, cos, sin):
         h = x + self.attention(self.attention_norm(x), batch, cos, sin)
-        return h + self.feed_forward(self.ffn_norm(h))
+        return h + self.feed_forward(self.ffn_norm(h), batch.positions.shape[0])
 
 
 class Llama(nn.Module):
@@ -142,6 +170,12 @@ class Llama(nn.Module):
         self.layers = nn.ModuleDict({str(i): Block(spec, attn_backend) for i in range(spec.layers)})
         self.norm: nn.Module | None = RMSNorm(spec.hidden, spec.norm_eps)
         self.output: nn.Module | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
+        # set by the TP runtime under sequence parallelism: `.rows(tokens)` rows of the residual stream live on this
+        # rank between layers, and `.gather(h, tokens)` rebuilds the whole sequence before the output head
+        self.seq_parallel = None
+        kernels = AttentionKernels()  # one compiled FlexAttention per model, not per layer or call
+        for layer in self.layers.values():
+            layer.attention.kernels = kernels
         self._init(init_std)
         if spec.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
@@ -162,6 +196,11 @@ class Llama(nn.Module):
         for layer in self.layers.values():
             layer.attention.backend = backend
 
+    def set_fused(self, fused: bool) -> None:
+        """One GEMM for q/k/v and one for gate/up (default), or separate projections."""
+        for layer in self.layers.values():
+            layer.attention.fused = layer.feed_forward.fused = bool(fused)
+
     def forward(self, x: torch.Tensor, batch: VarlenBatch) -> torch.Tensor:
         if self.tok_embeddings is not None:
             if x.dim() != 1:
@@ -169,14 +208,18 @@ class Llama(nn.Module):
             h = self.tok_embeddings(x)
         else:
             h = x
-        if h.shape[0] != batch.positions.shape[0]:
-            raise TidalError(f"{h.shape[0]} tokens but {batch.positions.shape[0]} positions")
+        n = batch.positions.shape[0]
+        rows = n if self.seq_parallel is None else self.seq_parallel.rows(n)
+        if h.shape[0] != rows:
+            raise TidalError(f"{h.shape[0]} rows of hidden states for {n} tokens; expected {rows}")
         cos, sin = rope_cos_sin(batch.positions.to(h.device), self.spec.head_dim, self.spec.rope_theta, h.dtype)
         for layer in self.layers.values():
             h = layer(h, batch, cos, sin)
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None:
+            if self.seq_parallel is not None:
+                h = self.seq_parallel.gather(h, n)
             h = self.output(h)
         return h
 

@@ -165,6 +165,17 @@ class StepPlanner:
         self._index = 0
         self._exhausted = False  # the source returned None (or flush() was called): only flush steps remain
 
+    def set_cost_model(self, cost_model: CostModel) -> None:
+        """Plan the steps after this call with `cost_model` (e.g. refitted online from measured steps): the same
+        candidates, re-costed; WLB's workload model follows. Deterministic: planning depends only on the models in
+        force and the stream, so replaying the same sequence of models replays the same plans."""
+        if cost_model.model != self.cost_model.model or cost_model.cluster != self.cost_model.cluster:
+            raise TidalError("set_cost_model: the new cost model is for another model or cluster")
+        self.profiles = profile_strategies(self.candidates, cost_model)
+        self.cost_model = cost_model
+        if self._wcfg is not None:
+            self._wcfg = replace(self._wcfg, coeffs=self.profiles[0].pipes[0].coeffs)
+
     @property
     def long_doc_stats(self) -> dict:
         """The source's cumulative long-document counts ({} if the source does not keep them)."""

@@ -115,6 +115,82 @@ def gather_rows(x: torch.Tensor, group, rows: int) -> torch.Tensor:
     return _GatherRows.apply(x, group, rows)
 
 
+def seq_rows(tokens: int, world: int) -> int:
+    """Rows each rank holds of a `tokens`-row activation split along the sequence over `world` ranks (sequence
+    parallelism): ceil(tokens / world), at least 1 so that every collective has a payload. The last rows are padding."""
+    return max(1, -(-int(tokens) // int(world)))
+
+
+def _layout_to_group(x: torch.Tensor, slots: tuple[int, ...], rows: int) -> torch.Tensor:
+    """Reorder [world * rows] row blocks from layout order (block t = layout rank t) to group order (block g = group
+    rank g); `slots[t]` is layout rank t's group rank."""
+    if all(s == t for t, s in enumerate(slots)):
+        return x
+    inv = sorted(range(len(slots)), key=lambda t: slots[t])
+    return torch.cat([x[t * rows : (t + 1) * rows] for t in inv])
+
+
+def _group_to_layout(x: torch.Tensor, slots: tuple[int, ...], rows: int) -> torch.Tensor:
+    if all(s == t for t, s in enumerate(slots)):
+        return x
+    return torch.cat([x[s * rows : (s + 1) * rows] for s in slots])
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    if x.shape[0] == rows:
+        return x
+    return torch.cat([x, x.new_zeros((rows - x.shape[0], *x.shape[1:]))])
+
+
+def _seq_scatter(x: torch.Tensor, group, slots: tuple[int, ...]) -> torch.Tensor:
+    w = group_size(group)
+    rows = seq_rows(x.shape[0], w)
+    return reduce_scatter_rows(_layout_to_group(_pad_rows(x, w * rows), slots, rows), group)
+
+
+def _seq_gather(x: torch.Tensor, group, slots: tuple[int, ...], tokens: int) -> torch.Tensor:
+    full = all_gather_rows(x, group, x.shape[0])
+    return _group_to_layout(full, slots, x.shape[0])[:tokens]
+
+
+class _ScatterToSequence(torch.autograd.Function):
+    """Reduce-scatter along the sequence forward (partial sums in, this rank's summed rows out); all-gather backward
+    (Megatron's sequence-parallel "g-bar")."""
+
+    @staticmethod
+    def forward(ctx, x, group, slots):
+        ctx.group, ctx.slots, ctx.tokens = group, slots, x.shape[0]
+        return _seq_scatter(x, group, slots)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _seq_gather(g.contiguous(), ctx.group, ctx.slots, ctx.tokens), None, None
+
+
+class _GatherFromSequence(torch.autograd.Function):
+    """All-gather along the sequence forward; reduce-scatter of the gradient backward (Megatron's "f-bar")."""
+
+    @staticmethod
+    def forward(ctx, x, group, slots, tokens):
+        ctx.group, ctx.slots = group, slots
+        return _seq_gather(x.contiguous(), group, slots, tokens)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _seq_scatter(g.contiguous(), ctx.group, ctx.slots), None, None, None
+
+
+def scatter_to_sequence(x: torch.Tensor, group, slots: tuple[int, ...]) -> torch.Tensor:
+    """Sum `x` ([tokens, ...], a partial sum on every rank) over the group and keep this rank's sequence shard:
+    rows [t * r, (t + 1) * r) of the zero-padded sum, r = seq_rows(tokens, world), t = this rank's layout index."""
+    return x if group_size(group) == 1 else _ScatterToSequence.apply(x, group, tuple(slots))
+
+
+def gather_from_sequence(x: torch.Tensor, group, slots: tuple[int, ...], tokens: int) -> torch.Tensor:
+    """Concatenate every rank's sequence shard (layout order) and drop the padding: [tokens, ...]."""
+    return x if group_size(group) == 1 else _GatherFromSequence.apply(x, group, tuple(slots), int(tokens))
+
+
 def send_with_shape(t: torch.Tensor, dst: int) -> tuple[list, tuple]:
     """Non-blocking send of a shape header, then the tensor, to global rank `dst`.
 

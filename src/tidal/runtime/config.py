@@ -12,7 +12,9 @@ Sections and keys (all optional except where noted; see docs/training.md for the
                  exact = false
     [optimizer]  lr, beta1, beta2, eps, weight_decay, clip, warmup_steps, decay_steps, min_lr_ratio
     [train]      steps, seed, schedule = "1f1b"|"gpipe", master_dtype = "float32", compute_dtype = "float32",
-                 metrics = "" (JSONL path), progress = true, overlap_pull = true, plan_ahead = 2
+                 metrics = "" (JSONL path), progress = true, overlap_pull = true, sequence_parallel = false,
+                 refit = "off"|"online", refit_every = 5,
+                 plan_ahead = 2
 
 An unknown section or key, a wrong type, or a config that cannot run (world size vs cluster, a strategy needing
 more devices, a scheme that does not fit memory, TP not dividing the heads) raises TidalError with one line.
@@ -78,6 +80,9 @@ class TrainSection:
     metrics: str = ""
     progress: bool = True
     overlap_pull: bool = True
+    sequence_parallel: bool = False  # Megatron-style SP inside every TP group (runtime/tp.py)
+    refit: str = "off"  # "online": refit the cost model's coefficients from measured steps (docs/training.md)
+    refit_every: int = 5  # steps between online refits
     plan_ahead: int = 2  # plans computed ahead in a background process (queue depth); 0 = plan inline
 
 

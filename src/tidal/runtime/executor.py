@@ -32,7 +32,9 @@ from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec, param_table
 from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.strategy import Strategy
+from tidal.models.attention import describe_backend
 from tidal.models.init import derive_seed, init_slice
+from tidal.runtime import checkpoint as ckpt
 from tidal.runtime.groups import GroupCache
 from tidal.runtime.optim import OptimConfig, ShardedAdamW, shard_range
 from tidal.runtime.pipeline import RankGrid, build_stage_model, held_params, run_pipeline
@@ -52,6 +54,7 @@ class ExecConfig:
     attn_backend: str = "auto"
     overlap_pull: bool = True  # pull layer by layer in the background; each module waits for its own parameters
     device: str = "auto"  # auto: the current CUDA device under NCCL, else CPU; or "cpu" / "cuda"
+    sequence_parallel: bool = False  # Megatron-style SP in every TP group (runtime/tp.py)
 
     def __post_init__(self) -> None:
         for k in ("master_dtype", "compute_dtype"):
@@ -128,12 +131,15 @@ class Executor:
                 continue
             grid = RankGrid.build(strategy.pipelines[mine[0]], self.rank, self.groups)
             model = build_stage_model(spec, grid, seed=cfg.seed, attn_backend=cfg.attn_backend,
-                                      dtype=self.compute_dtype, device=self.device, init=False)  # pulled each step
+                                      dtype=self.compute_dtype, device=self.device, init=False,  # pulled each step
+                                      sequence_parallel=cfg.sequence_parallel)
             self._check_layout(model, pull, k)
             self.grids.append((mine[0], grid))
             self.models.append(model)
             if cfg.overlap_pull:
                 self._install_hooks(model, k)
+        # the attention kernel every stage runs, with why faster ones were passed over (reported in the step rows)
+        self.attn_backend = describe_backend(cfg.attn_backend, self.device, self.compute_dtype)
         self._active: int | None = None
         self._pull_wait_cpu = 0.0
         self._init_master()
@@ -298,6 +304,35 @@ class Executor:
         return StepMetrics(float(loss), tokens, len(running), time.thread_time() - t_busy, compute,
                            time.process_time() - t_proc, time.perf_counter() - t_wall, pull_s, push_s, pull_c,
                            push_c, pull_b, push_b, optim)
+
+    def save_checkpoint(self, path: str, step: int, state: dict | None = None) -> None:
+        """Collective: every rank writes its master and moment rows (runtime/checkpoint.py); rank 0 adds `state`
+        (JSON-safe: the planner's and the data's resumable state) and publishes the directory."""
+        if self.rank == 0:
+            ckpt.create_files(path, self.spec, self.master_dtype)
+        dist.barrier()
+        for i, info in enumerate(self.table):
+            rows = shard_range(info.shape[0], self.world, self.rank)
+            for kind, tensors in (("params", self.optim.params), ("m", self.optim.m), ("v", self.optim.v)):
+                ckpt.write_rows(path, kind, i, rows, tensors[i])
+        dist.barrier()
+        if self.rank == 0:
+            ckpt.finish(path, self.spec, self.master_dtype, step=step, optimizer_steps=self.optim.steps,
+                        world=self.world, state=state or {})
+        dist.barrier()
+
+    def load_checkpoint(self, path: str) -> dict:
+        """Every rank reads its rows of the master weights and moments (whatever world size wrote them); returns the
+        checkpoint's metadata (step, state)."""
+        meta = ckpt.load_meta(path, self.spec)
+        ranges = [shard_range(info.shape[0], self.world, self.rank) for info in self.table]
+        got = ckpt.tensors_rows(path, self.spec, ranges, dtype=self.master_dtype, device=self.device)
+        with torch.no_grad():
+            for kind, tensors in (("params", self.optim.params), ("m", self.optim.m), ("v", self.optim.v)):
+                for t, g in zip(tensors, got[kind]):
+                    t.copy_(g)
+        self.optim.steps = int(meta["optimizer_steps"])
+        return meta
 
     def gather_state(self) -> dict[str, dict[str, np.ndarray]] | None:
         """Full master parameters and Adam moments on rank 0 (None elsewhere): for verification and checkpoints."""

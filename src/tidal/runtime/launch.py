@@ -87,14 +87,20 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, backend
             for p in procs:
                 if p.is_alive():
                     p.kill()
-        for p in procs:
-            p.join(timeout=10)
+        # Every rank has reported: give teardown (destroy_process_group, flushing the result queue) a minute, which a
+        # loaded machine can need; a rank still alive then is killed, but its result is already in, so that is not a
+        # failure. A rank that exits non-zero on its own after reporting is.
+        killed = set()
+        grace = time.monotonic() + (60.0 if error is None else 10.0)
+        for r, p in enumerate(procs):
+            p.join(timeout=max(0.1, grace - time.monotonic()))
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
+                killed.add(r)
         if error is not None:
             raise RuntimeError("distributed worker failed: " + error)
-        bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (0, None)]
+        bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (0, None) and r not in killed]
         if bad:
             raise RuntimeError(f"distributed workers exited with codes {bad}")
     return [results[r] for r in range(world_size)]

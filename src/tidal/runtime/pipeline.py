@@ -30,7 +30,7 @@ from tidal.runtime.comm import all_reduce_
 from tidal.runtime.cp import apply_cp, cp_rank_batch
 from tidal.runtime.groups import GroupCache, slot_in_group
 from tidal.runtime.pp import SCHEDULES, execute, split_stage
-from tidal.runtime.tp import parallelize_tp, vocab_parallel_loss_sum
+from tidal.runtime.tp import parallelize_tp, sequence_parallel_partials, vocab_parallel_loss_sum
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class RankGrid:
     prev_rank: int | None
     next_rank: int | None
     cp_slots: tuple[int, ...] = (0,)  # layout CP rank c -> its slot in cp_group (torch orders groups by global rank)
+    tp_slots: tuple[int, ...] = (0,)  # layout TP rank t -> its slot in tp_group
 
     @property
     def scheme(self):
@@ -81,6 +82,8 @@ class RankGrid:
             next_rank=dev(stage + 1, c, t) if stage < s.pp - 1 else None,
             cp_slots=tuple(slot_in_group([dev(stage, x, t) for x in range(s.cp)], dev(stage, y, t))
                            for y in range(s.cp)),
+            tp_slots=tuple(slot_in_group([dev(stage, c, x) for x in range(s.tp)], dev(stage, c, y))
+                           for y in range(s.tp)),
         )
 
 
@@ -99,28 +102,43 @@ def held_params(model: nn.Module, spec: ModelSpec) -> list[nn.Parameter | None]:
 
 def build_stage_model(spec: ModelSpec, grid: RankGrid, *, seed: int = 0, attn_backend: str = "auto",
                       dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                      init: bool = True) -> Llama:
+                      init: bool = True, fused: bool = True, sequence_parallel: bool = False,
+                      checkpoint: str | None = None) -> Llama:
     """This rank's stage of the model, TP-sharded, with the CP hook installed. Built on the meta device and then
     materialised: a rank allocates only its stage's layers and its TP shard, never the whole model. With `init`,
     each shard is initialised alone (models/init.py) to exactly the slice of `torch.manual_seed(seed); Llama(spec)`;
-    the executor passes init=False because every parameter is pulled before use. Names stay the full model's."""
+    the executor passes init=False because every parameter is pulled before use. Names stay the full model's.
+    `fused` and `sequence_parallel` are tensor parallelism's options (runtime/tp.py). With `checkpoint` (a directory
+    of runtime/checkpoint.py), each shard is read from the checkpoint's master weights through the same per-slice
+    path instead of being drawn, so loading never materialises the whole model either."""
     grid.scheme.validate(spec)
     init_seed = derive_seed(seed)
     with torch.device("meta"):
         model = Llama(spec, attn_backend, seed=init_seed)
     split_stage(model, grid.scheme.stage_layers(spec.layers), grid.stage)
-    parallelize_tp(model, grid.tp_group, grid.tp_rank)
+    model.set_fused(fused)
+    parallelize_tp(model, grid.tp_group, grid.tp_rank, slots=grid.tp_slots, fused=fused,
+                   sequence_parallel=sequence_parallel)
     apply_cp(model, grid.cp_group)
     model = model.to_empty(device=device).to(dtype)
     if spec.tie_embeddings and model.output is not None and model.tok_embeddings is not None:
         model.output.weight = model.tok_embeddings.weight  # to_empty unties shared parameters
-    if init:
+    if checkpoint is not None:
+        from tidal.runtime.checkpoint import load_meta, slice_source
+
+        load_meta(checkpoint, spec)
+        init_stage(model, spec, init_seed, grid.tp_rank, grid.scheme.tp, source=slice_source(checkpoint))
+    elif init:
         init_stage(model, spec, init_seed, grid.tp_rank, grid.scheme.tp)
     return model
 
 
-def init_stage(model: nn.Module, spec: ModelSpec, init_seed: int, tp_rank: int, tp: int) -> None:
-    """Initialise every parameter a stage holds to its slice (TP shard `tp_rank` of `tp`) of the unsharded model."""
+def init_stage(model: nn.Module, spec: ModelSpec, init_seed: int, tp_rank: int, tp: int, source=None) -> None:
+    """Initialise every parameter a stage holds to its slice (TP shard `tp_rank` of `tp`) of the unsharded model;
+    `source(info, index, rows, cols, dtype=, device=)` gives the slices (default: `init_slice` with `init_seed`)."""
+    if source is None:
+        def source(info, index, rows, cols, *, dtype, device):
+            return init_slice(info, index, init_seed, rows, cols, dtype=dtype, device=device)
     with torch.no_grad():
         for i, (info, p) in enumerate(zip(param_table(spec), held_params(model, spec))):
             if p is None:
@@ -132,7 +150,7 @@ def init_stage(model: nn.Module, spec: ModelSpec, init_seed: int, tp_rank: int, 
                     rows = (tp_rank * n, (tp_rank + 1) * n)
                 else:
                     cols = (tp_rank * n, (tp_rank + 1) * n)
-            p.copy_(init_slice(info, i, init_seed, rows, cols, dtype=p.dtype, device=p.device))
+            p.copy_(source(info, i, rows, cols, dtype=p.dtype, device=p.device))
 
 
 @dataclass(frozen=True)
@@ -219,6 +237,12 @@ def run_pipeline(model: nn.Module, grid: RankGrid, plan: PipelinePlan, seq_lengt
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
+    sp_partial = sequence_parallel_partials(model)
+    if sp_partial:  # norm weights under sequence parallelism: partial over TP whatever reduce_replicas says
+        flat = torch.cat([p.grad.reshape(-1) for p in sp_partial])
+        all_reduce_(flat, grid.tp_group)
+        for p, g in zip(sp_partial, flat.split([p.numel() for p in sp_partial])):
+            p.grad.copy_(g.view_as(p.grad))
     if reduce_replicas:
         for p in params:
             all_reduce_(p.grad, grid.cp_group)  # CP ranks hold replicas: sum their partial gradients

@@ -21,7 +21,8 @@ of it resumes exactly where training stopped (the plans still queued are recompu
 whatever it planned ahead, load ``state`` (normally ``state_dict()``: the last consumed step), apply ``update(planner)``
 (a picklable callable, e.g. one that swaps the cost model after an online refit) and plan on from there; plans already
 queued under the old generation are discarded on arrival. So a planner change takes effect at exactly the step it
-would take effect inline, at the price of one step planned on the critical path.
+would take effect inline, at the price of one step planned on the critical path. ``apply(update)`` is that rewind to
+the last consumed step; training's online refit sends ``apply(SetCostModel(refitted))``.
 
 **Failures.** An exception in the planner (or in building it) travels to the trainer in order, at the step it
 affects, and is raised there as :class:`BackgroundPlannerError`: one line with the exception and where it was raised,
@@ -117,6 +118,17 @@ class ReplayPlanner:
         self._i = int(d["replayed"])
 
 
+@dataclass(frozen=True)
+class SetCostModel:
+    """A planner update: plan the following steps with `cost_model` (`StepPlanner.set_cost_model`), e.g. the model
+    an online refit produced. Picklable, so it can be sent to a background planner."""
+
+    cost_model: Any
+
+    def __call__(self, planner) -> None:
+        planner.set_cost_model(self.cost_model)
+
+
 class BackgroundPlannerError(TidalError):
     """The background planner raised, died or fell silent; `traceback` holds the planner's traceback text."""
 
@@ -159,6 +171,10 @@ class InlinePlans:
         self.planner.load_state_dict(state)
         if update is not None:
             update(self.planner)
+
+    def apply(self, update: Callable[[Any], None]) -> None:
+        """Change the planner for the steps not handed out yet."""
+        update(self.planner)
 
     def close(self) -> None:
         pass
@@ -310,6 +326,10 @@ class BackgroundPlans:
         self._gen += 1
         self._requests.put(("rewind", self._gen, state, update))
         self._state, self._ended = state, False
+
+    def apply(self, update: Callable[[Any], None]) -> None:
+        """Change the planner for the steps not handed out yet: a rewind to the last consumed step, then `update`."""
+        self.rewind(self.state_dict(), update)
 
     @property
     def alive(self) -> bool:

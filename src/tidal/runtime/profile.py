@@ -1,6 +1,8 @@
-"""Measure one rank's forward + backward time of packed micro-batches (tp1, one process) in the profile format of
-docs/costmodel.md, so a fitted cost model reflects this device. Busy time is the thread's CPU time
-(time.thread_time), which stays meaningful when other processes share the cores."""
+"""Measure forward + backward time of packed micro-batches in the profile format of docs/costmodel.md, so a fitted
+cost model reflects this device: `profile_tp1` (one process, tp1) and `profile_scheme` (the real runtime, any
+<TP, PP, CP>, spawned ranks). Busy time is the thread's CPU time (time.thread_time), which stays meaningful when other
+processes share the cores; on CUDA it is wall time after a device synchronise. `profile_model` measures several
+schemes and fits latency and MaxLen (`tidal profile`)."""
 
 from __future__ import annotations
 
@@ -13,21 +15,29 @@ import numpy as np
 import torch
 
 from tidal.core.model import ModelSpec
-from tidal.costmodel.fitted import PROFILE_FORMAT
+from tidal.core.scheme import parse_scheme
+from tidal.costmodel.fitted import PROFILE_FORMAT, ProfileRow
 from tidal.models.llama import Llama, VarlenBatch, loss_sum
 
 
-def compositions(totals: Sequence[int], seed: int = 0) -> list[list[int]]:
-    """Per total length: one document, 4 equal, 16 equal, and a long-tailed (lognormal) mix, so the fit separates the
-    quadratic (sum l^2) and linear (sum l) work."""
+def compositions(totals: Sequence[int], seed: int = 0, mixes: Sequence[int] = (8,),
+                 max_doc: int | None = None) -> list[list[int]]:
+    """Per total length: one document, 4 equal, 16 equal, and a long-tailed (lognormal) mix of each size in `mixes`,
+    so the fit separates the quadratic (sum l^2) and linear (sum l) work. With `max_doc`, longer documents are split
+    into pieces of at most `max_doc` tokens (as training splits documents above its context length)."""
     rng = np.random.default_rng(seed)
     out = []
     for t in totals:
-        out += [[t], [t // 4] * 4, [max(1, t // 16)] * 16]
-        raw = rng.lognormal(0.0, 1.2, size=8)
-        lens = np.maximum(1, np.floor(raw / raw.sum() * t)).astype(int)
-        lens[0] += t - int(lens.sum())
-        out.append(sorted((int(x) for x in lens if x > 0), reverse=True))
+        mbs = [[t], [t // 4] * 4, [max(1, t // 16)] * 16]
+        for k in mixes:
+            raw = rng.lognormal(0.0, 1.2, size=k)
+            lens = np.maximum(1, np.floor(raw / raw.sum() * t)).astype(int)
+            lens[0] += t - int(lens.sum())
+            mbs.append(sorted((int(x) for x in lens if x > 0), reverse=True))
+        if max_doc is not None:
+            mbs = [sorted((p for x in mb for p in [max_doc] * (x // max_doc) + [x % max_doc] if p > 0),
+                          reverse=True) for mb in mbs]
+        out += mbs
     return out
 
 
@@ -55,6 +65,11 @@ def profile_tp1(spec: ModelSpec, micro_batches: Sequence[Sequence[int]], *, back
 
 def write_profile(path: str | Path, spec: ModelSpec, device: str, scheme: str,
                   rows: Sequence[tuple[Sequence[int], float]]) -> None:
+    write_rows(path, spec, device, [ProfileRow(parse_scheme(scheme), tuple(lens), sec) for lens, sec in rows])
+
+
+def write_rows(path: str | Path, spec: ModelSpec, device: str, rows: Sequence[ProfileRow]) -> None:
+    """The profile CSV (docs/costmodel.md) of rows of any schemes."""
     lines = [f"# {PROFILE_FORMAT} model={spec.name} device={device}", "scheme,lengths,seconds"]
-    lines += [f"{scheme},{' '.join(map(str, lens))},{sec:.6g}" for lens, sec in rows]
+    lines += [f"{r.scheme},{' '.join(map(str, r.lengths))},{r.seconds:.6g}" for r in rows]
     Path(path).write_text("\n".join(lines) + "\n")

@@ -35,10 +35,11 @@ from tidal.data.corpus import corpus_from_spec
 from tidal.models.attention import BACKENDS
 from tidal.planner.select import profile_strategies
 from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates
+from tidal.runtime.calibration import REFIT_MODES, OnlineRefit, calibration_fields
 from tidal.runtime.config import TrainConfig
 from tidal.runtime.executor import ExecConfig, Executor, fetch_from
 from tidal.runtime.groups import GroupCache
-from tidal.runtime.planahead import PlannerSpec, open_plans
+from tidal.runtime.planahead import PlannerSpec, SetCostModel, open_plans
 from tidal.runtime.pp import SCHEDULES
 
 PROPOSAL_SAMPLE = 20000
@@ -83,6 +84,10 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
         raise TidalError(f"unknown pipeline schedule {cfg.train.schedule!r}; choose one of {', '.join(SCHEDULES)}")
     if cfg.train.steps < 1:
         raise TidalError(f"[train] steps must be >= 1, got {cfg.train.steps}")
+    if cfg.train.refit not in REFIT_MODES:
+        raise TidalError(f"[train] refit must be one of {', '.join(REFIT_MODES)}, got {cfg.train.refit!r}")
+    if cfg.train.refit_every < 1:
+        raise TidalError(f"[train] refit_every must be >= 1, got {cfg.train.refit_every}")
     if cfg.train.plan_ahead < 0:
         raise TidalError(f"[train] plan_ahead must be >= 0 (0 plans inline), got {cfg.train.plan_ahead}")
     for info in param_table(spec):
@@ -111,7 +116,7 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
     profile_strategies(candidates, cm)  # a scheme that does not fit memory raises here
     ex = ExecConfig(seed=cfg.train.seed, master_dtype=cfg.train.master_dtype, compute_dtype=cfg.train.compute_dtype,
                     schedule=cfg.train.schedule, attn_backend=cfg.model.attn_backend,
-                    overlap_pull=cfg.train.overlap_pull)
+                    overlap_pull=cfg.train.overlap_pull, sequence_parallel=cfg.train.sequence_parallel)
     if cfg.train.metrics:
         parent = Path(cfg.train.metrics).parent
         if not parent.is_dir():
@@ -175,6 +180,10 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
         executor.warm_up(min(256, cfg.data.max_len))  # first-use costs of each candidate, before any timed step
         corpus = open_corpus(cfg, job.spec)
         ledger = make_ledger(job, corpus) if rank == 0 else None
+        cost_model = job.cost_model() if rank == 0 else None  # the planner's model in force (calibration, refit)
+        label = cfg.planner.cost_model or "analytic"
+        refit = OnlineRefit(cost_model, every=cfg.train.refit_every) if (
+            rank == 0 and cfg.train.refit == "online") else None
         rows: list[dict] = []
         out = open(cfg.train.metrics, "w") if (rank == 0 and cfg.train.metrics) else None  # noqa: SIM115
         for _ in range(cfg.train.steps):
@@ -197,9 +206,16 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
             every = [torch.zeros_like(mine) for _ in range(world)]
             dist.all_gather(every, mine)
             if rank == 0:
-                row = _row(index, step, job, m, torch.stack(every).cpu().numpy(), plans.plan_s, delay)
+                per_rank = torch.stack(every).cpu().numpy()
+                row = _row(index, step, job, m, per_rank, plans.plan_s, delay)
                 row.update(plan_cpu_s=plans.plan_cpu_s, plan_wait_s=plan_wait_s,
                            loop_s=time.perf_counter() - t_loop)
+                busy = per_rank[:, _RANK_FIELDS.index("compute_busy_s")]
+                row.update(calibration_fields(step, cost_model, [float(x) for x in busy], label))
+                if refit is not None and (new := refit.observe(row)) is not None:
+                    plans.apply(SetCostModel(new))  # later steps are planned with the refitted coefficients
+                    cost_model, label = new, f"refit-{refit.generation}"
+                row["attn_backend"] = executor.attn_backend
                 if ledger is not None:
                     row["data"] = ledger.counters()
                 if record:

@@ -1,0 +1,128 @@
+"""Calibration: predicted vs measured fields of a step, `tidal report calibration` on a metrics file with known errors,
+its bad-input messages, and swapping the planner's cost model (online refit)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tidal.cli.main import main
+from tidal.core import get_cluster, get_model
+from tidal.core.plan import PipelinePlan, StepPlan
+from tidal.core.scheme import parse_strategy
+from tidal.core.strategy import place
+from tidal.costmodel import AnalyticCostModel
+from tidal.data.sampler import TokenBudgetSampler
+from tidal.data.sources import length_source
+from tidal.planner.stepper import PlanningOptions, StepPlanner
+from tidal.runtime.calibration import OnlineRefit, calibration_fields, calibration_stats, read_metrics, repredict
+
+TINY, CPU4 = get_model("tiny"), get_cluster("cpux4")
+
+
+def _step() -> StepPlan:
+    pipes = (PipelinePlan(2, 1, 1, (0, 1), 4096, ((0, 1), (2,)), 0.0),
+             PipelinePlan(1, 1, 1, (2,), 4096, ((3,),), 0.0),
+             PipelinePlan(1, 1, 1, (3,), 4096, (), 0.0))  # an idle pipeline is not a calibration point
+    return StepPlan((0, 1, 2, 3), (100, 300, 500, 700), 0, pipes, (), 0.0, 0.0)
+
+
+def test_calibration_fields_sum_micro_batches_and_take_the_slowest_rank():
+    cm = AnalyticCostModel(TINY, CPU4)
+    dev = CPU4.device_type(0)
+    f = calibration_fields(_step(), cm, [0.5, 0.7, 0.2, 0.0], "analytic")
+    p0, p1 = f["pipelines"]
+    k2 = cm.coeffs(place(parse_strategy("tp2+2*tp1"), CPU4, TINY).pipelines[0].scheme, dev)
+    assert p0["predicted_s"] == pytest.approx(k2.mb_time([100, 300]) + k2.mb_time([500]))
+    assert (p0["measured_s"], p1["measured_s"]) == (0.7, 0.2)
+    assert (p0["sum_len"], p0["sum_sq"], p0["micro_batches"]) == (900, 100**2 + 300**2 + 500**2, 2)
+    assert f["measured_s"] == 0.7 and f["predicted_s"] == max(p0["predicted_s"], p1["predicted_s"])
+    # the features re-predict exactly
+    again = repredict([{**f, "pipelines": [dict(p, predicted_s=0.0) for p in f["pipelines"]]}], cm)[0]
+    assert [p["predicted_s"] for p in again["pipelines"]] == pytest.approx([p0["predicted_s"], p1["predicted_s"]])
+
+
+def _metrics(tmp_path, errors_step, errors_pipe):
+    """Rows whose step and pipeline predictions are off by known relative errors."""
+    lines = []
+    for i, (es, ep) in enumerate(zip(errors_step, errors_pipe)):
+        meas = 1.0 + 0.1 * i
+        pipes = [{"scheme": "tp1pp1cp1", "ranks": [0], "micro_batches": 1, "sum_len": 100, "sum_sq": 10000,
+                  "predicted_s": meas * (1 + ep), "measured_s": meas}]
+        lines.append(json.dumps({"step": i, "predicted_s": meas * (1 + es), "measured_s": meas, "pipelines": pipes}))
+    p = tmp_path / "m.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def test_report_calibration_prints_median_and_p90(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    es = rng.normal(0, 0.05, 40)
+    ep = rng.normal(0.02, 0.1, 40)
+    path = _metrics(tmp_path, es, ep)
+    png = tmp_path / "c.png"
+    assert main(["report", "calibration", str(path), "--png", str(png)]) == 0
+    out = capsys.readouterr().out
+    lines = {ln.split(":")[0]: ln for ln in out.splitlines() if ln.startswith("calibration per")}
+    for level, e in (("step", es), ("pipeline", ep)):
+        words = lines[f"calibration per {level}"].split()
+        got = dict(zip(words[3::2], words[4::2]))
+        assert float(got["median"]) == pytest.approx(np.median(np.abs(e)), abs=1e-4)
+        assert float(got["p90"]) == pytest.approx(np.percentile(np.abs(e), 90), abs=1e-4)
+    assert png.stat().st_size > 1000
+    s = calibration_stats(read_metrics(path), skip=10)
+    assert s["steps"] == 30 and s["step"]["median"] == pytest.approx(np.median(np.abs(es[10:])))
+
+
+@pytest.mark.parametrize("content,msg", [
+    (None, "cannot read metrics"),
+    ('{"predicted_s": 1, "measured_s": 1, "pipelines": []}\n\n{"step": 3\n', "m.jsonl:3: malformed JSON"),
+    ('{"step": 0, "loss": 1.0}\n', "m.jsonl:1: missing field 'predicted_s'"),
+    ('{"predicted_s": 1, "measured_s": "x", "pipelines": []}\n', "m.jsonl:1: predicted and measured times"),
+    ('{"predicted_s": 1, "measured_s": 1, "pipelines": [{"scheme": "tp1"}]}\n', "m.jsonl:1: a pipeline entry"),
+    ("", "no metrics rows"),
+])
+def test_report_calibration_bad_input_is_one_line(tmp_path, capsys, content, msg):
+    path = tmp_path / "m.jsonl"
+    if content is not None:
+        path.write_text(content)
+    assert main(["report", "calibration", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert msg in err and "\n" not in err and str(path) in err
+
+
+def _planner(cm):
+    cands = tuple(place(parse_strategy(s), CPU4, TINY) for s in ("4*tp1", "2*tp2", "tp4"))
+    sampler = TokenBudgetSampler(length_source("synthetic:github", 0), 4096, 1024, seed=0)
+    return StepPlanner(cm, cands, sampler, PlanningOptions(max_len=1024, tokens_per_step=4096))
+
+
+def test_set_cost_model_plans_as_a_planner_built_with_that_model():
+    from tidal.costmodel.refit import PipelineObs
+
+    base = AnalyticCostModel(TINY, CPU4)
+    obs = [PipelineObs("tp1pp1cp1", 1e6 * (i + 1), 2e3 * (i + 3), 1 + i % 3, 0.05 * (i + 2)) for i in range(8)]
+    refit = OnlineRefit(base, every=1, min_rows=6)
+    row = {"pipelines": [{"scheme": o.scheme, "sum_sq": o.sum_sq, "sum_len": o.sum_len,
+                          "micro_batches": o.micro_batches, "measured_s": o.seconds} for o in obs]}
+    new = refit.observe(row)
+    assert new is not None and refit.generation == 1
+    a, b = _planner(base), _planner(new)
+    a.set_cost_model(new)
+    for _ in range(3):
+        x, y = a.next(), b.next()
+        assert x.plan.to_dict(timings=False) == y.plan.to_dict(timings=False)
+
+
+def test_plans_recording_the_even_layer_split_are_costed_as_the_plain_scheme():
+    from types import MappingProxyType
+
+    from tidal.costmodel.base import LatencyCoeffs
+    from tidal.costmodel.fitted import FittedCostModel, SchemeFit
+
+    k = LatencyCoeffs(1e-7, 5e-5, 0.01)
+    fm = FittedCostModel(TINY, CPU4, MappingProxyType({"tp1pp1cp1": SchemeFit(k, 10, 0.0)}),
+                         AnalyticCostModel(TINY, CPU4))
+    step = StepPlan((0,), (300,), 0, (PipelinePlan(1, 1, 1, (0,), 4096, ((0,),), 0.0, (), (6,)),), (), 0.0, 0.0)
+    (q,) = calibration_fields(step, fm, [0.1, 0, 0, 0], "p.json")["pipelines"]
+    assert q["scheme"] == "tp1pp1cp1" and q["predicted_s"] == pytest.approx(k.mb_time([300]))

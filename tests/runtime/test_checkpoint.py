@@ -1,0 +1,77 @@
+"""Sharded checkpoints (runtime/checkpoint.py): saved by 4 ranks, loaded by 2, and a TP stage built from one.
+
+Tolerance: exact. Every value is stored as the fp32 it was and read back unchanged, whatever world size reads it.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from tidal.core import TidalError, get_model
+from tidal.core.model import param_table
+from tidal.runtime import checkpoint as ckpt
+from tidal.runtime.launch import run_distributed
+
+from _ckpt_cases import executor_load_worker, executor_save_worker  # isort: skip
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("ckpt") / "step3")
+    state = run_distributed(executor_save_worker, 4, path, 0, timeout_s=300)[0]
+    loaded = run_distributed(executor_load_worker, 2, path, timeout_s=300)
+    return path, state, loaded
+
+
+def test_world4_checkpoint_loads_exactly_on_world2(saved):
+    path, state, loaded = saved
+    for kind in ("params", "m", "v"):
+        for name, want in state[kind].items():
+            got = loaded[0]["state"][kind][name]
+            assert np.array_equal(got, want), (kind, name)
+    assert all(r["steps"] == 7 for r in loaded)
+    meta = loaded[0]["meta"]
+    assert meta["step"] == 3 and meta["world"] == 4 and meta["state"] == {"planner": {"index": 3}}
+
+
+def test_stage_built_from_checkpoint_is_the_tp_slice(saved):
+    """build_stage_model(checkpoint=...) reads each TP shard through the same per-slice path as initialisation."""
+    path, state, loaded = saved
+    spec = get_model("tiny")
+    dims = {i.name: i.tp_dim for i in param_table(spec)}
+    for r in loaded:
+        for name, got in r["stage"].items():
+            full = state["params"][name]
+            d = dims[name]
+            want = full if d is None else np.split(full, 2, axis=d)[r["tp_rank"]]
+            assert np.array_equal(got, want), name
+
+
+def test_incomplete_or_foreign_checkpoints_are_refused(saved, tmp_path):
+    path, _, _ = saved
+    with pytest.raises(TidalError, match="no meta.json"):
+        ckpt.load_meta(tmp_path)
+    with pytest.raises(TidalError, match="does not match model"):
+        ckpt.load_meta(path, get_model("small"))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "meta.json").write_text(json.dumps({"format": "other/1"}))
+    with pytest.raises(TidalError, match="format"):
+        ckpt.load_meta(bad)
+
+
+def test_read_slice_reads_rows_and_columns(tmp_path):
+    spec = get_model("tiny")
+    ckpt.create_files(tmp_path / "c", spec, torch.float32)
+    i = next(j for j, x in enumerate(param_table(spec)) if x.name == "layers.0.attention.wq.weight")
+    info = param_table(spec)[i]
+    full = torch.arange(np.prod(info.shape), dtype=torch.float32).reshape(info.shape)
+    ckpt.write_rows(tmp_path / "c", "params", i, (0, info.shape[0]), full)
+    ckpt.finish(tmp_path / "c", spec, torch.float32, step=0, optimizer_steps=0, world=1, state={})
+    got = ckpt.read_slice(tmp_path / "c", "params", i, (2, 5), (3, 7))
+    assert torch.equal(got, full[2:5, 3:7])
+    assert not (tmp_path / "c.partial").exists()
