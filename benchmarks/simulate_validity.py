@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-len", type=int, default=1024)
     ap.add_argument("--tokens-per-step", type=int, default=4096)
     ap.add_argument("--source", default="stdlib")
+    ap.add_argument("--no-cp-imbalance", action="store_true",
+                    help="simulate CP attention as a perfect 1/CP split (SimConfig.cp_imbalance = False)")
     ap.add_argument("--reuse", action="store_true", help="analyse existing metrics files instead of training")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -107,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, dict[str, list]] = {}
     for strategy in strategies:
-        res = results.setdefault(strategy, {"busy": [], "pipe": [], "makespan": [], "wall": []})
+        res = results.setdefault(strategy, {"busy": [], "pipe": [], "makespan": [], "wall": [],
+                                                "stage": [[], []], "vs_pred": []})
         for seed in seeds:
             tag = strategy.replace("*", "x").replace("+", "_") + f"-s{seed}"
             cfg_path, metrics = args.out / f"{tag}.toml", args.out / f"{tag}.jsonl"
@@ -125,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             job = prepare(load_config(cfg_path))
             planner, _ = make_planner(job)
             cm = job.cost_model()
-            sim = Simulator(cm, SimConfig(schedule=job.config.train.schedule))
+            sim = Simulator(cm, SimConfig(schedule=job.config.train.schedule,
+                                          cp_imbalance=not args.no_cp_imbalance))
             for row in rows:
                 ps = planner.next()
                 if ps is None or ps.index != row["step"]:
@@ -135,14 +139,21 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 s = simulate_compute(sim, ps.plan)
                 res["busy"].append((s.busy_s, row["measured_s"]))
+                res["vs_pred"].append(s.busy_s / row["predicted_s"])
                 res["makespan"].append((s.makespan_s, row["measured_s"]))
                 res["pipe"] += [(b, q["measured_s"]) for b, q in zip(s.pipelines_busy_s, row["pipelines"])]
+                busy = row["compute_busy_s"]
+                for stages, ranks in zip(s.stages_busy_s, s.stage_ranks):
+                    if len(stages) > 1:  # PP: every stage, the slowest (the fit) and the others (analytic shape)
+                        slow = int(np.argmax(stages))
+                        for k, (b, rs) in enumerate(zip(stages, ranks)):
+                            res["stage"][k != slow].append((b, max(busy[r] for r in rs)))
                 full = sim.simulate(ps.plan)
                 res["wall"].append((full.step_time, row["wall_s"]))
 
     print(f"# simulated vs measured step time: tiny on cpux4 (4 gloo ranks), {args.source}, {args.steps} steps of "
           f"{args.tokens_per_step} tokens, max_len {args.max_len}, seeds {args.seeds}, first {args.skip} step(s) "
-          f"skipped; cost model {profile}")
+          f"skipped; cost model {profile}; CP imbalance {'off' if args.no_cp_imbalance else 'on'}")
     print("# |sim - meas| / meas: median p90 worst, and bias = median(sim / meas) - 1")
     print("# busy: sim max-device fwd+bwd seconds vs measured max-rank compute_busy_s (CPU time; like with like)")
     print("# pipeline: the same per pipeline; makespan: sim last backward end (bubbles, P2P) vs the same busy time")
@@ -160,6 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     wall = np.median([m / s for s, m in total["wall"]])
     print(f"{'all':<12} {len(total['busy']):>5} | {fmt(error_stats(total['busy']))} | "
           f"{fmt(error_stats(total['pipe']))} | {fmt(error_stats(total['makespan']))} | {wall:8.2f}")
+    for strategy, res in results.items():
+        for k, name in enumerate(("slowest (fitted)", "other (analytic shape)")):
+            if res["stage"][k]:
+                print(f"# {strategy} PP stages, {name}: {fmt(error_stats(res['stage'][k]))} "
+                      f"(n={len(res['stage'][k])})")
+    ratio = [x for r in results.values() for x in r["vs_pred"]]
+    print(f"# simulated busy / the rows' calibration predicted_s (same model): min {min(ratio):.4f}, "
+          f"max {max(ratio):.4f}")
     per_strategy = [error_stats(r["busy"])["median"] for r in results.values()]
     print(f"# busy, per-strategy medians: median {np.median(per_strategy):.1%}, "
           f"p90 {np.percentile(per_strategy, 90):.1%}, worst {max(per_strategy):.1%} (n={len(per_strategy)})")

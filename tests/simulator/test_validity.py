@@ -64,6 +64,8 @@ def test_pp2_slowest_stage_is_the_fit_and_bubbles_only_in_makespan():
         rows = calibration_fields(step, cm, [1.0] * 4, "test")
         assert s.busy_s == pytest.approx(rows["predicted_s"], rel=1e-12)
         assert s.makespan_s > s.busy_s * 1.1  # warm-up and drain of the other stage are waiting
+        assert s.stage_ranks == (((0,), (1,)),) and max(s.stages_busy_s[0]) == s.pipelines_busy_s[0]
+        assert s.stages_busy_s[0][0] < s.stages_busy_s[0][1]  # the last stage also runs the LM head
 
 
 def test_unprofiled_scheme_keeps_the_fallback_and_analytic_is_unchanged():

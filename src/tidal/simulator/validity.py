@@ -32,18 +32,23 @@ class SimulatedStep:
     busy_s: float  # max over devices of simulated forward + backward seconds (bubbles excluded)
     makespan_s: float  # last backward end: busy plus bubbles and P2P waits
     pipelines_busy_s: tuple[float, ...]  # per pipeline with work: max over its devices of its own busy seconds
+    stages_busy_s: tuple[tuple[float, ...], ...]  # per pipeline with work: busy seconds of each stage
+    stage_ranks: tuple[tuple[tuple[int, ...], ...], ...]  # per pipeline with work: the devices of each stage
 
 
 def simulate_compute(sim: Simulator, step: StepPlan) -> SimulatedStep:
     """Simulate a step's forward and backward only (no pull, push or optimizer: not in `compute_busy_s`)."""
     res = sim.simulate(step, pull=False, push=False, optimizer=False)
-    pipes = []
+    pipes, stages, ranks = [], [], []
     for p, t in zip(res.pipelines, res.traces):
         if not p.micro_batches:
             continue
         per_stage = np.bincount(t.stage, weights=t.end - t.start, minlength=p.pp)
         pipes.append(float(per_stage.max()))
-    return SimulatedStep(float(res.busy.max()), float(res.compute_time), tuple(pipes))
+        stages.append(tuple(float(x) for x in per_stage))
+        n = p.tp * p.cp
+        ranks.append(tuple(tuple(p.devices[s * n:(s + 1) * n]) for s in range(p.pp)))
+    return SimulatedStep(float(res.busy.max()), float(res.compute_time), tuple(pipes), tuple(stages), tuple(ranks))
 
 
 def plan_features(step: StepPlan) -> list[tuple[int, int, int]]:
