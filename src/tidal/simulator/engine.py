@@ -31,6 +31,7 @@ from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.scheme import ParallelScheme
 from tidal.costmodel.base import CostModel, LatencyCoeffs
+from tidal.costmodel.fitted import FittedCostModel
 from tidal.costmodel.kernel import kernel_for
 from tidal.planner.cp_sharding import segment_pieces
 
@@ -186,6 +187,7 @@ class Simulator:
         self.n = self.cluster.num_devices
         self._coeffs: dict[tuple, LatencyCoeffs] = {}
         self._kernels: dict[tuple, object] = {}
+        self._scales: dict[tuple, tuple[float, float, float] | None] = {}
         self._types = [self.cluster.device_type(d) for d in range(self.n)]
         self._nodes = [self.cluster.node_of(d) for d in range(self.n)]
 
@@ -203,13 +205,38 @@ class Simulator:
             self._coeffs[key] = LatencyCoeffs(*(layers * p + (h if last else 0.0) for p, h in zip(per, head)))
         return self._coeffs[key]
 
+    def fit_scale(self, p: PipelinePlan) -> tuple[float, float, float] | None:
+        """Per-term factors (a, b, c) that make the slowest stage's coefficients equal to a fitted model's measured
+        fit of the pipeline's scheme; None when the cost model has no fit for it. A fit is one number per scheme (the
+        slowest stage's forward + backward, `tidal profile`), not a per-layer slope, so `stage_coeffs` (which asks
+        the model for one-stage schemes of L and L + 1 layers, never profiled) would otherwise see only the fitted
+        model's analytic fallback. The stages keep the analytic split between them; the envelope (element-wise max
+        over stages, as the analytic model combines stages) is scaled onto the fit."""
+        if not isinstance(self.cm, FittedCostModel):
+            return None
+        even = ParallelScheme(p.tp, p.pp, p.cp).stage_layers(self.model.layers)
+        split = p.layer_split or even
+        key = (p.tp, p.pp, p.cp, tuple(split), tuple(t.name for t in self.stage_types(p)))
+        if key not in self._scales:
+            fit = self.cm.fits.get(str(ParallelScheme(p.tp, p.pp, p.cp, None if tuple(split) == even else split)))
+            if fit is None:
+                self._scales[key] = None
+            else:
+                types = self.stage_types(p)
+                ks = [self.stage_coeffs(p.tp, p.cp, split[s], s == p.pp - 1, types[s]) for s in range(p.pp)]
+                env = (max(k.a for k in ks), max(k.b for k in ks), max(k.c for k in ks))
+                self._scales[key] = tuple(f / e if e > 0 else 1.0
+                                          for f, e in zip((fit.coeffs.a, fit.coeffs.b, fit.coeffs.c), env))
+        return self._scales[key]
+
     def _cp_factor(self, lengths: np.ndarray, cp: int, tp: int, mode: str, dev: DeviceType) -> float:
         """Slowest CP rank's attention time over a perfect 1/CP share (>= 1 up to kernel efficiency)."""
         if cp == 1 or mode == "heads" or not self.cfg.cp_imbalance:
             return 1.0
         key = (tp, dev.name)
         if key not in self._kernels:
-            self._kernels[key] = kernel_for(self.model, tp=tp, layers=1, peak=dev.peak_flops * 0.6, passes=3.0)
+            self._kernels[key] = kernel_for(self.model, tp=tp, layers=1, peak=dev.peak_flops * 0.6, passes=3.0,
+                                            tile=dev.attn_tile, q_half=dev.attn_q_half)
         kern = self._kernels[key]
         rank, qs, ql = segment_pieces(lengths, cp, mode if mode in ("per-seq", "per-doc") else "per-seq")
         t = kern.piece_times(qs, ql)
@@ -253,6 +280,11 @@ class Simulator:
         v = len(p.micro_batches)
         split = p.layer_split or ParallelScheme(p.tp, p.pp, p.cp).stage_layers(self.model.layers)
         types = self.stage_types(p)
+        scale = self.fit_scale(p)
+        ks = []
+        for s in range(p.pp):
+            k = self.stage_coeffs(p.tp, p.cp, split[s], s == p.pp - 1, types[s])
+            ks.append(k if scale is None else LatencyCoeffs(k.a * scale[0], k.b * scale[1], k.c * scale[2]))
         fb = np.zeros((p.pp, v))
         toks = np.zeros(v)
         for m, mb in enumerate(p.micro_batches):
@@ -261,7 +293,7 @@ class Simulator:
             mode = p.cp_sharding[m] if m < len(p.cp_sharding) else "per-seq"
             sq = float(np.sum(ls * ls))
             for s in range(p.pp):
-                k = self.stage_coeffs(p.tp, p.cp, split[s], s == p.pp - 1, types[s])
+                k = ks[s]
                 f = self._cp_factor(lengths[list(mb)], p.cp, p.tp, mode, types[s]) if p.cp > 1 and k.a > 0 else 1.0
                 fb[s, m] = k.c + k.a * sq * f + k.b * toks[m]
         fs = self.cfg.fwd_share
