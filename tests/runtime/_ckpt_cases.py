@@ -48,3 +48,15 @@ def _executor(spec, world: int, seed: int) -> Executor:
     cm = AnalyticCostModel(spec, cluster)
     cands = build_candidates(cm, f"{world}*tp1", None, tokens_per_step=256, max_len=128, seed=0)
     return Executor(spec, cluster, cands, ExecConfig(seed=seed), OptimConfig(), GroupCache())
+
+
+def resume_worker(rank: int, world: int, configs: list) -> list:
+    """Run each config in turn (an uninterrupted run, then a run that stops and runs that resume it); each is prepared
+    here, after the previous run wrote the checkpoint it resumes from."""
+    from tidal.runtime.train import prepare, train_worker
+
+    out = []
+    for cfg in configs:
+        res = train_worker(rank, world, prepare(cfg, world), record=True)
+        out.append(res if rank == 0 else None)
+    return out

@@ -49,6 +49,10 @@ def add_parsers(sub) -> None:
                    help="override [train] refit: 'online' refits the cost model from measured steps")
     p.add_argument("--cost-model", type=Path, default=None,
                    help="override [planner] cost_model (fitted model JSON from `tidal profile`, or profile CSV)")
+    p.add_argument("--checkpoint-dir", type=Path, default=None, help="override [train] checkpoint_dir")
+    p.add_argument("--checkpoint-every", type=int, default=None, help="override [train] checkpoint_every (steps)")
+    p.add_argument("--resume", action="store_true", default=None,
+                   help="continue from <checkpoint_dir>/latest (weights, moments, planner and data state)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before a hung collective fails")
     p.set_defaults(func=run_train)
 
@@ -132,7 +136,10 @@ def run_train(args) -> int:
 
     cfg = with_cache_dir(load_config(args.config))
     over = {k: v for k, v in (("steps", args.steps), ("metrics", args.metrics and str(args.metrics)),
-                              ("refit", args.refit)) if v is not None}
+                              ("refit", args.refit),
+                              ("checkpoint_dir", args.checkpoint_dir and str(args.checkpoint_dir)),
+                              ("checkpoint_every", args.checkpoint_every), ("resume", args.resume))
+            if v is not None}
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **over))
     if args.cost_model is not None:
         cfg = dataclasses.replace(cfg, planner=dataclasses.replace(cfg.planner, cost_model=str(args.cost_model)))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from tidal.models.attention import BACKENDS
 from tidal.planner.select import profile_strategies
 from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates
 from tidal.runtime.calibration import REFIT_MODES, OnlineRefit, calibration_fields
+from tidal.runtime.checkpoint import load_meta
 from tidal.runtime.config import TrainConfig
 from tidal.runtime.executor import ExecConfig, Executor, fetch_from
 from tidal.runtime.groups import GroupCache
@@ -88,6 +90,12 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
         raise TidalError(f"[train] refit must be one of {', '.join(REFIT_MODES)}, got {cfg.train.refit!r}")
     if cfg.train.refit_every < 1:
         raise TidalError(f"[train] refit_every must be >= 1, got {cfg.train.refit_every}")
+    if cfg.train.checkpoint_every < 0:
+        raise TidalError(f"[train] checkpoint_every must be >= 0, got {cfg.train.checkpoint_every}")
+    if (cfg.train.resume or cfg.train.checkpoint_every) and not cfg.train.checkpoint_dir:
+        raise TidalError("[train] resume and checkpoint_every need checkpoint_dir")
+    if cfg.train.resume:
+        latest_checkpoint(cfg.train.checkpoint_dir, spec)  # missing or foreign: fails before any rank starts
     if cfg.train.plan_ahead < 0:
         raise TidalError(f"[train] plan_ahead must be >= 0 (0 plans inline), got {cfg.train.plan_ahead}")
     for info in param_table(spec):
@@ -171,6 +179,10 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
     or `[train] plan_ahead` steps ahead in a background process started before the warm-up."""
     torch.set_num_threads(1)  # ranks share the machine's cores; one intra-op thread each
     cfg = job.config
+    resume = latest_checkpoint(cfg.train.checkpoint_dir, job.spec) if cfg.train.resume else None
+    done = 0 if resume is None else int(resume[1]["step"])  # steps trained so far (the checkpoint's)
+    if resume is not None and rank == 0:
+        plan_state = resume[1]["state"]["planner"]
     plans = (open_plans(plan_factory or planner_spec(job), cfg.train.plan_ahead, plan_state) if rank == 0
              else None)
     out = None
@@ -178,15 +190,21 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
         groups = GroupCache()
         executor = Executor(job.spec, job.cluster, job.candidates, job.exec_config, cfg.optimizer, groups)
         executor.warm_up(min(256, cfg.data.max_len))  # first-use costs of each candidate, before any timed step
+        if resume is not None:
+            executor.load_checkpoint(resume[0])
         corpus = open_corpus(cfg, job.spec)
         ledger = make_ledger(job, corpus) if rank == 0 else None
+        if ledger is not None and resume is not None and resume[1]["state"].get("ledger") is not None:
+            ledger.load_state_dict(resume[1]["state"]["ledger"])
         cost_model = job.cost_model() if rank == 0 else None  # the planner's model in force (calibration, refit)
         label = cfg.planner.cost_model or "analytic"
         refit = OnlineRefit(cost_model, every=cfg.train.refit_every) if (
             rank == 0 and cfg.train.refit == "online") else None
         rows: list[dict] = []
-        out = open(cfg.train.metrics, "w") if (rank == 0 and cfg.train.metrics) else None  # noqa: SIM115
-        for _ in range(cfg.train.steps):
+        mode = "a" if resume is not None else "w"  # a resumed run appends to its metrics
+        out = open(cfg.train.metrics, mode) if (rank == 0 and cfg.train.metrics) else None  # noqa: SIM115
+        saved = done
+        for _ in range(cfg.train.steps - done):
             t_loop = time.perf_counter()
             box = [None]
             if rank == 0:
@@ -226,6 +244,13 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
                     out.flush()
                 if on_step is not None:
                     on_step(row)
+            done += 1
+            every = cfg.train.checkpoint_every
+            if cfg.train.checkpoint_dir and ((every and done % every == 0) or done == cfg.train.steps):
+                save_checkpoint(executor, cfg.train.checkpoint_dir, done, plans, ledger)
+                saved = done
+        if cfg.train.checkpoint_dir and saved != done:  # the corpus ended before `steps`: keep what was trained
+            save_checkpoint(executor, cfg.train.checkpoint_dir, done, plans, ledger)
         planner_state = plans.state_dict() if rank == 0 else None
     finally:
         if plans is not None:
@@ -234,6 +259,33 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
             out.close()
     state = executor.gather_state() if record else None
     return RunResult(rows, state, planner_state)
+
+
+def save_checkpoint(executor: Executor, directory: str, step: int, plans, ledger) -> None:
+    """Collective: <directory>/step-NNNNNN with every rank's rows, the planner's state as of the last step trained
+    and the ledger's (rank 0); then rank 0 points <directory>/latest at it."""
+    name = f"step-{step:06d}"
+    state = None
+    if plans is not None:
+        state = {"planner": plans.state_dict(), "ledger": ledger.state_dict() if ledger is not None else None}
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    executor.save_checkpoint(str(Path(directory) / name), step, state)
+    if executor.rank == 0:
+        tmp = Path(directory) / "latest.tmp"
+        tmp.write_text(name + "\n")
+        os.replace(tmp, Path(directory) / "latest")
+    dist.barrier()
+
+
+def latest_checkpoint(directory: str, spec: ModelSpec) -> tuple[str, dict]:
+    """(path, metadata) of the checkpoint <directory>/latest names; a clear error when there is none."""
+    pointer = Path(directory) / "latest"
+    try:
+        name = pointer.read_text().strip()
+    except OSError:
+        raise TidalError(f"resume: no checkpoint in {directory} ({pointer} is missing)") from None
+    path = str(Path(directory) / name)
+    return path, load_meta(path, spec)
 
 
 def _row(index: int, step: StepPlan, job: Prepared, m, per_rank: np.ndarray, plan_s: float, delay: float) -> dict:
