@@ -158,13 +158,14 @@ class _Abort(Exception):
     pass
 
 
-def top_docs_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], r: int = 6, node_limit: int = 3000) -> float:
+def top_docs_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], r: int = 6, node_limit: int = 3000,
+                   grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None) -> float:
     """min over dispatches of only the r longest documents of max_j f_j, f_j the pipeline_bound of the documents on j,
     by exhaustive branch and bound (identical pipelines merged). f only grows when a document is added (W, w_max and
     V_min grow; the new top V = U + 1 costs >= (PP + U)(c + w_max) >= f(U)), so this bounds the full step. Falls back
     to fewer documents when the search exceeds `node_limit` nodes; 0.0 if even one document is too many."""
     l_ = np.sort(np.asarray(lengths, dtype=np.int64))[::-1]
-    classes, cnt = group_pipes(pipes)
+    classes, cnt = group_pipes(pipes) if grouped is None else grouped
     while r >= 1:
         try:
             return _top_search([int(x) for x in l_[:r]], classes, cnt, node_limit)
@@ -253,7 +254,8 @@ def _timed(Y, w, wt, tau, cnt, C, P, lo: float, iters: int) -> float:
 
 
 def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int = 6, top: int = 6,
-                   timed: bool = True, iters: int = 24) -> float:
+                   timed: bool = True, iters: int = 24,
+                   grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None) -> float:
     """Lower bound on the optimal step time of documents `lengths` on a strategy (any dispatch, any packing).
 
     max(LB_doc, LB_work):
@@ -264,12 +266,18 @@ def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int
                 (LP duality of the fractional assignment with per-pipeline capacity cap_j); any y gives a valid bound,
                 we try a few and improve them by multiplicative price updates.
     `weights` (optional) multiplies each document (expected counts of a length histogram). inf when a document fits
-    no pipeline."""
+    no pipeline. `grouped`: group_pipes(pipes), when the caller has it already.
+
+    Repeated lengths are merged into one weighted document first (the bound is a function of the length multiset;
+    large steps hold 5-10x fewer distinct lengths than documents)."""
     l_ = np.asarray(lengths, dtype=np.float64)
     if l_.size == 0 or not pipes:
         return 0.0 if l_.size == 0 else float("inf")
+    full = l_
     wt = np.ones_like(l_) if weights is None else np.asarray(weights, dtype=np.float64)
-    classes, cnt = group_pipes(pipes)
+    l_, inv = np.unique(l_, return_inverse=True)
+    wt = np.bincount(inv.ravel(), weights=wt, minlength=l_.size)
+    classes, cnt = group_pipes(pipes) if grouped is None else grouped
     A = np.array([p.a for p in classes])
     B = np.array([p.b for p in classes])
     C = np.array([p.c for p in classes])
@@ -288,7 +296,7 @@ def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int
         return min_time(cnt[None, :] * Y, C, P, total)
 
     # Price candidates: inverse work of each class at a few reference lengths, plus uniform.
-    refs = np.unique(np.quantile(l_, [0.0, 0.5, 0.9, 1.0]))
+    refs = np.unique(np.quantile(full if weights is None else l_, [0.0, 0.5, 0.9, 1.0]))
     Y = np.vstack([1.0 / np.maximum(A * r * r + B * r, 1e-300) for r in refs] + [np.ones(len(classes))])
     Y = Y / Y.sum(axis=1, keepdims=True)
     vals = bound_for(Y)
@@ -314,7 +322,7 @@ def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int
     if timed and len(classes) > 1:
         # Also price only the faster classes (zero price on the m slowest): the documents that cannot run on the slow
         # classes within T must fit in the fast ones.
-        ref = float(np.quantile(l_, 0.9))
+        ref = float(np.quantile(full if weights is None else l_, 0.9))
         slow = np.argsort(-(P * (C + A * ref * ref + B * ref)), kind="stable")
         Ys = [ys[0], ys[-1]]
         for m in range(1, len(classes)):
@@ -323,5 +331,6 @@ def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int
             Ys.append(z)
         best = max(best, _timed(np.array(Ys), w, wt, P[None, :] * (C[None, :] + wm), cnt, C, P,
                                 max(best, lb_doc), iters))
-    lb_top = top_docs_bound(l_[wt > 0], pipes, r=top) if top > 0 else 0.0
+    lb_top = top_docs_bound(full if weights is None else l_[wt > 0], pipes, r=top, grouped=(classes, cnt)) \
+        if top > 0 else 0.0
     return max(lb_doc, best, lb_top) * (1 - SLACK)
