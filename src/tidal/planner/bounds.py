@@ -229,33 +229,45 @@ def _top_search(top: list[int], classes: tuple[PipeCost, ...], cnt: np.ndarray, 
     return best[0]
 
 
-def _timed(Y, w, wt, tau, cnt, C, P, lo: float, iters: int) -> float:
+def _timed(Y, w, wt, tau, cnt, C, P, lo: float) -> float:
     """Work bound with time-dependent eligibility: at step time T a document may only use pipelines where it alone
-    fits (PP (c + w) <= T). sum_i min_{j ok at T} y_j w_ij is nonincreasing and sum_j y_j cap_j(T) nondecreasing in
-    T, so the optimum T* lies above every T where the first exceeds the second (bisection)."""
-    finite = tau[np.isfinite(tau)]
-    hi = max(lo, float(finite.max()) if finite.size else lo) * (1 + 1e-9) + 1e-12
+    fits (PP (c + w) <= T). lhs_r(T) = sum_i min_{j ok at T} y_rj w_ij is nonincreasing and rhs_r(T) =
+    sum_j y_rj cap_j(T) nondecreasing in T, so the optimum T* lies above every T where lhs > rhs for some price row r.
+    lhs is constant between consecutive eligibility times tau, so on each such segment [a, b) the infeasible T are
+    those below min(b, T_s), T_s solving rhs(T) = lhs exactly (min_time); the bound is the largest of these (was a
+    24-step bisection capped at the largest tau; this is exact, and the last segment extends to infinity)."""
+    R = Y.shape[0]
+    B = tau.shape[0]
     G = cnt[None, :] * Y
-    # documents whose every eligible pipeline already fits at `lo` contribute a constant: sum them once
-    settled = np.all(~np.isfinite(tau) | (tau <= lo), axis=1)
-    elig = np.isfinite(tau)
-    const = np.min(np.where(elig[None, settled], w[None, settled] * Y[:, None, :], np.inf), axis=2) @ wt[settled]
-    tau, w, wt = tau[~settled], w[~settled], wt[~settled]
-    for _ in range(iters):
-        mid = 0.5 * (lo + hi)
-        ok = tau <= mid
-        lhs = const + np.min(np.where(ok[None, :, :], w[None, :, :] * Y[:, None, :], np.inf), axis=2) @ wt
-        rhs = (G * work_capacity(np.full(Y.shape[1], mid), C, P)[None, :]).sum(axis=1)
-        if np.any(lhs > rhs):  # some price vector proves mid infeasible
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    order = np.argsort(tau, axis=1, kind="stable")  # per document, classes by the time they become eligible
+    ts = np.take_along_axis(tau, order, axis=1)
+    wy = np.where(np.isfinite(tau)[None, :, :], w[None, :, :] * Y[:, None, :], np.inf)  # R x B x K
+    run = np.minimum.accumulate(np.take_along_axis(wy, np.broadcast_to(order, wy.shape), axis=2), axis=2)
+    # lhs at lo: every document already fits somewhere (lo >= LB_doc), at the last position with ts <= lo
+    pos = np.maximum((ts <= lo).sum(axis=1) - 1, 0)
+    L0 = np.take_along_axis(run, np.broadcast_to(pos[None, :, None], (R, B, 1)), axis=2)[:, :, 0] @ wt
+    # each later eligibility time lowers the document's running minimum
+    prev = np.concatenate([np.full((R, B, 1), np.inf), run[:, :, :-1]], axis=2)
+    ev = (ts > lo) & np.isfinite(ts)
+    dec = np.where(ev[None] & np.isfinite(prev), prev - run, 0.0) * wt[None, :, None]
+    t_ev = ts[ev]
+    srt = np.argsort(t_ev, kind="stable")
+    t_ev, d_ev = t_ev[srt], dec[:, ev][:, srt]
+    starts, first = np.unique(t_ev, return_index=True)
+    if t_ev.size:
+        last = np.concatenate([first[1:], [t_ev.size]]).astype(np.int64) - 1
+        L = np.concatenate([L0[:, None], L0[:, None] - np.cumsum(d_ev, axis=1)[:, last]], axis=1)
+    else:
+        L = L0[:, None]
+    a = np.concatenate([[lo], starts])  # segment s is [a[s], b[s]) with lhs L[:, s]
+    b = np.concatenate([starts, [np.inf]])
+    Ts = min_time(np.repeat(G, a.size, axis=0), C, P, np.maximum(L, 0.0).ravel()).reshape(R, a.size)
+    cand = np.where(Ts > a[None, :], np.minimum(Ts, b[None, :]), -np.inf)
+    return max(lo, float(cand.max()))
 
 
 def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int = 6, top: int = 6,
-                   timed: bool = True, iters: int = 24,
-                   grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None) -> float:
+                   timed: bool = True, grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None) -> float:
     """Lower bound on the optimal step time of documents `lengths` on a strategy (any dispatch, any packing).
 
     max(LB_doc, LB_work):
@@ -330,7 +342,7 @@ def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int
             z[slow[:m]] = 0.0
             Ys.append(z)
         best = max(best, _timed(np.array(Ys), w, wt, P[None, :] * (C[None, :] + wm), cnt, C, P,
-                                max(best, lb_doc), iters))
+                                max(best, lb_doc)))
     lb_top = top_docs_bound(full if weights is None else l_[wt > 0], pipes, r=top, grouped=(classes, cnt)) \
         if top > 0 else 0.0
     return max(lb_doc, best, lb_top) * (1 - SLACK)
