@@ -158,13 +158,14 @@ class _Abort(Exception):
     pass
 
 
-def top_docs_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], r: int = 6, node_limit: int = 3000) -> float:
+def top_docs_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], r: int = 6, node_limit: int = 3000,
+                   grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None) -> float:
     """min over dispatches of only the r longest documents of max_j f_j, f_j the pipeline_bound of the documents on j,
     by exhaustive branch and bound (identical pipelines merged). f only grows when a document is added (W, w_max and
     V_min grow; the new top V = U + 1 costs >= (PP + U)(c + w_max) >= f(U)), so this bounds the full step. Falls back
     to fewer documents when the search exceeds `node_limit` nodes; 0.0 if even one document is too many."""
     l_ = np.sort(np.asarray(lengths, dtype=np.int64))[::-1]
-    classes, cnt = group_pipes(pipes)
+    classes, cnt = group_pipes(pipes) if grouped is None else grouped
     while r >= 1:
         try:
             return _top_search([int(x) for x in l_[:r]], classes, cnt, node_limit)
@@ -228,32 +229,45 @@ def _top_search(top: list[int], classes: tuple[PipeCost, ...], cnt: np.ndarray, 
     return best[0]
 
 
-def _timed(Y, w, wt, tau, cnt, C, P, lo: float, iters: int) -> float:
+def _timed(Y, w, wt, tau, cnt, C, P, lo: float) -> float:
     """Work bound with time-dependent eligibility: at step time T a document may only use pipelines where it alone
-    fits (PP (c + w) <= T). sum_i min_{j ok at T} y_j w_ij is nonincreasing and sum_j y_j cap_j(T) nondecreasing in
-    T, so the optimum T* lies above every T where the first exceeds the second (bisection)."""
-    finite = tau[np.isfinite(tau)]
-    hi = max(lo, float(finite.max()) if finite.size else lo) * (1 + 1e-9) + 1e-12
+    fits (PP (c + w) <= T). lhs_r(T) = sum_i min_{j ok at T} y_rj w_ij is nonincreasing and rhs_r(T) =
+    sum_j y_rj cap_j(T) nondecreasing in T, so the optimum T* lies above every T where lhs > rhs for some price row r.
+    lhs is constant between consecutive eligibility times tau, so on each such segment [a, b) the infeasible T are
+    those below min(b, T_s), T_s solving rhs(T) = lhs exactly (min_time); the bound is the largest of these (was a
+    24-step bisection capped at the largest tau; this is exact, and the last segment extends to infinity)."""
+    R = Y.shape[0]
+    B = tau.shape[0]
     G = cnt[None, :] * Y
-    # documents whose every eligible pipeline already fits at `lo` contribute a constant: sum them once
-    settled = np.all(~np.isfinite(tau) | (tau <= lo), axis=1)
-    elig = np.isfinite(tau)
-    const = np.min(np.where(elig[None, settled], w[None, settled] * Y[:, None, :], np.inf), axis=2) @ wt[settled]
-    tau, w, wt = tau[~settled], w[~settled], wt[~settled]
-    for _ in range(iters):
-        mid = 0.5 * (lo + hi)
-        ok = tau <= mid
-        lhs = const + np.min(np.where(ok[None, :, :], w[None, :, :] * Y[:, None, :], np.inf), axis=2) @ wt
-        rhs = (G * work_capacity(np.full(Y.shape[1], mid), C, P)[None, :]).sum(axis=1)
-        if np.any(lhs > rhs):  # some price vector proves mid infeasible
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    order = np.argsort(tau, axis=1, kind="stable")  # per document, classes by the time they become eligible
+    ts = np.take_along_axis(tau, order, axis=1)
+    wy = np.where(np.isfinite(tau)[None, :, :], w[None, :, :] * Y[:, None, :], np.inf)  # R x B x K
+    run = np.minimum.accumulate(np.take_along_axis(wy, np.broadcast_to(order, wy.shape), axis=2), axis=2)
+    # lhs at lo: every document already fits somewhere (lo >= LB_doc), at the last position with ts <= lo
+    pos = np.maximum((ts <= lo).sum(axis=1) - 1, 0)
+    L0 = np.take_along_axis(run, np.broadcast_to(pos[None, :, None], (R, B, 1)), axis=2)[:, :, 0] @ wt
+    # each later eligibility time lowers the document's running minimum
+    prev = np.concatenate([np.full((R, B, 1), np.inf), run[:, :, :-1]], axis=2)
+    ev = (ts > lo) & np.isfinite(ts)
+    dec = np.where(ev[None] & np.isfinite(prev), prev - run, 0.0) * wt[None, :, None]
+    t_ev = ts[ev]
+    srt = np.argsort(t_ev, kind="stable")
+    t_ev, d_ev = t_ev[srt], dec[:, ev][:, srt]
+    starts, first = np.unique(t_ev, return_index=True)
+    if t_ev.size:
+        last = np.concatenate([first[1:], [t_ev.size]]).astype(np.int64) - 1
+        L = np.concatenate([L0[:, None], L0[:, None] - np.cumsum(d_ev, axis=1)[:, last]], axis=1)
+    else:
+        L = L0[:, None]
+    a = np.concatenate([[lo], starts])  # segment s is [a[s], b[s]) with lhs L[:, s]
+    b = np.concatenate([starts, [np.inf]])
+    Ts = min_time(np.repeat(G, a.size, axis=0), C, P, np.maximum(L, 0.0).ravel()).reshape(R, a.size)
+    cand = np.where(Ts > a[None, :], np.minimum(Ts, b[None, :]), -np.inf)
+    return max(lo, float(cand.max()))
 
 
 def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int = 6, top: int = 6,
-                   timed: bool = True, iters: int = 24) -> float:
+                   timed: bool = True, grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None) -> float:
     """Lower bound on the optimal step time of documents `lengths` on a strategy (any dispatch, any packing).
 
     max(LB_doc, LB_work):
@@ -264,12 +278,18 @@ def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int
                 (LP duality of the fractional assignment with per-pipeline capacity cap_j); any y gives a valid bound,
                 we try a few and improve them by multiplicative price updates.
     `weights` (optional) multiplies each document (expected counts of a length histogram). inf when a document fits
-    no pipeline."""
+    no pipeline. `grouped`: group_pipes(pipes), when the caller has it already.
+
+    Repeated lengths are merged into one weighted document first (the bound is a function of the length multiset;
+    large steps hold 5-10x fewer distinct lengths than documents)."""
     l_ = np.asarray(lengths, dtype=np.float64)
     if l_.size == 0 or not pipes:
         return 0.0 if l_.size == 0 else float("inf")
+    full = l_
     wt = np.ones_like(l_) if weights is None else np.asarray(weights, dtype=np.float64)
-    classes, cnt = group_pipes(pipes)
+    l_, inv = np.unique(l_, return_inverse=True)
+    wt = np.bincount(inv.ravel(), weights=wt, minlength=l_.size)
+    classes, cnt = group_pipes(pipes) if grouped is None else grouped
     A = np.array([p.a for p in classes])
     B = np.array([p.b for p in classes])
     C = np.array([p.c for p in classes])
@@ -288,7 +308,7 @@ def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int
         return min_time(cnt[None, :] * Y, C, P, total)
 
     # Price candidates: inverse work of each class at a few reference lengths, plus uniform.
-    refs = np.unique(np.quantile(l_, [0.0, 0.5, 0.9, 1.0]))
+    refs = np.unique(np.quantile(full if weights is None else l_, [0.0, 0.5, 0.9, 1.0]))
     Y = np.vstack([1.0 / np.maximum(A * r * r + B * r, 1e-300) for r in refs] + [np.ones(len(classes))])
     Y = Y / Y.sum(axis=1, keepdims=True)
     vals = bound_for(Y)
@@ -314,7 +334,7 @@ def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int
     if timed and len(classes) > 1:
         # Also price only the faster classes (zero price on the m slowest): the documents that cannot run on the slow
         # classes within T must fit in the fast ones.
-        ref = float(np.quantile(l_, 0.9))
+        ref = float(np.quantile(full if weights is None else l_, 0.9))
         slow = np.argsort(-(P * (C + A * ref * ref + B * ref)), kind="stable")
         Ys = [ys[0], ys[-1]]
         for m in range(1, len(classes)):
@@ -322,6 +342,7 @@ def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int
             z[slow[:m]] = 0.0
             Ys.append(z)
         best = max(best, _timed(np.array(Ys), w, wt, P[None, :] * (C[None, :] + wm), cnt, C, P,
-                                max(best, lb_doc), iters))
-    lb_top = top_docs_bound(l_[wt > 0], pipes, r=top) if top > 0 else 0.0
+                                max(best, lb_doc)))
+    lb_top = top_docs_bound(full if weights is None else l_[wt > 0], pipes, r=top, grouped=(classes, cnt)) \
+        if top > 0 else 0.0
     return max(lb_doc, best, lb_top) * (1 - SLACK)

@@ -128,14 +128,32 @@ def _f1(a: float, b: float, c: float, q: int, M: int, W: float, tok: int, wm: fl
     return min((q + v) * max(W / v + c, c + wm) for v in cands)
 
 
-def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | None = None) -> np.ndarray:
+def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | None = None,
+            compiled: bool = True) -> np.ndarray:
     """List scheduling: each sequence (longest first unless `order`) to the eligible pipeline with the least resulting
-    cost. Per class of identical pipelines only two are tried: the first empty one and the least-loaded used one."""
+    cost. Per class of identical pipelines only two are tried: the first empty one and the least-loaded used one.
+    Runs the compiled loop (kernels.greedy, same choices) when numba is there and `compiled`."""
+    from tidal.planner import kernels
+
     classes, _ = group_pipes(pipes)
     members: list[list[int]] = [[] for _ in classes]
     cls_of = {p: k for k, p in enumerate(classes)}
     for j, p in enumerate(pipes):
         members[cls_of[p]].append(j)
+    if order is None:
+        order = np.argsort(-lengths, kind="stable")
+    if compiled and kernels.AVAILABLE:
+        mcount = np.array([len(m) for m in members], dtype=np.int64)
+        owner, bad = kernels.greedy(
+            lengths.astype(np.int64), order.astype(np.int64), np.array([p.a for p in classes]),
+            np.array([p.b for p in classes]), np.array([p.c for p in classes]),
+            np.array([p.pp - 1 for p in classes], dtype=np.int64),
+            np.array([p.max_len for p in classes], dtype=np.int64),
+            np.array([j for m in members for j in m], dtype=np.int64), np.concatenate([[0], np.cumsum(mcount)[:-1]]),
+            mcount, np.array([p.max_len for p in pipes], dtype=np.int64))
+        if bad >= 0:
+            raise TidalError(f"sequence of length {int(lengths[bad])} exceeds the MaxLen of every pipeline")
+        return owner
     empty = [list(reversed(m)) for m in members]  # pop() yields the lowest index first
     heaps: list[list[tuple[float, int]]] = [[] for _ in classes]
     W = [0.0] * len(pipes)
@@ -144,8 +162,6 @@ def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | 
     U = [0] * len(pipes)
     G = [0] * len(pipes)
     owner = np.empty(lengths.size, dtype=np.int64)
-    if order is None:
-        order = np.argsort(-lengths, kind="stable")
     cls = [(k, p.a, p.b, p.c, p.pp - 1, p.max_len) for k, p in enumerate(classes)]
     for i in order.tolist():
         x = int(lengths[i])
@@ -288,7 +304,10 @@ def _pair_swap(st: _State, j: int, mine: np.ndarray, e_idx: np.ndarray, best_val
 
 def _result(st: _State, n_pipes: int) -> DispatchResult:
     loads = st.load
-    groups = tuple(tuple(np.flatnonzero(st.owner == j).tolist()) for j in range(n_pipes))
+    order = np.argsort(st.owner, kind="stable")  # ascending indices within each pipeline
+    ends = np.cumsum(np.bincount(st.owner, minlength=n_pipes)).tolist()
+    flat = order.tolist()
+    groups = tuple(tuple(flat[a:b]) for a, b in zip([0] + ends[:-1], ends))
     return DispatchResult(groups, float(loads.max()) if n_pipes else 0.0, tuple(float(x) for x in loads))
 
 
@@ -358,12 +377,14 @@ def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: i
     return res
 
 
-def dispatch_hydraulis(lengths, pipes: Sequence[PipeCost], *, trials: int = 100, seed: int = 0) -> DispatchResult:
+def dispatch_hydraulis(lengths, pipes: Sequence[PipeCost], *, trials: int = 100, seed: int = 0,
+                       compiled: bool = True) -> DispatchResult:
     """Faithful re-implementation of Hydraulis Alg. 1 (baseline): `trials` random shuffles, each dispatching sequences
     one by one to the eligible pipeline that minimises the max over pipelines of C_j + E_j, with Hydraulis' per-sequence
     T(l) = a l^2 + b l + c and E_j = T(l_max) (PP - 1). Returns the best trial, re-scored with our cost. The scan over
     pipelines is vectorised; it makes the same choices, float for float, as the per-pipeline loop of the paper (a
-    differential test checks it against that loop)."""
+    differential test checks it against that loop). With numba (and `compiled`) the loop runs compiled
+    (kernels.alg1_trial, same choices)."""
     l_ = check_lengths(lengths)
     check_pipes(pipes)
     rng = np.random.default_rng(seed)
@@ -376,9 +397,15 @@ def dispatch_hydraulis(lengths, pipes: Sequence[PipeCost], *, trials: int = 100,
     has_e = bool(np.any(Q1 > 0))
     m_min = float(M.min())
     best_obj, best_owner = float("inf"), None
+    from tidal.planner import kernels
+
     for _ in range(trials):
         perm = rng.permutation(l_.size)
-        if D <= 24:  # few pipelines: the paper's loop is faster than numpy calls on tiny arrays
+        if compiled and kernels.AVAILABLE:
+            owner, obj = kernels.alg1_trial(l_, perm, A, B, C, Q1, M.astype(np.int64))
+            if obj < 0:
+                raise TidalError("a sequence exceeds the MaxLen of every pipeline")
+        elif D <= 24:  # few pipelines: the paper's loop is faster than numpy calls on tiny arrays
             owner, obj = _alg1_trial_loop(l_, pipes, perm)
         else:
             owner, obj = _alg1_trial_numpy(l_, pipes, perm, A, B, C, Q1, M, has_e, m_min)

@@ -114,36 +114,51 @@ def _lpt(l_: np.ndarray, w: np.ndarray, order: np.ndarray, V: int, M: int, c: fl
 
 def _refine(bin_of: np.ndarray, l_: np.ndarray, w: np.ndarray, V: int, M: int, c: float, rounds: int,
             max_docs: int = 32) -> None:
-    """Move/swap sequences off the slowest micro-batch while that strictly lowers it (in place)."""
+    """Move/swap sequences off the slowest micro-batch while that strictly lowers it (in place). All candidate moves
+    of a round (one document per distinct length of the slowest micro-batch, longest first, to every micro-batch or
+    for every other document) are evaluated in one vectorised pass; the first best in (document, move-then-swap,
+    target) order is taken."""
     T = np.bincount(bin_of, weights=w, minlength=V) + c
     tok = np.bincount(bin_of, weights=l_, minlength=V).astype(np.int64)
     bins = np.arange(V)
     for _ in range(rounds):
         b = int(np.argmax(T))
         tb = T[b]
-        mine = np.flatnonzero(bin_of == b)
-        others = np.flatnonzero(bin_of != b)
-        best_val, act = tb * (1 - 1e-12), None
+        is_b = bin_of == b
+        mine = np.flatnonzero(is_b)
+        others = np.flatnonzero(~is_b)
         _, first = np.unique(l_[mine], return_index=True)
-        for i in mine[first][::-1][:max_docs].tolist():
-            x, wx = int(l_[i]), float(w[i])
-            if mine.size > 1:
-                val = np.where((bins != b) & (tok + x <= M), np.maximum(tb - wx, T + wx), np.inf)
-                k = int(np.argmin(val))
-                if val[k] < best_val:
-                    best_val, act = float(val[k]), (i, k, -1)
-            if others.size:
-                ke = bin_of[others]
-                we = w[others]
-                le = l_[others]
-                ok = (tok[b] - x + le <= M) & (tok[ke] - le + x <= M) & (le != x)
-                val = np.where(ok, np.maximum(tb - wx + we, T[ke] - we + wx), np.inf)
-                m = int(np.argmin(val))
-                if val[m] < best_val:
-                    best_val, act = float(val[m]), (i, int(ke[m]), int(others[m]))
-        if act is None:
+        sel = mine[first][::-1][:max_docs]
+        xs = l_[sel][:, None]
+        wx = w[sel][:, None]
+        n_u = sel.size
+        mval = np.full(n_u, np.inf)
+        mk = np.zeros(n_u, dtype=np.int64)
+        if mine.size > 1:
+            val = np.where((bins != b)[None, :] & (tok[None, :] + xs <= M), np.maximum(tb - wx, T[None, :] + wx),
+                           np.inf)
+            mk = np.argmin(val, axis=1)
+            mval = val[np.arange(n_u), mk]
+        sval = np.full(n_u, np.inf)
+        sm = np.zeros(n_u, dtype=np.int64)
+        if others.size:
+            ke = bin_of[others]
+            we = w[others][None, :]
+            le = l_[others][None, :]
+            ok = (tok[b] - xs + le <= M) & (tok[ke][None, :] - le + xs <= M) & (le != xs)
+            val = np.where(ok, np.maximum(tb - wx + we, T[ke][None, :] - we + wx), np.inf)
+            sm = np.argmin(val, axis=1)
+            sval = val[np.arange(n_u), sm]
+        both = np.stack([mval, sval], axis=1).ravel()  # doc 0 move, doc 0 swap, doc 1 move, ...
+        m = int(np.argmin(both))
+        if not both[m] < tb * (1 - 1e-12):
             return
-        i, k, e = act
+        u, kind = divmod(m, 2)
+        i = int(sel[u])
+        if kind == 0:
+            k, e = int(mk[u]), -1
+        else:
+            k, e = int(bin_of[others[sm[u]]]), int(others[sm[u]])
         for d, src, dst in ((i, b, k), (e, k, b)):
             if d < 0:
                 continue
@@ -154,7 +169,19 @@ def _refine(bin_of: np.ndarray, l_: np.ndarray, w: np.ndarray, V: int, M: int, c
             bin_of[d] = dst
 
 
-def _pack_v(l_, w, order, V, M, c, rounds):
+def _pack_v(l_, w, order, V, M, c, rounds, compiled: bool = True):
+    """LPT into V micro-batches, then the move/swap rounds; compiled (kernels.lpt / kernels.refine, the same
+    choices) when numba is there and `compiled`. None when LPT finds no room for a sequence."""
+    from tidal.planner import kernels
+
+    if compiled and kernels.AVAILABLE:
+        bin_of, ok = kernels.lpt(l_, w, order, V, M, c)
+        if not ok:
+            return None
+        T = np.bincount(bin_of, weights=w, minlength=V) + c
+        tok = np.bincount(bin_of, weights=l_, minlength=V).astype(np.int64)
+        kernels.refine(bin_of, l_, w, T, tok, V, M, rounds, 32)
+        return bin_of
     bin_of = _lpt(l_, w, order, V, M, c)
     if bin_of is None:
         return None

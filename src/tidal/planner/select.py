@@ -10,6 +10,7 @@ import heapq
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -17,7 +18,7 @@ from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.strategy import Strategy
 from tidal.costmodel.base import CostModel, pipeline_device
-from tidal.planner.bounds import PipeCost, check_lengths, pipeline_bound, strategy_bound
+from tidal.planner.bounds import PipeCost, check_lengths, group_pipes, pipeline_bound, strategy_bound
 from tidal.planner.dispatch import dispatch, dispatch_hydraulis
 from tidal.planner.metrics import max_over_mean, mb_imbalance, rank_spread
 from tidal.planner.packing import Packer, pack, pipeline_time
@@ -31,9 +32,14 @@ class StrategyProfile:
     pipes: tuple[PipeCost, ...]
     layer_splits: tuple[tuple[int, ...], ...]
 
-    @property
+    @cached_property
     def max_len(self) -> int:
         return max(p.max_len for p in self.pipes)
+
+    @cached_property
+    def grouped(self) -> tuple[tuple[PipeCost, ...], np.ndarray]:
+        """bounds.group_pipes(pipes), computed once per profile (hashing 600 pipelines costs ~1 ms per bound)."""
+        return group_pipes(self.pipes)
 
 
 def profile_strategies(candidates: Sequence[Strategy], cost_model: CostModel) -> tuple[StrategyProfile, ...]:
@@ -130,6 +136,7 @@ def _hydraulis_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed:
 def _pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Packer,
                  exact: bool) -> tuple[float, tuple[PipelinePlan, ...]]:
     plans = []
+    lf = lengths.astype(np.float64)  # once, not per pipeline in pipeline_time
     for j, (pipe, group) in enumerate(zip(prof.pipes, groups)):
         pl = prof.strategy.pipelines[j]
         idx = np.asarray(group, dtype=np.int64)
@@ -138,10 +145,15 @@ def _pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Pac
             est = 0.0
         else:
             sub = lengths[idx]
-            res = packer(sub, pipe.coeffs, pipe.pp, pipe.max_len, exact=exact)
-            _check_packing(res.micro_batches, idx.size, sub, pipe.max_len)
-            mbs = tuple(tuple(int(idx[i]) for i in mb) for mb in res.micro_batches if len(mb))
-            est = pipeline_time(lengths, mbs, pipe.coeffs, pipe.pp)
+            if packer is pack and pipe.pp == 1 and pipe.c > 0 and not exact and int(sub.sum()) <= pipe.max_len:
+                # pack's own answer, without its per-call overhead (hundreds of such pipelines at 1024 GPUs): with
+                # PP = 1 and c > 0, one micro-batch (c + W) beats every V >= 2 (>= W + V c), so pack returns it.
+                mbs = (tuple(idx.tolist()),)
+            else:
+                res = packer(sub, pipe.coeffs, pipe.pp, pipe.max_len, exact=exact)
+                _check_packing(res.micro_batches, idx.size, sub, pipe.max_len)
+                mbs = tuple(tuple(int(idx[i]) for i in mb) for mb in res.micro_batches if len(mb))
+            est = pipeline_time(lf, mbs, pipe.coeffs, pipe.pp)
         plans.append(PipelinePlan(pl.scheme.tp, pl.scheme.pp, pl.scheme.cp, pl.devices, pipe.max_len, mbs, est,
                                   layer_split=prof.layer_splits[j]))
     return max((p.est_time for p in plans), default=0.0), tuple(plans)
@@ -177,13 +189,14 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
         return StepSelection(plan, reps, (), 0.0, 1.0)
     longest = int(l_.max())
     # quick bounds (doc + work with fixed prices) order and prune the candidates; refined ones give the reported bound
-    bounds = [strategy_bound(l_, p.pipes, rounds=0, top=0, timed=False) if longest <= p.max_len else float("inf")
+    bounds = [strategy_bound(l_, p.pipes, rounds=0, top=0, timed=False, grouped=p.grouped) if longest <= p.max_len
+              else float("inf")
               for p in profiles]
     refined = [False] * len(profiles)
 
     def refine(i: int) -> None:
         if not refined[i]:
-            bounds[i] = max(bounds[i], strategy_bound(l_, profiles[i].pipes))
+            bounds[i] = max(bounds[i], strategy_bound(l_, profiles[i].pipes, grouped=profiles[i].grouped))
             refined[i] = True
     if all(b == float("inf") for b in bounds):
         top = max(p.max_len for p in profiles)
@@ -247,7 +260,8 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
         reports.append(PipelineReport(
             j, prof.strategy.pipelines[j].scheme.short(), len(idx), int(l_[idx].sum()) if idx else 0,
             len(pp_.micro_batches), pp_.est_time, pipeline_bound(l_[idx], pc) if idx else 0.0,
-            mb_imbalance([pc.coeffs.mb_time(l_[list(mb)]) for mb in pp_.micro_batches])))
+            mb_imbalance([pc.coeffs.mb_time(l_[list(mb)]) for mb in pp_.micro_batches])
+            if len(pp_.micro_batches) > 1 else 1.0))
     times = [p.est_time for p in plans]
     plan = StepPlan(ids, tuple(int(x) for x in l_), k, plans, (), float(est), float(lb),
                     (time.perf_counter() - t0) * 1e3)

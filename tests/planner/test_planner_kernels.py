@@ -1,0 +1,66 @@
+"""The compiled loops (planner/kernels.py, numba) make the same choices as the Python versions, float for float."""
+
+import numpy as np
+import pytest
+
+from tidal.planner import dispatch as d
+from tidal.planner import kernels
+from tidal.planner.bounds import PipeCost
+
+pytestmark = [pytest.mark.unit,
+              pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed (the Python versions run)")]
+
+KINDS = [PipeCost(1e-3, 1.0, 0.5, 1, 64), PipeCost(0.5e-3, 0.5, 0.5, 2, 128), PipeCost(2e-4, 0.25, 1.0, 4, 200),
+         PipeCost(2e-3, 2.0, 0.1, 1, 40), PipeCost(1e-4, 0.3, 0.0, 2, 150), PipeCost(3e-4, 0.2, 0.2, 1, 256)]
+
+
+def _case(rng):
+    pipes = [KINDS[rng.integers(0, len(KINDS))] for _ in range(rng.integers(1, 40))]
+    top = max(p.max_len for p in pipes)
+    l_ = rng.integers(1, top + 1, size=rng.integers(1, 300)).astype(np.int64)
+    return pipes, l_
+
+
+def test_compiled_greedy_matches_python():
+    rng = np.random.default_rng(0)
+    for t in range(300):
+        pipes, l_ = _case(rng)
+        order = None if t % 2 else rng.permutation(l_.size)
+        np.testing.assert_array_equal(d._greedy(l_, pipes, order, compiled=True),
+                                      d._greedy(l_, pipes, order, compiled=False))
+
+
+def test_compiled_alg1_matches_python():
+    rng = np.random.default_rng(1)
+    for t in range(300):
+        pipes, l_ = _case(rng)
+        a = d.dispatch_hydraulis(l_, pipes, trials=2, seed=t, compiled=True)
+        b = d.dispatch_hydraulis(l_, pipes, trials=2, seed=t, compiled=False)
+        assert a == b
+
+
+def test_compiled_dispatch_errors_like_python():
+    pipes = [PipeCost(1e-3, 1.0, 0.5, 1, 64)]
+    with pytest.raises(Exception, match="exceeds the MaxLen"):
+        d._greedy(np.array([10, 65]), pipes, compiled=True)
+
+
+def test_compiled_packing_rounds_match_python():
+    from tidal.planner import packing as pk
+
+    rng = np.random.default_rng(2)
+    for t in range(400):
+        n = int(rng.integers(1, 120))
+        M = int(rng.integers(50, 2000))
+        l_ = rng.integers(1, min(M, 400) + 1, size=n).astype(np.int64)
+        if t % 3 == 0:
+            l_ = rng.choice(l_[:5], size=n)  # many equal lengths: ties
+        w = 1e-4 * l_ * l_ + 0.01 * l_
+        order = np.argsort(-l_, kind="stable")
+        V = int(rng.integers(1, n + 1))
+        c = float(rng.choice([0.0, 0.5]))
+        a = pk._pack_v(l_, w, order, V, M, c, 20 + 2 * n, compiled=True)
+        b = pk._pack_v(l_, w, order, V, M, c, 20 + 2 * n, compiled=False)
+        assert (a is None) == (b is None)
+        if a is not None:
+            np.testing.assert_array_equal(a, b)
