@@ -31,6 +31,9 @@ class _FaultyPlanner:
     def next(self):
         if self.k == self.at:
             if self.how == "exit":
+                # os._exit skips the queue's feeder thread: give it time to send the plans already put, so the test
+                # sees them before the death (without the pause, plan 0 can be lost with the process, seen once in CI)
+                time.sleep(2.0)
                 os._exit(3)
             if self.how == "hang":
                 time.sleep(60)
