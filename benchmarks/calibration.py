@@ -9,6 +9,7 @@
 
     python benchmarks/calibration.py                       # ~10 min on 2 quiet cores
     python benchmarks/calibration.py --profile p.json --steps 20 --corpora stdlib
+    python benchmarks/calibration.py --refit --profile-per-corpus     # profile each corpus on its own documents
 
 Measured time is CPU time (the slowest rank's forward + backward), the figure the profile measures, so other
 processes on the cores slow the wall clock but not the comparison.
@@ -89,23 +90,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpora", default="stdlib,jsonl")
     ap.add_argument("--refit", action="store_true", help="also run each corpus with [train] refit = online")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile-per-corpus", action="store_true",
+                    help="profile each corpus on its own documents (`tidal profile --data`) instead of one synthetic "
+                         "profile for both")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    profile = args.profile
-    if profile is None:
-        profile = args.out / "profile.json"
+    def make_profile(out: Path, data: str | None) -> int:
         t0 = time.perf_counter()
+        extra = ["--data", data] if data else ["--mixes", "8,32"]
         rc = tidal(["profile", "--model", "tiny", "--cluster", "cpux4", "--schemes", "tp1,tp2,tp4,cp2",
-                    "--totals", "256,512,1024,2048,4096", "--mixes", "8,32", "--max-doc", str(args.max_len),
-                    "--out", str(profile)])
-        if rc:
+                    "--totals", "256,512,1024,2048,4096", *extra, "--max-doc", str(args.max_len),
+                    "--seed", str(args.seed), "--out", str(out)])
+        print(f"# profile {out.name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        return rc
+
+    profile = args.profile
+    if profile is None and not args.profile_per_corpus:
+        profile = args.out / "profile.json"
+        if rc := make_profile(profile, None):
             return rc
-        print(f"# profile: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     spec, cluster = get_model("tiny"), get_cluster("cpux4")
     sources = {"stdlib": "stdlib", "jsonl": None}
     results = []
     for name in args.corpora.split(","):
         source = sources[name] or f"jsonl:{docstring_corpus(args.out / 'docstrings.jsonl')}:text"
+        if args.profile is None and args.profile_per_corpus:
+            profile = args.out / f"profile-{name}.json"
+            if rc := make_profile(profile, source):
+                return rc
         for refit in (("off", "online") if args.refit else ("off",)):
             metrics = args.out / f"{name}-{refit}.jsonl"
             cfg = args.out / f"{name}-{refit}.toml"

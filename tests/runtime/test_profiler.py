@@ -46,3 +46,24 @@ def test_profile_bad_input_is_refused_before_any_rank(tmp_path, capsys):
     assert "needs 4 devices" in capsys.readouterr().err
     assert main(["profile", "--totals", "0,12", "--out", str(tmp_path / "p.json")]) == 2
     assert "--totals" in capsys.readouterr().err
+    assert main(["profile", "--data", "stdlib", "--draws", "0", "--out", str(tmp_path / "p.json")]) == 2
+    assert "--draws" in capsys.readouterr().err
+
+
+def test_corpus_compositions_draw_the_corpus_documents():
+    """Each drawn micro-batch fills its total exactly with the corpus's (split) documents; one single-document
+    micro-batch per total keeps the quadratic term identifiable; seeded."""
+    from tidal.runtime.profile import corpus_compositions
+
+    lengths = [5, 100, 3000, 40, 700]
+    mbs = corpus_compositions(lengths, [256, 2048], per_total=3, seed=1, max_doc=1024)
+    assert len(mbs) == 2 * (1 + 3)
+    assert mbs[0] == [256] and mbs[4] == [1024, 1024]
+    for mb, total in zip(mbs, [256] * 4 + [2048] * 4):
+        assert sum(mb) == total and max(mb) <= 1024
+    allowed = {5, 100, 40, 700, 1024}
+    for mb in mbs[1:4] + mbs[5:]:
+        assert sum(x not in allowed for x in mb) <= 1, mb  # only the document cut to fill the total may differ
+    assert mbs == corpus_compositions(lengths, [256, 2048], per_total=3, seed=1, max_doc=1024)
+    with pytest.raises(Exception, match="no non-empty document"):
+        corpus_compositions([0, 0], [256])

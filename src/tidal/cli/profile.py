@@ -25,6 +25,11 @@ def add_parser(sub) -> None:
     p.add_argument("--out", type=Path, default=Path("profile.json"), help="fitted model JSON (CSV and PNG beside it)")
     p.add_argument("--totals", default="256,512,1024,2048", help="tokens per profiled micro-batch")
     p.add_argument("--mixes", default="8,32", help="sizes of the long-tailed document mixes per total")
+    p.add_argument("--data", default=None,
+                   help="draw the profiled micro-batches from this corpus's documents (a [data] source: stdlib, "
+                        "jsonl:PATH[:field], ...) instead of synthetic mixes, so the fit sees training's mix")
+    p.add_argument("--tokenizer", default=None, help="tokenizer.json for --data (UTF-8 bytes when omitted)")
+    p.add_argument("--draws", type=int, default=6, help="with --data: micro-batches drawn per total length")
     p.add_argument("--max-doc", type=int, default=None,
                    help="split profiled documents longer than this (use the training's max_len)")
     p.add_argument("--repeats", type=int, default=1, help="timed runs per micro-batch (median)")
@@ -66,7 +71,19 @@ def run(args) -> int:
     totals = _ints(args.totals, "--totals")
     if args.max_doc is not None and args.max_doc < 1:
         raise TidalError(f"--max-doc must be >= 1, got {args.max_doc}")
-    mbs = compositions(totals, args.seed, _ints(args.mixes, "--mixes"), args.max_doc)
+    if args.data:
+        from tidal.cli.tokenizer import user_cache_dir
+        from tidal.data.corpus import corpus_from_spec
+        from tidal.runtime.profile import corpus_compositions
+
+        src = corpus_from_spec(args.data, seed=args.seed, vocab=spec.vocab, tokenizer=args.tokenizer,
+                               cache_dir=user_cache_dir()).length_source()
+        n = 20000 if src.size is None else min(src.size, 20000)
+        if args.draws < 1:
+            raise TidalError(f"--draws must be >= 1, got {args.draws}")
+        mbs = corpus_compositions(src.lengths(0, n), totals, args.draws, args.seed, args.max_doc)
+    else:
+        mbs = compositions(totals, args.seed, _ints(args.mixes, "--mixes"), args.max_doc)
     if args.schemes.strip().lower() == "auto":
         schemes = auto_schemes(spec, cluster.num_devices)
     else:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec
 from tidal.core.scheme import parse_scheme
 from tidal.costmodel.fitted import PROFILE_FORMAT, ProfileRow
@@ -38,6 +39,32 @@ def compositions(totals: Sequence[int], seed: int = 0, mixes: Sequence[int] = (8
             mbs = [sorted((p for x in mb for p in [max_doc] * (x // max_doc) + [x % max_doc] if p > 0),
                           reverse=True) for mb in mbs]
         out += mbs
+    return out
+
+
+def corpus_compositions(lengths: Sequence[int], totals: Sequence[int], per_total: int = 4, seed: int = 0,
+                        max_doc: int | None = None) -> list[list[int]]:
+    """Micro-batches made of the corpus's own documents, so a fit sees the documents-per-token mix training will:
+    per total length, one single document (the quadratic term's leverage) and `per_total` micro-batches filled with
+    documents drawn at random from `lengths` (split above `max_doc`, as training splits them); the last document drawn
+    is cut to fill the total exactly."""
+    docs = np.asarray([int(x) for x in lengths if int(x) > 0], dtype=np.int64)
+    if docs.size == 0:
+        raise TidalError("the corpus has no non-empty document to profile with")
+    if max_doc is not None:
+        docs = np.minimum(docs, max_doc)
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in totals:
+        cut = t if max_doc is None else max_doc
+        out.append([cut] * (t // cut) + ([t % cut] if t % cut else []))
+        for _ in range(per_total):
+            mb, room = [], t
+            while room > 0:
+                d = int(min(docs[rng.integers(docs.size)], room))
+                mb.append(d)
+                room -= d
+            out.append(sorted(mb, reverse=True))
     return out
 
 
