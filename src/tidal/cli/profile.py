@@ -155,10 +155,6 @@ def plot_profile(res, path: Path) -> None:
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=6)
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as e:
-        raise TidalError(f"cannot write {path}: {e.strerror}") from None
-    finally:
-        plt.close(fig)
+    from tidal.cli.render import save_figure
+
+    save_figure(fig, path)

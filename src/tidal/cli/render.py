@@ -30,6 +30,21 @@ def progress(total: int, quiet: bool = False) -> Iterator:
         yield lambda: bar.advance(task)
 
 
+def save_figure(fig, path) -> None:
+    """Lay out, write (one-line error when the path cannot be written) and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    from tidal.core.errors import TidalError
+
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        raise TidalError(f"cannot write {path}: {e.strerror}") from None
+    finally:
+        plt.close(fig)
+
+
 def _gap(step: StepPlan) -> str:
     return f"{100 * step.gap:.1f}%" if step.lower_bound > 0 else "-"
 

@@ -93,10 +93,6 @@ def plot_calibration(rows: list[dict], path: Path, label: str) -> None:
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
     fig.suptitle(f"calibration: {label} (bands: ±5 %, ±10 %)", fontsize=10)
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as e:
-        raise TidalError(f"cannot write {path}: {e.strerror}") from None
-    finally:
-        plt.close(fig)
+    from tidal.cli.render import save_figure
+
+    save_figure(fig, path)
