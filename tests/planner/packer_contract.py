@@ -17,7 +17,7 @@ from tidal.planner.bounds import PipeCost, pipeline_bound
 from tidal.planner.packing import pipeline_time
 
 COEFFS = (LatencyCoeffs(1e-4, 1e-2, 0.05), LatencyCoeffs(0.0, 1e-2, 0.0), LatencyCoeffs(1e-3, 0.0, 0.2),
-          LatencyCoeffs(2e-5, 5e-3, 0.001))
+          LatencyCoeffs(2e-5, 5e-3, 0.001), LatencyCoeffs(2e-5, 5e-3, 0.001, 0.02))
 
 
 class PackerContract:

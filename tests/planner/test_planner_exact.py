@@ -17,7 +17,7 @@ N = 220
 
 def _pipes(rng):
     kinds = [PipeCost(1e-3, 1.0, 0.5, 1, 64), PipeCost(0.5e-3, 0.5, 0.5, 2, 128), PipeCost(2e-4, 0.25, 1.0, 4, 200),
-             PipeCost(2e-3, 2.0, 0.1, 1, 40)]
+             PipeCost(2e-3, 2.0, 0.1, 1, 40), PipeCost(1e-3, 1.0, 0.2, 1, 64, 5.0)]
     k = rng.integers(1, 4)
     return [kinds[rng.integers(0, len(kinds))] for _ in range(k)]
 

@@ -77,7 +77,8 @@ def test_select_with_fixed_packer(lengths, cands):
 
 
 pipe_st = st.builds(PipeCost, st.sampled_from([0.0, 1e-5, 1e-3]), st.sampled_from([0.0, 1e-2, 1.0]),
-                    st.sampled_from([0.0, 0.01, 0.5]), st.integers(1, 5), st.integers(1, 300))
+                    st.sampled_from([0.0, 0.01, 0.5]), st.integers(1, 5), st.integers(1, 300),
+                    st.sampled_from([0.0, 0.0, 0.02, 0.5]))  # d: the per-document term, often absent
 
 
 @settings(max_examples=2500, **SETTINGS)

@@ -11,7 +11,8 @@ pytestmark = [pytest.mark.unit,
               pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed (the Python versions run)")]
 
 KINDS = [PipeCost(1e-3, 1.0, 0.5, 1, 64), PipeCost(0.5e-3, 0.5, 0.5, 2, 128), PipeCost(2e-4, 0.25, 1.0, 4, 200),
-         PipeCost(2e-3, 2.0, 0.1, 1, 40), PipeCost(1e-4, 0.3, 0.0, 2, 150), PipeCost(3e-4, 0.2, 0.2, 1, 256)]
+         PipeCost(2e-3, 2.0, 0.1, 1, 40), PipeCost(1e-4, 0.3, 0.0, 2, 150), PipeCost(3e-4, 0.2, 0.2, 1, 256),
+         PipeCost(3e-4, 0.2, 0.2, 1, 256, 0.7), PipeCost(1e-4, 0.3, 0.1, 2, 150, 2.0)]  # with a per-document term
 
 
 def _case(rng):

@@ -164,13 +164,13 @@ def demo_table(con: Console, s: dict, static: str) -> None:
 def profile_table(con: Console, res) -> None:
     """`tidal profile`: the fitted coefficients, fit error and MaxLen per scheme."""
     t = Table(title=f"fitted cost model ({res.time_source}; MaxLen for {res.memory_bytes / 2**30:.1f} GiB per device)")
-    for c in ("scheme", "rows", "a (s/tok²)", "b (s/tok)", "c (s/mb)", "rel. RMSE", "act. B/token", "MaxLen"):
+    for c in ("scheme", "rows", "a (s/tok²)", "b (s/tok)", "c (s/mb)", "d (s/doc)", "rel. RMSE", "act. B/token", "MaxLen"):
         t.add_column(c, justify="right")
     for sp in res.schemes:
         key = str(sp.scheme)
         f, act = res.model.fits[key], res.activations[key]
         t.add_row(sp.scheme.short(), str(f.rows), f"{f.coeffs.a:.3g}", f"{f.coeffs.b:.3g}", f"{f.coeffs.c:.3g}",
-                  f"{f.rel_rmse:.1%}", f"{act.m1:,.0f}", f"{f.max_len:,}")
+                  f"{f.coeffs.d:.3g}", f"{f.rel_rmse:.1%}", f"{act.m1:,.0f}", f"{f.max_len:,}")
     con.print(t)
 
 

@@ -2,10 +2,11 @@
 
 T(docs, P) for one micro-batch on one pipeline stage (forward + backward) is
 
-    T = c + sum_i (a * l_i^2 + b * l_i)
+    T = c + sum_i (a * l_i^2 + b * l_i + d)
 
-the Hydraulis App. C.2 form with the constant charged once per micro-batch (kernel launches, collective latency) rather
-than once per document, which is what a packed varlen kernel does.
+the Hydraulis App. C.2 form with the constant split in two: c once per micro-batch (kernel launches, collective
+latency: a packed varlen kernel launches once for the whole micro-batch) and d once per document (kernels that run
+per document, e.g. CPU SDPA; 0 in the analytic model and for flash-attn varlen).
 """
 
 from __future__ import annotations
@@ -26,18 +27,19 @@ class LatencyCoeffs:
     a: float  # seconds per token^2 (attention)
     b: float  # seconds per token (GEMMs, elementwise, TP/CP/PP communication)
     c: float  # seconds per micro-batch
+    d: float = 0.0  # seconds per document
 
     def doc_cost(self, lengths: np.ndarray | float) -> np.ndarray | float:
-        """Per-document share a*l^2 + b*l (no constant)."""
+        """Per-document share a*l^2 + b*l + d (without the micro-batch constant c)."""
         l_ = np.asarray(lengths, dtype=np.float64)
-        return self.a * l_ * l_ + self.b * l_
+        return self.a * l_ * l_ + self.b * l_ + self.d
 
     def mb_time(self, lengths) -> float:
         """Time of one micro-batch holding documents `lengths` (0 for an empty micro-batch)."""
         l_ = np.asarray(lengths, dtype=np.float64)
         if l_.size == 0:
             return 0.0
-        return float(self.c + np.sum(self.a * l_ * l_ + self.b * l_))
+        return float(self.c + np.sum(self.a * l_ * l_ + self.b * l_ + self.d))
 
     def util_len(self, threshold: float = 0.85) -> float:
         """Tokens a micro-batch needs before the constant costs < (1 - threshold) of its linear work (Hydraulis App. D

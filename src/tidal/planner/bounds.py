@@ -1,7 +1,7 @@
 """Lower bounds on pipeline and step latency under the cost model (derivations in docs/planner.md).
 
-Cost model: a micro-batch holding documents l_1..l_k on a pipeline with coefficients (a, b, c) runs one stage in
-c + sum(a l^2 + b l); a pipeline of PP stages running V micro-batches takes (PP - 1 + V) * max micro-batch time.
+Cost model: a micro-batch holding documents l_1..l_k on a pipeline with coefficients (a, b, c, d) runs one stage in
+c + sum(a l^2 + b l + d) (the per-document work w(l) = a l^2 + b l + d); a pipeline of PP stages running V micro-batches takes (PP - 1 + V) * max micro-batch time.
 Every micro-batch must hold at most MaxLen tokens.
 """
 
@@ -29,18 +29,24 @@ class PipeCost:
     c: float
     pp: int
     max_len: int
+    d: float = 0.0  # per-document seconds (LatencyCoeffs.d)
 
     @staticmethod
     def of(coeffs: LatencyCoeffs, pp: int, max_len: int) -> PipeCost:
-        return PipeCost(float(coeffs.a), float(coeffs.b), float(coeffs.c), int(pp), int(max_len))
+        return PipeCost(float(coeffs.a), float(coeffs.b), float(coeffs.c), int(pp), int(max_len), float(coeffs.d))
 
     @property
     def coeffs(self) -> LatencyCoeffs:
-        return LatencyCoeffs(self.a, self.b, self.c)
+        return LatencyCoeffs(self.a, self.b, self.c, self.d)
 
     def work(self, lengths: np.ndarray) -> np.ndarray:
+        """Per-document work w(l) = a l^2 + b l + d."""
         l_ = np.asarray(lengths, dtype=np.float64)
-        return self.a * l_ * l_ + self.b * l_
+        return self.a * l_ * l_ + self.b * l_ + self.d
+
+    def w1(self, x: float) -> float:
+        """w(x) for one length, as Python floats."""
+        return self.a * x * x + self.b * x + self.d
 
 
 def check_lengths(lengths) -> np.ndarray:
@@ -61,7 +67,8 @@ def check_lengths(lengths) -> np.ndarray:
 def check_pipe(pp: int, max_len: int, coeffs: LatencyCoeffs) -> None:
     if pp < 1 or max_len < 1:
         raise TidalError(f"pipeline needs pp >= 1 and max_len >= 1, got pp={pp} max_len={max_len}")
-    if min(coeffs.a, coeffs.b, coeffs.c) < 0 or not all(map(math.isfinite, (coeffs.a, coeffs.b, coeffs.c))):
+    co = (coeffs.a, coeffs.b, coeffs.c, coeffs.d)
+    if min(co) < 0 or not all(map(math.isfinite, co)):
         raise TidalError(f"latency coefficients must be finite and >= 0, got {coeffs}")
 
 
@@ -201,18 +208,18 @@ def _top_search(top: list[int], classes: tuple[PipeCost, ...], cnt: np.ndarray, 
             key = tuple(o)
             if x <= p.max_len and key not in seen:  # identical open pipelines are one branch
                 seen.add(key)
-                wx = p.a * x * x + p.b * x
+                wx = p.w1(x)
                 opts.append((f(p, o[1] + wx, o[2] + x, max(o[3], wx), o[4] + 1), o, -1))
         for k, p in enumerate(classes):
             if used[k] < cnt[k] and x <= p.max_len:  # unopened pipelines of a class are interchangeable
-                wx = p.a * x * x + p.b * x
+                wx = p.w1(x)
                 opts.append((f(p, wx, x, wx, 1), None, k))
         opts.sort(key=lambda z: z[0])
         for d, o, k in opts:
             if max(cur, d) >= best[0]:
                 break
             p = classes[o[0] if o is not None else k]
-            wx = p.a * x * x + p.b * x
+            wx = p.w1(x)
             if o is not None:
                 saved = o[:]
                 o[1], o[2], o[3], o[4] = o[1] + wx, o[2] + x, max(o[3], wx), o[4] + 1
@@ -293,12 +300,13 @@ def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int
     A = np.array([p.a for p in classes])
     B = np.array([p.b for p in classes])
     C = np.array([p.c for p in classes])
+    Dd = np.array([p.d for p in classes])
     P = np.array([p.pp for p in classes], dtype=np.float64)
     M = np.array([p.max_len for p in classes], dtype=np.float64)
     elig = l_[:, None] <= M[None, :]
     if not np.all(elig.any(axis=1)):
         return float("inf")
-    w = A[None, :] * (l_ * l_)[:, None] + B[None, :] * l_[:, None]
+    w = A[None, :] * (l_ * l_)[:, None] + B[None, :] * l_[:, None] + Dd[None, :]
     per_doc = np.where(elig, P[None, :] * (C[None, :] + w), np.inf).min(axis=1)
     lb_doc = float(per_doc[wt > 0].max()) if np.any(wt > 0) else 0.0
     wm = np.where(elig, w, np.inf)
@@ -309,7 +317,7 @@ def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int
 
     # Price candidates: inverse work of each class at a few reference lengths, plus uniform.
     refs = np.unique(np.quantile(full if weights is None else l_, [0.0, 0.5, 0.9, 1.0]))
-    Y = np.vstack([1.0 / np.maximum(A * r * r + B * r, 1e-300) for r in refs] + [np.ones(len(classes))])
+    Y = np.vstack([1.0 / np.maximum(A * r * r + B * r + Dd, 1e-300) for r in refs] + [np.ones(len(classes))])
     Y = Y / Y.sum(axis=1, keepdims=True)
     vals = bound_for(Y)
     best_i = int(np.argmax(vals))
@@ -335,7 +343,7 @@ def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int
         # Also price only the faster classes (zero price on the m slowest): the documents that cannot run on the slow
         # classes within T must fit in the fast ones.
         ref = float(np.quantile(full if weights is None else l_, 0.9))
-        slow = np.argsort(-(P * (C + A * ref * ref + B * ref)), kind="stable")
+        slow = np.argsort(-(P * (C + A * ref * ref + B * ref + Dd)), kind="stable")
         Ys = [ys[0], ys[-1]]
         for m in range(1, len(classes)):
             z = ys[-1].copy()

@@ -29,16 +29,16 @@ class DispatchResult:
     loads: tuple[float, ...]  # D_j per pipeline
 
 
-def _cost(A, B, C, Q1, M, Q, S, N, lmax, G, R) -> np.ndarray:
+def _cost(A, B, C, Q1, M, Q, S, N, lmax, G, R, Dd) -> np.ndarray:
     """Capacity-aware pipeline cost (vectorised): min over integer V in [V_min, U] of (PP - 1 + V) * max(c + W / V,
-    c + w(l_max)) with W = a * sum l^2 + b * sum l, U the count and V_min = max(ceil(sum l / MaxLen), G), G the number
+    c + w(l_max)) with W = a * sum l^2 + b * sum l + d * count, U the count and V_min = max(ceil(sum l / MaxLen), G), G the number
     of documents longer than MaxLen / 2 (no two share a micro-batch); 0 when empty. A lower bound on the packed time
     (bounds.pipeline_bound with the G term) that charges the micro-batches MaxLen forces: a PP = 1 pipeline over its
     MaxLen costs >= 2 (c + w(l_max)), not W + 2c. The function of V is convex with continuous minimiser
     min(sqrt((PP - 1) W / c), W / w(l_max)) (docs/planner.md), so only its floor and ceiling (clipped) are evaluated.
     R = sqrt((PP - 1) / c) per pipeline (a huge finite number when c = 0 < PP - 1)."""
-    W = A * Q + B * S
-    wm = A * lmax * lmax + B * lmax
+    W = A * Q + B * S + Dd * N
+    wm = A * lmax * lmax + B * lmax + Dd
     vmin = np.maximum(np.maximum(1.0, np.ceil(S / M)), G)
     vmax = np.maximum(vmin, N)
     v0 = np.minimum(np.sqrt(W) * R, W / np.maximum(wm, 1e-300))
@@ -57,6 +57,7 @@ class _State:
         self.A = np.array([p.a for p in pipes])
         self.B = np.array([p.b for p in pipes])
         self.C = np.array([p.c for p in pipes])
+        self.D = np.array([p.d for p in pipes])
         self.Q1 = np.array([p.pp - 1 for p in pipes], dtype=np.float64)
         self.M = np.array([p.max_len for p in pipes], dtype=np.float64)
         self.R = np.sqrt(self.Q1 / np.where(self.C > 0, self.C, 1e-300)).clip(max=1e150)
@@ -91,7 +92,8 @@ class _State:
         self.load[j] = self.value(j, self.Q[j], self.S[j], self.N[j], self.top1[j], self.G[j])
 
     def value(self, idx, Q, S, N, lmax, G) -> np.ndarray:
-        return _cost(self.A[idx], self.B[idx], self.C[idx], self.Q1[idx], self.M[idx], Q, S, N, lmax, G, self.R[idx])
+        return _cost(self.A[idx], self.B[idx], self.C[idx], self.Q1[idx], self.M[idx], Q, S, N, lmax, G, self.R[idx],
+                     self.D[idx])
 
     def lmax_without(self, j, length):
         """l_max of pipeline(s) j after removing one document of `length` (vectorised)."""
@@ -146,7 +148,7 @@ def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | 
         mcount = np.array([len(m) for m in members], dtype=np.int64)
         owner, bad = kernels.greedy(
             lengths.astype(np.int64), order.astype(np.int64), np.array([p.a for p in classes]),
-            np.array([p.b for p in classes]), np.array([p.c for p in classes]),
+            np.array([p.b for p in classes]), np.array([p.c for p in classes]), np.array([p.d for p in classes]),
             np.array([p.pp - 1 for p in classes], dtype=np.int64),
             np.array([p.max_len for p in classes], dtype=np.int64),
             np.array([j for m in members for j in m], dtype=np.int64), np.concatenate([[0], np.cumsum(mcount)[:-1]]),
@@ -162,15 +164,15 @@ def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | 
     U = [0] * len(pipes)
     G = [0] * len(pipes)
     owner = np.empty(lengths.size, dtype=np.int64)
-    cls = [(k, p.a, p.b, p.c, p.pp - 1, p.max_len) for k, p in enumerate(classes)]
+    cls = [(k, p.a, p.b, p.c, p.d, p.pp - 1, p.max_len) for k, p in enumerate(classes)]
     for i in order.tolist():
         x = int(lengths[i])
         best_key, best_k = None, -1
         wbest = 0.0
-        for k, a, b, c, q, M in cls:
+        for k, a, b, c, d, q, M in cls:
             if x > M:
                 continue
-            wx = a * x * x + b * x
+            wx = a * x * x + b * x + d
             h = heaps[k]
             if h:
                 j = h[0][1]
@@ -232,7 +234,7 @@ def _local_search(st: _State, max_rounds: int, max_docs: int = 16, pairs: bool =
         new_j = st.value(j, st.Q[j] - x2, st.S[j] - xs, st.N[j] - 1, lj, st.G[j] - (xs > st.H[j]))
         new_k = _cost(st.A, st.B, st.C, st.Q1, st.M, st.Q[None, :] + x2[:, None], st.S[None, :] + xs[:, None],
                       st.N[None, :] + 1, np.maximum(st.top1[None, :], xs[:, None]),
-                      st.G[None, :] + (xs[:, None] > st.H[None, :]), st.R)
+                      st.G[None, :] + (xs[:, None] > st.H[None, :]), st.R, st.D)
         val = np.where((all_p[None, :] != j) & (xs[:, None] <= st.M[None, :]), np.maximum(new_j[:, None], new_k),
                        np.inf)
         m = int(np.argmin(val))
@@ -255,7 +257,7 @@ def _local_search(st: _State, max_rounds: int, max_docs: int = 16, pairs: bool =
             lk = st.lmax_without(ke, le[0])[None, :]
             nk = _cost(st.A[ke], st.B[ke], st.C[ke], st.Q1[ke], st.M[ke], st.Q[ke] - le * le + x2[:, None],
                        st.S[ke] - le + xs[:, None], st.N[ke], np.maximum(lk, xs[:, None]),
-                       st.G[ke] - (le > hk) + (xs[:, None] > hk), st.R[ke])
+                       st.G[ke] - (le > hk) + (xs[:, None] > hk), st.R[ke], st.D[ke])
             ok = (le <= st.M[j]) & (xs[:, None] <= st.M[ke][None, :]) & (le != xs[:, None])
             val = np.where(ok, np.maximum(nj, nk), np.inf)
             m = int(np.argmin(val))
@@ -292,7 +294,7 @@ def _pair_swap(st: _State, j: int, mine: np.ndarray, e_idx: np.ndarray, best_val
     lk = st.lmax_without(ke, le[0])[None, :]
     nk = _cost(st.A[ke], st.B[ke], st.C[ke], st.Q1[ke], st.M[ke], st.Q[ke] - le * le + q, st.S[ke] - le + s,
                st.N[ke] + 1, np.maximum(lk, np.maximum(x1, x2)), st.G[ke] - (le > hk) + (x1 > hk) + (x2 > hk),
-               st.R[ke])
+               st.R[ke], st.D[ke])
     ok = (le <= st.M[j]) & (np.maximum(x1, x2) <= st.M[ke][None, :])
     val = np.where(ok, np.maximum(nj, nk), np.inf)
     m = int(np.argmin(val))
@@ -315,7 +317,7 @@ def check_pipes(pipes: Sequence[PipeCost]) -> None:
     if not pipes:
         raise TidalError("a strategy needs at least one pipeline")
     for p in pipes:
-        if p.pp < 1 or p.max_len < 1 or min(p.a, p.b, p.c) < 0:
+        if p.pp < 1 or p.max_len < 1 or min(p.a, p.b, p.c, p.d) < 0:
             raise TidalError(f"bad pipeline cost {p}: need pp >= 1, max_len >= 1 and nonnegative coefficients")
 
 
@@ -381,7 +383,7 @@ def dispatch_hydraulis(lengths, pipes: Sequence[PipeCost], *, trials: int = 100,
                        compiled: bool = True) -> DispatchResult:
     """Faithful re-implementation of Hydraulis Alg. 1 (baseline): `trials` random shuffles, each dispatching sequences
     one by one to the eligible pipeline that minimises the max over pipelines of C_j + E_j, with Hydraulis' per-sequence
-    T(l) = a l^2 + b l + c and E_j = T(l_max) (PP - 1). Returns the best trial, re-scored with our cost. The scan over
+    T(l) = a l^2 + b l + c (+ d, our per-document term) and E_j = T(l_max) (PP - 1). Returns the best trial, re-scored with our cost. The scan over
     pipelines is vectorised; it makes the same choices, float for float, as the per-pipeline loop of the paper (a
     differential test checks it against that loop). With numba (and `compiled`) the loop runs compiled
     (kernels.alg1_trial, same choices)."""
@@ -391,7 +393,7 @@ def dispatch_hydraulis(lengths, pipes: Sequence[PipeCost], *, trials: int = 100,
     D = len(pipes)
     A = np.array([p.a for p in pipes])
     B = np.array([p.b for p in pipes])
-    C = np.array([p.c for p in pipes])
+    C = np.array([p.c for p in pipes]) + np.array([p.d for p in pipes])  # per-sequence constant c + d
     Q1 = np.array([p.pp - 1 for p in pipes], dtype=np.float64)
     M = np.array([p.max_len for p in pipes], dtype=np.float64)
     has_e = bool(np.any(Q1 > 0))
@@ -420,7 +422,7 @@ def _alg1_trial_loop(l_: np.ndarray, pipes: Sequence[PipeCost], perm: np.ndarray
     """One shuffle of Hydraulis Alg. 1, one pipeline at a time as the paper writes it."""
     D = len(pipes)
     Cj, Ej, lmax = [0.0] * D, [0.0] * D, [0] * D
-    cost = [(p.a, p.b, p.c, p.pp - 1, p.max_len) for p in pipes]
+    cost = [(p.a, p.b, p.c + p.d, p.pp - 1, p.max_len) for p in pipes]
     owner = np.empty(l_.size, dtype=np.int64)
     tot = [0.0] * D
     k1, second = 0, 0.0  # first index of the largest C_k + E_k, and the largest over the others
@@ -481,11 +483,10 @@ def _alg1_trial_numpy(l_, pipes, perm, A, B, C, Q1, M, has_e, m_min) -> tuple[np
         j = int(o.argmin())
         if not o[j] < np.inf:
             raise TidalError(f"sequence of length {x} exceeds the MaxLen of every pipeline")
-        p = pipes[j]
-        Cj[j] += p.a * x * x + p.b * x + p.c
+        Cj[j] += A[j] * x * x + B[j] * x + C[j]
         lm_j = max(int(lmax[j]), x)
         lmax[j] = lm_j
-        Ej[j] = (p.a * lm_j ** 2 + p.b * lm_j + p.c) * (p.pp - 1)
+        Ej[j] = (A[j] * lm_j ** 2 + B[j] * lm_j + C[j]) * Q1[j]
         tot[j] = Cj[j] + Ej[j]
         owner[i] = j
     return owner, float(np.max(Cj + Ej)) if D else 0.0

@@ -63,7 +63,7 @@ def dispatch_milp(lengths: np.ndarray, pipes: Sequence[PipeCost], time_limit: fl
         work = []
         for k in by_j[j]:
             x = float(l_[pairs[k][0]])
-            wx = p.a * x * x + p.b * x
+            wx = p.w1(x)
             add([(ie + j, 1.0), (k, -(p.c + wx))], 0.0, np.inf)
             work.append((k, -wx))
         add([(it, 1.0), (iv + j, -p.c), (ie + j, -(p.pp - 1.0))] + work, 0.0, np.inf)

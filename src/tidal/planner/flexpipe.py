@@ -97,14 +97,15 @@ class FlexPipePlanner:
         L = self.cost_model.model.layers
         k1 = self.cost_model.coeffs(ParallelScheme(1, 1, 1, (L,)), self._dev())
         k2 = self.cost_model.coeffs(ParallelScheme(1, 1, 1, (L + 1,)), self._dev())
-        per = [max(0.0, y - x) for x, y in zip((k1.a, k1.b, k1.c), (k2.a, k2.b, k2.c))]
-        head = [max(0.0, x - L * p) for x, p in zip((k1.a, k1.b, k1.c), per)]
+        per = [max(0.0, y - x) for x, y in zip((k1.a, k1.b, k1.c, k1.d), (k2.a, k2.b, k2.c, k2.d))]
+        head = [max(0.0, x - L * p) for x, p in zip((k1.a, k1.b, k1.c, k1.d), per)]
         return LatencyCoeffs(*per), LatencyCoeffs(*head)
 
     def stage_op_time(self, n_layers: int, gpus: int, last: bool, s1: float, s2: float, n_micro: int,
                       recompute: float = 0.0, mu: float = 0.0) -> float:
         """t_i of Eq. 1 for a micro-batch with sum l = s1, sum l^2 = s2 split over the stage's GPUs (a document of mu
-        tokens, the longest, is not split)."""
+        tokens, the longest, is not split). FlexPipe's search works on (sum l, sum l^2) only, so a per-document
+        term d of the cost model is not charged here (the analytic model has none; docs/costmodel.md)."""
         per, head = self._per_layer()
         k = LatencyCoeffs(per.a * n_layers + (head.a if last else 0), per.b * n_layers + (head.b if last else 0),
                           per.c * n_layers + (head.c if last else 0))

@@ -119,7 +119,7 @@ def _sift_up(key, ids, off, pos):
             return
 
 
-def _greedy(lengths, order, ca, cb, cc, cq, cm, members, moff, mcount, pmax):
+def _greedy(lengths, order, ca, cb, cc, cd, cq, cm, members, moff, mcount, pmax):
     """dispatch._greedy compiled: each sequence (in `order`) to the eligible pipeline with the least resulting cost,
     trying per class only its first empty pipeline and its least-loaded used one (heap top by (cost, index)).
     Classes k hold pipelines members[moff[k]:moff[k] + mcount[k]] in ascending order. Returns the owner per sequence
@@ -149,7 +149,7 @@ def _greedy(lengths, order, ca, cb, cc, cq, cm, members, moff, mcount, pmax):
             if x > M:
                 continue
             a, b, c, q = ca[k], cb[k], cc[k], cq[k]
-            wx = a * x * x + b * x
+            wx = a * x * x + b * x + cd[k]
             if hsize[k] > 0:
                 j = hid[moff[k]]
                 tok = T[j] + x

@@ -116,17 +116,17 @@ def expected_cost(hist, pipes: Sequence[PipeCost]) -> float:
     lb = strategy_bound(rep, pipes, weights=w, top=0)
     # the longest document of the distribution must fit and run somewhere
     top = hi[keep].max()
-    doc = min((p.pp * (p.c + p.a * top * top + p.b * top) for p in pipes if p.max_len >= top), default=math.inf)
+    doc = min((p.pp * (p.c + p.w1(top)) for p in pipes if p.max_len >= top), default=math.inf)
     return max(lb, doc)
 
 
 def _dp(t: float, K: dict, hist, d_step: float):
     """n_t[l] for every bin prefix, with backtracking pointers."""
     hi, cnt, s1, s2 = hist
-    A, B, C, P, M, Nd = K["a"], K["b"], K["c"], K["pp"], K["max_len"], K["n"]
+    A, B, C, P, M, Nd, Dd = K["a"], K["b"], K["c"], K["pp"], K["max_len"], K["n"], K["d"]
     cap = work_capacity(np.full(A.size, t), C, P)
     nb = hi.size
-    W = np.cumsum(A[:, None] * s2[None, :] + B[:, None] * s1[None, :], axis=1)  # K x nb prefix work
+    W = np.cumsum(A[:, None] * s2[None, :] + B[:, None] * s1[None, :] + Dd[:, None] * cnt[None, :], axis=1)  # prefix work
     W = np.hstack([np.zeros((A.size, 1)), W])
     n = np.zeros(nb + 1)
     arg = np.zeros((nb + 1, 2), dtype=np.int64)
@@ -135,7 +135,7 @@ def _dp(t: float, K: dict, hist, d_step: float):
             n[l], arg[l] = n[l - 1], (-1, l - 1)
             continue
         x = hi[l - 1]
-        ok = (x <= M) & (P * (C + A * x * x + B * x) <= t) & (cap > 0)
+        ok = (x <= M) & (P * (C + A * x * x + B * x + Dd) <= t) & (cap > 0)
         if not ok.any():
             n[l:] = np.inf
             return n, arg
@@ -156,7 +156,7 @@ def _backtrack(arg, L: int, t: float, K: dict, hist, d_step: float) -> np.ndarra
     while l > 0:
         k, lp = arg[l]
         if k >= 0:
-            work = float(K["a"][k] * s2[lp:l].sum() + K["b"][k] * s1[lp:l].sum())
+            work = float(K["a"][k] * s2[lp:l].sum() + K["b"][k] * s1[lp:l].sum() + K["d"][k] * cnt[lp:l].sum())
             d[k] += math.ceil(work / cap[k] / d_step - 1e-9) * d_step
         l = lp
     return d
@@ -247,7 +247,7 @@ def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: in
     space = tuple(schemes) if schemes is not None else scheme_space(cost_model, N)
     dev = _device(cost_model)
     pc = [PipeCost.of(cost_model.coeffs(s, dev), s.pp, cost_model.max_len(s, dev)) for s in space]
-    K = {f: np.array([getattr(p, f) for p in pc], dtype=np.float64) for f in ("a", "b", "c", "pp", "max_len")}
+    K = {f: np.array([getattr(p, f) for p in pc], dtype=np.float64) for f in ("a", "b", "c", "d", "pp", "max_len")}
     K["n"] = np.array([s.num_devices for s in space], dtype=np.float64)
     sample_top = int(min(np.max(lengths), max_len)) if np.size(lengths) else 0
     full = _cover(_histogram(lengths, tokens_per_step, max_len, bin_width), max_len)

@@ -134,7 +134,7 @@ def greedy_pack(lengths: np.ndarray, order: list[int], coeffs: LatencyCoeffs, n:
     lheap = [(T[j], j) for j in range(n)]
     heapq.heapify(wheap)
     heapq.heapify(lheap)
-    a, b = coeffs.a, coeffs.b
+    a, b, d = coeffs.a, coeffs.b, coeffs.d
     left: list[int] = []
     for i in order:
         ln = int(lengths[i])
@@ -149,7 +149,7 @@ def greedy_pack(lengths: np.ndarray, order: list[int], coeffs: LatencyCoeffs, n:
                 left.append(i)
                 continue
         mbs[j].append(i)
-        W[j] += a * ln * ln + b * ln
+        W[j] += a * ln * ln + b * ln + d
         T[j] += ln
         heapq.heappush(wheap, (W[j], j))
         heapq.heappush(lheap, (T[j], j))

@@ -58,6 +58,7 @@ def calibration_fields(step: StepPlan, cost_model: CostModel, compute_busy: Sequ
             "micro_batches": len(mbs),
             "sum_len": int(sum(sum(m) for m in mbs)),
             "sum_sq": int(sum(x * x for m in mbs for x in m)),
+            "docs": int(sum(len(m) for m in mbs)),
             "predicted_s": float(sum(co.mb_time(m) for m in mbs)),
             "measured_s": float(max(compute_busy[r] for r in p.devices)),
         })
@@ -71,7 +72,8 @@ def calibration_fields(step: StepPlan, cost_model: CostModel, compute_busy: Sequ
 
 def observations(row: dict) -> list[PipelineObs]:
     return [PipelineObs(p["scheme"], float(p["sum_sq"]), float(p["sum_len"]), int(p["micro_batches"]),
-                        float(p["measured_s"])) for p in row.get("pipelines", ()) if p["measured_s"] > 0]
+                        float(p["measured_s"]), int(p.get("docs", 0))) for p in row.get("pipelines", ())
+            if p["measured_s"] > 0]
 
 
 class OnlineRefit:
@@ -145,7 +147,8 @@ def _check_row(row: dict, where: str) -> None:
 
 def repredict(rows: list[dict], cost_model: CostModel) -> list[dict]:
     """The rows with predictions recomputed by another cost model (features are exact: sum_j T_j =
-    a * sum_sq + b * sum_len + c * V)."""
+    a * sum_sq + b * sum_len + c * V + d * docs). Rows written before the `docs` field existed can only be
+    re-predicted by a model without a per-document term."""
     out = []
     for row in rows:
         pipes = []
@@ -154,6 +157,11 @@ def repredict(rows: list[dict], cost_model: CostModel) -> list[dict]:
             devices = tuple(q.get("ranks") or range(scheme.num_devices))
             co = cost_model.coeffs(scheme, pipeline_device(cost_model.cluster, Pipeline(scheme, devices)))
             pred = co.a * q["sum_sq"] + co.b * q["sum_len"] + co.c * q["micro_batches"]
+            if co.d:
+                if "docs" not in q:
+                    raise TidalError(f"a pipeline row has no 'docs' count, needed by the per-document term d of "
+                                     f"{q['scheme']}; re-run tidal train to record it")
+                pred += co.d * q["docs"]
             pipes.append({**q, "predicted_s": float(pred)})
         out.append({**row, "pipelines": pipes, "predicted_s": max((q["predicted_s"] for q in pipes), default=0.0)})
     return out

@@ -48,7 +48,7 @@ class Variant:
     def coeffs(self, scheme, device) -> LatencyCoeffs:
         k = self.base.coeffs(scheme, device)
         f = 4.0 / 3.0 if self.recompute else 1.0
-        return LatencyCoeffs(k.a * f, k.b * f, k.c * f)
+        return LatencyCoeffs(k.a * f, k.b * f, k.c * f, k.d * f)
 
     def max_len(self, scheme, device) -> int:
         mem = getattr(self.base, "memory", None)

@@ -200,8 +200,8 @@ class Simulator:
         if key not in self._coeffs:
             k1 = self.cm.coeffs(ParallelScheme(tp, 1, cp, (layers,)), dev)
             k2 = self.cm.coeffs(ParallelScheme(tp, 1, cp, (layers + 1,)), dev)
-            per = [max(0.0, y - x) for x, y in zip((k1.a, k1.b, k1.c), (k2.a, k2.b, k2.c))]
-            head = [max(0.0, x - layers * p) for x, p in zip((k1.a, k1.b, k1.c), per)]
+            per = [max(0.0, y - x) for x, y in zip((k1.a, k1.b, k1.c, k1.d), (k2.a, k2.b, k2.c, k2.d))]
+            head = [max(0.0, x - layers * p) for x, p in zip((k1.a, k1.b, k1.c, k1.d), per)]
             self._coeffs[key] = LatencyCoeffs(*(layers * p + (h if last else 0.0) for p, h in zip(per, head)))
         return self._coeffs[key]
 
@@ -211,7 +211,9 @@ class Simulator:
         slowest stage's forward + backward, `tidal profile`), not a per-layer slope, so `stage_coeffs` (which asks
         the model for one-stage schemes of L and L + 1 layers, never profiled) would otherwise see only the fitted
         model's analytic fallback. The stages keep the analytic split between them; the envelope (element-wise max
-        over stages, as the analytic model combines stages) is scaled onto the fit."""
+        over stages, as the analytic model combines stages) is scaled onto the fit. The per-document term d (which
+        the analytic model does not have) is the fit's d on the stage with the most layers, in proportion to the
+        layers on the others (`fit_d`)."""
         if not isinstance(self.cm, FittedCostModel):
             return None
         even = ParallelScheme(p.tp, p.pp, p.cp).stage_layers(self.model.layers)
@@ -228,6 +230,13 @@ class Simulator:
                 self._scales[key] = tuple(f / e if e > 0 else 1.0
                                           for f, e in zip((fit.coeffs.a, fit.coeffs.b, fit.coeffs.c), env))
         return self._scales[key]
+
+    def fit_d(self, p: PipelinePlan) -> float:
+        """The fitted per-document seconds of the pipeline's scheme (only called when `fit_scale` found a fit)."""
+        split = p.layer_split or ParallelScheme(p.tp, p.pp, p.cp).stage_layers(self.model.layers)
+        even = ParallelScheme(p.tp, p.pp, p.cp).stage_layers(self.model.layers)
+        fit = self.cm.fits[str(ParallelScheme(p.tp, p.pp, p.cp, None if tuple(split) == even else split))]
+        return float(fit.coeffs.d)
 
     def _cp_factor(self, lengths: np.ndarray, cp: int, tp: int, mode: str, dev: DeviceType) -> float:
         """Slowest CP rank's attention time over a perfect 1/CP share (>= 1 up to kernel efficiency)."""
@@ -284,7 +293,9 @@ class Simulator:
         ks = []
         for s in range(p.pp):
             k = self.stage_coeffs(p.tp, p.cp, split[s], s == p.pp - 1, types[s])
-            ks.append(k if scale is None else LatencyCoeffs(k.a * scale[0], k.b * scale[1], k.c * scale[2]))
+            if scale is not None:
+                k = LatencyCoeffs(k.a * scale[0], k.b * scale[1], k.c * scale[2], self.fit_d(p) * split[s] / max(split))
+            ks.append(k)
         fb = np.zeros((p.pp, v))
         toks = np.zeros(v)
         for m, mb in enumerate(p.micro_batches):
@@ -295,7 +306,7 @@ class Simulator:
             for s in range(p.pp):
                 k = ks[s]
                 f = self._cp_factor(lengths[list(mb)], p.cp, p.tp, mode, types[s]) if p.cp > 1 and k.a > 0 else 1.0
-                fb[s, m] = k.c + k.a * sq * f + k.b * toks[m]
+                fb[s, m] = k.c + k.a * sq * f + k.b * toks[m] + k.d * len(mb)
         fs = self.cfg.fwd_share
         n = p.tp * p.cp
         p2p = np.zeros((max(p.pp - 1, 0), v))
