@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tidal.cli.main import main
-from tidal.core import get_cluster, get_model
+from tidal.core import TidalError, get_cluster, get_model
 from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.scheme import parse_strategy
 from tidal.core.strategy import place
@@ -126,3 +126,24 @@ def test_plans_recording_the_even_layer_split_are_costed_as_the_plain_scheme():
     step = StepPlan((0,), (300,), 0, (PipelinePlan(1, 1, 1, (0,), 4096, ((0,),), 0.0, (), (6,)),), (), 0.0, 0.0)
     (q,) = calibration_fields(step, fm, [0.1, 0, 0, 0], "p.json")["pipelines"]
     assert q["scheme"] == "tp1pp1cp1" and q["predicted_s"] == pytest.approx(k.mb_time([300]))
+
+
+def test_per_document_term_is_predicted_and_re_predicted_from_the_docs_count():
+    from types import MappingProxyType
+
+    from tidal.costmodel import LatencyCoeffs
+    from tidal.costmodel.fitted import FittedCostModel, SchemeFit
+
+    k = LatencyCoeffs(2e-7, 5e-5, 0.01, 7e-4)
+    cm = FittedCostModel(TINY, CPU4, MappingProxyType({"tp1pp1cp1": SchemeFit(k, 10, 0.0)}),
+                         AnalyticCostModel(TINY, CPU4))
+    f = calibration_fields(_step(), cm, [0.5, 0.7, 0.2, 0.0], "fitted")
+    p1 = f["pipelines"][1]
+    assert (p1["scheme"], p1["docs"]) == ("tp1pp1cp1", 1)
+    assert p1["predicted_s"] == pytest.approx(0.01 + 2e-7 * 700**2 + 5e-5 * 700 + 7e-4)
+    again = repredict([{**f, "pipelines": [dict(p, predicted_s=0.0) for p in f["pipelines"]]}], cm)[0]
+    assert again["pipelines"][1]["predicted_s"] == pytest.approx(p1["predicted_s"])
+    old = {**f, "pipelines": [{q: v for q, v in p.items() if q != "docs"} for p in f["pipelines"]]}
+    with pytest.raises(TidalError, match="no 'docs' count"):
+        repredict([old], cm)
+    assert repredict([old], AnalyticCostModel(TINY, CPU4))  # a model without d needs no count

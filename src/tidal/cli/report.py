@@ -4,7 +4,7 @@ predicted the measured time of a `tidal train` run, per step and per pipeline (d
 Prints the median and p90 of |predicted - measured| / measured as plain lines (and a table per scheme), and writes a
 predicted-vs-measured scatter PNG. `--cost-model` re-predicts the same steps with another model (a fitted JSON or
 profile CSV, or `analytic`), from the per-pipeline features every row carries (exact: sum_j T_j =
-a * sum_sq + b * sum_len + c * micro_batches).
+a * sum_sq + b * sum_len + c * micro_batches + d * docs).
 """
 
 from __future__ import annotations
