@@ -164,7 +164,8 @@ def demo_table(con: Console, s: dict, static: str) -> None:
 def profile_table(con: Console, res) -> None:
     """`tidal profile`: the fitted coefficients, fit error and MaxLen per scheme."""
     t = Table(title=f"fitted cost model ({res.time_source}; MaxLen for {res.memory_bytes / 2**30:.1f} GiB per device)")
-    for c in ("scheme", "rows", "a (s/tok²)", "b (s/tok)", "c (s/mb)", "d (s/doc)", "rel. RMSE", "act. B/token", "MaxLen"):
+    cols = ("scheme", "rows", "a (s/tok²)", "b (s/tok)", "c (s/mb)", "d (s/doc)", "rel. RMSE", "act. B/token", "MaxLen")
+    for c in cols:
         t.add_column(c, justify="right")
     for sp in res.schemes:
         key = str(sp.scheme)

@@ -1,8 +1,8 @@
 """Lower bounds on pipeline and step latency under the cost model (derivations in docs/planner.md).
 
 Cost model: a micro-batch holding documents l_1..l_k on a pipeline with coefficients (a, b, c, d) runs one stage in
-c + sum(a l^2 + b l + d) (the per-document work w(l) = a l^2 + b l + d); a pipeline of PP stages running V micro-batches takes (PP - 1 + V) * max micro-batch time.
-Every micro-batch must hold at most MaxLen tokens.
+c + sum(a l^2 + b l + d) (the per-document work w(l) = a l^2 + b l + d); a pipeline of PP stages running V
+micro-batches takes (PP - 1 + V) * max micro-batch time. Every micro-batch must hold at most MaxLen tokens.
 """
 
 from __future__ import annotations

@@ -30,13 +30,13 @@ class DispatchResult:
 
 
 def _cost(A, B, C, Q1, M, Q, S, N, lmax, G, R, Dd) -> np.ndarray:
-    """Capacity-aware pipeline cost (vectorised): min over integer V in [V_min, U] of (PP - 1 + V) * max(c + W / V,
-    c + w(l_max)) with W = a * sum l^2 + b * sum l + d * count, U the count and V_min = max(ceil(sum l / MaxLen), G), G the number
-    of documents longer than MaxLen / 2 (no two share a micro-batch); 0 when empty. A lower bound on the packed time
-    (bounds.pipeline_bound with the G term) that charges the micro-batches MaxLen forces: a PP = 1 pipeline over its
-    MaxLen costs >= 2 (c + w(l_max)), not W + 2c. The function of V is convex with continuous minimiser
-    min(sqrt((PP - 1) W / c), W / w(l_max)) (docs/planner.md), so only its floor and ceiling (clipped) are evaluated.
-    R = sqrt((PP - 1) / c) per pipeline (a huge finite number when c = 0 < PP - 1)."""
+    """Capacity-aware pipeline cost (vectorised): min over integer V in [V_min, U] of (PP - 1 + V) * max(c + W / V, c +
+    w(l_max)) with W = a * sum l^2 + b * sum l + d * count, U the count and V_min = max(ceil(sum l / MaxLen), G), G the
+    number of documents longer than MaxLen / 2 (no two share a micro-batch); 0 when empty. A lower bound on the packed
+    time (bounds.pipeline_bound with the G term) that charges the micro-batches MaxLen forces: a PP = 1 pipeline over
+    its MaxLen costs >= 2 (c + w(l_max)), not W + 2c. The function of V is convex with continuous minimiser min(sqrt((PP
+    - 1) W / c), W / w(l_max)) (docs/planner.md), so only its floor and ceiling (clipped) are evaluated. R = sqrt((PP -
+    1) / c) per pipeline (a huge finite number when c = 0 < PP - 1)."""
     W = A * Q + B * S + Dd * N
     wm = A * lmax * lmax + B * lmax + Dd
     vmin = np.maximum(np.maximum(1.0, np.ceil(S / M)), G)
@@ -383,10 +383,10 @@ def dispatch_hydraulis(lengths, pipes: Sequence[PipeCost], *, trials: int = 100,
                        compiled: bool = True) -> DispatchResult:
     """Faithful re-implementation of Hydraulis Alg. 1 (baseline): `trials` random shuffles, each dispatching sequences
     one by one to the eligible pipeline that minimises the max over pipelines of C_j + E_j, with Hydraulis' per-sequence
-    T(l) = a l^2 + b l + c (+ d, our per-document term) and E_j = T(l_max) (PP - 1). Returns the best trial, re-scored with our cost. The scan over
-    pipelines is vectorised; it makes the same choices, float for float, as the per-pipeline loop of the paper (a
-    differential test checks it against that loop). With numba (and `compiled`) the loop runs compiled
-    (kernels.alg1_trial, same choices)."""
+    T(l) = a l^2 + b l + c (+ d, our per-document term) and E_j = T(l_max) (PP - 1). Returns the best trial, re-scored
+    with our cost. The scan over pipelines is vectorised; it makes the same choices, float for float, as the
+    per-pipeline loop of the paper (a differential test checks it against that loop). With numba (and `compiled`) the
+    loop runs compiled (kernels.alg1_trial, same choices)."""
     l_ = check_lengths(lengths)
     check_pipes(pipes)
     rng = np.random.default_rng(seed)

@@ -126,7 +126,7 @@ def _dp(t: float, K: dict, hist, d_step: float):
     A, B, C, P, M, Nd, Dd = K["a"], K["b"], K["c"], K["pp"], K["max_len"], K["n"], K["d"]
     cap = work_capacity(np.full(A.size, t), C, P)
     nb = hi.size
-    W = np.cumsum(A[:, None] * s2[None, :] + B[:, None] * s1[None, :] + Dd[:, None] * cnt[None, :], axis=1)  # prefix work
+    W = np.cumsum(A[:, None] * s2[None, :] + B[:, None] * s1[None, :] + Dd[:, None] * cnt[None, :], axis=1)  # prefix
     W = np.hstack([np.zeros((A.size, 1)), W])
     n = np.zeros(nb + 1)
     arg = np.zeros((nb + 1, 2), dtype=np.int64)

@@ -43,7 +43,8 @@ def simulate_mapping(sim: Simulator, mp: Mapping, recompute, lengths: np.ndarray
         k = sim.stage_coeffs(1, 1, mp.layers[s], s == S - 1, dev[s])
         for j, mb in enumerate(mbs):
             ls = lengths[list(mb)].astype(np.float64)
-            fb[s, j] = (k.c + _split_time(k.a * ls * ls + k.b * ls + k.d, mp.gpus[s])) * (1 + recompute[s] * cfg.fwd_share)
+            work = _split_time(k.a * ls * ls + k.b * ls + k.d, mp.gpus[s])
+            fb[s, j] = (k.c + work) * (1 + recompute[s] * cfg.fwd_share)
     p2p = np.zeros((max(S - 1, 0), v))
     for s in range(S - 1):
         bw = sim._bw(groups[s][0], groups[s + 1][0])
