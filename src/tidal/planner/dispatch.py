@@ -207,10 +207,27 @@ def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | 
 
 
 def _local_search(st: _State, max_rounds: int, max_docs: int = 16, pairs: bool = False, target: float = 0.0,
-                  min_gain: float = 1e-4, deadline: float | None = None) -> bool:
+                  min_gain: float = 1e-4, deadline: float | None = None, compiled: bool = True) -> bool:
     """Move or swap documents off the bottleneck pipeline while that lowers it by more than `min_gain` (relative);
     all candidate moves of one round are evaluated in one vectorised pass. Stops at `target` (nothing better exists)
-    or at `deadline` (time.perf_counter value). Returns False when cut short by the deadline."""
+    or at `deadline` (time.perf_counter value). Returns False when cut short by the deadline. Runs the compiled
+    rounds (kernels.local_search, same moves) when numba is there and `compiled`; with a deadline they run in chunks
+    of 4 rounds, the deadline checked between chunks."""
+    from tidal.planner import kernels
+
+    if compiled and kernels.AVAILABLE:
+        chunk = max_rounds if deadline is None else 4
+        done = 0
+        while done < max_rounds:
+            if deadline is not None and time.perf_counter() > deadline:
+                return False
+            n = min(chunk, max_rounds - done)
+            if kernels.local_search(st.l, st.lf, st.owner, st.A, st.B, st.C, st.Q1, st.M, st.R, st.H, st.S, st.Q,
+                                    st.N, st.G, st.top1, st.cnt1, st.top2, st.load, n, max_docs, pairs, target,
+                                    min_gain):
+                return True
+            done += n
+        return True
     n_p = len(st.S)
     all_p = np.arange(n_p)
     for _ in range(max_rounds):
@@ -241,7 +258,7 @@ def _local_search(st: _State, max_rounds: int, max_docs: int = 16, pairs: bool =
             best_val, best_act = float(val.flat[m]), (int(sel[u]), k, -1)
         if st.l.size > 256 and n_p > 8:
             # Large steps: swap partners only from the 8 least-loaded pipelines (where a bottleneck's work can go).
-            light = np.argpartition(st.load, 8)[:8]
+            light = np.argsort(st.load, kind="stable")[:8]  # ties by index
             e_idx = np.flatnonzero(np.isin(st.owner, light[light != j]))
         else:
             e_idx = np.flatnonzero(st.owner != j)
