@@ -119,9 +119,8 @@ def work_capacity(t: np.ndarray, c: np.ndarray, pp: np.ndarray) -> np.ndarray:
     return np.maximum(np.where(t > thr, root * root, t / p - c), 0.0)
 
 
-def min_time(G: np.ndarray, c: np.ndarray, pp: np.ndarray, total: np.ndarray) -> np.ndarray:
-    """Per row r, the T solving sum_k G[r, k] cap_k(T) = total[r] (exactly: the sum is A T + B sqrt(T) + C0 between
-    consecutive breakpoints PP c and PP^2 c / (PP - 1) of the caps, so each segment is a quadratic in sqrt(T))."""
+def _min_time_consts(c: np.ndarray, pp: np.ndarray) -> tuple:
+    """What min_time needs of the classes alone (c, PP): computed once per candidate by ClassArrays."""
     c = np.asarray(c, dtype=np.float64)
     p = np.asarray(pp, dtype=np.float64)
     q = p - 1.0
@@ -129,7 +128,16 @@ def min_time(G: np.ndarray, c: np.ndarray, pp: np.ndarray, total: np.ndarray) ->
     with np.errstate(divide="ignore", invalid="ignore"):
         b2 = np.where(q > 0, p * p * c / np.where(q > 0, q, 1.0), np.inf)
     bps = np.unique(np.concatenate([[0.0], p * c, b2[np.isfinite(b2)]]))
-    Fb = G @ work_capacity(bps[None, :], c[:, None], p[:, None])  # R x nb
+    return c, p, s, b2, bps, work_capacity(bps[None, :], c[:, None], p[:, None])
+
+
+def min_time(G: np.ndarray, c: np.ndarray, pp: np.ndarray, total: np.ndarray,
+             consts: tuple | None = None) -> np.ndarray:
+    """Per row r, the T solving sum_k G[r, k] cap_k(T) = total[r] (exactly: the sum is A T + B sqrt(T) + C0 between
+    consecutive breakpoints PP c and PP^2 c / (PP - 1) of the caps, so each segment is a quadratic in sqrt(T)).
+    `consts`: _min_time_consts(c, pp), when the caller has it already."""
+    c, p, s, b2, bps, capb = _min_time_consts(c, pp) if consts is None else consts
+    Fb = G @ capb  # R x nb
     seg = np.sum(Fb < total[:, None], axis=1)  # crossing lies in (bps[seg-1], bps[seg]] (or beyond the last)
     left = bps[np.maximum(seg - 1, 0)]
     right = np.where(seg < bps.size, bps[np.minimum(seg, bps.size - 1)], np.inf)
@@ -152,6 +160,49 @@ def group_pipes(pipes: Sequence[PipeCost]) -> tuple[tuple[PipeCost, ...], np.nda
     for p in pipes:
         order[p] = order.get(p, 0) + 1
     return tuple(order), np.array(list(order.values()), dtype=np.float64)
+
+
+@dataclass(frozen=True, eq=False)
+class ClassArrays:
+    """A strategy's pipeline classes (group_pipes order) as the arrays the bounds use, with min_time's constants:
+    built once per candidate (StrategyProfile.class_arrays), not once per bound."""
+
+    classes: tuple[PipeCost, ...]
+    cnt: np.ndarray  # pipelines per class
+    A: np.ndarray
+    B: np.ndarray
+    C: np.ndarray
+    P: np.ndarray  # PP, float
+    M: np.ndarray  # MaxLen, float
+    mt: tuple  # _min_time_consts(C, P)
+
+    @staticmethod
+    def of(grouped: tuple[tuple[PipeCost, ...], np.ndarray]) -> ClassArrays:
+        classes, cnt = grouped
+        C = np.array([p.c for p in classes])
+        P = np.array([p.pp for p in classes], dtype=np.float64)
+        return ClassArrays(classes, cnt, np.array([p.a for p in classes]), np.array([p.b for p in classes]), C, P,
+                           np.array([p.max_len for p in classes], dtype=np.float64), _min_time_consts(C, P))
+
+
+@dataclass(frozen=True, eq=False)
+class StepLengths:
+    """One step's lengths as strategy_bound uses them (distinct lengths and their counts, quantiles): computed once
+    per step (prepare_lengths) and shared by the bounds of every candidate."""
+
+    full: np.ndarray  # float64, as given
+    uniq: np.ndarray  # distinct lengths, ascending
+    wt: np.ndarray  # count of each
+    refs: np.ndarray  # distinct quantiles 0, 0.5, 0.9, 1 of full
+    ref90: float  # quantile 0.9 of full
+
+
+def prepare_lengths(lengths) -> StepLengths:
+    full = np.asarray(lengths, dtype=np.float64)
+    uniq, inv = np.unique(full, return_inverse=True)
+    wt = np.bincount(inv.ravel(), weights=np.ones_like(full), minlength=uniq.size)
+    refs = np.unique(np.quantile(full, [0.0, 0.5, 0.9, 1.0])) if full.size else full
+    return StepLengths(full, uniq, wt, refs, float(np.quantile(full, 0.9)) if full.size else 0.0)
 
 
 class _Abort(Exception):
@@ -229,7 +280,7 @@ def _top_search(top: list[int], classes: tuple[PipeCost, ...], cnt: np.ndarray, 
     return best[0]
 
 
-def _timed(Y, w, wt, tau, cnt, C, P, lo: float) -> float:
+def _timed(Y, w, wt, tau, cnt, C, P, lo: float, mt: tuple | None = None) -> float:
     """Work bound with time-dependent eligibility: at step time T a document may only use pipelines where it alone
     fits (PP (c + w) <= T). lhs_r(T) = sum_i min_{j ok at T} y_rj w_ij is nonincreasing and rhs_r(T) =
     sum_j y_rj cap_j(T) nondecreasing in T, so the optimum T* lies above every T where lhs > rhs for some price row r.
@@ -261,13 +312,14 @@ def _timed(Y, w, wt, tau, cnt, C, P, lo: float) -> float:
         L = L0[:, None]
     a = np.concatenate([[lo], starts])  # segment s is [a[s], b[s]) with lhs L[:, s]
     b = np.concatenate([starts, [np.inf]])
-    Ts = min_time(np.repeat(G, a.size, axis=0), C, P, np.maximum(L, 0.0).ravel()).reshape(R, a.size)
+    Ts = min_time(np.repeat(G, a.size, axis=0), C, P, np.maximum(L, 0.0).ravel(), mt).reshape(R, a.size)
     cand = np.where(Ts > a[None, :], np.minimum(Ts, b[None, :]), -np.inf)
     return max(lo, float(cand.max()))
 
 
 def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int = 6, top: int = 6,
-                   timed: bool = True, grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None) -> float:
+                   timed: bool = True, grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None,
+                   arrays: ClassArrays | None = None, prep: StepLengths | None = None) -> float:
     """Lower bound on the optimal step time of documents `lengths` on a strategy (any dispatch, any packing).
 
     max(LB_doc, LB_work):
@@ -278,23 +330,28 @@ def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int
                 (LP duality of the fractional assignment with per-pipeline capacity cap_j); any y gives a valid bound,
                 we try a few and improve them by multiplicative price updates.
     `weights` (optional) multiplies each document (expected counts of a length histogram). inf when a document fits
-    no pipeline. `grouped`: group_pipes(pipes), when the caller has it already.
+    no pipeline. `grouped`: group_pipes(pipes), `arrays`: ClassArrays of it, `prep`: prepare_lengths(lengths) (without
+    `weights`), when the caller has them already (the same bound, computed once per candidate or step).
 
     Repeated lengths are merged into one weighted document first (the bound is a function of the length multiset;
     large steps hold 5-10x fewer distinct lengths than documents)."""
-    l_ = np.asarray(lengths, dtype=np.float64)
-    if l_.size == 0 or not pipes:
-        return 0.0 if l_.size == 0 else float("inf")
-    full = l_
-    wt = np.ones_like(l_) if weights is None else np.asarray(weights, dtype=np.float64)
-    l_, inv = np.unique(l_, return_inverse=True)
-    wt = np.bincount(inv.ravel(), weights=wt, minlength=l_.size)
-    classes, cnt = group_pipes(pipes) if grouped is None else grouped
-    A = np.array([p.a for p in classes])
-    B = np.array([p.b for p in classes])
-    C = np.array([p.c for p in classes])
-    P = np.array([p.pp for p in classes], dtype=np.float64)
-    M = np.array([p.max_len for p in classes], dtype=np.float64)
+    if prep is None or weights is not None:
+        l_ = np.asarray(lengths, dtype=np.float64)
+        if l_.size == 0 or not pipes:
+            return 0.0 if l_.size == 0 else float("inf")
+        full = l_
+        wt = np.ones_like(l_) if weights is None else np.asarray(weights, dtype=np.float64)
+        l_, inv = np.unique(l_, return_inverse=True)
+        wt = np.bincount(inv.ravel(), weights=wt, minlength=l_.size)
+        # Price reference lengths: quantiles of the documents (of the distinct lengths when weighted).
+        refs = np.unique(np.quantile(full if weights is None else l_, [0.0, 0.5, 0.9, 1.0]))
+        ref90 = float(np.quantile(full if weights is None else l_, 0.9)) if timed else 0.0
+    else:
+        if prep.full.size == 0 or not pipes:
+            return 0.0 if prep.full.size == 0 else float("inf")
+        full, l_, wt, refs, ref90 = prep.full, prep.uniq, prep.wt, prep.refs, prep.ref90
+    ca = ClassArrays.of(group_pipes(pipes) if grouped is None else grouped) if arrays is None else arrays
+    classes, cnt, A, B, C, P, M = ca.classes, ca.cnt, ca.A, ca.B, ca.C, ca.P, ca.M
     elig = l_[:, None] <= M[None, :]
     if not np.all(elig.any(axis=1)):
         return float("inf")
@@ -305,10 +362,9 @@ def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int
 
     def bound_for(Y: np.ndarray) -> np.ndarray:  # Y: R x K prices -> R bounds
         total = np.min(wm[None, :, :] * Y[:, None, :], axis=2) @ wt  # R
-        return min_time(cnt[None, :] * Y, C, P, total)
+        return min_time(cnt[None, :] * Y, C, P, total, ca.mt)
 
     # Price candidates: inverse work of each class at a few reference lengths, plus uniform.
-    refs = np.unique(np.quantile(full if weights is None else l_, [0.0, 0.5, 0.9, 1.0]))
     Y = np.vstack([1.0 / np.maximum(A * r * r + B * r, 1e-300) for r in refs] + [np.ones(len(classes))])
     Y = Y / Y.sum(axis=1, keepdims=True)
     vals = bound_for(Y)
@@ -334,7 +390,7 @@ def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int
     if timed and len(classes) > 1:
         # Also price only the faster classes (zero price on the m slowest): the documents that cannot run on the slow
         # classes within T must fit in the fast ones.
-        ref = float(np.quantile(full if weights is None else l_, 0.9))
+        ref = ref90
         slow = np.argsort(-(P * (C + A * ref * ref + B * ref)), kind="stable")
         Ys = [ys[0], ys[-1]]
         for m in range(1, len(classes)):
@@ -342,7 +398,7 @@ def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int
             z[slow[:m]] = 0.0
             Ys.append(z)
         best = max(best, _timed(np.array(Ys), w, wt, P[None, :] * (C[None, :] + wm), cnt, C, P,
-                                max(best, lb_doc)))
+                                max(best, lb_doc), ca.mt))
     lb_top = top_docs_bound(full if weights is None else l_[wt > 0], pipes, r=top, grouped=(classes, cnt)) \
         if top > 0 else 0.0
     return max(lb_doc, best, lb_top) * (1 - SLACK)

@@ -18,7 +18,15 @@ from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.strategy import Strategy
 from tidal.costmodel.base import CostModel, pipeline_device
-from tidal.planner.bounds import PipeCost, check_lengths, group_pipes, pipeline_bound, strategy_bound
+from tidal.planner.bounds import (
+    ClassArrays,
+    PipeCost,
+    check_lengths,
+    group_pipes,
+    pipeline_bound,
+    prepare_lengths,
+    strategy_bound,
+)
 from tidal.planner.dispatch import dispatch, dispatch_hydraulis
 from tidal.planner.metrics import max_over_mean, mb_imbalance, rank_spread
 from tidal.planner.packing import Packer, pack, pipeline_time
@@ -40,6 +48,11 @@ class StrategyProfile:
     def grouped(self) -> tuple[tuple[PipeCost, ...], np.ndarray]:
         """bounds.group_pipes(pipes), computed once per profile (hashing 600 pipelines costs ~1 ms per bound)."""
         return group_pipes(self.pipes)
+
+    @cached_property
+    def class_arrays(self) -> ClassArrays:
+        """bounds.ClassArrays of `grouped` (the bounds' per-class arrays), computed once per profile."""
+        return ClassArrays.of(self.grouped)
 
 
 def profile_strategies(candidates: Sequence[Strategy], cost_model: CostModel) -> tuple[StrategyProfile, ...]:
@@ -189,14 +202,17 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
         return StepSelection(plan, reps, (), 0.0, 1.0)
     longest = int(l_.max())
     # quick bounds (doc + work with fixed prices) order and prune the candidates; refined ones give the reported bound
-    bounds = [strategy_bound(l_, p.pipes, rounds=0, top=0, timed=False, grouped=p.grouped) if longest <= p.max_len
-              else float("inf")
+    prep = prepare_lengths(l_)  # shared by every candidate's bounds
+    bounds = [strategy_bound(l_, p.pipes, rounds=0, top=0, timed=False, grouped=p.grouped, arrays=p.class_arrays,
+                             prep=prep) if longest <= p.max_len else float("inf")
               for p in profiles]
     refined = [False] * len(profiles)
 
     def refine(i: int) -> None:
         if not refined[i]:
-            bounds[i] = max(bounds[i], strategy_bound(l_, profiles[i].pipes, grouped=profiles[i].grouped))
+            p = profiles[i]
+            bounds[i] = max(bounds[i], strategy_bound(l_, p.pipes, grouped=p.grouped, arrays=p.class_arrays,
+                                                      prep=prep))
             refined[i] = True
     if all(b == float("inf") for b in bounds):
         top = max(p.max_len for p in profiles)
