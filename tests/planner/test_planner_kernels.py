@@ -97,3 +97,13 @@ def test_compiled_dispatch_matches_python_with_deadline_far():
         a = d.dispatch(l_, pipes, seed=1)
         b = d.dispatch(l_, pipes, seed=1, deadline=1e18)  # chunked compiled rounds, deadline never reached
         assert a == b
+
+
+def test_compiled_ffd_matches_python():
+    from tidal.planner import packing as pk
+
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        M = int(rng.integers(10, 500))
+        l_ = rng.integers(1, M + 1, size=int(rng.integers(1, 150))).astype(np.int64)
+        np.testing.assert_array_equal(pk._ffd(l_, M, compiled=True), pk._ffd(l_, M, compiled=False))

@@ -281,6 +281,25 @@ def _refine(bin_of, l_, w, T, tok, V, M, rounds, max_docs):
             bin_of[be] = b
 
 
+def _ffd(l_, order, M):
+    """packing._ffd compiled: each sequence (in `order`) into the first bin with room, else a new one."""
+    room = np.empty(l_.size, np.int64)
+    nb = 0
+    bin_of = np.empty(l_.size, np.int64)
+    for t in range(order.size):
+        i = order[t]
+        x = l_[i]
+        k = 0
+        while k < nb and room[k] < x:
+            k += 1
+        if k == nb:
+            room[k] = M
+            nb += 1
+        room[k] -= x
+        bin_of[i] = k
+    return bin_of
+
+
 def _cost1(a, b, c, q1, m, r, Q, S, N, lmax, G):
     """dispatch._cost for one pipeline (same operation order): capacity-aware cost of a share with sum l^2 = Q,
     sum l = S, count N, longest lmax and G documents longer than MaxLen / 2; 0 when empty."""
@@ -501,5 +520,6 @@ if AVAILABLE:
     _ls_move = njit(cache=True)(_ls_move)
     _pair_swap = njit(cache=True)(_pair_swap)
     local_search = njit(cache=True)(_local_search)
+    ffd = njit(cache=True)(_ffd)
 else:  # pragma: no cover
-    alg1_trial = greedy = lpt = refine = local_search = None
+    alg1_trial = greedy = lpt = refine = local_search = ffd = None

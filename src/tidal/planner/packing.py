@@ -56,17 +56,23 @@ def _validate(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int) -> np.ndarr
 
 
 def _finish(bin_of: np.ndarray, l_: np.ndarray, coeffs: LatencyCoeffs, pp: int) -> PackResult:
-    groups: dict[int, list[int]] = {}
-    for i, k in enumerate(bin_of.tolist()):
-        groups.setdefault(k, []).append(i)
+    order = np.argsort(bin_of, kind="stable").tolist()  # ascending indices within each bin
+    cnt = np.bincount(bin_of)
+    ends = np.cumsum(cnt[cnt > 0]).tolist()
     # Deterministic order: micro-batches by first (smallest) index.
-    mbs = tuple(sorted((tuple(g) for g in groups.values()), key=lambda g: g[0]))
+    mbs = tuple(sorted((tuple(order[a:b]) for a, b in zip([0] + ends[:-1], ends)), key=lambda g: g[0]))
     return PackResult(mbs, pipeline_time(l_, mbs, coeffs, pp))
 
 
-def _ffd(l_: np.ndarray, max_len: int) -> np.ndarray:
-    """Token first-fit-decreasing: bin index per sequence."""
-    order = np.argsort(-l_, kind="stable")
+def _ffd(l_: np.ndarray, max_len: int, order: np.ndarray | None = None, compiled: bool = True) -> np.ndarray:
+    """Token first-fit-decreasing: bin index per sequence (`order`: argsort(-l_, stable), when the caller has it).
+    Compiled (kernels.ffd, the same bins) when numba is there and `compiled`."""
+    from tidal.planner import kernels
+
+    if order is None:
+        order = np.argsort(-l_, kind="stable")
+    if compiled and kernels.AVAILABLE:
+        return kernels.ffd(l_, order, max_len)
     room: list[int] = []
     bin_of = np.empty(l_.size, dtype=np.int64)
     for i in order.tolist():
@@ -220,7 +226,7 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
     def bound(V: int) -> float:
         return (pp - 1 + V) * max(W / V + c, c + wmax)
 
-    ffd = _ffd(l_, max_len)
+    ffd = _ffd(l_, max_len, order)
     best_bins, best = ffd, _score(ffd, w, c, pp)
     tried: dict[int, float] = {}
 

@@ -158,6 +158,7 @@ def _pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Pac
             est = 0.0
         else:
             sub = lengths[idx]
+            est = None
             if packer is pack and pipe.pp == 1 and pipe.c > 0 and not exact and int(sub.sum()) <= pipe.max_len:
                 # pack's own answer, without its per-call overhead (hundreds of such pipelines at 1024 GPUs): with
                 # PP = 1 and c > 0, one micro-batch (c + W) beats every V >= 2 (>= W + V c), so pack returns it.
@@ -165,8 +166,12 @@ def _pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Pac
             else:
                 res = packer(sub, pipe.coeffs, pipe.pp, pipe.max_len, exact=exact)
                 _check_packing(res.micro_batches, idx.size, sub, pipe.max_len)
-                mbs = tuple(tuple(int(idx[i]) for i in mb) for mb in res.micro_batches if len(mb))
-            est = pipeline_time(lf, mbs, pipe.coeffs, pipe.pp)
+                gl = idx.tolist()
+                mbs = tuple(tuple(gl[i] for i in mb) for mb in res.micro_batches if len(mb))
+                if packer is pack:  # its est_time is pipeline_time of these micro-batches (the same floats)
+                    est = res.est_time
+            if est is None:  # another packer's est_time is not trusted
+                est = pipeline_time(lf, mbs, pipe.coeffs, pipe.pp)
         plans.append(PipelinePlan(pl.scheme.tp, pl.scheme.pp, pl.scheme.cp, pl.devices, pipe.max_len, mbs, est,
                                   layer_split=prof.layer_splits[j]))
     return max((p.est_time for p in plans), default=0.0), tuple(plans)
