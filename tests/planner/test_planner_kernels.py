@@ -107,3 +107,21 @@ def test_compiled_ffd_matches_python():
         M = int(rng.integers(10, 500))
         l_ = rng.integers(1, M + 1, size=int(rng.integers(1, 150))).astype(np.int64)
         np.testing.assert_array_equal(pk._ffd(l_, M, compiled=True), pk._ffd(l_, M, compiled=False))
+
+
+def test_compiled_pack_matches_python():
+    """pack's compiled heuristic (kernels.pack_search) returns the same micro-batches and estimate as the Python one."""
+    from tidal.costmodel.base import LatencyCoeffs
+    from tidal.planner import packing as pk
+
+    rng = np.random.default_rng(6)
+    for t in range(300):
+        n = int(rng.integers(2, 150))
+        M = int(rng.integers(50, 4000))
+        l_ = rng.integers(1, min(M, int(rng.choice([100, 400, 4000]))) + 1, size=n).astype(np.int64)
+        if t % 3 == 0:
+            l_ = rng.choice(l_[:5], size=n)  # many equal lengths: ties
+        co = LatencyCoeffs(float(rng.choice([1e-6, 1e-4])), float(rng.choice([1e-3, 1e-2])),
+                           float(rng.choice([0.0, 0.05, 0.5, 5.0])))
+        pp = int(rng.choice([1, 2, 4]))
+        assert pk.pack(l_, co, pp, M, compiled=True) == pk.pack(l_, co, pp, M, compiled=False)

@@ -300,6 +300,112 @@ def _ffd(l_, order, M):
     return bin_of
 
 
+def _pk_score(bin_of, w, c, pp):
+    """packing._score: (PP - 1 + used micro-batches) * (c + the slowest one's work), sums in index order."""
+    nb = 0
+    for i in range(bin_of.size):
+        if bin_of[i] + 1 > nb:
+            nb = bin_of[i] + 1
+    T = np.zeros(nb)
+    cnt = np.zeros(nb, np.int64)
+    for i in range(bin_of.size):
+        T[bin_of[i]] += w[i]
+        cnt[bin_of[i]] += 1
+    used = 0
+    mx = -np.inf
+    for k in range(nb):
+        if cnt[k] > 0:
+            used += 1
+            if T[k] > mx:
+                mx = T[k]
+    return (pp - 1 + used) * (c + mx)
+
+
+def _pk_bound(V, W, wmax, c, pp):
+    return (pp - 1 + V) * max(W / V + c, c + wmax)
+
+
+def _pk_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins, best):
+    """packing.pack's attempt(V): LPT into V micro-batches and the move/swap rounds, unless V was tried or its bound
+    cannot beat `best`. Returns (value, best bins, best)."""
+    if not vmin <= V <= l_.size:
+        return np.inf, best_bins, best
+    if not np.isnan(tried[V]):
+        return tried[V], best_bins, best
+    if _pk_bound(V, W, wmax, c, pp) >= best * (1 - 1e-12):
+        tried[V] = np.inf
+        return np.inf, best_bins, best
+    bin_of, ok = lpt(l_, w, order, V, M, c)
+    val = np.inf
+    if ok:
+        T = np.zeros(V)
+        tok = np.zeros(V, np.int64)
+        for i in range(l_.size):
+            T[bin_of[i]] += w[i]
+            tok[bin_of[i]] += l_[i]
+        for k in range(V):
+            T[k] = T[k] + c
+        refine(bin_of, l_, w, T, tok, V, M, rounds, 32)
+        val = _pk_score(bin_of, w, c, pp)
+    tried[V] = val
+    if val < best:
+        return val, bin_of, val
+    return val, best_bins, best
+
+
+def _pack_search(l_, w, order, M, c, pp, W, wmax, vmin, v_opt, v_hi, rounds):
+    """packing.pack's heuristic compiled (the same micro-batch counts tried in the same order, the same bins): FFD,
+    then LPT + rounds for the candidate V by (bound, V), then a walk from the incumbent's V while it improves.
+    Returns (bins, score)."""
+    n = l_.size
+    best_bins = _ffd(l_, order, M)
+    best = _pk_score(best_bins, w, c, pp)
+    tried = np.full(n + 1, np.nan)
+    top = 0  # FFD's largest bin index
+    for i in range(n):
+        if best_bins[i] > top:
+            top = best_bins[i]
+    raw = np.array([vmin, v_opt - 1, v_opt, v_opt + 1, v_opt + 2, top + 1], np.int64)
+    cands = np.empty(6, np.int64)
+    nc = 0
+    for v in raw:
+        if vmin <= v <= v_hi:
+            dup = False
+            for t in range(nc):
+                dup = dup or cands[t] == v
+            if not dup:
+                cands[nc] = v
+                nc += 1
+    for a in range(1, nc):  # insertion sort by (bound, V)
+        t = a
+        while t > 0:
+            v0, v1 = cands[t - 1], cands[t]
+            b0, b1 = _pk_bound(v0, W, wmax, c, pp), _pk_bound(v1, W, wmax, c, pp)
+            if b1 < b0 or (b1 == b0 and v1 < v0):
+                cands[t - 1], cands[t] = v1, v0
+                t -= 1
+            else:
+                break
+    for t in range(nc):
+        _, best_bins, best = _pk_attempt(cands[t], l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins,
+                                         best)
+    seen = np.zeros(n + 1, np.bool_)
+    v_best = 0
+    for i in range(n):
+        if not seen[best_bins[i]]:
+            seen[best_bins[i]] = True
+            v_best += 1
+    for step in (1, -1):
+        V = v_best + step
+        while vmin <= V <= n:
+            val, best_bins, best = _pk_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins,
+                                               best)
+            if not val <= best:
+                break
+            V += step
+    return best_bins, best
+
+
 def _cost1(a, b, c, q1, m, r, Q, S, N, lmax, G):
     """dispatch._cost for one pipeline (same operation order): capacity-aware cost of a share with sum l^2 = Q,
     sum l = S, count N, longest lmax and G documents longer than MaxLen / 2; 0 when empty."""
@@ -515,11 +621,16 @@ if AVAILABLE:
     greedy = njit(cache=True)(_greedy)
     lpt = njit(cache=True)(_lpt)
     refine = njit(cache=True)(_refine)
+    _ffd = njit(cache=True)(_ffd)
+    _pk_score = njit(cache=True)(_pk_score)
+    _pk_bound = njit(cache=True, inline="always")(_pk_bound)
+    _pk_attempt = njit(cache=True)(_pk_attempt)
+    pack_search = njit(cache=True)(_pack_search)
     _cost1 = njit(cache=True, inline="always")(_cost1)
     _ls_refresh = njit(cache=True)(_ls_refresh)
     _ls_move = njit(cache=True)(_ls_move)
     _pair_swap = njit(cache=True)(_pair_swap)
     local_search = njit(cache=True)(_local_search)
-    ffd = njit(cache=True)(_ffd)
+    ffd = _ffd
 else:  # pragma: no cover
-    alg1_trial = greedy = lpt = refine = local_search = ffd = None
+    alg1_trial = greedy = lpt = refine = local_search = ffd = pack_search = None

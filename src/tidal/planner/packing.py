@@ -202,8 +202,11 @@ def _score(bin_of: np.ndarray, w: np.ndarray, c: float, pp: int) -> float:
 
 
 def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool = False,
-         time_limit: float = 10.0) -> PackResult:
-    """Work-balanced packing of one pipeline's sequences (see module doc). Deterministic."""
+         time_limit: float = 10.0, compiled: bool = True) -> PackResult:
+    """Work-balanced packing of one pipeline's sequences (see module doc). Deterministic. The heuristic runs compiled
+    (kernels.pack_search, the same bins) when numba is there and `compiled`."""
+    from tidal.planner import kernels
+
     l_ = _validate(lengths, coeffs, pp, max_len)
     n = int(l_.size)
     if n == 0:
@@ -226,7 +229,30 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
     def bound(V: int) -> float:
         return (pp - 1 + V) * max(W / V + c, c + wmax)
 
-    ffd = _ffd(l_, max_len, order)
+    if compiled and kernels.AVAILABLE:
+        best_bins, best = kernels.pack_search(l_, w, order, max_len, c, pp, W, wmax, vmin, v_opt, v_hi, rounds)
+    else:
+        best_bins, best = _search(l_, w, order, max_len, c, pp, vmin, v_opt, v_hi, rounds, bound, compiled)
+    if exact:
+        from tidal.planner.exact import pack_milp_fixed_v
+
+        for V in sorted(range(vmin, n + 1), key=lambda v: (bound(v), v)):
+            if bound(V) >= best * (1 - 1e-9):
+                break
+            b = pack_milp_fixed_v(l_, w, V, max_len, c, time_limit=time_limit)
+            if b is not None and _score(b, w, c, pp) < best:
+                best_bins, best = b, _score(b, w, c, pp)
+    # renumber bins densely
+    _, dense = np.unique(best_bins, return_inverse=True)
+    return _finish(dense.astype(np.int64), l_, coeffs, pp)
+
+
+def _search(l_, w, order, max_len, c, pp, vmin, v_opt, v_hi, rounds, bound,
+            compiled: bool) -> tuple[np.ndarray, float]:
+    """pack's heuristic (the reference for kernels.pack_search): FFD, then LPT + rounds for the candidate V by
+    (bound, V), then a walk from the incumbent's V while it improves. Returns (bins, score)."""
+    n = l_.size
+    ffd = _ffd(l_, max_len, order, compiled)
     best_bins, best = ffd, _score(ffd, w, c, pp)
     tried: dict[int, float] = {}
 
@@ -237,7 +263,7 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
         if bound(V) >= best * (1 - 1e-12):
             tried[V] = math.inf
             return math.inf
-        b = _pack_v(l_, w, order, V, max_len, c, rounds)
+        b = _pack_v(l_, w, order, V, max_len, c, rounds, compiled)
         val = _score(b, w, c, pp) if b is not None else math.inf
         tried[V] = val
         if val < best:
@@ -254,15 +280,4 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
         V = v_best + step
         while vmin <= V <= n and attempt(V) <= best:
             V += step
-    if exact:
-        from tidal.planner.exact import pack_milp_fixed_v
-
-        for V in sorted(range(vmin, n + 1), key=lambda v: (bound(v), v)):
-            if bound(V) >= best * (1 - 1e-9):
-                break
-            b = pack_milp_fixed_v(l_, w, V, max_len, c, time_limit=time_limit)
-            if b is not None and _score(b, w, c, pp) < best:
-                best_bins, best = b, _score(b, w, c, pp)
-    # renumber bins densely
-    _, dense = np.unique(best_bins, return_inverse=True)
-    return _finish(dense.astype(np.int64), l_, coeffs, pp)
+    return best_bins, best
