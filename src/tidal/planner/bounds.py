@@ -335,70 +335,95 @@ def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int
 
     Repeated lengths are merged into one weighted document first (the bound is a function of the length multiset;
     large steps hold 5-10x fewer distinct lengths than documents)."""
-    if prep is None or weights is not None:
-        l_ = np.asarray(lengths, dtype=np.float64)
-        if l_.size == 0 or not pipes:
-            return 0.0 if l_.size == 0 else float("inf")
-        full = l_
-        wt = np.ones_like(l_) if weights is None else np.asarray(weights, dtype=np.float64)
-        l_, inv = np.unique(l_, return_inverse=True)
-        wt = np.bincount(inv.ravel(), weights=wt, minlength=l_.size)
-        # Price reference lengths: quantiles of the documents (of the distinct lengths when weighted).
-        refs = np.unique(np.quantile(full if weights is None else l_, [0.0, 0.5, 0.9, 1.0]))
-        ref90 = float(np.quantile(full if weights is None else l_, 0.9)) if timed else 0.0
-    else:
-        if prep.full.size == 0 or not pipes:
-            return 0.0 if prep.full.size == 0 else float("inf")
-        full, l_, wt, refs, ref90 = prep.full, prep.uniq, prep.wt, prep.refs, prep.ref90
-    ca = ClassArrays.of(group_pipes(pipes) if grouped is None else grouped) if arrays is None else arrays
-    classes, cnt, A, B, C, P, M = ca.classes, ca.cnt, ca.A, ca.B, ca.C, ca.P, ca.M
-    elig = l_[:, None] <= M[None, :]
-    if not np.all(elig.any(axis=1)):
-        return float("inf")
-    w = A[None, :] * (l_ * l_)[:, None] + B[None, :] * l_[:, None]
-    per_doc = np.where(elig, P[None, :] * (C[None, :] + w), np.inf).min(axis=1)
-    lb_doc = float(per_doc[wt > 0].max()) if np.any(wt > 0) else 0.0
-    wm = np.where(elig, w, np.inf)
+    return StrategyBound(lengths, pipes, weights, grouped, arrays, prep).refined(rounds, top, timed)
 
-    def bound_for(Y: np.ndarray) -> np.ndarray:  # Y: R x K prices -> R bounds
-        total = np.min(wm[None, :, :] * Y[:, None, :], axis=2) @ wt  # R
-        return min_time(cnt[None, :] * Y, C, P, total, ca.mt)
 
-    # Price candidates: inverse work of each class at a few reference lengths, plus uniform.
-    Y = np.vstack([1.0 / np.maximum(A * r * r + B * r, 1e-300) for r in refs] + [np.ones(len(classes))])
-    Y = Y / Y.sum(axis=1, keepdims=True)
-    vals = bound_for(Y)
-    best_i = int(np.argmax(vals))
-    best_y, best = Y[best_i], float(vals[best_i])
-    ys = [best_y]
-    if len(classes) > 1:
-        y = best_y.copy()
-        for _ in range(rounds):
-            t = max(best, 1e-300)
-            arg = np.argmin(wm * y[None, :], axis=1)
-            loads = np.bincount(arg, weights=w[np.arange(l_.size), arg] * wt, minlength=len(classes))
-            capk = cnt * work_capacity(np.full(len(classes), t), C, P)
-            ratio = (loads + 1e-30) / np.maximum(capk, 1e-30)
-            cand = y * np.clip(ratio, 0.25, 4.0) ** np.array([[0.25], [0.5], [1.0]])
-            cand = cand / cand.sum(axis=1, keepdims=True)
-            v = bound_for(cand)
-            k = int(np.argmax(v))
-            y = cand[k]
-            if v[k] > best:
-                best = float(v[k])
-                ys.append(y)
-    if timed and len(classes) > 1:
-        # Also price only the faster classes (zero price on the m slowest): the documents that cannot run on the slow
-        # classes within T must fit in the fast ones.
-        ref = ref90
-        slow = np.argsort(-(P * (C + A * ref * ref + B * ref)), kind="stable")
-        Ys = [ys[0], ys[-1]]
-        for m in range(1, len(classes)):
-            z = ys[-1].copy()
-            z[slow[:m]] = 0.0
-            Ys.append(z)
-        best = max(best, _timed(np.array(Ys), w, wt, P[None, :] * (C[None, :] + wm), cnt, C, P,
-                                max(best, lb_doc), ca.mt))
-    lb_top = top_docs_bound(full if weights is None else l_[wt > 0], pipes, r=top, grouped=(classes, cnt)) \
-        if top > 0 else 0.0
-    return max(lb_doc, best, lb_top) * (1 - SLACK)
+class StrategyBound:
+    """strategy_bound in two stages that share their work: `quick`, the doc bound and the work bound at the fixed
+    reference prices (strategy_bound with rounds=0, top=0, timed=False), and `refined(...)`, strategy_bound itself,
+    which starts from the quick stage's arrays and prices instead of computing them again."""
+
+    def __init__(self, lengths, pipes: Sequence[PipeCost], weights=None,
+                 grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None, arrays: ClassArrays | None = None,
+                 prep: StepLengths | None = None):
+        self.final: float | None = None  # the bound when no stage is needed (no documents, nowhere to run one)
+        self.pipes, self.weighted = pipes, weights is not None
+        if prep is None or weights is not None:
+            l_ = np.asarray(lengths, dtype=np.float64)
+            if l_.size == 0 or not pipes:
+                self.final = self.quick = 0.0 if l_.size == 0 else float("inf")
+                return
+            full = l_
+            wt = np.ones_like(l_) if weights is None else np.asarray(weights, dtype=np.float64)
+            l_, inv = np.unique(l_, return_inverse=True)
+            wt = np.bincount(inv.ravel(), weights=wt, minlength=l_.size)
+            # Price reference lengths: quantiles of the documents (of the distinct lengths when weighted).
+            refs = np.unique(np.quantile(full if weights is None else l_, [0.0, 0.5, 0.9, 1.0]))
+            self.ref90: float | None = None
+        else:
+            if prep.full.size == 0 or not pipes:
+                self.final = self.quick = 0.0 if prep.full.size == 0 else float("inf")
+                return
+            full, l_, wt, refs, self.ref90 = prep.full, prep.uniq, prep.wt, prep.refs, prep.ref90
+        ca = ClassArrays.of(group_pipes(pipes) if grouped is None else grouped) if arrays is None else arrays
+        A, B, C, P, M = ca.A, ca.B, ca.C, ca.P, ca.M
+        elig = l_[:, None] <= M[None, :]
+        if not np.all(elig.any(axis=1)):
+            self.final = self.quick = float("inf")
+            return
+        w = A[None, :] * (l_ * l_)[:, None] + B[None, :] * l_[:, None]
+        per_doc = np.where(elig, P[None, :] * (C[None, :] + w), np.inf).min(axis=1)
+        self.lb_doc = float(per_doc[wt > 0].max()) if np.any(wt > 0) else 0.0
+        self.ca, self.full, self.l_, self.wt, self.w = ca, full, l_, wt, w
+        self.wm = np.where(elig, w, np.inf)
+        # Price candidates: inverse work of each class at a few reference lengths, plus uniform.
+        Y = np.vstack([1.0 / np.maximum(A * r * r + B * r, 1e-300) for r in refs] + [np.ones(len(ca.classes))])
+        Y = Y / Y.sum(axis=1, keepdims=True)
+        vals = self._bound_for(Y)
+        best_i = int(np.argmax(vals))
+        self.y0, self.best0 = Y[best_i], float(vals[best_i])
+        self.quick = max(self.lb_doc, self.best0, 0.0) * (1 - SLACK)
+
+    def _bound_for(self, Y: np.ndarray) -> np.ndarray:  # Y: R x K prices -> R bounds
+        total = np.min(self.wm[None, :, :] * Y[:, None, :], axis=2) @ self.wt  # R
+        return min_time(self.ca.cnt[None, :] * Y, self.ca.C, self.ca.P, total, self.ca.mt)
+
+    def refined(self, rounds: int = 6, top: int = 6, timed: bool = True) -> float:
+        if self.final is not None:
+            return self.final
+        ca, l_, wt, w, wm, lb_doc = self.ca, self.l_, self.wt, self.w, self.wm, self.lb_doc
+        classes, cnt, A, B, C, P = ca.classes, ca.cnt, ca.A, ca.B, ca.C, ca.P
+        best_y, best = self.y0, self.best0
+        ys = [best_y]
+        if len(classes) > 1:
+            y = best_y.copy()
+            for _ in range(rounds):
+                t = max(best, 1e-300)
+                arg = np.argmin(wm * y[None, :], axis=1)
+                loads = np.bincount(arg, weights=w[np.arange(l_.size), arg] * wt, minlength=len(classes))
+                capk = cnt * work_capacity(np.full(len(classes), t), C, P)
+                ratio = (loads + 1e-30) / np.maximum(capk, 1e-30)
+                cand = y * np.clip(ratio, 0.25, 4.0) ** np.array([[0.25], [0.5], [1.0]])
+                cand = cand / cand.sum(axis=1, keepdims=True)
+                v = self._bound_for(cand)
+                k = int(np.argmax(v))
+                y = cand[k]
+                if v[k] > best:
+                    best = float(v[k])
+                    ys.append(y)
+        if timed and len(classes) > 1:
+            # Also price only the faster classes (zero price on the m slowest): the documents that cannot run on the
+            # slow classes within T must fit in the fast ones.
+            ref = self.ref90 if self.ref90 is not None else float(
+                np.quantile(self.full if not self.weighted else l_, 0.9))
+            slow = np.argsort(-(P * (C + A * ref * ref + B * ref)), kind="stable")
+            Ys = [ys[0], ys[-1]]
+            for m in range(1, len(classes)):
+                z = ys[-1].copy()
+                z[slow[:m]] = 0.0
+                Ys.append(z)
+            best = max(best, _timed(np.array(Ys), w, wt, P[None, :] * (C[None, :] + wm), cnt, C, P,
+                                    max(best, lb_doc), ca.mt))
+        lb_top = top_docs_bound(self.full if not self.weighted else l_[wt > 0], self.pipes, r=top,
+                                grouped=(classes, cnt)) if top > 0 else 0.0
+        return max(lb_doc, best, lb_top) * (1 - SLACK)

@@ -21,11 +21,11 @@ from tidal.costmodel.base import CostModel, pipeline_device
 from tidal.planner.bounds import (
     ClassArrays,
     PipeCost,
+    StrategyBound,
     check_lengths,
     group_pipes,
     pipeline_bound,
     prepare_lengths,
-    strategy_bound,
 )
 from tidal.planner.dispatch import dispatch, dispatch_hydraulis
 from tidal.planner.metrics import max_over_mean, mb_imbalance, rank_spread
@@ -208,16 +208,16 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
     longest = int(l_.max())
     # quick bounds (doc + work with fixed prices) order and prune the candidates; refined ones give the reported bound
     prep = prepare_lengths(l_)  # shared by every candidate's bounds
-    bounds = [strategy_bound(l_, p.pipes, rounds=0, top=0, timed=False, grouped=p.grouped, arrays=p.class_arrays,
-                             prep=prep) if longest <= p.max_len else float("inf")
-              for p in profiles]
+    sbs = [StrategyBound(l_, p.pipes, grouped=p.grouped, arrays=p.class_arrays, prep=prep)
+           if longest <= p.max_len else None for p in profiles]
+    bounds = [float("inf") if sb is None else sb.quick for sb in sbs]
     refined = [False] * len(profiles)
 
     def refine(i: int) -> None:
         if not refined[i]:
-            p = profiles[i]
-            bounds[i] = max(bounds[i], strategy_bound(l_, p.pipes, grouped=p.grouped, arrays=p.class_arrays,
-                                                      prep=prep))
+            sb = sbs[i]
+            assert sb is not None
+            bounds[i] = max(bounds[i], sb.refined())
             refined[i] = True
     if all(b == float("inf") for b in bounds):
         top = max(p.max_len for p in profiles)
