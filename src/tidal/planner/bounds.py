@@ -128,7 +128,14 @@ def _min_time_consts(c: np.ndarray, pp: np.ndarray) -> tuple:
     with np.errstate(divide="ignore", invalid="ignore"):
         b2 = np.where(q > 0, p * p * c / np.where(q > 0, q, 1.0), np.inf)
     bps = np.unique(np.concatenate([[0.0], p * c, b2[np.isfinite(b2)]]))
-    return c, p, s, b2, bps, work_capacity(bps[None, :], c[:, None], p[:, None])
+    # per segment index seg in [0, nb] (min_time): its ends, a point inside, and the coefficients of A, B and C0
+    left = bps[np.maximum(np.arange(bps.size + 1) - 1, 0)]
+    right = np.append(bps, np.inf)
+    mid = np.where(np.isfinite(right), 0.5 * (left + right), left + 1.0)
+    lin = (mid[:, None] > p * c) & (mid[:, None] <= b2)
+    rt = mid[:, None] > b2
+    seg = (left, right, lin / p + rt, rt * (-2.0 * s), rt * s * s - lin * c)
+    return bps, work_capacity(bps[None, :], c[:, None], p[:, None]), seg
 
 
 def min_time(G: np.ndarray, c: np.ndarray, pp: np.ndarray, total: np.ndarray,
@@ -136,20 +143,17 @@ def min_time(G: np.ndarray, c: np.ndarray, pp: np.ndarray, total: np.ndarray,
     """Per row r, the T solving sum_k G[r, k] cap_k(T) = total[r] (exactly: the sum is A T + B sqrt(T) + C0 between
     consecutive breakpoints PP c and PP^2 c / (PP - 1) of the caps, so each segment is a quadratic in sqrt(T)).
     `consts`: _min_time_consts(c, pp), when the caller has it already."""
-    c, p, s, b2, bps, capb = _min_time_consts(c, pp) if consts is None else consts
+    bps, capb, (left_s, right_s, cA, cB, cC) = _min_time_consts(c, pp) if consts is None else consts
     Fb = G @ capb  # R x nb
     seg = np.sum(Fb < total[:, None], axis=1)  # crossing lies in (bps[seg-1], bps[seg]] (or beyond the last)
-    left = bps[np.maximum(seg - 1, 0)]
-    right = np.where(seg < bps.size, bps[np.minimum(seg, bps.size - 1)], np.inf)
-    mid = np.where(np.isfinite(right), 0.5 * (left + right), left + 1.0)  # a point inside the segment
-    lin = (mid[:, None] > p * c) & (mid[:, None] <= b2)
-    rt = mid[:, None] > b2
-    A = (G * (lin / p + rt)).sum(axis=1)
-    B = (G * rt * (-2.0 * s)).sum(axis=1)
-    C0 = (G * (rt * s * s - lin * c)).sum(axis=1)
+    left, right = left_s[seg], right_s[seg]
+    # on the segment, sum_k G cap_k(T) = A T + B sqrt(T) + C0 (lin: linear caps, rt: square-root caps)
+    A = (G * cA[seg]).sum(axis=1)
+    B = (G * cB[seg]).sum(axis=1)
+    C0 = (G * cC[seg]).sum(axis=1)
     disc = np.maximum(B * B - 4.0 * A * (C0 - total), 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        u = np.where(A > 0, (-B + np.sqrt(disc)) / (2.0 * A), np.inf)
+    u = np.full(A.shape, np.inf)
+    np.divide(-B + np.sqrt(disc), 2.0 * A, out=u, where=A > 0)
     T = np.clip(u * u, left, right)
     return np.where(total > 0, T, 0.0)
 
