@@ -125,3 +125,19 @@ def test_compiled_pack_matches_python():
                            float(rng.choice([0.0, 0.05, 0.5, 5.0])))
         pp = int(rng.choice([1, 2, 4]))
         assert pk.pack(l_, co, pp, M, compiled=True) == pk.pack(l_, co, pp, M, compiled=False)
+
+
+def test_compiled_top_docs_bound_matches_python():
+    """bounds.top_docs_bound's compiled branch and bound (kernels_pack.top_search) gives the same value, node limit
+    fallbacks included."""
+    from tidal.planner.bounds import top_docs_bound
+
+    rng = np.random.default_rng(7)
+    for t in range(300):
+        pipes, l_ = _case(rng)
+        if t % 3 == 0:
+            l_ = rng.choice(l_[:3], size=l_.size)  # equal lengths: identical open pipelines
+        r = int(rng.integers(1, 9))
+        limit = int(rng.choice([5, 50, 3000]))
+        assert top_docs_bound(l_, pipes, r=r, node_limit=limit, compiled=True) == \
+            top_docs_bound(l_, pipes, r=r, node_limit=limit, compiled=False)

@@ -214,13 +214,26 @@ class _Abort(Exception):
 
 
 def top_docs_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], r: int = 6, node_limit: int = 3000,
-                   grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None) -> float:
+                   grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None, compiled: bool = True) -> float:
     """min over dispatches of only the r longest documents of max_j f_j, f_j the pipeline_bound of the documents on j,
     by exhaustive branch and bound (identical pipelines merged). f only grows when a document is added (W, w_max and
     V_min grow; the new top V = U + 1 costs >= (PP + U)(c + w_max) >= f(U)), so this bounds the full step. Falls back
-    to fewer documents when the search exceeds `node_limit` nodes; 0.0 if even one document is too many."""
+    to fewer documents when the search exceeds `node_limit` nodes; 0.0 if even one document is too many. The search
+    runs compiled (kernels_pack.top_search, the same nodes) when numba is there and `compiled`."""
+    from tidal.planner import kernels_pack
+
     l_ = np.sort(np.asarray(lengths, dtype=np.int64))[::-1]
     classes, cnt = group_pipes(pipes) if grouped is None else grouped
+    if compiled and kernels_pack.AVAILABLE:
+        arr = [np.array([getattr(p, f) for p in classes]) for f in ("a", "b", "c", "pp", "max_len")]
+        top = np.ascontiguousarray(l_[:r])
+        while r >= 1:
+            v = kernels_pack.top_search(top[:r], arr[0], arr[1], arr[2], arr[3].astype(np.int64) - 1,
+                                        arr[4].astype(np.int64), cnt, node_limit)
+            if v >= 0:
+                return v
+            r //= 2
+        return 0.0
     while r >= 1:
         try:
             return _top_search([int(x) for x in l_[:r]], classes, cnt, node_limit)

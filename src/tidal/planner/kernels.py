@@ -1,10 +1,11 @@
 """Compiled loops for the planner's sequential hot spots (numba, optional; decision in docs/decisions.md).
 
 Some loops cannot be vectorised because each step depends on the previous one: Hydraulis Alg. 1 (one sequence at a
-time, scanning every pipeline), the dispatch greedy (list scheduling, longest first), and the packer's LPT and
-move/swap rounds. In Python they cost about
-10 µs and 3 µs per sequence at 1024 GPUs. Compiled, they make the same choices float for float (no fastmath, the
-same operation order; tests compare them with the Python versions) at 10-40x the speed.
+time, scanning every pipeline), the dispatch greedy (list scheduling, longest first) and the dispatch local search
+(moves, swaps and pair swaps off the bottleneck pipeline, one round at a time). In Python the first two cost about
+10 µs and 3 µs per sequence at 1024 GPUs; the local search's numpy rounds cost tens of small numpy calls each.
+Compiled, they make the same choices float for float (no fastmath, the same operation order; tests compare them with
+the Python versions) at 10-40x the speed. The packer's and the bounds' loops are in kernels_pack.py.
 
 `AVAILABLE` is False when numba is not installed: callers then use their numpy / pure-Python versions, which stay the
 reference implementations. Import this module lazily (importing numba takes about a second).
@@ -190,220 +191,6 @@ def _greedy(lengths, order, ca, cb, cc, cq, cm, members, moff, mcount, pmax):
             L[j] = wbest
         owner[i] = j
     return owner, -1
-
-
-def _lpt(l_, w, order, V, M, c):
-    """packing._lpt compiled: each sequence (in `order`) into the micro-batch with the least (time, index) among those
-    with room (the Python version pops a heap until one fits: the same micro-batch). ok False when one fits nowhere."""
-    T = np.full(V, c)
-    tok = np.zeros(V, np.int64)
-    bin_of = np.empty(l_.size, np.int64)
-    for t in range(order.size):
-        i = order[t]
-        x = l_[i]
-        kb = -1
-        for k in range(V):
-            if tok[k] + x <= M and (kb < 0 or T[k] < T[kb]):
-                kb = k
-        if kb < 0:
-            return bin_of, False
-        tok[kb] += x
-        bin_of[i] = kb
-        T[kb] = T[kb] + w[i]
-    return bin_of, True
-
-
-def _refine(bin_of, l_, w, T, tok, V, M, rounds, max_docs):
-    """packing._refine compiled (in place): the same moves, taken in the same order (documents by length, longest
-    first, the first of each length; for each, moves to micro-batches in index order, then swaps with every other
-    document in index order; the first strict best wins)."""
-    n = l_.size
-    mine = np.empty(n, np.int64)
-    others = np.empty(n, np.int64)
-    for _ in range(rounds):
-        b = 0
-        for k in range(1, V):
-            if T[k] > T[b]:
-                b = k
-        tb = T[b]
-        nm = 0
-        no = 0
-        for i in range(n):
-            if bin_of[i] == b:
-                mine[nm] = i
-                nm += 1
-            else:
-                others[no] = i
-                no += 1
-        ord_ = np.argsort(-l_[mine[:nm]], kind="mergesort")
-        best = np.inf
-        bi = -1
-        bk = -1
-        be = -1
-        used = 0
-        last = -1
-        for r in range(nm):
-            i = mine[ord_[r]]
-            x = l_[i]
-            if x == last:
-                continue
-            if used == max_docs:
-                break
-            last = x
-            used += 1
-            wx = w[i]
-            if nm > 1:
-                for k in range(V):
-                    if k != b and tok[k] + x <= M:
-                        v = max(tb - wx, T[k] + wx)
-                        if v < best:
-                            best, bi, bk, be = v, i, k, -1
-            for q in range(no):
-                e = others[q]
-                le = l_[e]
-                ke = bin_of[e]
-                if tok[b] - x + le <= M and tok[ke] - le + x <= M and le != x:
-                    v = max(tb - wx + w[e], T[ke] - w[e] + wx)
-                    if v < best:
-                        best, bi, bk, be = v, i, ke, e
-        if not best < tb * (1 - 1e-12):
-            return
-        T[b] -= w[bi]
-        T[bk] += w[bi]
-        tok[b] -= l_[bi]
-        tok[bk] += l_[bi]
-        bin_of[bi] = bk
-        if be >= 0:
-            T[bk] -= w[be]
-            T[b] += w[be]
-            tok[bk] -= l_[be]
-            tok[b] += l_[be]
-            bin_of[be] = b
-
-
-def _ffd(l_, order, M):
-    """packing._ffd compiled: each sequence (in `order`) into the first bin with room, else a new one."""
-    room = np.empty(l_.size, np.int64)
-    nb = 0
-    bin_of = np.empty(l_.size, np.int64)
-    for t in range(order.size):
-        i = order[t]
-        x = l_[i]
-        k = 0
-        while k < nb and room[k] < x:
-            k += 1
-        if k == nb:
-            room[k] = M
-            nb += 1
-        room[k] -= x
-        bin_of[i] = k
-    return bin_of
-
-
-def _pk_score(bin_of, w, c, pp):
-    """packing._score: (PP - 1 + used micro-batches) * (c + the slowest one's work), sums in index order."""
-    nb = 0
-    for i in range(bin_of.size):
-        if bin_of[i] + 1 > nb:
-            nb = bin_of[i] + 1
-    T = np.zeros(nb)
-    cnt = np.zeros(nb, np.int64)
-    for i in range(bin_of.size):
-        T[bin_of[i]] += w[i]
-        cnt[bin_of[i]] += 1
-    used = 0
-    mx = -np.inf
-    for k in range(nb):
-        if cnt[k] > 0:
-            used += 1
-            if T[k] > mx:
-                mx = T[k]
-    return (pp - 1 + used) * (c + mx)
-
-
-def _pk_bound(V, W, wmax, c, pp):
-    return (pp - 1 + V) * max(W / V + c, c + wmax)
-
-
-def _pk_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins, best):
-    """packing.pack's attempt(V): LPT into V micro-batches and the move/swap rounds, unless V was tried or its bound
-    cannot beat `best`. Returns (value, best bins, best)."""
-    if not vmin <= V <= l_.size:
-        return np.inf, best_bins, best
-    if not np.isnan(tried[V]):
-        return tried[V], best_bins, best
-    if _pk_bound(V, W, wmax, c, pp) >= best * (1 - 1e-12):
-        tried[V] = np.inf
-        return np.inf, best_bins, best
-    bin_of, ok = lpt(l_, w, order, V, M, c)
-    val = np.inf
-    if ok:
-        T = np.zeros(V)
-        tok = np.zeros(V, np.int64)
-        for i in range(l_.size):
-            T[bin_of[i]] += w[i]
-            tok[bin_of[i]] += l_[i]
-        for k in range(V):
-            T[k] = T[k] + c
-        refine(bin_of, l_, w, T, tok, V, M, rounds, 32)
-        val = _pk_score(bin_of, w, c, pp)
-    tried[V] = val
-    if val < best:
-        return val, bin_of, val
-    return val, best_bins, best
-
-
-def _pack_search(l_, w, order, M, c, pp, W, wmax, vmin, v_opt, v_hi, rounds):
-    """packing.pack's heuristic compiled (the same micro-batch counts tried in the same order, the same bins): FFD,
-    then LPT + rounds for the candidate V by (bound, V), then a walk from the incumbent's V while it improves.
-    Returns (bins, score)."""
-    n = l_.size
-    best_bins = _ffd(l_, order, M)
-    best = _pk_score(best_bins, w, c, pp)
-    tried = np.full(n + 1, np.nan)
-    top = 0  # FFD's largest bin index
-    for i in range(n):
-        if best_bins[i] > top:
-            top = best_bins[i]
-    raw = np.array([vmin, v_opt - 1, v_opt, v_opt + 1, v_opt + 2, top + 1], np.int64)
-    cands = np.empty(6, np.int64)
-    nc = 0
-    for v in raw:
-        if vmin <= v <= v_hi:
-            dup = False
-            for t in range(nc):
-                dup = dup or cands[t] == v
-            if not dup:
-                cands[nc] = v
-                nc += 1
-    for a in range(1, nc):  # insertion sort by (bound, V)
-        t = a
-        while t > 0:
-            v0, v1 = cands[t - 1], cands[t]
-            b0, b1 = _pk_bound(v0, W, wmax, c, pp), _pk_bound(v1, W, wmax, c, pp)
-            if b1 < b0 or (b1 == b0 and v1 < v0):
-                cands[t - 1], cands[t] = v1, v0
-                t -= 1
-            else:
-                break
-    for t in range(nc):
-        _, best_bins, best = _pk_attempt(cands[t], l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins,
-                                         best)
-    seen = np.zeros(n + 1, np.bool_)
-    v_best = 0
-    for i in range(n):
-        if not seen[best_bins[i]]:
-            seen[best_bins[i]] = True
-            v_best += 1
-    for step in (1, -1):
-        V = v_best + step
-        while vmin <= V <= n:
-            val, best_bins, best = _pk_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins,
-                                               best)
-            if not val <= best:
-                break
-            V += step
-    return best_bins, best
 
 
 def _cost1(a, b, c, q1, m, r, Q, S, N, lmax, G):
@@ -619,18 +406,10 @@ if AVAILABLE:
     _sift_down = njit(cache=True)(_sift_down)
     _sift_up = njit(cache=True)(_sift_up)
     greedy = njit(cache=True)(_greedy)
-    lpt = njit(cache=True)(_lpt)
-    refine = njit(cache=True)(_refine)
-    _ffd = njit(cache=True)(_ffd)
-    _pk_score = njit(cache=True)(_pk_score)
-    _pk_bound = njit(cache=True, inline="always")(_pk_bound)
-    _pk_attempt = njit(cache=True)(_pk_attempt)
-    pack_search = njit(cache=True)(_pack_search)
     _cost1 = njit(cache=True, inline="always")(_cost1)
     _ls_refresh = njit(cache=True)(_ls_refresh)
     _ls_move = njit(cache=True)(_ls_move)
     _pair_swap = njit(cache=True)(_pair_swap)
     local_search = njit(cache=True)(_local_search)
-    ffd = _ffd
 else:  # pragma: no cover
-    alg1_trial = greedy = lpt = refine = local_search = ffd = pack_search = None
+    alg1_trial = greedy = local_search = None

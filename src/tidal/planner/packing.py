@@ -66,13 +66,13 @@ def _finish(bin_of: np.ndarray, l_: np.ndarray, coeffs: LatencyCoeffs, pp: int) 
 
 def _ffd(l_: np.ndarray, max_len: int, order: np.ndarray | None = None, compiled: bool = True) -> np.ndarray:
     """Token first-fit-decreasing: bin index per sequence (`order`: argsort(-l_, stable), when the caller has it).
-    Compiled (kernels.ffd, the same bins) when numba is there and `compiled`."""
-    from tidal.planner import kernels
+    Compiled (kernels_pack.ffd, the same bins) when numba is there and `compiled`."""
+    from tidal.planner import kernels_pack
 
     if order is None:
         order = np.argsort(-l_, kind="stable")
-    if compiled and kernels.AVAILABLE:
-        return kernels.ffd(l_, order, max_len)
+    if compiled and kernels_pack.AVAILABLE:
+        return kernels_pack.ffd(l_, order, max_len)
     room: list[int] = []
     bin_of = np.empty(l_.size, dtype=np.int64)
     for i in order.tolist():
@@ -176,17 +176,17 @@ def _refine(bin_of: np.ndarray, l_: np.ndarray, w: np.ndarray, V: int, M: int, c
 
 
 def _pack_v(l_, w, order, V, M, c, rounds, compiled: bool = True):
-    """LPT into V micro-batches, then the move/swap rounds; compiled (kernels.lpt / kernels.refine, the same
+    """LPT into V micro-batches, then the move/swap rounds; compiled (kernels_pack.lpt and .refine, the same
     choices) when numba is there and `compiled`. None when LPT finds no room for a sequence."""
-    from tidal.planner import kernels
+    from tidal.planner import kernels_pack
 
-    if compiled and kernels.AVAILABLE:
-        bin_of, ok = kernels.lpt(l_, w, order, V, M, c)
+    if compiled and kernels_pack.AVAILABLE:
+        bin_of, ok = kernels_pack.lpt(l_, w, order, V, M, c)
         if not ok:
             return None
         T = np.bincount(bin_of, weights=w, minlength=V) + c
         tok = np.bincount(bin_of, weights=l_, minlength=V).astype(np.int64)
-        kernels.refine(bin_of, l_, w, T, tok, V, M, rounds, 32)
+        kernels_pack.refine(bin_of, l_, w, T, tok, V, M, rounds, 32)
         return bin_of
     bin_of = _lpt(l_, w, order, V, M, c)
     if bin_of is None:
@@ -204,8 +204,8 @@ def _score(bin_of: np.ndarray, w: np.ndarray, c: float, pp: int) -> float:
 def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool = False,
          time_limit: float = 10.0, compiled: bool = True) -> PackResult:
     """Work-balanced packing of one pipeline's sequences (see module doc). Deterministic. The heuristic runs compiled
-    (kernels.pack_search, the same bins) when numba is there and `compiled`."""
-    from tidal.planner import kernels
+    (kernels_pack.pack_search, the same bins) when numba is there and `compiled`."""
+    from tidal.planner import kernels_pack
 
     l_ = _validate(lengths, coeffs, pp, max_len)
     n = int(l_.size)
@@ -229,8 +229,8 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
     def bound(V: int) -> float:
         return (pp - 1 + V) * max(W / V + c, c + wmax)
 
-    if compiled and kernels.AVAILABLE:
-        best_bins, best = kernels.pack_search(l_, w, order, max_len, c, pp, W, wmax, vmin, v_opt, v_hi, rounds)
+    if compiled and kernels_pack.AVAILABLE:
+        best_bins, best = kernels_pack.pack_search(l_, w, order, max_len, c, pp, W, wmax, vmin, v_opt, v_hi, rounds)
     else:
         best_bins, best = _search(l_, w, order, max_len, c, pp, vmin, v_opt, v_hi, rounds, bound, compiled)
     if exact:
@@ -249,7 +249,7 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
 
 def _search(l_, w, order, max_len, c, pp, vmin, v_opt, v_hi, rounds, bound,
             compiled: bool) -> tuple[np.ndarray, float]:
-    """pack's heuristic (the reference for kernels.pack_search): FFD, then LPT + rounds for the candidate V by
+    """pack's heuristic (the reference for kernels_pack.pack_search): FFD, then LPT + rounds for the candidate V by
     (bound, V), then a walk from the incumbent's V while it improves. Returns (bins, score)."""
     n = l_.size
     ffd = _ffd(l_, max_len, order, compiled)
