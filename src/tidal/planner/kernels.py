@@ -26,7 +26,7 @@ AVAILABLE = njit is not None
 
 
 def _alg1_trial(l_, perm, A, B, C, Q, M):
-    """One shuffle of Hydraulis Alg. 1 as the paper's loop writes it (dispatch._alg1_trial_loop, same operation
+    """One shuffle of Hydraulis Alg. 1 as the paper's loop writes it (hydraulis._alg1_trial_loop, same operation
     order). Returns (owner, objective); objective -1.0 when a sequence fits no pipeline."""
     D = A.size
     Cj = np.zeros(D)
