@@ -256,6 +256,8 @@ def _local_search(l_, lf, owner, A, B, C, Q1, M, R, H, S, Q, N, G, top1, cnt1, t
     n = owner.size
     mine = np.empty(n, np.int64)
     eidx = np.empty(n, np.int64)
+    keep = np.empty(n, np.int64)
+    uidx = np.empty(n, np.int64)
     sel = np.empty(max_docs, np.int64)
     light = np.zeros(n_p, np.bool_)
     for _ in range(max_rounds):
@@ -320,13 +322,25 @@ def _local_search(l_, lf, owner, A, B, C, Q1, M, R, H, S, Q, N, G, top1, cnt1, t
                     eidx[ne] = i
                     ne += 1
         if ne:
+            # a swap's value depends on the partner's (length, pipeline) only: the first document of each such pair
+            # (in index order) stands for the others, which cannot be strictly better
+            key = l_[eidx[:ne]] * n_p + owner[eidx[:ne]]
+            ko = np.argsort(key, kind="mergesort")
+            ue = 0
+            for r in range(ne):
+                if r == 0 or key[ko[r]] != key[ko[r - 1]]:
+                    keep[ue] = ko[r]
+                    ue += 1
+            keep[:ue].sort()
+            for t in range(ue):
+                uidx[t] = eidx[keep[t]]
             for u in range(ns):  # swap a document of j with a document of another pipeline
                 x = lf[sel[u]]
                 x2 = x * x
                 lj = top2[j] if (x == top1[j] and cnt1[j] == 1) else top1[j]
                 gx = G[j] - (1.0 if x > hj else 0.0)
-                for t in range(ne):
-                    e = eidx[t]
+                for t in range(ue):
+                    e = uidx[t]
                     le = lf[e]
                     ke = owner[e]
                     if not (le <= mj and x <= M[ke] and le != x):
@@ -343,7 +357,7 @@ def _local_search(l_, lf, owner, A, B, C, Q1, M, R, H, S, Q, N, G, top1, cnt1, t
                     if v < best:
                         best, bi, bk, be, bp = v, sel[u], ke, e, -1
             if bi < 0 and pairs and 2 <= nm <= 24:
-                bi, bk, be, bp = _pair_swap(j, mine[:nm], eidx[:ne], lf, owner, A, B, C, Q1, M, R, H, S, Q, N, G,
+                bi, bk, be, bp = _pair_swap(j, mine[:nm], uidx[:ue], lf, owner, A, B, C, Q1, M, R, H, S, Q, N, G,
                                             top1, cnt1, top2, best)
         if bi < 0:
             return True
