@@ -380,7 +380,12 @@ def _pair_swap(j, mine, eidx, lf, owner, A, B, C, Q1, M, R, H, S, Q, N, G, top1,
     be = -1
     bp = -1
     for u in range(nm - 1):
+        # a pair whose lengths (and the longest length left) equal an earlier pair's has the same values: skipped
+        if u >= 1 and lf[order[u]] == lf[order[u - 1]]:
+            continue
         for v in range(u + 1, nm):
+            if v - 1 > u and lf[order[v]] == lf[order[v - 1]]:
+                continue
             x1 = lf[order[u]]
             x2 = lf[order[v]]
             if u > 0:
