@@ -22,6 +22,10 @@ from tidal.core.errors import TidalError
 from tidal.planner.bounds import PipeCost, check_lengths, group_pipes
 from tidal.planner.hydraulis import _alg1_trial_loop, _alg1_trial_numpy
 
+# Instances with B sequences x D pipelines up to this get `restarts` random-order restarts (decision in
+# docs/decisions.md: with the compiled local search they cost a few ms per step at 16-64 GPUs).
+RESTART_MAX = 2048
+
 
 @dataclass(frozen=True)
 class DispatchResult:
@@ -129,29 +133,37 @@ def _f1(a: float, b: float, c: float, q: int, M: int, W: float, tok: int, wm: fl
     return min((q + v) * max(W / v + c, c + wm) for v in cands)
 
 
-def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | None = None,
-            compiled: bool = True) -> np.ndarray:
-    """List scheduling: each sequence (longest first unless `order`) to the eligible pipeline with the least resulting
-    cost. Per class of identical pipelines only two are tried: the first empty one and the least-loaded used one.
-    Runs the compiled loop (kernels.greedy, same choices) when numba is there and `compiled`."""
-    from tidal.planner import kernels
-
+def _greedy_prep(pipes: Sequence[PipeCost]) -> tuple:
+    """What _greedy needs of the pipelines alone: classes of identical pipelines, their members (ascending), and the
+    compiled loop's arrays of them. Computed once per dispatch, shared by its restarts."""
     classes, _ = group_pipes(pipes)
     members: list[list[int]] = [[] for _ in classes]
     cls_of = {p: k for k, p in enumerate(classes)}
     for j, p in enumerate(pipes):
         members[cls_of[p]].append(j)
+    mcount = np.array([len(m) for m in members], dtype=np.int64)
+    arrays = (np.array([p.a for p in classes]), np.array([p.b for p in classes]), np.array([p.c for p in classes]),
+              np.array([p.pp - 1 for p in classes], dtype=np.int64),
+              np.array([p.max_len for p in classes], dtype=np.int64),
+              np.array([j for m in members for j in m], dtype=np.int64),
+              np.concatenate([[0], np.cumsum(mcount)[:-1]]).astype(np.int64), mcount,
+              np.array([p.max_len for p in pipes], dtype=np.int64))
+    return classes, members, arrays
+
+
+def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | None = None,
+            compiled: bool = True, prep: tuple | None = None) -> np.ndarray:
+    """List scheduling: each sequence (longest first unless `order`) to the eligible pipeline with the least resulting
+    cost. Per class of identical pipelines only two are tried: the first empty one and the least-loaded used one.
+    Runs the compiled loop (kernels.greedy, same choices) when numba is there and `compiled`. `prep`:
+    _greedy_prep(pipes), when the caller has it."""
+    from tidal.planner import kernels
+
+    classes, members, arrays = _greedy_prep(pipes) if prep is None else prep
     if order is None:
         order = np.argsort(-lengths, kind="stable")
     if compiled and kernels.AVAILABLE:
-        mcount = np.array([len(m) for m in members], dtype=np.int64)
-        owner, bad = kernels.greedy(
-            lengths.astype(np.int64), order.astype(np.int64), np.array([p.a for p in classes]),
-            np.array([p.b for p in classes]), np.array([p.c for p in classes]),
-            np.array([p.pp - 1 for p in classes], dtype=np.int64),
-            np.array([p.max_len for p in classes], dtype=np.int64),
-            np.array([j for m in members for j in m], dtype=np.int64), np.concatenate([[0], np.cumsum(mcount)[:-1]]),
-            mcount, np.array([p.max_len for p in pipes], dtype=np.int64))
+        owner, bad = kernels.greedy(lengths.astype(np.int64), order.astype(np.int64), *arrays)
         if bad >= 0:
             raise TidalError(f"sequence of length {int(lengths[bad])} exceeds the MaxLen of every pipeline")
         return owner
@@ -354,45 +366,61 @@ def evaluate(lengths, pipes: Sequence[PipeCost], groups: Sequence[Sequence[int]]
 
 
 def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: int = 0,
-             max_rounds: int | None = None, restarts: int = 8, target: float = 0.0,
+             max_rounds: int | None = None, restarts: int = 4, target: float = 0.0,
              time_limit: float = 10.0, deadline: float | None = None) -> DispatchResult:
-    """Dispatch sequences to pipelines minimising max_j of the capacity-aware pipeline cost (`_cost`). Deterministic
-    for a given `seed` (used only by the `restarts` random-order restarts on tiny instances, B x D <= 128). The local
-    search stops early once the objective is <= `target` (e.g. a lower bound: nothing better is possible), and at
-    `deadline` (a time.perf_counter value: the greedy dispatch always completes, so the result is always valid).
-    exact=True also solves the MILP (of the linear objective D_j, bounds.eq2_bound) and keeps the better of the two."""
-    l_ = check_lengths(lengths)
-    check_pipes(pipes)
-    top = max(p.max_len for p in pipes)
-    if l_.size and int(l_.max()) > top:
-        raise TidalError(f"sequence of length {int(l_.max())} exceeds the MaxLen {top} of every pipeline")
-    if l_.size == 0:
-        return DispatchResult(tuple(() for _ in pipes), 0.0, tuple(0.0 for _ in pipes))
-    small = l_.size * len(pipes) <= 512
-    rounds = max_rounds if max_rounds is not None else 20 + len(pipes) + (l_.size if small else 0)
-    st = _State(pipes, l_, _greedy(l_, pipes))
-    done = _local_search(st, rounds, pairs=small, target=target, deadline=deadline)
-    res = _result(st, len(pipes))
-    if l_.size * len(pipes) <= 128 and restarts and done and res.objective > target:
-        # Tiny instances: a few seeded random-order restarts (cheap here, and they escape LPT's worst cases).
-        rng = np.random.default_rng(seed)
-        for _ in range(restarts):
-            st = _State(pipes, l_, _greedy(l_, pipes, rng.permutation(l_.size)))
-            done = _local_search(st, rounds, pairs=True, target=target, deadline=deadline)
-            cand = _result(st, len(pipes))
-            if cand.objective < res.objective:
-                res = cand
-            if not done or res.objective <= target:
-                break
-    if exact:
+    """Dispatch sequences to pipelines minimising max_j of the capacity-aware pipeline cost (`_cost`): the better of
+    dispatch_alternatives' two. exact=True also solves the MILP (of the linear objective D_j, bounds.eq2_bound) and
+    keeps the better of the two."""
+    first, alt = dispatch_alternatives(lengths, pipes, seed=seed, max_rounds=max_rounds, restarts=restarts,
+                                       target=target, deadline=deadline)
+    res = first if alt is None else alt
+    if exact and res.groups and any(res.groups):
         from tidal.planner.exact import dispatch_milp
 
+        l_ = check_lengths(lengths)
         ex = dispatch_milp(l_, pipes, time_limit=time_limit)
         if ex is not None:
             ex_res = evaluate(l_, pipes, ex)
             if ex_res.objective < res.objective:
                 return ex_res
     return res
+
+
+def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, max_rounds: int | None = None,
+                          restarts: int = 4, target: float = 0.0,
+                          deadline: float | None = None) -> tuple[DispatchResult, DispatchResult | None]:
+    """The greedy dispatch and its local search, and (None unless it has a lower objective) the best of `restarts`
+    seeded random-order restarts, each followed by the same local search, on small instances (B x D <= RESTART_MAX).
+    The objective is a lower bound on the packed time, not the packed time, so the caller packs both (select.assign).
+    Deterministic for a given `seed` (used only by the restarts). The local search stops early once the objective is
+    <= `target` (e.g. a lower bound: nothing better is possible), and at `deadline` (a time.perf_counter value: the
+    greedy dispatch always completes, so the result is always valid)."""
+    l_ = check_lengths(lengths)
+    check_pipes(pipes)
+    top = max(p.max_len for p in pipes)
+    if l_.size and int(l_.max()) > top:
+        raise TidalError(f"sequence of length {int(l_.max())} exceeds the MaxLen {top} of every pipeline")
+    if l_.size == 0:
+        return DispatchResult(tuple(() for _ in pipes), 0.0, tuple(0.0 for _ in pipes)), None
+    small = l_.size * len(pipes) <= 512
+    rounds = max_rounds if max_rounds is not None else 20 + len(pipes) + (l_.size if small else 0)
+    prep = _greedy_prep(pipes)
+    st = _State(pipes, l_, _greedy(l_, pipes, prep=prep))
+    done = _local_search(st, rounds, pairs=small, target=target, deadline=deadline)
+    first = float(st.load.max())
+    alt, best = None, first
+    if l_.size * len(pipes) <= RESTART_MAX and restarts and done and first > target:
+        # Small instances: a few seeded random-order restarts (they escape LPT's worst cases and the local search's
+        # local optima).
+        rng = np.random.default_rng(seed)
+        for _ in range(restarts):
+            cand = _State(pipes, l_, _greedy(l_, pipes, rng.permutation(l_.size), prep=prep))
+            done = _local_search(cand, rounds, pairs=small, target=target, deadline=deadline)
+            if float(cand.load.max()) < best:
+                alt, best = cand, float(cand.load.max())
+            if not done or best <= target:
+                break
+    return _result(st, len(pipes)), None if alt is None else _result(alt, len(pipes))
 
 
 def dispatch_hydraulis(lengths, pipes: Sequence[PipeCost], *, trials: int = 100, seed: int = 0,

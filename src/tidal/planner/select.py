@@ -27,7 +27,7 @@ from tidal.planner.bounds import (
     pipeline_bound,
     prepare_lengths,
 )
-from tidal.planner.dispatch import dispatch, dispatch_hydraulis
+from tidal.planner.dispatch import dispatch, dispatch_alternatives, dispatch_hydraulis
 from tidal.planner.metrics import max_over_mean, mb_imbalance, rank_spread
 from tidal.planner.packing import Packer, pack, pipeline_time
 
@@ -119,14 +119,24 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
            exact: bool = False, target: float = 0.0, deadline: float | None = None,
            fallback: bool = True) -> tuple[float, tuple[PipelinePlan, ...]]:
     """Two-stage assignment on one strategy: (step estimate, per-pipeline plans with step indices). `target` (a
-    lower bound) lets the dispatch local search stop once it is within 0.1 % of it; `deadline` (time.perf_counter)
+    lower bound) lets the dispatch local search stop once it meets it (nothing better exists); `deadline` (perf_counter)
     cuts the local search short. With `fallback`, Hydraulis' dispatch (dispatch_hydraulis, HYDRAULIS_TRIALS shuffles,
     `seed`) followed by the same packer is also tried when its dispatch cost (a lower bound on its packed time) is
     below our estimate, and the better plan kept: the result is never worse than that baseline (unless the deadline
     passed before it ran)."""
     l_ = np.asarray(lengths, dtype=np.int64)
-    disp = dispatch(l_, prof.pipes, exact=exact, seed=seed, target=target * 1.001, deadline=deadline)
-    est, plans = _pack_groups(l_, prof, disp.groups, packer, exact)
+    if exact:
+        disp = dispatch(l_, prof.pipes, exact=True, seed=seed, target=target, deadline=deadline)
+        est, plans = _pack_groups(l_, prof, disp.groups, packer, exact)
+    else:
+        # the dispatch objective is a bound on the packed time: a restart that lowers it can pack worse, so both the
+        # first dispatch and the best restart are packed and the faster kept (ties to the first)
+        first, alt = dispatch_alternatives(l_, prof.pipes, seed=seed, target=target, deadline=deadline)
+        est, plans = _pack_groups(l_, prof, first.groups, packer, exact)
+        if alt is not None and (deadline is None or time.perf_counter() < deadline):
+            est2, plans2 = _pack_groups(l_, prof, alt.groups, packer, exact)
+            if est2 < est:
+                est, plans = est2, plans2
     if fallback and est > target and (deadline is None or time.perf_counter() < deadline):
         hy = _hydraulis_plan(l_, prof, packer, seed, exact, est)
         if hy is not None:
