@@ -24,7 +24,7 @@ from tidal.planner.hydraulis import _alg1_trial_loop, _alg1_trial_numpy
 
 # Instances with B sequences x D pipelines up to this get `restarts` random-order restarts (decision in
 # docs/decisions.md: with the compiled local search they cost a few ms per step at 16-64 GPUs).
-RESTART_MAX = 2048
+RESTART_MAX = 1024
 
 
 @dataclass(frozen=True)
