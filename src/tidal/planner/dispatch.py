@@ -374,7 +374,7 @@ def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: i
     first, alt = dispatch_alternatives(lengths, pipes, seed=seed, max_rounds=max_rounds, restarts=restarts,
                                        target=target, deadline=deadline)
     res = first if alt is None else alt
-    if exact and res.groups and any(res.groups):
+    if exact and any(res.groups):
         from tidal.planner.exact import dispatch_milp
 
         l_ = check_lengths(lengths)
