@@ -65,3 +65,80 @@ def test_compiled_packing_rounds_match_python():
         assert (a is None) == (b is None)
         if a is not None:
             np.testing.assert_array_equal(a, b)
+
+
+def test_compiled_local_search_matches_python():
+    """The compiled dispatch local search (kernels.local_search, with its pair swaps) makes the same moves as the
+    numpy rounds: same owners, loads and return value, on small (pairs), mid and large (> 256 documents, > 8
+    pipelines: swap partners from the 8 least-loaded pipelines) instances, with many equal lengths in some."""
+    rng = np.random.default_rng(3)
+    for t in range(300):
+        pipes, l_ = _case(rng)
+        if t % 4 == 0:
+            l_ = rng.choice(l_[:4], size=l_.size)  # ties: equal lengths and equal loads
+        if t % 5 == 0:
+            l_ = np.concatenate([l_, rng.integers(1, 40, size=300)]).astype(np.int64)  # > 256 documents
+        owner = d._greedy(l_, pipes, rng.permutation(l_.size) if t % 2 else None)
+        small = l_.size * len(pipes) <= 512
+        rounds = 20 + len(pipes) + (l_.size if small else 0)
+        target = 0.0 if t % 3 else float(rng.uniform(0, 1)) * float(d._State(pipes, l_, owner.copy()).load.max())
+        sts = [d._State(pipes, l_, owner.copy()) for _ in range(2)]
+        res = [d._local_search(st, rounds, pairs=small or t % 7 == 0, target=target, compiled=c)
+               for st, c in zip(sts, (True, False))]
+        assert res[0] == res[1]
+        np.testing.assert_array_equal(sts[0].owner, sts[1].owner)
+        for name in ("load", "S", "Q", "N", "G", "top1", "top2", "cnt1"):
+            np.testing.assert_array_equal(getattr(sts[0], name), getattr(sts[1], name), err_msg=name)
+
+
+def test_compiled_dispatch_matches_python_with_deadline_far():
+    rng = np.random.default_rng(4)
+    for _ in range(50):
+        pipes, l_ = _case(rng)
+        a = d.dispatch(l_, pipes, seed=1)
+        b = d.dispatch(l_, pipes, seed=1, deadline=1e18)  # chunked compiled rounds, deadline never reached
+        assert a == b
+
+
+def test_compiled_ffd_matches_python():
+    from tidal.planner import packing as pk
+
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        M = int(rng.integers(10, 500))
+        l_ = rng.integers(1, M + 1, size=int(rng.integers(1, 150))).astype(np.int64)
+        np.testing.assert_array_equal(pk._ffd(l_, M, compiled=True), pk._ffd(l_, M, compiled=False))
+
+
+def test_compiled_pack_matches_python():
+    """pack's compiled heuristic (kernels.pack_search) returns the same micro-batches and estimate as the Python one."""
+    from tidal.costmodel.base import LatencyCoeffs
+    from tidal.planner import packing as pk
+
+    rng = np.random.default_rng(6)
+    for t in range(300):
+        n = int(rng.integers(2, 150))
+        M = int(rng.integers(50, 4000))
+        l_ = rng.integers(1, min(M, int(rng.choice([100, 400, 4000]))) + 1, size=n).astype(np.int64)
+        if t % 3 == 0:
+            l_ = rng.choice(l_[:5], size=n)  # many equal lengths: ties
+        co = LatencyCoeffs(float(rng.choice([1e-6, 1e-4])), float(rng.choice([1e-3, 1e-2])),
+                           float(rng.choice([0.0, 0.05, 0.5, 5.0])))
+        pp = int(rng.choice([1, 2, 4]))
+        assert pk.pack(l_, co, pp, M, compiled=True) == pk.pack(l_, co, pp, M, compiled=False)
+
+
+def test_compiled_top_docs_bound_matches_python():
+    """bounds.top_docs_bound's compiled branch and bound (kernels_pack.top_search) gives the same value, node limit
+    fallbacks included."""
+    from tidal.planner.bounds import top_docs_bound
+
+    rng = np.random.default_rng(7)
+    for t in range(300):
+        pipes, l_ = _case(rng)
+        if t % 3 == 0:
+            l_ = rng.choice(l_[:3], size=l_.size)  # equal lengths: identical open pipelines
+        r = int(rng.integers(1, 9))
+        limit = int(rng.choice([5, 50, 3000]))
+        assert top_docs_bound(l_, pipes, r=r, node_limit=limit, compiled=True) == \
+            top_docs_bound(l_, pipes, r=r, node_limit=limit, compiled=False)

@@ -126,9 +126,8 @@ def work_capacity(t: np.ndarray, c: np.ndarray, pp: np.ndarray) -> np.ndarray:
     return np.maximum(np.where(t > thr, root * root, t / p - c), 0.0)
 
 
-def min_time(G: np.ndarray, c: np.ndarray, pp: np.ndarray, total: np.ndarray) -> np.ndarray:
-    """Per row r, the T solving sum_k G[r, k] cap_k(T) = total[r] (exactly: the sum is A T + B sqrt(T) + C0 between
-    consecutive breakpoints PP c and PP^2 c / (PP - 1) of the caps, so each segment is a quadratic in sqrt(T))."""
+def _min_time_consts(c: np.ndarray, pp: np.ndarray) -> tuple:
+    """What min_time needs of the classes alone (c, PP): computed once per candidate by ClassArrays."""
     c = np.asarray(c, dtype=np.float64)
     p = np.asarray(pp, dtype=np.float64)
     q = p - 1.0
@@ -136,19 +135,32 @@ def min_time(G: np.ndarray, c: np.ndarray, pp: np.ndarray, total: np.ndarray) ->
     with np.errstate(divide="ignore", invalid="ignore"):
         b2 = np.where(q > 0, p * p * c / np.where(q > 0, q, 1.0), np.inf)
     bps = np.unique(np.concatenate([[0.0], p * c, b2[np.isfinite(b2)]]))
-    Fb = G @ work_capacity(bps[None, :], c[:, None], p[:, None])  # R x nb
-    seg = np.sum(Fb < total[:, None], axis=1)  # crossing lies in (bps[seg-1], bps[seg]] (or beyond the last)
-    left = bps[np.maximum(seg - 1, 0)]
-    right = np.where(seg < bps.size, bps[np.minimum(seg, bps.size - 1)], np.inf)
-    mid = np.where(np.isfinite(right), 0.5 * (left + right), left + 1.0)  # a point inside the segment
+    # per segment index seg in [0, nb] (min_time): its ends, a point inside, and the coefficients of A, B and C0
+    left = bps[np.maximum(np.arange(bps.size + 1) - 1, 0)]
+    right = np.append(bps, np.inf)
+    mid = np.where(np.isfinite(right), 0.5 * (left + right), left + 1.0)
     lin = (mid[:, None] > p * c) & (mid[:, None] <= b2)
     rt = mid[:, None] > b2
-    A = (G * (lin / p + rt)).sum(axis=1)
-    B = (G * rt * (-2.0 * s)).sum(axis=1)
-    C0 = (G * (rt * s * s - lin * c)).sum(axis=1)
+    seg = (left, right, lin / p + rt, rt * (-2.0 * s), rt * s * s - lin * c)
+    return bps, work_capacity(bps[None, :], c[:, None], p[:, None]), seg
+
+
+def min_time(G: np.ndarray, c: np.ndarray, pp: np.ndarray, total: np.ndarray,
+             consts: tuple | None = None) -> np.ndarray:
+    """Per row r, the T solving sum_k G[r, k] cap_k(T) = total[r] (exactly: the sum is A T + B sqrt(T) + C0 between
+    consecutive breakpoints PP c and PP^2 c / (PP - 1) of the caps, so each segment is a quadratic in sqrt(T)).
+    `consts`: _min_time_consts(c, pp), when the caller has it already."""
+    bps, capb, (left_s, right_s, cA, cB, cC) = _min_time_consts(c, pp) if consts is None else consts
+    Fb = G @ capb  # R x nb
+    seg = np.sum(Fb < total[:, None], axis=1)  # crossing lies in (bps[seg-1], bps[seg]] (or beyond the last)
+    left, right = left_s[seg], right_s[seg]
+    # on the segment, sum_k G cap_k(T) = A T + B sqrt(T) + C0 (lin: linear caps, rt: square-root caps)
+    A = (G * cA[seg]).sum(axis=1)
+    B = (G * cB[seg]).sum(axis=1)
+    C0 = (G * cC[seg]).sum(axis=1)
     disc = np.maximum(B * B - 4.0 * A * (C0 - total), 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        u = np.where(A > 0, (-B + np.sqrt(disc)) / (2.0 * A), np.inf)
+    u = np.full(A.shape, np.inf)
+    np.divide(-B + np.sqrt(disc), 2.0 * A, out=u, where=A > 0)
     T = np.clip(u * u, left, right)
     return np.where(total > 0, T, 0.0)
 
@@ -161,18 +173,76 @@ def group_pipes(pipes: Sequence[PipeCost]) -> tuple[tuple[PipeCost, ...], np.nda
     return tuple(order), np.array(list(order.values()), dtype=np.float64)
 
 
+@dataclass(frozen=True, eq=False)
+class ClassArrays:
+    """A strategy's pipeline classes (group_pipes order) as the arrays the bounds use, with min_time's constants:
+    built once per candidate (StrategyProfile.class_arrays), not once per bound."""
+
+    classes: tuple[PipeCost, ...]
+    cnt: np.ndarray  # pipelines per class
+    A: np.ndarray
+    B: np.ndarray
+    C: np.ndarray
+    P: np.ndarray  # PP, float
+    M: np.ndarray  # MaxLen, float
+    mt: tuple  # _min_time_consts(C, P)
+    D: np.ndarray  # per-document term d
+
+    @staticmethod
+    def of(grouped: tuple[tuple[PipeCost, ...], np.ndarray]) -> ClassArrays:
+        classes, cnt = grouped
+        C = np.array([p.c for p in classes])
+        P = np.array([p.pp for p in classes], dtype=np.float64)
+        return ClassArrays(classes, cnt, np.array([p.a for p in classes]), np.array([p.b for p in classes]), C, P,
+                           np.array([p.max_len for p in classes], dtype=np.float64), _min_time_consts(C, P),
+                           np.array([p.d for p in classes]))
+
+
+@dataclass(frozen=True, eq=False)
+class StepLengths:
+    """One step's lengths as strategy_bound uses them (distinct lengths and their counts, quantiles): computed once
+    per step (prepare_lengths) and shared by the bounds of every candidate."""
+
+    full: np.ndarray  # float64, as given
+    uniq: np.ndarray  # distinct lengths, ascending
+    wt: np.ndarray  # count of each
+    refs: np.ndarray  # distinct quantiles 0, 0.5, 0.9, 1 of full
+    ref90: float  # quantile 0.9 of full
+
+
+def prepare_lengths(lengths) -> StepLengths:
+    full = np.asarray(lengths, dtype=np.float64)
+    uniq, inv = np.unique(full, return_inverse=True)
+    wt = np.bincount(inv.ravel(), weights=np.ones_like(full), minlength=uniq.size)
+    refs = np.unique(np.quantile(full, [0.0, 0.5, 0.9, 1.0])) if full.size else full
+    return StepLengths(full, uniq, wt, refs, float(np.quantile(full, 0.9)) if full.size else 0.0)
+
+
 class _Abort(Exception):
     pass
 
 
 def top_docs_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], r: int = 6, node_limit: int = 3000,
-                   grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None) -> float:
+                   grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None, compiled: bool = True) -> float:
     """min over dispatches of only the r longest documents of max_j f_j, f_j the pipeline_bound of the documents on j,
     by exhaustive branch and bound (identical pipelines merged). f only grows when a document is added (W, w_max and
     V_min grow; the new top V = U + 1 costs >= (PP + U)(c + w_max) >= f(U)), so this bounds the full step. Falls back
-    to fewer documents when the search exceeds `node_limit` nodes; 0.0 if even one document is too many."""
+    to fewer documents when the search exceeds `node_limit` nodes; 0.0 if even one document is too many. The search
+    runs compiled (kernels_pack.top_search, the same nodes) when numba is there and `compiled`."""
+    from tidal.planner import kernels_pack
+
     l_ = np.sort(np.asarray(lengths, dtype=np.int64))[::-1]
     classes, cnt = group_pipes(pipes) if grouped is None else grouped
+    if compiled and kernels_pack.AVAILABLE:
+        arr = [np.array([getattr(p, f) for p in classes]) for f in ("a", "b", "c", "pp", "max_len", "d")]
+        top = np.ascontiguousarray(l_[:r])
+        while r >= 1:
+            v = kernels_pack.top_search(top[:r], arr[0], arr[1], arr[5], arr[2], arr[3].astype(np.int64) - 1,
+                                        arr[4].astype(np.int64), cnt, node_limit)
+            if v >= 0:
+                return v
+            r //= 2
+        return 0.0
     while r >= 1:
         try:
             return _top_search([int(x) for x in l_[:r]], classes, cnt, node_limit)
@@ -236,7 +306,7 @@ def _top_search(top: list[int], classes: tuple[PipeCost, ...], cnt: np.ndarray, 
     return best[0]
 
 
-def _timed(Y, w, wt, tau, cnt, C, P, lo: float) -> float:
+def _timed(Y, w, wt, tau, cnt, C, P, lo: float, mt: tuple | None = None) -> float:
     """Work bound with time-dependent eligibility: at step time T a document may only use pipelines where it alone
     fits (PP (c + w) <= T). lhs_r(T) = sum_i min_{j ok at T} y_rj w_ij is nonincreasing and rhs_r(T) =
     sum_j y_rj cap_j(T) nondecreasing in T, so the optimum T* lies above every T where lhs > rhs for some price row r.
@@ -268,13 +338,14 @@ def _timed(Y, w, wt, tau, cnt, C, P, lo: float) -> float:
         L = L0[:, None]
     a = np.concatenate([[lo], starts])  # segment s is [a[s], b[s]) with lhs L[:, s]
     b = np.concatenate([starts, [np.inf]])
-    Ts = min_time(np.repeat(G, a.size, axis=0), C, P, np.maximum(L, 0.0).ravel()).reshape(R, a.size)
+    Ts = min_time(np.repeat(G, a.size, axis=0), C, P, np.maximum(L, 0.0).ravel(), mt).reshape(R, a.size)
     cand = np.where(Ts > a[None, :], np.minimum(Ts, b[None, :]), -np.inf)
     return max(lo, float(cand.max()))
 
 
 def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int = 6, top: int = 6,
-                   timed: bool = True, grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None) -> float:
+                   timed: bool = True, grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None,
+                   arrays: ClassArrays | None = None, prep: StepLengths | None = None) -> float:
     """Lower bound on the optimal step time of documents `lengths` on a strategy (any dispatch, any packing).
 
     max(LB_doc, LB_work):
@@ -285,72 +356,100 @@ def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int
                 (LP duality of the fractional assignment with per-pipeline capacity cap_j); any y gives a valid bound,
                 we try a few and improve them by multiplicative price updates.
     `weights` (optional) multiplies each document (expected counts of a length histogram). inf when a document fits
-    no pipeline. `grouped`: group_pipes(pipes), when the caller has it already.
+    no pipeline. `grouped`: group_pipes(pipes), `arrays`: ClassArrays of it, `prep`: prepare_lengths(lengths) (without
+    `weights`), when the caller has them already (the same bound, computed once per candidate or step).
 
     Repeated lengths are merged into one weighted document first (the bound is a function of the length multiset;
     large steps hold 5-10x fewer distinct lengths than documents)."""
-    l_ = np.asarray(lengths, dtype=np.float64)
-    if l_.size == 0 or not pipes:
-        return 0.0 if l_.size == 0 else float("inf")
-    full = l_
-    wt = np.ones_like(l_) if weights is None else np.asarray(weights, dtype=np.float64)
-    l_, inv = np.unique(l_, return_inverse=True)
-    wt = np.bincount(inv.ravel(), weights=wt, minlength=l_.size)
-    classes, cnt = group_pipes(pipes) if grouped is None else grouped
-    A = np.array([p.a for p in classes])
-    B = np.array([p.b for p in classes])
-    C = np.array([p.c for p in classes])
-    Dd = np.array([p.d for p in classes])
-    P = np.array([p.pp for p in classes], dtype=np.float64)
-    M = np.array([p.max_len for p in classes], dtype=np.float64)
-    elig = l_[:, None] <= M[None, :]
-    if not np.all(elig.any(axis=1)):
-        return float("inf")
-    w = A[None, :] * (l_ * l_)[:, None] + B[None, :] * l_[:, None] + Dd[None, :]
-    per_doc = np.where(elig, P[None, :] * (C[None, :] + w), np.inf).min(axis=1)
-    lb_doc = float(per_doc[wt > 0].max()) if np.any(wt > 0) else 0.0
-    wm = np.where(elig, w, np.inf)
+    return StrategyBound(lengths, pipes, weights, grouped, arrays, prep).refined(rounds, top, timed)
 
-    def bound_for(Y: np.ndarray) -> np.ndarray:  # Y: R x K prices -> R bounds
-        total = np.min(wm[None, :, :] * Y[:, None, :], axis=2) @ wt  # R
-        return min_time(cnt[None, :] * Y, C, P, total)
 
-    # Price candidates: inverse work of each class at a few reference lengths, plus uniform.
-    refs = np.unique(np.quantile(full if weights is None else l_, [0.0, 0.5, 0.9, 1.0]))
-    Y = np.vstack([1.0 / np.maximum(A * r * r + B * r + Dd, 1e-300) for r in refs] + [np.ones(len(classes))])
-    Y = Y / Y.sum(axis=1, keepdims=True)
-    vals = bound_for(Y)
-    best_i = int(np.argmax(vals))
-    best_y, best = Y[best_i], float(vals[best_i])
-    ys = [best_y]
-    if len(classes) > 1:
-        y = best_y.copy()
-        for _ in range(rounds):
-            t = max(best, 1e-300)
-            arg = np.argmin(wm * y[None, :], axis=1)
-            loads = np.bincount(arg, weights=w[np.arange(l_.size), arg] * wt, minlength=len(classes))
-            capk = cnt * work_capacity(np.full(len(classes), t), C, P)
-            ratio = (loads + 1e-30) / np.maximum(capk, 1e-30)
-            cand = y * np.clip(ratio, 0.25, 4.0) ** np.array([[0.25], [0.5], [1.0]])
-            cand = cand / cand.sum(axis=1, keepdims=True)
-            v = bound_for(cand)
-            k = int(np.argmax(v))
-            y = cand[k]
-            if v[k] > best:
-                best = float(v[k])
-                ys.append(y)
-    if timed and len(classes) > 1:
-        # Also price only the faster classes (zero price on the m slowest): the documents that cannot run on the slow
-        # classes within T must fit in the fast ones.
-        ref = float(np.quantile(full if weights is None else l_, 0.9))
-        slow = np.argsort(-(P * (C + A * ref * ref + B * ref + Dd)), kind="stable")
-        Ys = [ys[0], ys[-1]]
-        for m in range(1, len(classes)):
-            z = ys[-1].copy()
-            z[slow[:m]] = 0.0
-            Ys.append(z)
-        best = max(best, _timed(np.array(Ys), w, wt, P[None, :] * (C[None, :] + wm), cnt, C, P,
-                                max(best, lb_doc)))
-    lb_top = top_docs_bound(full if weights is None else l_[wt > 0], pipes, r=top, grouped=(classes, cnt)) \
-        if top > 0 else 0.0
-    return max(lb_doc, best, lb_top) * (1 - SLACK)
+class StrategyBound:
+    """strategy_bound in two stages that share their work: `quick`, the doc bound and the work bound at the fixed
+    reference prices (strategy_bound with rounds=0, top=0, timed=False), and `refined(...)`, strategy_bound itself,
+    which starts from the quick stage's arrays and prices instead of computing them again."""
+
+    def __init__(self, lengths, pipes: Sequence[PipeCost], weights=None,
+                 grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None, arrays: ClassArrays | None = None,
+                 prep: StepLengths | None = None):
+        self.final: float | None = None  # the bound when no stage is needed (no documents, nowhere to run one)
+        self.pipes, self.weighted = pipes, weights is not None
+        if prep is None or weights is not None:
+            l_ = np.asarray(lengths, dtype=np.float64)
+            if l_.size == 0 or not pipes:
+                self.final = self.quick = 0.0 if l_.size == 0 else float("inf")
+                return
+            full = l_
+            wt = np.ones_like(l_) if weights is None else np.asarray(weights, dtype=np.float64)
+            l_, inv = np.unique(l_, return_inverse=True)
+            wt = np.bincount(inv.ravel(), weights=wt, minlength=l_.size)
+            # Price reference lengths: quantiles of the documents (of the distinct lengths when weighted).
+            refs = np.unique(np.quantile(full if weights is None else l_, [0.0, 0.5, 0.9, 1.0]))
+            self.ref90: float | None = None
+        else:
+            if prep.full.size == 0 or not pipes:
+                self.final = self.quick = 0.0 if prep.full.size == 0 else float("inf")
+                return
+            full, l_, wt, refs, self.ref90 = prep.full, prep.uniq, prep.wt, prep.refs, prep.ref90
+        ca = ClassArrays.of(group_pipes(pipes) if grouped is None else grouped) if arrays is None else arrays
+        A, B, C, P, M, Dd = ca.A, ca.B, ca.C, ca.P, ca.M, ca.D
+        elig = l_[:, None] <= M[None, :]
+        if not np.all(elig.any(axis=1)):
+            self.final = self.quick = float("inf")
+            return
+        w = A[None, :] * (l_ * l_)[:, None] + B[None, :] * l_[:, None] + Dd[None, :]
+        per_doc = np.where(elig, P[None, :] * (C[None, :] + w), np.inf).min(axis=1)
+        self.lb_doc = float(per_doc[wt > 0].max()) if np.any(wt > 0) else 0.0
+        self.ca, self.full, self.l_, self.wt, self.w = ca, full, l_, wt, w
+        self.wm = np.where(elig, w, np.inf)
+        # Price candidates: inverse work of each class at a few reference lengths, plus uniform.
+        Y = np.vstack([1.0 / np.maximum(A * r * r + B * r + Dd, 1e-300) for r in refs] + [np.ones(len(ca.classes))])
+        Y = Y / Y.sum(axis=1, keepdims=True)
+        vals = self._bound_for(Y)
+        best_i = int(np.argmax(vals))
+        self.y0, self.best0 = Y[best_i], float(vals[best_i])
+        self.quick = max(self.lb_doc, self.best0, 0.0) * (1 - SLACK)
+
+    def _bound_for(self, Y: np.ndarray) -> np.ndarray:  # Y: R x K prices -> R bounds
+        total = np.min(self.wm[None, :, :] * Y[:, None, :], axis=2) @ self.wt  # R
+        return min_time(self.ca.cnt[None, :] * Y, self.ca.C, self.ca.P, total, self.ca.mt)
+
+    def refined(self, rounds: int = 6, top: int = 6, timed: bool = True) -> float:
+        if self.final is not None:
+            return self.final
+        ca, l_, wt, w, wm, lb_doc = self.ca, self.l_, self.wt, self.w, self.wm, self.lb_doc
+        classes, cnt, A, B, C, P = ca.classes, ca.cnt, ca.A, ca.B, ca.C, ca.P
+        best_y, best = self.y0, self.best0
+        ys = [best_y]
+        if len(classes) > 1:
+            y = best_y.copy()
+            for _ in range(rounds):
+                t = max(best, 1e-300)
+                arg = np.argmin(wm * y[None, :], axis=1)
+                loads = np.bincount(arg, weights=w[np.arange(l_.size), arg] * wt, minlength=len(classes))
+                capk = cnt * work_capacity(np.full(len(classes), t), C, P)
+                ratio = (loads + 1e-30) / np.maximum(capk, 1e-30)
+                cand = y * np.clip(ratio, 0.25, 4.0) ** np.array([[0.25], [0.5], [1.0]])
+                cand = cand / cand.sum(axis=1, keepdims=True)
+                v = self._bound_for(cand)
+                k = int(np.argmax(v))
+                y = cand[k]
+                if v[k] > best:
+                    best = float(v[k])
+                    ys.append(y)
+        if timed and len(classes) > 1:
+            # Also price only the faster classes (zero price on the m slowest): the documents that cannot run on the
+            # slow classes within T must fit in the fast ones.
+            ref = self.ref90 if self.ref90 is not None else float(
+                np.quantile(self.full if not self.weighted else l_, 0.9))
+            slow = np.argsort(-(P * (C + A * ref * ref + B * ref + ca.D)), kind="stable")
+            Ys = [ys[0], ys[-1]]
+            for m in range(1, len(classes)):
+                z = ys[-1].copy()
+                z[slow[:m]] = 0.0
+                Ys.append(z)
+            best = max(best, _timed(np.array(Ys), w, wt, P[None, :] * (C[None, :] + wm), cnt, C, P,
+                                    max(best, lb_doc), ca.mt))
+        lb_top = top_docs_bound(self.full if not self.weighted else l_[wt > 0], self.pipes, r=top,
+                                grouped=(classes, cnt)) if top > 0 else 0.0
+        return max(lb_doc, best, lb_top) * (1 - SLACK)

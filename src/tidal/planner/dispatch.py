@@ -20,6 +20,11 @@ import numpy as np
 
 from tidal.core.errors import TidalError
 from tidal.planner.bounds import PipeCost, check_lengths, group_pipes
+from tidal.planner.hydraulis import _alg1_trial_loop, _alg1_trial_numpy
+
+# Instances with B sequences x D pipelines up to this get `restarts` random-order restarts (decision in
+# docs/decisions.md: with the compiled local search they cost a few ms per step at 16-64 GPUs).
+RESTART_MAX = 1024
 
 
 @dataclass(frozen=True)
@@ -31,7 +36,7 @@ class DispatchResult:
 
 def _cost(A, B, C, Q1, M, Q, S, N, lmax, G, R, Dd) -> np.ndarray:
     """Capacity-aware pipeline cost (vectorised): min over integer V in [V_min, U] of (PP - 1 + V) * max(c + W / V, c +
-    w(l_max)) with W = a * sum l^2 + b * sum l + d * count, U the count and V_min = max(ceil(sum l / MaxLen), G), G the
+    w(l_max)) with W = a * sum l^2 + b * sum l + d * U, U the count and V_min = max(ceil(sum l / MaxLen), G), G the
     number of documents longer than MaxLen / 2 (no two share a micro-batch); 0 when empty. A lower bound on the packed
     time (bounds.pipeline_bound with the G term) that charges the micro-batches MaxLen forces: a PP = 1 pipeline over
     its MaxLen costs >= 2 (c + w(l_max)), not W + 2c. The function of V is convex with continuous minimiser min(sqrt((PP
@@ -130,29 +135,38 @@ def _f1(a: float, b: float, c: float, q: int, M: int, W: float, tok: int, wm: fl
     return min((q + v) * max(W / v + c, c + wm) for v in cands)
 
 
-def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | None = None,
-            compiled: bool = True) -> np.ndarray:
-    """List scheduling: each sequence (longest first unless `order`) to the eligible pipeline with the least resulting
-    cost. Per class of identical pipelines only two are tried: the first empty one and the least-loaded used one.
-    Runs the compiled loop (kernels.greedy, same choices) when numba is there and `compiled`."""
-    from tidal.planner import kernels
-
+def _greedy_prep(pipes: Sequence[PipeCost]) -> tuple:
+    """What _greedy needs of the pipelines alone: classes of identical pipelines, their members (ascending), and the
+    compiled loop's arrays of them. Computed once per dispatch, shared by its restarts."""
     classes, _ = group_pipes(pipes)
     members: list[list[int]] = [[] for _ in classes]
     cls_of = {p: k for k, p in enumerate(classes)}
     for j, p in enumerate(pipes):
         members[cls_of[p]].append(j)
+    mcount = np.array([len(m) for m in members], dtype=np.int64)
+    arrays = (np.array([p.a for p in classes]), np.array([p.b for p in classes]), np.array([p.c for p in classes]),
+              np.array([p.d for p in classes]),
+              np.array([p.pp - 1 for p in classes], dtype=np.int64),
+              np.array([p.max_len for p in classes], dtype=np.int64),
+              np.array([j for m in members for j in m], dtype=np.int64),
+              np.concatenate([[0], np.cumsum(mcount)[:-1]]).astype(np.int64), mcount,
+              np.array([p.max_len for p in pipes], dtype=np.int64))
+    return classes, members, arrays
+
+
+def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | None = None,
+            compiled: bool = True, prep: tuple | None = None) -> np.ndarray:
+    """List scheduling: each sequence (longest first unless `order`) to the eligible pipeline with the least resulting
+    cost. Per class of identical pipelines only two are tried: the first empty one and the least-loaded used one.
+    Runs the compiled loop (kernels.greedy, same choices) when numba is there and `compiled`. `prep`:
+    _greedy_prep(pipes), when the caller has it."""
+    from tidal.planner import kernels
+
+    classes, members, arrays = _greedy_prep(pipes) if prep is None else prep
     if order is None:
         order = np.argsort(-lengths, kind="stable")
     if compiled and kernels.AVAILABLE:
-        mcount = np.array([len(m) for m in members], dtype=np.int64)
-        owner, bad = kernels.greedy(
-            lengths.astype(np.int64), order.astype(np.int64), np.array([p.a for p in classes]),
-            np.array([p.b for p in classes]), np.array([p.c for p in classes]), np.array([p.d for p in classes]),
-            np.array([p.pp - 1 for p in classes], dtype=np.int64),
-            np.array([p.max_len for p in classes], dtype=np.int64),
-            np.array([j for m in members for j in m], dtype=np.int64), np.concatenate([[0], np.cumsum(mcount)[:-1]]),
-            mcount, np.array([p.max_len for p in pipes], dtype=np.int64))
+        owner, bad = kernels.greedy(lengths.astype(np.int64), order.astype(np.int64), *arrays)
         if bad >= 0:
             raise TidalError(f"sequence of length {int(lengths[bad])} exceeds the MaxLen of every pipeline")
         return owner
@@ -209,10 +223,27 @@ def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | 
 
 
 def _local_search(st: _State, max_rounds: int, max_docs: int = 16, pairs: bool = False, target: float = 0.0,
-                  min_gain: float = 1e-4, deadline: float | None = None) -> bool:
+                  min_gain: float = 1e-4, deadline: float | None = None, compiled: bool = True) -> bool:
     """Move or swap documents off the bottleneck pipeline while that lowers it by more than `min_gain` (relative);
     all candidate moves of one round are evaluated in one vectorised pass. Stops at `target` (nothing better exists)
-    or at `deadline` (time.perf_counter value). Returns False when cut short by the deadline."""
+    or at `deadline` (time.perf_counter value). Returns False when cut short by the deadline. Runs the compiled
+    rounds (kernels.local_search, same moves) when numba is there and `compiled`; with a deadline they run in chunks
+    of 4 rounds, the deadline checked between chunks."""
+    from tidal.planner import kernels
+
+    if compiled and kernels.AVAILABLE:
+        chunk = max_rounds if deadline is None else 4
+        done = 0
+        while done < max_rounds:
+            if deadline is not None and time.perf_counter() > deadline:
+                return False
+            n = min(chunk, max_rounds - done)
+            if kernels.local_search(st.l, st.lf, st.owner, st.A, st.B, st.C, st.D, st.Q1, st.M, st.R, st.H, st.S, st.Q,
+                                    st.N, st.G, st.top1, st.cnt1, st.top2, st.load, n, max_docs, pairs, target,
+                                    min_gain):
+                return True
+            done += n
+        return True
     n_p = len(st.S)
     all_p = np.arange(n_p)
     for _ in range(max_rounds):
@@ -243,7 +274,7 @@ def _local_search(st: _State, max_rounds: int, max_docs: int = 16, pairs: bool =
             best_val, best_act = float(val.flat[m]), (int(sel[u]), k, -1)
         if st.l.size > 256 and n_p > 8:
             # Large steps: swap partners only from the 8 least-loaded pipelines (where a bottleneck's work can go).
-            light = np.argpartition(st.load, 8)[:8]
+            light = np.argsort(st.load, kind="stable")[:8]  # ties by index
             e_idx = np.flatnonzero(np.isin(st.owner, light[light != j]))
         else:
             e_idx = np.flatnonzero(st.owner != j)
@@ -338,45 +369,61 @@ def evaluate(lengths, pipes: Sequence[PipeCost], groups: Sequence[Sequence[int]]
 
 
 def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: int = 0,
-             max_rounds: int | None = None, restarts: int = 8, target: float = 0.0,
+             max_rounds: int | None = None, restarts: int = 4, target: float = 0.0,
              time_limit: float = 10.0, deadline: float | None = None) -> DispatchResult:
-    """Dispatch sequences to pipelines minimising max_j of the capacity-aware pipeline cost (`_cost`). Deterministic
-    for a given `seed` (used only by the `restarts` random-order restarts on tiny instances, B x D <= 128). The local
-    search stops early once the objective is <= `target` (e.g. a lower bound: nothing better is possible), and at
-    `deadline` (a time.perf_counter value: the greedy dispatch always completes, so the result is always valid).
-    exact=True also solves the MILP (of the linear objective D_j, bounds.eq2_bound) and keeps the better of the two."""
-    l_ = check_lengths(lengths)
-    check_pipes(pipes)
-    top = max(p.max_len for p in pipes)
-    if l_.size and int(l_.max()) > top:
-        raise TidalError(f"sequence of length {int(l_.max())} exceeds the MaxLen {top} of every pipeline")
-    if l_.size == 0:
-        return DispatchResult(tuple(() for _ in pipes), 0.0, tuple(0.0 for _ in pipes))
-    small = l_.size * len(pipes) <= 512
-    rounds = max_rounds if max_rounds is not None else 20 + len(pipes) + (l_.size if small else 0)
-    st = _State(pipes, l_, _greedy(l_, pipes))
-    done = _local_search(st, rounds, pairs=small, target=target, deadline=deadline)
-    res = _result(st, len(pipes))
-    if l_.size * len(pipes) <= 128 and restarts and done and res.objective > target:
-        # Tiny instances: a few seeded random-order restarts (cheap here, and they escape LPT's worst cases).
-        rng = np.random.default_rng(seed)
-        for _ in range(restarts):
-            st = _State(pipes, l_, _greedy(l_, pipes, rng.permutation(l_.size)))
-            done = _local_search(st, rounds, pairs=True, target=target, deadline=deadline)
-            cand = _result(st, len(pipes))
-            if cand.objective < res.objective:
-                res = cand
-            if not done or res.objective <= target:
-                break
-    if exact:
+    """Dispatch sequences to pipelines minimising max_j of the capacity-aware pipeline cost (`_cost`): the better of
+    dispatch_alternatives' two. exact=True also solves the MILP (of the linear objective D_j, bounds.eq2_bound) and
+    keeps the better of the two."""
+    first, alt = dispatch_alternatives(lengths, pipes, seed=seed, max_rounds=max_rounds, restarts=restarts,
+                                       target=target, deadline=deadline)
+    res = first if alt is None else alt
+    if exact and any(res.groups):
         from tidal.planner.exact import dispatch_milp
 
+        l_ = check_lengths(lengths)
         ex = dispatch_milp(l_, pipes, time_limit=time_limit)
         if ex is not None:
             ex_res = evaluate(l_, pipes, ex)
             if ex_res.objective < res.objective:
                 return ex_res
     return res
+
+
+def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, max_rounds: int | None = None,
+                          restarts: int = 4, target: float = 0.0,
+                          deadline: float | None = None) -> tuple[DispatchResult, DispatchResult | None]:
+    """The greedy dispatch and its local search, and (None unless it has a lower objective) the best of `restarts`
+    seeded random-order restarts, each followed by the same local search, on small instances (B x D <= RESTART_MAX).
+    The objective is a lower bound on the packed time, not the packed time, so the caller packs both (select.assign).
+    Deterministic for a given `seed` (used only by the restarts). The local search stops early once the objective is
+    <= `target` (e.g. a lower bound: nothing better is possible), and at `deadline` (a time.perf_counter value: the
+    greedy dispatch always completes, so the result is always valid)."""
+    l_ = check_lengths(lengths)
+    check_pipes(pipes)
+    top = max(p.max_len for p in pipes)
+    if l_.size and int(l_.max()) > top:
+        raise TidalError(f"sequence of length {int(l_.max())} exceeds the MaxLen {top} of every pipeline")
+    if l_.size == 0:
+        return DispatchResult(tuple(() for _ in pipes), 0.0, tuple(0.0 for _ in pipes)), None
+    small = l_.size * len(pipes) <= 512
+    rounds = max_rounds if max_rounds is not None else 20 + len(pipes) + (l_.size if small else 0)
+    prep = _greedy_prep(pipes)
+    st = _State(pipes, l_, _greedy(l_, pipes, prep=prep))
+    done = _local_search(st, rounds, pairs=small, target=target, deadline=deadline)
+    first = float(st.load.max())
+    alt, best = None, first
+    if l_.size * len(pipes) <= RESTART_MAX and restarts and done and first > target:
+        # Small instances: a few seeded random-order restarts (they escape LPT's worst cases and the local search's
+        # local optima).
+        rng = np.random.default_rng(seed)
+        for _ in range(restarts):
+            cand = _State(pipes, l_, _greedy(l_, pipes, rng.permutation(l_.size), prep=prep))
+            done = _local_search(cand, rounds, pairs=small, target=target, deadline=deadline)
+            if float(cand.load.max()) < best:
+                alt, best = cand, float(cand.load.max())
+            if not done or best <= target:
+                break
+    return _result(st, len(pipes)), None if alt is None else _result(alt, len(pipes))
 
 
 def dispatch_hydraulis(lengths, pipes: Sequence[PipeCost], *, trials: int = 100, seed: int = 0,
@@ -416,77 +463,3 @@ def dispatch_hydraulis(lengths, pipes: Sequence[PipeCost], *, trials: int = 100,
     if best_owner is None:
         return DispatchResult(tuple(() for _ in pipes), 0.0, tuple(0.0 for _ in pipes))
     return _result(_State(pipes, l_, best_owner), D)
-
-
-def _alg1_trial_loop(l_: np.ndarray, pipes: Sequence[PipeCost], perm: np.ndarray) -> tuple[np.ndarray, float]:
-    """One shuffle of Hydraulis Alg. 1, one pipeline at a time as the paper writes it."""
-    D = len(pipes)
-    Cj, Ej, lmax = [0.0] * D, [0.0] * D, [0] * D
-    cost = [(p.a, p.b, p.c + p.d, p.pp - 1, p.max_len) for p in pipes]
-    owner = np.empty(l_.size, dtype=np.int64)
-    tot = [0.0] * D
-    k1, second = 0, 0.0  # first index of the largest C_k + E_k, and the largest over the others
-    for i in perm.tolist():
-        x = int(l_[i])
-        o_min, j_best = float("inf"), -1
-        for j, (a, b, c, q, M) in enumerate(cost):
-            if x > M:
-                continue
-            lm = x if x > lmax[j] else lmax[j]
-            o = max(Cj[j] + a * x * x + b * x + c + (a * lm * lm + b * lm + c) * q, second if j == k1 else tot[k1])
-            if o < o_min:
-                o_min, j_best = o, j
-        if j_best < 0:
-            raise TidalError(f"sequence of length {x} exceeds the MaxLen of every pipeline")
-        a, b, c, q, _ = cost[j_best]
-        Cj[j_best] += a * x * x + b * x + c
-        lmax[j_best] = max(lmax[j_best], x)
-        Ej[j_best] = (a * lmax[j_best] ** 2 + b * lmax[j_best] + c) * q
-        t = tot[j_best] = Cj[j_best] + Ej[j_best]
-        if j_best != k1 and (t > tot[k1] or (t == tot[k1] and j_best < k1)):  # totals only grow
-            k1, second = j_best, tot[k1]
-        elif j_best != k1 and t > second:
-            second = t
-        owner[i] = j_best
-    return owner, max(Cj[k] + Ej[k] for k in range(D))
-
-
-def _alg1_trial_numpy(l_, pipes, perm, A, B, C, Q1, M, has_e, m_min) -> tuple[np.ndarray, float]:
-    """One shuffle of Hydraulis Alg. 1 with the scan over pipelines vectorised (same choices, float for float)."""
-    D = len(pipes)
-    Cj = np.zeros(D)
-    Ej = np.zeros(D)
-    tot = np.zeros(D)  # C_j + E_j
-    lmax = np.zeros(D)
-    owner = np.empty(l_.size, dtype=np.int64)
-    for i in perm.tolist():
-        x = int(l_[i])
-        k1 = int(tot.argmax())
-        top = tot[k1]
-        if D > 1:
-            tot[k1] = -np.inf
-            second = float(tot.max())
-            tot[k1] = top
-        else:
-            second = 0.0
-        o = Cj + A * x * x  # same operation order as the paper's loop: ((C_j + a x x) + b x) + c
-        o += B * x
-        o += C
-        if has_e:
-            lm = np.maximum(lmax, x)
-            o += (A * lm * lm + B * lm + C) * Q1
-        own = max(o[k1], second)  # the max over k != j of C_k + E_k is `second` for j = k1, `top` otherwise
-        np.maximum(o, top, out=o)
-        o[k1] = own
-        if x > m_min:
-            o[x > M] = np.inf
-        j = int(o.argmin())
-        if not o[j] < np.inf:
-            raise TidalError(f"sequence of length {x} exceeds the MaxLen of every pipeline")
-        Cj[j] += A[j] * x * x + B[j] * x + C[j]
-        lm_j = max(int(lmax[j]), x)
-        lmax[j] = lm_j
-        Ej[j] = (A[j] * lm_j ** 2 + B[j] * lm_j + C[j]) * Q1[j]
-        tot[j] = Cj[j] + Ej[j]
-        owner[i] = j
-    return owner, float(np.max(Cj + Ej)) if D else 0.0

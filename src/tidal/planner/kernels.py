@@ -1,10 +1,11 @@
 """Compiled loops for the planner's sequential hot spots (numba, optional; decision in docs/decisions.md).
 
 Some loops cannot be vectorised because each step depends on the previous one: Hydraulis Alg. 1 (one sequence at a
-time, scanning every pipeline), the dispatch greedy (list scheduling, longest first), and the packer's LPT and
-move/swap rounds. In Python they cost about
-10 µs and 3 µs per sequence at 1024 GPUs. Compiled, they make the same choices float for float (no fastmath, the
-same operation order; tests compare them with the Python versions) at 10-40x the speed.
+time, scanning every pipeline), the dispatch greedy (list scheduling, longest first) and the dispatch local search
+(moves, swaps and pair swaps off the bottleneck pipeline, one round at a time). In Python the first two cost about
+10 µs and 3 µs per sequence at 1024 GPUs; the local search's numpy rounds cost tens of small numpy calls each.
+Compiled, they make the same choices float for float (no fastmath, the same operation order; tests compare them with
+the Python versions) at 10-40x the speed. The packer's and the bounds' loops are in kernels_pack.py.
 
 `AVAILABLE` is False when numba is not installed: callers then use their numpy / pure-Python versions, which stay the
 reference implementations. Import this module lazily (importing numba takes about a second).
@@ -25,7 +26,7 @@ AVAILABLE = njit is not None
 
 
 def _alg1_trial(l_, perm, A, B, C, Q, M):
-    """One shuffle of Hydraulis Alg. 1 as the paper's loop writes it (dispatch._alg1_trial_loop, same operation
+    """One shuffle of Hydraulis Alg. 1 as the paper's loop writes it (hydraulis._alg1_trial_loop, same operation
     order). Returns (owner, objective); objective -1.0 when a sequence fits no pipeline."""
     D = A.size
     Cj = np.zeros(D)
@@ -192,93 +193,232 @@ def _greedy(lengths, order, ca, cb, cc, cd, cq, cm, members, moff, mcount, pmax)
     return owner, -1
 
 
-def _lpt(l_, w, order, V, M, c):
-    """packing._lpt compiled: each sequence (in `order`) into the micro-batch with the least (time, index) among those
-    with room (the Python version pops a heap until one fits: the same micro-batch). ok False when one fits nowhere."""
-    T = np.full(V, c)
-    tok = np.zeros(V, np.int64)
-    bin_of = np.empty(l_.size, np.int64)
-    for t in range(order.size):
-        i = order[t]
-        x = l_[i]
-        kb = -1
-        for k in range(V):
-            if tok[k] + x <= M and (kb < 0 or T[k] < T[kb]):
-                kb = k
-        if kb < 0:
-            return bin_of, False
-        tok[kb] += x
-        bin_of[i] = kb
-        T[kb] = T[kb] + w[i]
-    return bin_of, True
+def _cost1(a, b, c, d, q1, m, r, Q, S, N, lmax, G):
+    """dispatch._cost for one pipeline (same operation order): capacity-aware cost of a share with sum l^2 = Q,
+    sum l = S, count N, longest lmax and G documents longer than MaxLen / 2; 0 when empty."""
+    if not N > 0:
+        return 0.0
+    W = a * Q + b * S + d * N
+    wm = a * lmax * lmax + b * lmax + d
+    vmin = max(max(1.0, np.ceil(S / m)), G)
+    vmax = max(vmin, N)
+    v0 = min(np.sqrt(W) * r, W / max(wm, 1e-300))
+    lo = min(max(np.floor(v0), vmin), vmax)
+    hi = min(max(np.ceil(v0), vmin), vmax)
+    cw = c + wm
+    return min((q1 + lo) * max(W / lo + c, cw), (q1 + hi) * max(W / hi + c, cw))
 
 
-def _refine(bin_of, l_, w, T, tok, V, M, rounds, max_docs):
-    """packing._refine compiled (in place): the same moves, taken in the same order (documents by length, longest
-    first, the first of each length; for each, moves to micro-batches in index order, then swaps with every other
-    document in index order; the first strict best wins)."""
-    n = l_.size
+def _ls_refresh(j, owner, lf, A, B, C, D, Q1, M, R, S, Q, N, G, top1, cnt1, top2, load):
+    m = 0.0
+    cnt = 0
+    for i in range(owner.size):
+        if owner[i] == j:
+            if lf[i] > m:
+                m = lf[i]
+                cnt = 1
+            elif lf[i] == m:
+                cnt += 1
+    m2 = 0.0
+    for i in range(owner.size):
+        if owner[i] == j and lf[i] < m and lf[i] > m2:
+            m2 = lf[i]
+    top1[j] = m
+    cnt1[j] = cnt
+    top2[j] = m2
+    load[j] = _cost1(A[j], B[j], C[j], D[j], Q1[j], M[j], R[j], Q[j], S[j], N[j], m, G[j])
+
+
+def _ls_move(i, k, owner, lf, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load):
+    """dispatch._State.move: document i to pipeline k, O(1) sums and an O(B) scan of the two pipelines' top lengths."""
+    j = owner[i]
+    x = lf[i]
+    S[j] -= x
+    Q[j] -= x * x
+    N[j] -= 1
+    G[j] -= 1.0 if x > H[j] else 0.0
+    G[k] += 1.0 if x > H[k] else 0.0
+    S[k] += x
+    Q[k] += x * x
+    N[k] += 1
+    owner[i] = k
+    _ls_refresh(j, owner, lf, A, B, C, D, Q1, M, R, S, Q, N, G, top1, cnt1, top2, load)
+    _ls_refresh(k, owner, lf, A, B, C, D, Q1, M, R, S, Q, N, G, top1, cnt1, top2, load)
+
+
+def _local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load, max_rounds, max_docs,
+                  pairs, target, min_gain):
+    """dispatch._local_search (and _pair_swap) compiled, on the arrays of a dispatch._State (updated in place). The
+    candidate moves are scanned in the numpy version's flat order with a strict improvement test, so the first best
+    is the same move. Per pipeline the cost arrays A, B, C, D (and Q1 = PP - 1, M = MaxLen, R, H = M / 2) come in as
+    arrays. Returns True when no move improves (or the target is met), False when max_rounds ran out."""
+    n_p = S.size
+    n = owner.size
     mine = np.empty(n, np.int64)
-    others = np.empty(n, np.int64)
-    for _ in range(rounds):
-        b = 0
-        for k in range(1, V):
-            if T[k] > T[b]:
-                b = k
-        tb = T[b]
+    eidx = np.empty(n, np.int64)
+    keep = np.empty(n, np.int64)
+    uidx = np.empty(n, np.int64)
+    sel = np.empty(max_docs, np.int64)
+    light = np.zeros(n_p, np.bool_)
+    for _ in range(max_rounds):
+        j = 0
+        for k in range(1, n_p):
+            if load[k] > load[j]:
+                j = k
+        dmax = load[j]
+        if dmax <= target or dmax <= 0:
+            return True
         nm = 0
-        no = 0
         for i in range(n):
-            if bin_of[i] == b:
+            if owner[i] == j:
                 mine[nm] = i
                 nm += 1
-            else:
-                others[no] = i
-                no += 1
-        ord_ = np.argsort(-l_[mine[:nm]], kind="mergesort")
-        best = np.inf
+        ordr = np.argsort(-l_[mine[:nm]], kind="mergesort")
+        ns = 0
+        last = -1
+        for r in range(nm):
+            i = mine[ordr[r]]
+            if l_[i] != last:
+                if ns == max_docs:
+                    break
+                sel[ns] = i
+                ns += 1
+                last = l_[i]
+        aj, bj, cj, dj, qj, mj, rj, hj = A[j], B[j], C[j], D[j], Q1[j], M[j], R[j], H[j]
+        best = dmax * (1 - min_gain)
         bi = -1
         bk = -1
         be = -1
-        used = 0
-        last = -1
-        for r in range(nm):
-            i = mine[ord_[r]]
-            x = l_[i]
-            if x == last:
+        bp = -1
+        for u in range(ns):  # move one document of j to another eligible pipeline
+            x = lf[sel[u]]
+            x2 = x * x
+            lj = top2[j] if (x == top1[j] and cnt1[j] == 1) else top1[j]
+            nj = _cost1(aj, bj, cj, dj, qj, mj, rj, Q[j] - x2, S[j] - x, N[j] - 1, lj, G[j] - (1.0 if x > hj else 0.0))
+            if not nj < best:
                 continue
-            if used == max_docs:
-                break
-            last = x
-            used += 1
-            wx = w[i]
-            if nm > 1:
-                for k in range(V):
-                    if k != b and tok[k] + x <= M:
-                        v = max(tb - wx, T[k] + wx)
-                        if v < best:
-                            best, bi, bk, be = v, i, k, -1
-            for q in range(no):
-                e = others[q]
-                le = l_[e]
-                ke = bin_of[e]
-                if tok[b] - x + le <= M and tok[ke] - le + x <= M and le != x:
-                    v = max(tb - wx + w[e], T[ke] - w[e] + wx)
+            for k in range(n_p):
+                if k == j or not x <= M[k]:
+                    continue
+                nk = _cost1(A[k], B[k], C[k], D[k], Q1[k], M[k], R[k], Q[k] + x2, S[k] + x, N[k] + 1, max(top1[k], x),
+                            G[k] + (1.0 if x > H[k] else 0.0))
+                v = max(nj, nk)
+                if v < best:
+                    best, bi, bk, be, bp = v, sel[u], k, -1, -1
+        ne = 0
+        if n > 256 and n_p > 8:
+            # large steps: swap partners only from the 8 least-loaded pipelines, by (load, index)
+            light[:] = False
+            for k in np.argsort(load, kind="mergesort")[:8]:
+                light[k] = True
+            light[j] = False
+            for i in range(n):
+                if light[owner[i]]:
+                    eidx[ne] = i
+                    ne += 1
+        else:
+            for i in range(n):
+                if owner[i] != j:
+                    eidx[ne] = i
+                    ne += 1
+        if ne:
+            # a swap's value depends on the partner's (length, pipeline) only: the first document of each such pair
+            # (in index order) stands for the others, which cannot be strictly better
+            key = l_[eidx[:ne]] * n_p + owner[eidx[:ne]]
+            ko = np.argsort(key, kind="mergesort")
+            ue = 0
+            for r in range(ne):
+                if r == 0 or key[ko[r]] != key[ko[r - 1]]:
+                    keep[ue] = ko[r]
+                    ue += 1
+            keep[:ue].sort()
+            for t in range(ue):
+                uidx[t] = eidx[keep[t]]
+            for u in range(ns):  # swap a document of j with a document of another pipeline
+                x = lf[sel[u]]
+                x2 = x * x
+                lj = top2[j] if (x == top1[j] and cnt1[j] == 1) else top1[j]
+                gx = G[j] - (1.0 if x > hj else 0.0)
+                for t in range(ue):
+                    e = uidx[t]
+                    le = lf[e]
+                    ke = owner[e]
+                    if not (le <= mj and x <= M[ke] and le != x):
+                        continue
+                    nj = _cost1(aj, bj, cj, dj, qj, mj, rj, Q[j] - x2 + le * le, S[j] - x + le, N[j], max(lj, le),
+                                gx + (1.0 if le > hj else 0.0))
+                    if not nj < best:
+                        continue
+                    lk = top2[ke] if (le == top1[ke] and cnt1[ke] == 1) else top1[ke]
+                    hk = H[ke]
+                    nk = _cost1(A[ke], B[ke], C[ke], D[ke], Q1[ke], M[ke], R[ke], Q[ke] - le * le + x2, S[ke] - le + x,
+                                N[ke],
+                                max(lk, x), G[ke] - (1.0 if le > hk else 0.0) + (1.0 if x > hk else 0.0))
+                    v = max(nj, nk)
                     if v < best:
-                        best, bi, bk, be = v, i, ke, e
-        if not best < tb * (1 - 1e-12):
-            return
-        T[b] -= w[bi]
-        T[bk] += w[bi]
-        tok[b] -= l_[bi]
-        tok[bk] += l_[bi]
-        bin_of[bi] = bk
+                        best, bi, bk, be, bp = v, sel[u], ke, e, -1
+            if bi < 0 and pairs and 2 <= nm <= 24:
+                bi, bk, be, bp = _pair_swap(j, mine[:nm], uidx[:ue], lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G,
+                                            top1, cnt1, top2, best)
+        if bi < 0:
+            return True
+        _ls_move(bi, bk, owner, lf, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load)
         if be >= 0:
-            T[bk] -= w[be]
-            T[b] += w[be]
-            tok[bk] -= l_[be]
-            tok[b] += l_[be]
-            bin_of[be] = b
+            _ls_move(be, j, owner, lf, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load)
+        if bp >= 0:
+            _ls_move(bp, bk, owner, lf, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load)
+    return False
+
+
+def _pair_swap(j, mine, eidx, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, best):
+    """dispatch._pair_swap compiled: two documents of j (by sorted position u < v) for one document of another
+    pipeline, in the numpy version's flat order. Returns (i, k, e, i2), i = -1 when nothing beats `best`."""
+    order = mine[np.argsort(-lf[mine], kind="mergesort")]
+    nm = order.size
+    aj, bj, cj, dj, qj, mj, rj, hj = A[j], B[j], C[j], D[j], Q1[j], M[j], R[j], H[j]
+    bi = -1
+    bk = -1
+    be = -1
+    bp = -1
+    for u in range(nm - 1):
+        # a pair whose lengths (and the longest length left) equal an earlier pair's has the same values: skipped
+        if u >= 1 and lf[order[u]] == lf[order[u - 1]]:
+            continue
+        for v in range(u + 1, nm):
+            if v - 1 > u and lf[order[v]] == lf[order[v - 1]]:
+                continue
+            x1 = lf[order[u]]
+            x2 = lf[order[v]]
+            if u > 0:
+                rest = lf[order[0]]
+            elif v > 1:
+                rest = lf[order[1]]
+            else:
+                rest = lf[order[2]] if nm > 2 else 0.0
+            q = x1 * x1 + x2 * x2
+            s = x1 + x2
+            xm = max(x1, x2)
+            gj = G[j] - (1.0 if x1 > hj else 0.0) - (1.0 if x2 > hj else 0.0)
+            for t in range(eidx.size):
+                e = eidx[t]
+                le = lf[e]
+                ke = owner[e]
+                if not (le <= mj and xm <= M[ke]):
+                    continue
+                nj = _cost1(aj, bj, cj, dj, qj, mj, rj, Q[j] - q + le * le, S[j] - s + le, N[j] - 1, max(rest, le),
+                            gj + (1.0 if le > hj else 0.0))
+                if not nj < best:
+                    continue
+                hk = H[ke]
+                lk = top2[ke] if (le == top1[ke] and cnt1[ke] == 1) else top1[ke]
+                nk = _cost1(A[ke], B[ke], C[ke], D[ke], Q1[ke], M[ke], R[ke], Q[ke] - le * le + q, S[ke] - le + s,
+                            N[ke] + 1,
+                            max(lk, xm), G[ke] - (1.0 if le > hk else 0.0) + (1.0 if x1 > hk else 0.0)
+                            + (1.0 if x2 > hk else 0.0))
+                val = max(nj, nk)
+                if val < best:
+                    best, bi, bk, be, bp = val, order[u], ke, e, order[v]
+    return bi, bk, be, bp
 
 
 if AVAILABLE:
@@ -287,7 +427,10 @@ if AVAILABLE:
     _sift_down = njit(cache=True)(_sift_down)
     _sift_up = njit(cache=True)(_sift_up)
     greedy = njit(cache=True)(_greedy)
-    lpt = njit(cache=True)(_lpt)
-    refine = njit(cache=True)(_refine)
+    _cost1 = njit(cache=True, inline="always")(_cost1)
+    _ls_refresh = njit(cache=True)(_ls_refresh)
+    _ls_move = njit(cache=True)(_ls_move)
+    _pair_swap = njit(cache=True)(_pair_swap)
+    local_search = njit(cache=True)(_local_search)
 else:  # pragma: no cover
-    alg1_trial = greedy = lpt = refine = None
+    alg1_trial = greedy = local_search = None

@@ -56,17 +56,23 @@ def _validate(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int) -> np.ndarr
 
 
 def _finish(bin_of: np.ndarray, l_: np.ndarray, coeffs: LatencyCoeffs, pp: int) -> PackResult:
-    groups: dict[int, list[int]] = {}
-    for i, k in enumerate(bin_of.tolist()):
-        groups.setdefault(k, []).append(i)
+    order = np.argsort(bin_of, kind="stable").tolist()  # ascending indices within each bin
+    cnt = np.bincount(bin_of)
+    ends = np.cumsum(cnt[cnt > 0]).tolist()
     # Deterministic order: micro-batches by first (smallest) index.
-    mbs = tuple(sorted((tuple(g) for g in groups.values()), key=lambda g: g[0]))
+    mbs = tuple(sorted((tuple(order[a:b]) for a, b in zip([0] + ends[:-1], ends)), key=lambda g: g[0]))
     return PackResult(mbs, pipeline_time(l_, mbs, coeffs, pp))
 
 
-def _ffd(l_: np.ndarray, max_len: int) -> np.ndarray:
-    """Token first-fit-decreasing: bin index per sequence."""
-    order = np.argsort(-l_, kind="stable")
+def _ffd(l_: np.ndarray, max_len: int, order: np.ndarray | None = None, compiled: bool = True) -> np.ndarray:
+    """Token first-fit-decreasing: bin index per sequence (`order`: argsort(-l_, stable), when the caller has it).
+    Compiled (kernels_pack.ffd, the same bins) when numba is there and `compiled`."""
+    from tidal.planner import kernels_pack
+
+    if order is None:
+        order = np.argsort(-l_, kind="stable")
+    if compiled and kernels_pack.AVAILABLE:
+        return kernels_pack.ffd(l_, order, max_len)
     room: list[int] = []
     bin_of = np.empty(l_.size, dtype=np.int64)
     for i in order.tolist():
@@ -170,17 +176,17 @@ def _refine(bin_of: np.ndarray, l_: np.ndarray, w: np.ndarray, V: int, M: int, c
 
 
 def _pack_v(l_, w, order, V, M, c, rounds, compiled: bool = True):
-    """LPT into V micro-batches, then the move/swap rounds; compiled (kernels.lpt / kernels.refine, the same
+    """LPT into V micro-batches, then the move/swap rounds; compiled (kernels_pack.lpt and .refine, the same
     choices) when numba is there and `compiled`. None when LPT finds no room for a sequence."""
-    from tidal.planner import kernels
+    from tidal.planner import kernels_pack
 
-    if compiled and kernels.AVAILABLE:
-        bin_of, ok = kernels.lpt(l_, w, order, V, M, c)
+    if compiled and kernels_pack.AVAILABLE:
+        bin_of, ok = kernels_pack.lpt(l_, w, order, V, M, c)
         if not ok:
             return None
         T = np.bincount(bin_of, weights=w, minlength=V) + c
         tok = np.bincount(bin_of, weights=l_, minlength=V).astype(np.int64)
-        kernels.refine(bin_of, l_, w, T, tok, V, M, rounds, 32)
+        kernels_pack.refine(bin_of, l_, w, T, tok, V, M, rounds, 32)
         return bin_of
     bin_of = _lpt(l_, w, order, V, M, c)
     if bin_of is None:
@@ -196,8 +202,11 @@ def _score(bin_of: np.ndarray, w: np.ndarray, c: float, pp: int) -> float:
 
 
 def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool = False,
-         time_limit: float = 10.0) -> PackResult:
-    """Work-balanced packing of one pipeline's sequences (see module doc). Deterministic."""
+         time_limit: float = 10.0, compiled: bool = True) -> PackResult:
+    """Work-balanced packing of one pipeline's sequences (see module doc). Deterministic. The heuristic runs compiled
+    (kernels_pack.pack_search, the same bins) when numba is there and `compiled`."""
+    from tidal.planner import kernels_pack
+
     l_ = _validate(lengths, coeffs, pp, max_len)
     n = int(l_.size)
     if n == 0:
@@ -220,7 +229,30 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
     def bound(V: int) -> float:
         return (pp - 1 + V) * max(W / V + c, c + wmax)
 
-    ffd = _ffd(l_, max_len)
+    if compiled and kernels_pack.AVAILABLE:
+        best_bins, best = kernels_pack.pack_search(l_, w, order, max_len, c, pp, W, wmax, vmin, v_opt, v_hi, rounds)
+    else:
+        best_bins, best = _search(l_, w, order, max_len, c, pp, vmin, v_opt, v_hi, rounds, bound, compiled)
+    if exact:
+        from tidal.planner.exact import pack_milp_fixed_v
+
+        for V in sorted(range(vmin, n + 1), key=lambda v: (bound(v), v)):
+            if bound(V) >= best * (1 - 1e-9):
+                break
+            b = pack_milp_fixed_v(l_, w, V, max_len, c, time_limit=time_limit)
+            if b is not None and _score(b, w, c, pp) < best:
+                best_bins, best = b, _score(b, w, c, pp)
+    # renumber bins densely
+    _, dense = np.unique(best_bins, return_inverse=True)
+    return _finish(dense.astype(np.int64), l_, coeffs, pp)
+
+
+def _search(l_, w, order, max_len, c, pp, vmin, v_opt, v_hi, rounds, bound,
+            compiled: bool) -> tuple[np.ndarray, float]:
+    """pack's heuristic (the reference for kernels_pack.pack_search): FFD, then LPT + rounds for the candidate V by
+    (bound, V), then a walk from the incumbent's V while it improves. Returns (bins, score)."""
+    n = l_.size
+    ffd = _ffd(l_, max_len, order, compiled)
     best_bins, best = ffd, _score(ffd, w, c, pp)
     tried: dict[int, float] = {}
 
@@ -231,7 +263,7 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
         if bound(V) >= best * (1 - 1e-12):
             tried[V] = math.inf
             return math.inf
-        b = _pack_v(l_, w, order, V, max_len, c, rounds)
+        b = _pack_v(l_, w, order, V, max_len, c, rounds, compiled)
         val = _score(b, w, c, pp) if b is not None else math.inf
         tried[V] = val
         if val < best:
@@ -248,15 +280,4 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
         V = v_best + step
         while vmin <= V <= n and attempt(V) <= best:
             V += step
-    if exact:
-        from tidal.planner.exact import pack_milp_fixed_v
-
-        for V in sorted(range(vmin, n + 1), key=lambda v: (bound(v), v)):
-            if bound(V) >= best * (1 - 1e-9):
-                break
-            b = pack_milp_fixed_v(l_, w, V, max_len, c, time_limit=time_limit)
-            if b is not None and _score(b, w, c, pp) < best:
-                best_bins, best = b, _score(b, w, c, pp)
-    # renumber bins densely
-    _, dense = np.unique(best_bins, return_inverse=True)
-    return _finish(dense.astype(np.int64), l_, coeffs, pp)
+    return best_bins, best

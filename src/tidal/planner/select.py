@@ -18,8 +18,16 @@ from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.strategy import Strategy
 from tidal.costmodel.base import CostModel, pipeline_device
-from tidal.planner.bounds import PipeCost, check_lengths, group_pipes, pipeline_bound, strategy_bound
-from tidal.planner.dispatch import dispatch, dispatch_hydraulis
+from tidal.planner.bounds import (
+    ClassArrays,
+    PipeCost,
+    StrategyBound,
+    check_lengths,
+    group_pipes,
+    pipeline_bound,
+    prepare_lengths,
+)
+from tidal.planner.dispatch import dispatch, dispatch_alternatives, dispatch_hydraulis
 from tidal.planner.metrics import max_over_mean, mb_imbalance, rank_spread
 from tidal.planner.packing import Packer, pack, pipeline_time
 
@@ -40,6 +48,11 @@ class StrategyProfile:
     def grouped(self) -> tuple[tuple[PipeCost, ...], np.ndarray]:
         """bounds.group_pipes(pipes), computed once per profile (hashing 600 pipelines costs ~1 ms per bound)."""
         return group_pipes(self.pipes)
+
+    @cached_property
+    def class_arrays(self) -> ClassArrays:
+        """bounds.ClassArrays of `grouped` (the bounds' per-class arrays), computed once per profile."""
+        return ClassArrays.of(self.grouped)
 
 
 def profile_strategies(candidates: Sequence[Strategy], cost_model: CostModel) -> tuple[StrategyProfile, ...]:
@@ -106,14 +119,24 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
            exact: bool = False, target: float = 0.0, deadline: float | None = None,
            fallback: bool = True) -> tuple[float, tuple[PipelinePlan, ...]]:
     """Two-stage assignment on one strategy: (step estimate, per-pipeline plans with step indices). `target` (a
-    lower bound) lets the dispatch local search stop once it is within 0.1 % of it; `deadline` (time.perf_counter)
+    lower bound) lets the dispatch local search stop once it meets it (nothing better exists); `deadline` (perf_counter)
     cuts the local search short. With `fallback`, Hydraulis' dispatch (dispatch_hydraulis, HYDRAULIS_TRIALS shuffles,
     `seed`) followed by the same packer is also tried when its dispatch cost (a lower bound on its packed time) is
     below our estimate, and the better plan kept: the result is never worse than that baseline (unless the deadline
     passed before it ran)."""
     l_ = np.asarray(lengths, dtype=np.int64)
-    disp = dispatch(l_, prof.pipes, exact=exact, seed=seed, target=target * 1.001, deadline=deadline)
-    est, plans = _pack_groups(l_, prof, disp.groups, packer, exact)
+    if exact:
+        disp = dispatch(l_, prof.pipes, exact=True, seed=seed, target=target, deadline=deadline)
+        est, plans = _pack_groups(l_, prof, disp.groups, packer, exact)
+    else:
+        # the dispatch objective is a bound on the packed time: a restart that lowers it can pack worse, so both the
+        # first dispatch and the best restart are packed and the faster kept (ties to the first)
+        first, alt = dispatch_alternatives(l_, prof.pipes, seed=seed, target=target, deadline=deadline)
+        est, plans = _pack_groups(l_, prof, first.groups, packer, exact)
+        if alt is not None and (deadline is None or time.perf_counter() < deadline):
+            est2, plans2 = _pack_groups(l_, prof, alt.groups, packer, exact)
+            if est2 < est:
+                est, plans = est2, plans2
     if fallback and est > target and (deadline is None or time.perf_counter() < deadline):
         hy = _hydraulis_plan(l_, prof, packer, seed, exact, est)
         if hy is not None:
@@ -145,6 +168,7 @@ def _pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Pac
             est = 0.0
         else:
             sub = lengths[idx]
+            est = None
             if packer is pack and pipe.pp == 1 and pipe.c > 0 and not exact and int(sub.sum()) <= pipe.max_len:
                 # pack's own answer, without its per-call overhead (hundreds of such pipelines at 1024 GPUs): with
                 # PP = 1 and c > 0, one micro-batch (c + W) beats every V >= 2 (>= W + V c), so pack returns it.
@@ -152,8 +176,12 @@ def _pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Pac
             else:
                 res = packer(sub, pipe.coeffs, pipe.pp, pipe.max_len, exact=exact)
                 _check_packing(res.micro_batches, idx.size, sub, pipe.max_len)
-                mbs = tuple(tuple(int(idx[i]) for i in mb) for mb in res.micro_batches if len(mb))
-            est = pipeline_time(lf, mbs, pipe.coeffs, pipe.pp)
+                gl = idx.tolist()
+                mbs = tuple(tuple(gl[i] for i in mb) for mb in res.micro_batches if len(mb))
+                if packer is pack:  # its est_time is pipeline_time of these micro-batches (the same floats)
+                    est = res.est_time
+            if est is None:  # another packer's est_time is not trusted
+                est = pipeline_time(lf, mbs, pipe.coeffs, pipe.pp)
         plans.append(PipelinePlan(pl.scheme.tp, pl.scheme.pp, pl.scheme.cp, pl.devices, pipe.max_len, mbs, est,
                                   layer_split=prof.layer_splits[j]))
     return max((p.est_time for p in plans), default=0.0), tuple(plans)
@@ -189,14 +217,17 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
         return StepSelection(plan, reps, (), 0.0, 1.0)
     longest = int(l_.max())
     # quick bounds (doc + work with fixed prices) order and prune the candidates; refined ones give the reported bound
-    bounds = [strategy_bound(l_, p.pipes, rounds=0, top=0, timed=False, grouped=p.grouped) if longest <= p.max_len
-              else float("inf")
-              for p in profiles]
+    prep = prepare_lengths(l_)  # shared by every candidate's bounds
+    sbs = [StrategyBound(l_, p.pipes, grouped=p.grouped, arrays=p.class_arrays, prep=prep)
+           if longest <= p.max_len else None for p in profiles]
+    bounds = [float("inf") if sb is None else sb.quick for sb in sbs]
     refined = [False] * len(profiles)
 
     def refine(i: int) -> None:
         if not refined[i]:
-            bounds[i] = max(bounds[i], strategy_bound(l_, profiles[i].pipes, grouped=profiles[i].grouped))
+            sb = sbs[i]
+            assert sb is not None
+            bounds[i] = max(bounds[i], sb.refined())
             refined[i] = True
     if all(b == float("inf") for b in bounds):
         top = max(p.max_len for p in profiles)

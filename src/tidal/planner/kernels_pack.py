@@ -1,0 +1,390 @@
+"""Compiled loops of the packer and of the top-documents bound (numba, optional; see kernels.py and decision 49).
+
+The packer's LPT, move/swap rounds, FFD and its search over micro-batch counts (packing.pack), and the branch and
+bound of bounds.top_docs_bound, each with the same choices float for float as the Python versions (which stay the
+reference when numba is absent; tests compare the two). Import this module lazily (importing numba takes a second).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tidal.planner.kernels import AVAILABLE, njit
+
+
+def _lpt(l_, w, order, V, M, c):
+    """packing._lpt compiled: each sequence (in `order`) into the micro-batch with the least (time, index) among those
+    with room (the Python version pops a heap until one fits: the same micro-batch). ok False when one fits nowhere."""
+    T = np.full(V, c)
+    tok = np.zeros(V, np.int64)
+    bin_of = np.empty(l_.size, np.int64)
+    for t in range(order.size):
+        i = order[t]
+        x = l_[i]
+        kb = -1
+        for k in range(V):
+            if tok[k] + x <= M and (kb < 0 or T[k] < T[kb]):
+                kb = k
+        if kb < 0:
+            return bin_of, False
+        tok[kb] += x
+        bin_of[i] = kb
+        T[kb] = T[kb] + w[i]
+    return bin_of, True
+
+
+def _refine(bin_of, l_, w, T, tok, V, M, rounds, max_docs):
+    """packing._refine compiled (in place): the same moves, taken in the same order (documents by length, longest
+    first, the first of each length; for each, moves to micro-batches in index order, then swaps with every other
+    document in index order; the first strict best wins)."""
+    n = l_.size
+    mine = np.empty(n, np.int64)
+    others = np.empty(n, np.int64)
+    for _ in range(rounds):
+        b = 0
+        for k in range(1, V):
+            if T[k] > T[b]:
+                b = k
+        tb = T[b]
+        nm = 0
+        no = 0
+        for i in range(n):
+            if bin_of[i] == b:
+                mine[nm] = i
+                nm += 1
+            else:
+                others[no] = i
+                no += 1
+        ord_ = np.argsort(-l_[mine[:nm]], kind="mergesort")
+        best = np.inf
+        bi = -1
+        bk = -1
+        be = -1
+        used = 0
+        last = -1
+        for r in range(nm):
+            i = mine[ord_[r]]
+            x = l_[i]
+            if x == last:
+                continue
+            if used == max_docs:
+                break
+            last = x
+            used += 1
+            wx = w[i]
+            if nm > 1:
+                for k in range(V):
+                    if k != b and tok[k] + x <= M:
+                        v = max(tb - wx, T[k] + wx)
+                        if v < best:
+                            best, bi, bk, be = v, i, k, -1
+            for q in range(no):
+                e = others[q]
+                le = l_[e]
+                ke = bin_of[e]
+                if tok[b] - x + le <= M and tok[ke] - le + x <= M and le != x:
+                    v = max(tb - wx + w[e], T[ke] - w[e] + wx)
+                    if v < best:
+                        best, bi, bk, be = v, i, ke, e
+        if not best < tb * (1 - 1e-12):
+            return
+        T[b] -= w[bi]
+        T[bk] += w[bi]
+        tok[b] -= l_[bi]
+        tok[bk] += l_[bi]
+        bin_of[bi] = bk
+        if be >= 0:
+            T[bk] -= w[be]
+            T[b] += w[be]
+            tok[bk] -= l_[be]
+            tok[b] += l_[be]
+            bin_of[be] = b
+
+
+def _ffd(l_, order, M):
+    """packing._ffd compiled: each sequence (in `order`) into the first bin with room, else a new one."""
+    room = np.empty(l_.size, np.int64)
+    nb = 0
+    bin_of = np.empty(l_.size, np.int64)
+    for t in range(order.size):
+        i = order[t]
+        x = l_[i]
+        k = 0
+        while k < nb and room[k] < x:
+            k += 1
+        if k == nb:
+            room[k] = M
+            nb += 1
+        room[k] -= x
+        bin_of[i] = k
+    return bin_of
+
+
+def _pk_score(bin_of, w, c, pp):
+    """packing._score: (PP - 1 + used micro-batches) * (c + the slowest one's work), sums in index order."""
+    nb = 0
+    for i in range(bin_of.size):
+        if bin_of[i] + 1 > nb:
+            nb = bin_of[i] + 1
+    T = np.zeros(nb)
+    cnt = np.zeros(nb, np.int64)
+    for i in range(bin_of.size):
+        T[bin_of[i]] += w[i]
+        cnt[bin_of[i]] += 1
+    used = 0
+    mx = -np.inf
+    for k in range(nb):
+        if cnt[k] > 0:
+            used += 1
+            if T[k] > mx:
+                mx = T[k]
+    return (pp - 1 + used) * (c + mx)
+
+
+def _pk_bound(V, W, wmax, c, pp):
+    return (pp - 1 + V) * max(W / V + c, c + wmax)
+
+
+def _pk_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins, best):
+    """packing.pack's attempt(V): LPT into V micro-batches and the move/swap rounds, unless V was tried or its bound
+    cannot beat `best`. Returns (value, best bins, best)."""
+    if not vmin <= V <= l_.size:
+        return np.inf, best_bins, best
+    if not np.isnan(tried[V]):
+        return tried[V], best_bins, best
+    if _pk_bound(V, W, wmax, c, pp) >= best * (1 - 1e-12):
+        tried[V] = np.inf
+        return np.inf, best_bins, best
+    bin_of, ok = lpt(l_, w, order, V, M, c)
+    val = np.inf
+    if ok:
+        T = np.zeros(V)
+        tok = np.zeros(V, np.int64)
+        for i in range(l_.size):
+            T[bin_of[i]] += w[i]
+            tok[bin_of[i]] += l_[i]
+        for k in range(V):
+            T[k] = T[k] + c
+        refine(bin_of, l_, w, T, tok, V, M, rounds, 32)
+        val = _pk_score(bin_of, w, c, pp)
+    tried[V] = val
+    if val < best:
+        return val, bin_of, val
+    return val, best_bins, best
+
+
+def _pack_search(l_, w, order, M, c, pp, W, wmax, vmin, v_opt, v_hi, rounds):
+    """packing.pack's heuristic compiled (the same micro-batch counts tried in the same order, the same bins): FFD,
+    then LPT + rounds for the candidate V by (bound, V), then a walk from the incumbent's V while it improves.
+    Returns (bins, score)."""
+    n = l_.size
+    best_bins = _ffd(l_, order, M)
+    best = _pk_score(best_bins, w, c, pp)
+    tried = np.full(n + 1, np.nan)
+    top = 0  # FFD's largest bin index
+    for i in range(n):
+        if best_bins[i] > top:
+            top = best_bins[i]
+    raw = np.array([vmin, v_opt - 1, v_opt, v_opt + 1, v_opt + 2, top + 1], np.int64)
+    cands = np.empty(6, np.int64)
+    nc = 0
+    for v in raw:
+        if vmin <= v <= v_hi:
+            dup = False
+            for t in range(nc):
+                dup = dup or cands[t] == v
+            if not dup:
+                cands[nc] = v
+                nc += 1
+    for a in range(1, nc):  # insertion sort by (bound, V)
+        t = a
+        while t > 0:
+            v0, v1 = cands[t - 1], cands[t]
+            b0, b1 = _pk_bound(v0, W, wmax, c, pp), _pk_bound(v1, W, wmax, c, pp)
+            if b1 < b0 or (b1 == b0 and v1 < v0):
+                cands[t - 1], cands[t] = v1, v0
+                t -= 1
+            else:
+                break
+    for t in range(nc):
+        _, best_bins, best = _pk_attempt(cands[t], l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins,
+                                         best)
+    seen = np.zeros(n + 1, np.bool_)
+    v_best = 0
+    for i in range(n):
+        if not seen[best_bins[i]]:
+            seen[best_bins[i]] = True
+            v_best += 1
+    for step in (1, -1):
+        V = v_best + step
+        while vmin <= V <= n:
+            val, best_bins, best = _pk_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins,
+                                               best)
+            if not val <= best:
+                break
+            V += step
+    return best_bins, best
+
+
+def _ts_f(a, b, c, q, M, w, tok, wmax, cnt):
+    """bounds.pipeline_bound's value for sums (W = w, tokens, w_max, count), as bounds._top_search's f computes it
+    with bounds._best_v_value (its value: the least over the candidate V)."""
+    vmin = max(1, -(-tok // M))
+    vmax = max(vmin, cnt)
+    if q > 0 and c > 0:
+        v_star = math.sqrt(q * w / c)
+    elif q == 0:
+        v_star = 0.0
+    else:
+        v_star = math.inf
+    v_cross = w / wmax if wmax > 0 else math.inf
+    v0 = min(v_star, v_cross)
+    best = min((q + vmin) * max(w / vmin + c, c + wmax), (q + vmax) * max(w / vmax + c, c + wmax))
+    if math.isfinite(v0):
+        lo = min(vmax, max(vmin, math.floor(v0)))
+        hi = min(vmax, max(vmin, math.ceil(v0)))
+        best = min(best, (q + lo) * max(w / lo + c, c + wmax), (q + hi) * max(w / hi + c, c + wmax))
+    return best
+
+
+def _ts_expand(t, x, A, B, D, C, Q, M, cnt, used, ocls, oW, otok, owm, ocnt, n_o, fd, fw):
+    """The options of bounds._top_search's rec for document x at depth t, into fd[t] / fw[t] sorted by bound (stable):
+    each distinct open pipeline (identical open ones are one branch), then a new pipeline of each class with one left.
+    fw: >= 0 an open pipeline, -1 - k a new one of class k. Returns their number."""
+    K = A.size
+    d = np.empty(n_o + K)
+    which = np.empty(n_o + K, np.int64)
+    no = 0
+    for o in range(n_o):
+        k = ocls[o]
+        if x > M[k]:
+            continue
+        dup = False
+        for o2 in range(o):
+            if ocls[o2] == k and oW[o2] == oW[o] and otok[o2] == otok[o] and owm[o2] == owm[o] and ocnt[o2] == ocnt[o]:
+                dup = True
+                break
+        if dup:
+            continue
+        wx = A[k] * x * x + B[k] * x + D[k]
+        d[no] = _ts_f(A[k], B[k], C[k], Q[k], M[k], oW[o] + wx, otok[o] + x, max(owm[o], wx), ocnt[o] + 1)
+        which[no] = o
+        no += 1
+    for k in range(K):
+        if used[k] < cnt[k] and x <= M[k]:
+            wx = A[k] * x * x + B[k] * x + D[k]
+            d[no] = _ts_f(A[k], B[k], C[k], Q[k], M[k], wx, x, wx, 1)
+            which[no] = -1 - k
+            no += 1
+    order = np.argsort(d[:no], kind="mergesort")
+    for r in range(no):
+        fd[t, r] = d[order[r]]
+        fw[t, r] = which[order[r]]
+    return no
+
+
+def _top_search(top, A, B, D, C, Q, M, cnt, limit):
+    """bounds._top_search compiled, as an explicit depth-first stack (numba cannot cache recursive functions): min over
+    dispatches of the documents `top` (longest first) of the max pipeline bound, visiting the same nodes in the same
+    order. -1.0 when the search passes `limit` nodes."""
+    n = top.size
+    K = A.size
+    used = np.zeros(K, np.int64)
+    ocls = np.zeros(n + 1, np.int64)
+    oW = np.zeros(n + 1)
+    otok = np.zeros(n + 1, np.int64)
+    owm = np.zeros(n + 1)
+    ocnt = np.zeros(n + 1, np.int64)
+    fd = np.zeros((n + 1, n + K + 1))  # per depth: option bounds, sorted
+    fw = np.zeros((n + 1, n + K + 1), np.int64)  # per depth: option (open pipeline, or -1 - class)
+    fno = np.zeros(n + 1, np.int64)
+    fpos = np.zeros(n + 1, np.int64)
+    fcur = np.zeros(n + 1)
+    # what the option taken at depth t changed: the open pipeline's previous sums, or the count of open pipelines
+    uo = np.zeros(n + 1, np.int64)
+    sW = np.zeros(n + 1)
+    stok = np.zeros(n + 1, np.int64)
+    swm = np.zeros(n + 1)
+    scnt = np.zeros(n + 1, np.int64)
+    sno = np.zeros(n + 1, np.int64)
+    best = np.inf
+    nodes = 1  # the root: rec(0, 0.0)
+    if nodes > limit:
+        return -1.0
+    if n == 0:
+        return 0.0
+    n_o = 0
+    fno[0] = _ts_expand(0, top[0], A, B, D, C, Q, M, cnt, used, ocls, oW, otok, owm, ocnt, n_o, fd, fw)
+    fpos[0] = 0
+    fcur[0] = 0.0
+    t = 0
+    while t >= 0:
+        r = fpos[t]
+        nc = max(fcur[t], fd[t, r]) if r < fno[t] else 0.0
+        if r >= fno[t] or nc >= best:  # node t done: back to its parent, undoing the parent's option
+            t -= 1
+            if t >= 0:
+                o = uo[t]
+                if o >= 0:
+                    oW[o], otok[o], owm[o], ocnt[o] = sW[t], stok[t], swm[t], scnt[t]
+                else:
+                    n_o = sno[t]
+                    used[-1 - o] -= 1
+            continue
+        fpos[t] = r + 1
+        x = top[t]
+        o = fw[t, r]
+        uo[t] = o
+        if o >= 0:
+            k = ocls[o]
+            wx = A[k] * x * x + B[k] * x + D[k]
+            sW[t], stok[t], swm[t], scnt[t] = oW[o], otok[o], owm[o], ocnt[o]
+            oW[o], otok[o], owm[o], ocnt[o] = oW[o] + wx, otok[o] + x, max(owm[o], wx), ocnt[o] + 1
+        else:
+            k = -1 - o
+            wx = A[k] * x * x + B[k] * x + D[k]
+            used[k] += 1
+            sno[t] = n_o
+            ocls[n_o], oW[n_o], otok[n_o], owm[n_o], ocnt[n_o] = k, wx, x, wx, 1
+            n_o += 1
+        # enter the child node rec(t + 1, nc)
+        nodes += 1
+        if nodes > limit:
+            return -1.0
+        leaf = True
+        if nc < best:
+            if t + 1 == n:
+                best = nc
+            else:
+                fno[t + 1] = _ts_expand(t + 1, top[t + 1], A, B, D, C, Q, M, cnt, used, ocls, oW, otok, owm, ocnt, n_o,
+                                        fd, fw)
+                fpos[t + 1] = 0
+                fcur[t + 1] = nc
+                leaf = False
+        if leaf:  # undo this option; the loop tries the next one at depth t
+            if o >= 0:
+                oW[o], otok[o], owm[o], ocnt[o] = sW[t], stok[t], swm[t], scnt[t]
+            else:
+                n_o = sno[t]
+                used[k] -= 1
+        else:
+            t += 1
+    return best
+
+
+if AVAILABLE:
+    lpt = njit(cache=True)(_lpt)
+    refine = njit(cache=True)(_refine)
+    _ffd = njit(cache=True)(_ffd)
+    ffd = _ffd
+    _pk_score = njit(cache=True)(_pk_score)
+    _pk_bound = njit(cache=True, inline="always")(_pk_bound)
+    _pk_attempt = njit(cache=True)(_pk_attempt)
+    pack_search = njit(cache=True)(_pack_search)
+    _ts_f = njit(cache=True, inline="always")(_ts_f)
+    _ts_expand = njit(cache=True)(_ts_expand)
+    top_search = njit(cache=True)(_top_search)
+else:  # pragma: no cover
+    lpt = refine = ffd = pack_search = top_search = None

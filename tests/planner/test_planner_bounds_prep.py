@@ -1,0 +1,52 @@
+"""Work shared across a step's candidates gives the same numbers: per-step lengths (prepare_lengths), per-candidate
+class arrays (ClassArrays), and the two-stage StrategyBound; and assign keeps the faster of its two dispatches."""
+
+import numpy as np
+import pytest
+from planner_synth import MAX_LEN, PROFILES
+
+from tidal.planner.bounds import ClassArrays, StrategyBound, group_pipes, prepare_lengths, strategy_bound
+from tidal.planner.dispatch import dispatch_alternatives
+from tidal.planner.packing import pack
+from tidal.planner.select import _pack_groups, assign
+
+pytestmark = pytest.mark.unit
+
+
+def _steps(seed, n=60):
+    rng = np.random.default_rng(seed)
+    for t in range(n):
+        size = int(rng.integers(1, 200))
+        l_ = rng.integers(1, MAX_LEN + 1, size=size).astype(np.int64)
+        if t % 3 == 0:
+            l_ = rng.choice(l_[:4], size=size)  # repeated lengths
+        yield l_
+
+
+def test_shared_bound_work_gives_the_same_bounds():
+    for l_ in _steps(0):
+        prep = prepare_lengths(l_)
+        for prof in PROFILES:
+            if int(l_.max()) > prof.max_len:
+                assert StrategyBound(l_, prof.pipes, prep=prep).quick == float("inf")
+                continue
+            arrays = ClassArrays.of(group_pipes(prof.pipes))
+            sb = StrategyBound(l_, prof.pipes, grouped=prof.grouped, arrays=arrays, prep=prep)
+            assert sb.quick == strategy_bound(l_, prof.pipes, rounds=0, top=0, timed=False)
+            assert sb.refined() == strategy_bound(l_, prof.pipes)
+            assert strategy_bound(l_, prof.pipes, arrays=arrays, prep=prep) == strategy_bound(l_, prof.pipes)
+
+
+def test_assign_keeps_the_faster_of_first_dispatch_and_best_restart():
+    """Restarts minimise the dispatch objective, a bound on packed time: assign packs both and is never slower than
+    the first dispatch (or the best restart) packed alone."""
+    for l_ in _steps(1, 40):
+        for prof in PROFILES:
+            if int(l_.max()) > prof.max_len:
+                continue
+            est = assign(l_, prof, fallback=False)[0]
+            first, alt = dispatch_alternatives(l_, prof.pipes)
+            assert est <= _pack_groups(l_, prof, first.groups, pack, False)[0]
+            if alt is not None:
+                assert alt.objective < first.objective
+                assert est <= _pack_groups(l_, prof, alt.groups, pack, False)[0]
