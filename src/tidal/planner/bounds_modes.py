@@ -110,8 +110,9 @@ def _violated_two(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray) -> bool:
     t, suf1, pre2 = t[inner], suf1[inner], pre2[inner]
     lhs = t * suf1 + (1 - t) * pre2
     rhs = t * cnt[0] + (1 - t) * cnt[1]
-    ends = (np.isfinite(u1).all() and float(u1 @ wt) > cnt[0] * (1 + 1e-9)) or (
-        np.isfinite(u2).all() and float(u2 @ wt) > cnt[1] * (1 + 1e-9))
+    # ends: y = (1, 0) prices only the documents that fit class 1 alone, and y = (0, 1) likewise
+    ends = (float(np.where(np.isfinite(u2), 0.0, u1) @ wt) > cnt[0] * (1 + 1e-9)
+            or float(np.where(np.isfinite(u1), 0.0, u2) @ wt) > cnt[1] * (1 + 1e-9))
     return bool(ends or np.any(lhs > rhs * (1 + 1e-9)))
 
 
