@@ -76,20 +76,16 @@ def _costs(T: float, sb: StrategyBound, thetas: np.ndarray) -> np.ndarray:
 
 
 def _thetas(T: float, sb: StrategyBound) -> np.ndarray:
-    """theta variants (K x VB each): all-work; and per mode work (1) or tokens (0), whichever a pipeline filled with
-    the step's mean document would exhaust first."""
+    """theta variants (K x VB each; one at present): per mode work (1) or tokens (0), whichever a pipeline filled
+    with the step's mean document would exhaust first. (All-work, and tokens in mode 1 only, were tried as well: on
+    the issue-9 cells they proved nothing more and doubled the cost.)"""
     ca = sb.ca
     _, cap = _mode_arrays(T, ca.C, ca.P)
     v = np.arange(1, VB + 1, dtype=np.float64)[None, :]
     rho = (sb.w * sb.wt[:, None]).sum(axis=0) / max(float((sb.l_ * sb.wt).sum()), 1e-300)  # work per token, per class
     th = (rho[:, None] * v * ca.M[:, None] >= cap).astype(np.float64)
     th[:, -1] = 1.0
-    out = [th]
-    for v0 in (2,):  # tokens in the first v0 - 1 modes, work beyond (the LP's own certificates look like this)
-        t = np.ones_like(th)
-        t[:, :v0 - 1] = 0.0
-        out.append(t)
-    return np.array(out)
+    return th[None]
 
 
 def _violated_two(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray) -> bool:
@@ -160,12 +156,11 @@ def mode_bound(sb: StrategyBound, lo: float, hi: float, iters: int = 7) -> float
     if sb.final is not None or not hi > lo:
         return lo
     Y = np.vstack(sb.prices())
-    if infeasible(hi, sb, Y):
-        return max(lo, hi * (1 - SLACK))
-    a, b = lo, hi
-    if not infeasible(a + (b - a) * 1e-3, sb, Y):
+    a, b = lo + (hi - lo) * 1e-3, hi
+    if not infeasible(a, sb, Y):  # most candidates: nothing to gain, one evaluation
         return lo
-    a = a + (b - a) * 1e-3
+    if infeasible(b, sb, Y):
+        return max(lo, b * (1 - SLACK))
     for _ in range(iters if sb.ca.cnt.size <= 2 else min(iters, 4)):  # 3+ classes: a price search per point
         m = 0.5 * (a + b)
         if infeasible(m, sb, Y):
