@@ -38,6 +38,7 @@ import numpy as np
 from tidal.planner.bounds import SLACK, StrategyBound
 
 VB = 12  # modes 1 .. VB - 1 explicit, v >= VB merged
+MIN_GAIN = 1e-3  # mode_bound gives up at once when it cannot raise the bound by this factor
 
 
 def _mode_arrays(T: float, C: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -152,12 +153,13 @@ def infeasible(T: float, sb: StrategyBound, Y: np.ndarray, rounds: int = 6) -> b
 
 
 def mode_bound(sb: StrategyBound, lo: float, hi: float, iters: int = 7) -> float:
-    """The largest T in (lo, hi] that `infeasible` proves within `iters` bisection steps (times 1 - SLACK), or lo."""
+    """The largest T in (lo, hi] that `infeasible` proves within `iters` bisection steps (times 1 - SLACK), or lo
+    when it cannot prove lo * (1 + MIN_GAIN)."""
     if sb.final is not None or not hi > lo:
         return lo
     Y = np.vstack(sb.prices())
-    a, b = lo + (hi - lo) * 1e-3, hi
-    if not infeasible(a, sb, Y):  # most candidates: nothing to gain, one evaluation
+    a, b = min(lo * (1 + MIN_GAIN), hi), hi
+    if not infeasible(a, sb, Y):  # most candidates: nothing (or less than MIN_GAIN) to gain, one evaluation
         return lo
     if infeasible(b, sb, Y):
         return max(lo, b * (1 - SLACK))
