@@ -406,9 +406,14 @@ class StrategyBound:
         Y = np.vstack([1.0 / np.maximum(A * r * r + B * r + Dd, 1e-300) for r in refs] + [np.ones(len(ca.classes))])
         Y = Y / Y.sum(axis=1, keepdims=True)
         vals = self._bound_for(Y)
+        self.Y0, self.ys = Y, [Y[int(np.argmax(vals))]]
         best_i = int(np.argmax(vals))
         self.y0, self.best0 = Y[best_i], float(vals[best_i])
         self.quick = max(self.lb_doc, self.best0, 0.0) * (1 - SLACK)
+
+    def prices(self) -> list[np.ndarray]:
+        """The price rows tried so far: the reference ones and each improvement (bounds_modes reuses them)."""
+        return list(self.Y0) + list(self.ys)
 
     def _bound_for(self, Y: np.ndarray) -> np.ndarray:  # Y: R x K prices -> R bounds
         total = np.min(self.wm[None, :, :] * Y[:, None, :], axis=2) @ self.wt  # R
@@ -437,6 +442,7 @@ class StrategyBound:
                 if v[k] > best:
                     best = float(v[k])
                     ys.append(y)
+        self.ys = ys
         if timed and len(classes) > 1:
             # Also price only the faster classes (zero price on the m slowest): the documents that cannot run on the
             # slow classes within T must fit in the fast ones.

@@ -27,6 +27,7 @@ from tidal.planner.bounds import (
     pipeline_bound,
     prepare_lengths,
 )
+from tidal.planner.bounds_modes import mode_bound
 from tidal.planner.dispatch import dispatch, dispatch_alternatives, dispatch_hydraulis
 from tidal.planner.metrics import max_over_mean, mb_imbalance, rank_spread
 from tidal.planner.packing import Packer, pack, pipeline_time
@@ -112,6 +113,7 @@ def _check_packing(mbs, n: int, sub: np.ndarray, max_len: int) -> None:
             raise TidalError(f"packer returned a micro-batch of {int(sub[list(mb)].sum())} tokens > MaxLen {max_len}")
 
 
+MODE_GAP = 2e-3  # select_step tries the mode-aware bound on candidates whose bound is this far under the estimate
 HYDRAULIS_TRIALS = 1  # shuffles of Hydraulis Alg. 1 that assign() also packs (its never-worse guarantee)
 
 
@@ -189,7 +191,7 @@ def _pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Pac
 
 def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer = pack, seed: int = 0,
                 exact: bool = False, seq_ids: Sequence[int] | None = None, prune: bool = True,
-                budget_ms: float | None = None, tol: float = 1e-3) -> StepSelection:
+                budget_ms: float | None = None, tol: float = 1e-3, modes: bool = True) -> StepSelection:
     """Plan one step: the candidate (index into `profiles`) with the least estimated step time, plus reports.
     `tol`: a candidate (or Hydraulis' dispatch on it) is skipped when its proven bound is within a factor 1 + tol of
     the incumbent, so the estimate is within 1 + tol of the best over candidates of min(our assignment, Hydraulis'
@@ -197,7 +199,8 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
     `budget_ms`: once that much wall time has passed, no further candidate is assigned, the local search stops and the
     bounds are not refined; the best plan so far is returned (always valid; at least one candidate is assigned, by the
     greedy dispatch at worst) with a proven, possibly looser, lower bound, and `cut_short` set. Without a budget, or
-    when it is not reached, the result is deterministic."""
+    when it is not reached, the result is deterministic. `modes`: raise the reported bound of candidates whose bound is
+    more than a factor 1 + MODE_GAP under the chosen estimate with bounds_modes.mode_bound (the plan is unchanged)."""
     t0 = time.perf_counter()
     deadline = None if budget_ms is None else t0 + budget_ms / 1e3
     l_ = check_lengths(lengths)
@@ -283,6 +286,12 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
             lb = min(lb, bounds[i])  # the quick bound is valid, only looser
             continue
         refine(i)
+        on_time = deadline is None or time.perf_counter() <= deadline
+        if modes and on_time and bounds[i] * (1 + MODE_GAP) < min(lb, est):
+            # the mode-aware bound (bounds_modes), searched only up to what can still lower the step bound
+            sb = sbs[i]
+            assert sb is not None
+            bounds[i] = max(bounds[i], mode_bound(sb, bounds[i], min(lb, est)))
         lb = min(lb, bounds[i])
     prof = profiles[k]
     reports = []

@@ -1,0 +1,172 @@
+"""Mode-aware step bound (issue 9, decision 57): the work relaxation with each pipeline's integer micro-batch count.
+
+`strategy_bound`'s work term (bounds.py) gives every pipeline a work capacity `cap(T)` that relaxes its micro-batch
+count V to any real number and ignores tokens. For a PP = 1 pipeline with a small MaxLen that is loose: a pipeline
+holding a document of nearly MaxLen tokens is held to V = 1 at any T below twice that document's time, and then it has
+room for almost no other tokens. This module proves such bounds by a fractional relaxation that keeps V as a *mode*.
+
+Fix a step time T and a pipeline class (a, b, c, d, P, M). In mode v (the pipeline runs exactly v micro-batches) every
+micro-batch takes at most `tau_v = T / (P - 1 + v)`, so
+
+- a document i can be on it only if `c + w(l_i) <= tau_v` (it sits in one micro-batch);
+- its work is at most `C_v = v (tau_v - c)` (the v micro-batch times, each `c + W_k`, sum to at most `v tau_v`);
+- its tokens are at most `v M` (every micro-batch holds at most M).
+
+For any `theta_v` in [0, 1], `theta_v W / C_v + (1 - theta_v) tokens / (v M) <= 1` then holds for a pipeline in mode
+v. Give document i on class k the cost `u_ik(T) = min over modes v where i is eligible of
+theta_v w_ik / C_v + (1 - theta_v) l_i / (v M_k)`: the documents of a pipeline in its actual mode v* cost at most their
+mode-v* terms, whose sum is <= 1, so **the costs of any pipeline's documents sum to at most 1** in every plan of time
+<= T. (Modes v >= VB are merged into one: eligibility at VB, which only widens as v grows, theta = 1 and the largest
+C_v over v >= VB, a real-valued sup; C_v <= 0 means no document of positive work fits, and 0 / 0 counts as 0.) With
+prices y_k >= 0 on classes (weak LP duality of the fractional assignment, as in bounds.py's LB_work):
+
+    sum_i min_k y_k u_ik(T)  <=  sum_j y_k(j) sum_{i on j} u_ik(j)  <=  sum_k y_k cnt_k.
+
+If some (y, theta) violates it at T, or a document is eligible nowhere at T, then no plan of time <= T exists, so the
+optimum T* > T. Every T so proven is a valid bound whatever heuristic chose y and theta (no monotonicity is needed);
+`mode_bound` searches T in [lo, hi] by bisection and returns the largest T it proved (or lo). This is the dual of the
+LP with variables x_ikv (share of document i on class k in mode v) and lambda_kv (pipelines of class k in mode v,
+sum_v lambda_kv <= cnt_k), so the family of certificates is complete for that LP; which certificates are tried
+(theta_v in {0, 1} by comparing the class's mean work per token with C_v / (v M), prices from the work bound) only
+affects tightness.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tidal.planner.bounds import SLACK, StrategyBound
+
+VB = 12  # modes 1 .. VB - 1 explicit, v >= VB merged
+MIN_GAIN = 1e-3  # mode_bound gives up at once when it cannot raise the bound by this factor
+
+
+def _mode_arrays(T: float, C: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per class (rows) and mode (columns 0 .. VB - 1, the last one merged): tau_v and the work capacity C_v."""
+    v = np.arange(1, VB + 1, dtype=np.float64)[None, :]
+    q = (P - 1.0)[:, None]
+    c = C[:, None]
+    tau = T / (q + v)
+    cap = v * (tau - c)
+    # merged mode v >= VB: sup over real v >= VB of v (T / (q + v) - c); unconstrained maximiser sqrt(T q / c) - q
+    with np.errstate(divide="ignore", invalid="ignore"):
+        vstar = np.where(C > 0, np.sqrt(T * (P - 1.0) / np.where(C > 0, C, 1.0)) - (P - 1.0), np.inf)
+    sup = np.where(~np.isfinite(vstar), T,  # c = 0: v T / (q + v) -> T
+                   np.where(vstar > VB, (np.sqrt(T) - np.sqrt((P - 1.0) * C)) ** 2, cap[:, -1]))
+    cap[:, -1] = sup
+    return tau, cap
+
+
+def _costs(T: float, sb: StrategyBound, thetas: np.ndarray) -> np.ndarray:
+    """u_ik(T) for each theta variant: array (R_theta, B, K); inf where document i fits class k in no mode."""
+    ca = sb.ca
+    tau, cap = _mode_arrays(T, ca.C, ca.P)  # K x VB
+    w = sb.w  # B x K
+    elig = (np.isfinite(sb.wm)[:, :, None]
+            & (ca.C[None, :, None] + w[:, :, None] <= tau[None, :, :] * (1 + 1e-12))
+            & (cap[None, :, :] >= 0.0))  # B x K x VB
+    with np.errstate(divide="ignore", invalid="ignore"):
+        work = np.where(w[:, :, None] > 0, w[:, :, None] / np.where(cap > 0, cap, 1.0)[None], 0.0)
+    v = np.arange(1, VB + 1, dtype=np.float64)
+    tok = sb.l_[:, None, None] / (v[None, None, :] * ca.M[None, :, None])  # B x K x VB
+    out = []
+    for th in thetas:  # th: K x VB (merged column forced to 1)
+        u = th[None] * work + (1.0 - th[None]) * tok
+        out.append(np.where(elig, u, np.inf).min(axis=2))
+    return np.array(out)
+
+
+def _thetas(T: float, sb: StrategyBound) -> np.ndarray:
+    """theta variants (K x VB each; one at present): per mode work (1) or tokens (0), whichever a pipeline filled
+    with the step's mean document would exhaust first. (All-work, and tokens in mode 1 only, were tried as well: on
+    the issue-9 cells they proved nothing more and doubled the cost.)"""
+    ca = sb.ca
+    _, cap = _mode_arrays(T, ca.C, ca.P)
+    v = np.arange(1, VB + 1, dtype=np.float64)[None, :]
+    rho = (sb.w * sb.wt[:, None]).sum(axis=0) / max(float((sb.l_ * sb.wt).sum()), 1e-300)  # work per token, per class
+    th = (rho[:, None] * v * ca.M[:, None] >= cap).astype(np.float64)
+    th[:, -1] = 1.0
+    return th[None]
+
+
+def _violated_two(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray) -> bool:
+    """Two classes: the best prices exactly. With y = (t, 1 - t), g(t) = sum_i wt_i min(t u_i1, (1 - t) u_i2) -
+    t n_1 - (1 - t) n_2 is concave and piecewise linear with breakpoints t_i = u_i2 / (u_i1 + u_i2), so its maximum
+    over [0, 1] is at a breakpoint or an end; evaluated at all of them with prefix sums (O(B log B))."""
+    u1, u2 = U[:, 0], U[:, 1]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ti = np.where(~np.isfinite(u1), 0.0, np.where(~np.isfinite(u2), 1.0, u2 / (u1 + u2)))
+    ti = np.where(np.isnan(ti), 0.5, ti)  # u1 = u2 = 0: free on both
+    o = np.argsort(ti, kind="stable")
+    t = ti[o]
+    a1 = np.where(np.isfinite(u1[o]), u1[o], 0.0) * wt[o]
+    a2 = np.where(np.isfinite(u2[o]), u2[o], 0.0) * wt[o]
+    suf1 = np.cumsum(a1[::-1])[::-1]  # docs m.. on class 1
+    pre2 = np.concatenate([[0.0], np.cumsum(a2)[:-1]])  # docs ..m-1 on class 2
+    inner = (t > 0) & (t < 1)
+    t, suf1, pre2 = t[inner], suf1[inner], pre2[inner]
+    lhs = t * suf1 + (1 - t) * pre2
+    rhs = t * cnt[0] + (1 - t) * cnt[1]
+    # ends: y = (1, 0) prices only the documents that fit class 1 alone, and y = (0, 1) likewise
+    ends = (float(np.where(np.isfinite(u2), 0.0, u1) @ wt) > cnt[0] * (1 + 1e-9)
+            or float(np.where(np.isfinite(u1), 0.0, u2) @ wt) > cnt[1] * (1 + 1e-9))
+    return bool(ends or np.any(lhs > rhs * (1 + 1e-9)))
+
+
+def _violated(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray, Y: np.ndarray, rounds: int) -> bool:
+    """Some price row (from Y, R x K, or multiplicative updates of the best of them: raise the prices of the classes
+    whose argmin-assigned cost exceeds their pipeline count) certifies sum_i min_k y_k u_ik > sum_k y_k cnt_k."""
+    if cnt.size == 2:
+        return _violated_two(U, wt, cnt)
+    fin = np.isfinite(U)
+    ys = Y
+    for it in range(rounds + 1):
+        yu = np.where(fin[None], ys[:, None, :] * U[None], np.inf)  # R x B x K
+        gap = yu.min(axis=2) @ wt / np.maximum(ys @ cnt, 1e-300)  # lhs / rhs per row
+        if np.any(gap > 1 + 1e-9):
+            return True
+        r = int(np.argmax(gap))
+        y = ys[r]
+        arg = np.argmin(yu[r], axis=1)
+        load = np.bincount(arg, weights=U[np.arange(arg.size), arg] * wt, minlength=cnt.size)
+        ratio = np.clip((load + 1e-30) / np.maximum(cnt, 1e-30), 0.25, 4.0)
+        ys = y[None, :] * ratio[None, :] ** (np.array([[0.25], [0.5], [1.0]]) / (1 + it / 4))
+        ys = ys / ys.sum(axis=1, keepdims=True)
+    return False
+
+
+def infeasible(T: float, sb: StrategyBound, Y: np.ndarray, rounds: int = 6) -> bool:
+    """True when some theta variant and price vector prove that no plan has step time <= T (see the module doc; any
+    certificate found is valid, the search only makes finding one likelier). One class: the costs of all documents
+    must fit in its pipeline count."""
+    U = _costs(T, sb, _thetas(T, sb))  # Rt x B x K
+    if not np.all(np.isfinite(U[0].min(axis=1))):
+        return True  # some document fits nowhere at T (eligibility does not depend on theta)
+    cnt, wt = sb.ca.cnt, sb.wt
+    for Ut in U:
+        if cnt.size == 1:
+            if float(Ut[:, 0] @ wt) > cnt[0] * (1 + 1e-9):
+                return True
+        elif _violated(Ut, wt, cnt, Y, rounds):
+            return True
+    return False
+
+
+def mode_bound(sb: StrategyBound, lo: float, hi: float, iters: int = 7) -> float:
+    """The largest T in (lo, hi] that `infeasible` proves within `iters` bisection steps (times 1 - SLACK), or lo
+    when it cannot prove lo * (1 + MIN_GAIN)."""
+    if sb.final is not None or not hi > lo:
+        return lo
+    Y = np.vstack(sb.prices())
+    a, b = min(lo * (1 + MIN_GAIN), hi), hi
+    if not infeasible(a, sb, Y):  # most candidates: nothing (or less than MIN_GAIN) to gain, one evaluation
+        return lo
+    if infeasible(b, sb, Y):
+        return max(lo, b * (1 - SLACK))
+    for _ in range(iters if sb.ca.cnt.size <= 2 else min(iters, 4)):  # 3+ classes: a price search per point
+        m = 0.5 * (a + b)
+        if infeasible(m, sb, Y):
+            a = m
+        else:
+            b = m
+    return max(lo, a * (1 - SLACK))

@@ -1,0 +1,132 @@
+"""The mode-aware step bound (bounds_modes, decision 57): never above a plan's estimate (property test on generated
+instances, tiny MaxLen and d > 0 included) and never above the true optimum (brute force over every dispatch and every
+packing of small instances)."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from planner_synth import PROFILES
+
+from tidal.planner.bounds import PipeCost, StrategyBound
+from tidal.planner.bounds_modes import infeasible, mode_bound
+from tidal.planner.select import StrategyProfile, assign, select_step
+
+pytestmark = pytest.mark.unit
+
+SETTINGS = dict(derandomize=True, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+
+pipe_st = st.builds(PipeCost, st.sampled_from([0.0, 1e-5, 1e-3]), st.sampled_from([0.0, 1e-2, 1.0]),
+                    st.sampled_from([0.0, 0.01, 0.5]), st.integers(1, 4),
+                    st.sampled_from([3, 8, 20, 40, 64, 150, 300]),  # tiny MaxLen included
+                    st.sampled_from([0.0, 0.0, 0.02, 0.5]))
+
+
+def _profile(pipes):
+    # assign() only reads strategy.pipelines[j].scheme/devices for the PipelinePlan; reuse a synthetic one's shape
+    from tidal.core import get_cluster, parse_strategy, place
+
+    text = "+".join(["tp1"] * len(pipes))
+    strat = place(parse_strategy(text), get_cluster("cpux16"))
+    return StrategyProfile(strat, tuple(pipes), tuple((8,) for _ in pipes))
+
+
+@settings(max_examples=600, **SETTINGS)
+@given(lengths=st.lists(st.integers(1, 300), min_size=1, max_size=40),
+       pipes=st.lists(pipe_st, min_size=1, max_size=5))
+def test_mode_bound_never_above_a_plan(lengths, pipes):
+    if max(lengths) > max(p.max_len for p in pipes):
+        return
+    l_ = np.asarray(lengths, dtype=np.int64)
+    est = assign(l_, _profile(pipes))[0]
+    sb = StrategyBound(l_, pipes)
+    lo = sb.refined()
+    assert not infeasible(est * (1 + 1e-9), sb, np.vstack(sb.prices())), "a plan of time est exists"
+    assert mode_bound(sb, lo, 2 * est + 1.0) <= est * (1 + 1e-9)
+    assert mode_bound(sb, 0.0, 2 * est + 1.0) <= est * (1 + 1e-9)
+
+
+def _best_packing(ls, p: PipeCost) -> float:
+    """Optimal (PP - 1 + V) * max micro-batch time over every set partition with micro-batches <= MaxLen."""
+    best = float("inf")
+    n = len(ls)
+
+    def rec(i, blocks):
+        nonlocal best
+        if i == n:
+            if blocks:
+                tau = max(p.c + sum(p.w1(x) for x in b) for b in blocks)
+                best = min(best, (p.pp - 1 + len(blocks)) * tau)
+            return
+        for b in blocks:
+            if sum(b) + ls[i] <= p.max_len:
+                b.append(ls[i])
+                rec(i + 1, blocks)
+                b.pop()
+        blocks.append([ls[i]])
+        rec(i + 1, blocks)
+        blocks.pop()
+
+    rec(0, [])
+    return best if n else 0.0
+
+
+def _optimum(lengths, pipes) -> float:
+    best = float("inf")
+    for asg in itertools.product(range(len(pipes)), repeat=len(lengths)):
+        if any(lengths[i] > pipes[j].max_len for i, j in enumerate(asg)):
+            continue
+        t = 0.0
+        for j, p in enumerate(pipes):
+            t = max(t, _best_packing([lengths[i] for i, jj in enumerate(asg) if jj == j], p))
+            if t >= best:
+                break
+        best = min(best, t)
+    return best
+
+
+def test_mode_bound_vs_brute_force_optimum():
+    rng = np.random.default_rng(70)
+    kinds = [PipeCost(1e-3, 1.0, 0.5, 1, 64), PipeCost(0.5e-3, 0.5, 0.5, 2, 128), PipeCost(2e-3, 2.0, 0.1, 1, 12),
+             PipeCost(1e-3, 1.0, 0.2, 1, 20, 5.0), PipeCost(1e-4, 0.2, 0.05, 3, 40)]
+    tighter = 0
+    for _ in range(150):
+        pipes = [kinds[rng.integers(0, len(kinds))] for _ in range(rng.integers(1, 4))]
+        top = max(p.max_len for p in pipes)
+        lengths = [int(x) for x in rng.integers(1, top + 1, size=rng.integers(1, 7))]
+        opt = _optimum(lengths, pipes)
+        sb = StrategyBound(np.asarray(lengths), pipes)
+        assert sb.refined() <= opt * (1 + 1e-9)
+        old = sb.refined(top=0)  # the work terms alone: on <= 6 documents the top-documents term is already exact
+        new = mode_bound(sb, old, 2 * opt + 1.0)
+        assert new <= opt * (1 + 1e-9), (lengths, pipes, new, opt)
+        assert not infeasible(opt * (1 + 1e-9), sb, np.vstack(sb.prices()))
+        tighter += new > old * (1 + 1e-6)
+    assert tighter >= 10  # it does raise the bound on such instances
+
+
+def test_big_document_holds_a_small_pipeline_to_one_micro_batch():
+    # a PP = 1 pipeline of MaxLen 20 holding a 19-token document can run one micro-batch only (two would take twice
+    # that document's time), so the other documents must go to the second pipeline
+    pipes = [PipeCost(0.0, 1.0, 0.01, 1, 20), PipeCost(0.0, 1.0, 0.01, 1, 20)]
+    lengths = [19, 19] + [3] * 10
+    sb = StrategyBound(np.asarray(lengths), pipes)
+    old = sb.refined(top=0)
+    new = mode_bound(sb, old, 100.0)
+    assert new <= _optimum(lengths, pipes) * (1 + 1e-9)
+    assert new > old * 1.05
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(lengths=st.lists(st.integers(1, 600), min_size=1, max_size=40), k=st.integers(0, len(PROFILES) - 1))
+def test_select_step_bound_with_modes(lengths, k):
+    profiles = [PROFILES[k], PROFILES[(k + 3) % len(PROFILES)]]
+    if max(lengths) > max(p.max_len for p in profiles):
+        return
+    sel = select_step(lengths, profiles)
+    plain = select_step(lengths, profiles, modes=False)
+    assert sel.plan.est_step_time >= sel.plan.lower_bound >= plain.plan.lower_bound
+    assert sel.plan.to_dict(timings=False)["pipelines"] == plain.plan.to_dict(timings=False)["pipelines"]
