@@ -290,11 +290,12 @@ class Simulator:
         split = p.layer_split or ParallelScheme(p.tp, p.pp, p.cp).stage_layers(self.model.layers)
         types = self.stage_types(p)
         scale = self.fit_scale(p)
+        d_top = self.fit_d(p) / max(split) if scale is not None else 0.0  # fitted d per layer of the longest stage
         ks = []
         for s in range(p.pp):
             k = self.stage_coeffs(p.tp, p.cp, split[s], s == p.pp - 1, types[s])
             if scale is not None:
-                k = LatencyCoeffs(k.a * scale[0], k.b * scale[1], k.c * scale[2], self.fit_d(p) * split[s] / max(split))
+                k = LatencyCoeffs(k.a * scale[0], k.b * scale[1], k.c * scale[2], d_top * split[s])
             ks.append(k)
         fb = np.zeros((p.pp, v))
         toks = np.zeros(v)
