@@ -1,6 +1,7 @@
 """Calibration of the profiled cost model against real training on this machine (issue 11, "must show").
 
-1. `tidal profile` (tiny, cpux4, schemes tp1, tp2, tp4, cp2) unless `--profile FILE` reuses one;
+1. `tidal profile` (tiny, cpux4 with schemes tp1, tp2, tp4, cp2, or cpux2 with tp1, tp2, cp2) unless `--profile FILE`
+   reuses one;
 2. per corpus (`stdlib`, and a JSONL corpus of real English text: the docstrings of every standard-library module, one
    document per module, written to `--out`), a `tidal train` run of `--steps` steps planned with the profiled model;
    the candidates rotate (step k on candidate k mod 4: 4*tp1, 2*tp2, tp4, 2*cp2) so every scheme is measured;
@@ -30,13 +31,15 @@ from tidal.core import get_cluster, get_model
 from tidal.costmodel import AnalyticCostModel
 from tidal.runtime.calibration import calibration_stats, read_metrics, repredict
 
-STRATEGIES = "4*tp1;2*tp2;tp4;2*cp2"
+# per cluster: the profiled schemes and the candidates the runs rotate over (every scheme measured)
+SETUPS = {"cpux4": ("tp1,tp2,tp4,cp2", "4*tp1;2*tp2;tp4;2*cp2"),
+          "cpux2": ("tp1,tp2,cp2", "2*tp1;tp2;cp2")}
 CONFIG = """
 [model]
 name = "tiny"
 attn_backend = "sdpa"
 [world]
-cluster = "cpux4"
+cluster = "{cluster}"
 [data]
 source = "{source}"
 max_len = {max_len}
@@ -55,6 +58,7 @@ steps = {steps}
 progress = false
 metrics = "{metrics}"
 refit = "{refit}"
+plan_ahead = {plan_ahead}
 """
 
 
@@ -90,15 +94,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpora", default="stdlib,jsonl")
     ap.add_argument("--refit", action="store_true", help="also run each corpus with [train] refit = online")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plan-ahead", type=int, default=2,
+                    help="[train] plan_ahead; 0 plans inline, so no planner process competes with the ranks for cores")
+    ap.add_argument("--cluster", choices=sorted(SETUPS), default="cpux4",
+                    help="cpux2: one rank per core on a 2-core machine (3 schemes), so ranks do not time-share")
     ap.add_argument("--profile-per-corpus", action="store_true",
                     help="profile each corpus on its own documents (`tidal profile --data`) instead of one synthetic "
                          "profile for both")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    schemes, strategies = SETUPS[args.cluster]
+    nproc = get_cluster(args.cluster).num_devices
+
     def make_profile(out: Path, data: str | None) -> int:
         t0 = time.perf_counter()
         extra = ["--data", data] if data else ["--mixes", "8,32"]
-        rc = tidal(["profile", "--model", "tiny", "--cluster", "cpux4", "--schemes", "tp1,tp2,tp4,cp2",
+        rc = tidal(["profile", "--model", "tiny", "--cluster", args.cluster, "--schemes", schemes,
                     "--totals", "256,512,1024,2048,4096", *extra, "--max-doc", str(args.max_len),
                     "--seed", str(args.seed), "--out", str(out)])
         print(f"# profile {out.name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
@@ -109,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         profile = args.out / "profile.json"
         if rc := make_profile(profile, None):
             return rc
-    spec, cluster = get_model("tiny"), get_cluster("cpux4")
+    spec, cluster = get_model("tiny"), get_cluster(args.cluster)
     sources = {"stdlib": "stdlib", "jsonl": None}
     results = []
     for name in args.corpora.split(","):
@@ -122,10 +133,11 @@ def main(argv: list[str] | None = None) -> int:
             metrics = args.out / f"{name}-{refit}.jsonl"
             cfg = args.out / f"{name}-{refit}.toml"
             cfg.write_text(CONFIG.format(source=source, max_len=args.max_len, tokens=args.tokens_per_step,
-                                         seed=args.seed, strategies=STRATEGIES, cost_model=profile,
+                                         seed=args.seed, strategies=strategies, cluster=args.cluster,
+                                         plan_ahead=args.plan_ahead, cost_model=profile,
                                          steps=args.steps, metrics=metrics, refit=refit))
             t0 = time.perf_counter()
-            rc = tidal(["train", "--config", str(cfg), "--nproc", "4"])
+            rc = tidal(["train", "--config", str(cfg), "--nproc", str(nproc)])
             if rc:
                 return rc
             print(f"# {name} refit={refit}: {args.steps} steps in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
@@ -135,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             if refit == "off":
                 ana = calibration_stats(repredict(rows, AnalyticCostModel(spec, cluster)))
                 results.append((name, "analytic (same steps)", ana, rows))
-    print(f"# |predicted - measured| / measured; tiny, cpux4, {args.steps} steps of {args.tokens_per_step} tokens, "
-          f"max_len {args.max_len}, strategies rotating over {STRATEGIES}")
+    print(f"# |predicted - measured| / measured; tiny, {args.cluster}, {args.steps} steps of {args.tokens_per_step} "
+          f"tokens, max_len {args.max_len}, strategies rotating over {strategies}")
     print("| corpus | cost model | steps | step median | step p90 | pipeline median | pipeline p90 | bias | "
           "per scheme median |")
     print("|---|---|---|---|---|---|---|---|---|")

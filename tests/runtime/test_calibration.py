@@ -147,3 +147,49 @@ def test_per_document_term_is_predicted_and_re_predicted_from_the_docs_count():
     with pytest.raises(TidalError, match="no 'docs' count"):
         repredict([old], cm)
     assert repredict([old], AnalyticCostModel(TINY, CPU4))  # a model without d needs no count
+
+
+def _obs_rows(n: int) -> list[dict]:
+    """n steps of two schemes' pipelines with times that follow no exact model (so refits differ step to step)."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for _ in range(n):
+        pipes = []
+        for scheme in ("tp1pp1cp1", "tp2pp1cp1"):
+            v, docs = int(rng.integers(1, 4)), int(rng.integers(1, 9))
+            sl = float(rng.integers(200, 4000))
+            sq = sl * sl / docs
+            t = (2e-8 * sq + 1e-4 * sl + 0.01 * v + 0.002 * docs) * float(rng.uniform(0.8, 1.3))
+            pipes.append({"scheme": scheme, "sum_sq": sq, "sum_len": sl, "micro_batches": v, "docs": docs,
+                          "measured_s": t})
+        rows.append({"pipelines": pipes})
+    return rows
+
+
+def test_online_refit_state_resumes_the_same_refits():
+    """A refit restored from a JSON round trip of its state (as a checkpoint stores it) holds the model in force and
+    refits later steps to exactly the models of the uninterrupted refit."""
+    base, rows = AnalyticCostModel(TINY, CPU4), _obs_rows(17)
+    a = OnlineRefit(base, every=3, min_rows=6, window=8)
+    for r in rows[:7]:
+        a.observe(r)
+    assert a.current is not None and a.generation == 1
+    b = OnlineRefit(base, every=3, min_rows=6, window=8)
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    assert b.current is not None and b.generation == 1 and b.current.fits == a.current.fits
+    for r in rows[7:]:
+        x, y = a.observe(r), b.observe(r)
+        assert (x is None) == (y is None)
+        if x is not None:
+            assert x.fits == y.fits
+    assert a.generation == b.generation == 4
+
+
+@pytest.mark.parametrize("state", [
+    {"seen": 1},
+    {"seen": 1, "generation": 0, "obs": {"tp1": [[1, 2]]}, "model": None},
+    {"seen": 1, "generation": 1, "obs": {}, "model": {"tp1": {"a": -1, "b": 0, "c": 0}}}])
+def test_malformed_refit_state_is_one_line(state):
+    with pytest.raises(TidalError, match="online-refit state") as e:
+        OnlineRefit(AnalyticCostModel(TINY, CPU4)).load_state_dict(state)
+    assert "\n" not in str(e.value)

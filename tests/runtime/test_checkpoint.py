@@ -114,3 +114,35 @@ def test_resume_without_a_checkpoint_is_refused(tmp_path):
         prepare(_config(4, str(tmp_path), resume=True), 4)
     with pytest.raises(TidalError, match="need checkpoint_dir"):
         prepare(_config(4, "", resume=True), 4)
+
+
+def test_resume_plans_with_the_online_refit_in_force(tmp_path):
+    """[train] refit = online: a run resumed from a checkpoint predicts its first step with the refitted coefficients
+    of the run that wrote it (label refit-1 and the same prediction as that refit's model), not with the file's."""
+    import dataclasses
+
+    from tidal.runtime.calibration import OnlineRefit, repredict
+
+    d = str(tmp_path / "ckpt")
+
+    def cfg(steps: int, resume: bool):
+        from tidal.runtime.config import DataConfig, ModelConfig, PlannerConfig, TrainConfig, TrainSection, WorldConfig
+        from tidal.runtime.optim import OptimConfig
+        return TrainConfig(
+            model=ModelConfig("tiny", "sdpa"), world=WorldConfig("cpux2"),
+            data=DataConfig("stdlib:defs", 192, 768, "split", 0), planner=PlannerConfig("2*tp1", "hydraulis"),
+            optimizer=OptimConfig(lr=1e-3, warmup_steps=2, decay_steps=6),
+            train=dataclasses.replace(TrainSection(steps, 0, progress=False, refit="online", refit_every=2,
+                                                   plan_ahead=1), checkpoint_dir=d, resume=resume))
+    first, second = run_distributed(resume_worker, 2, [cfg(4, False), cfg(6, True)], timeout_s=600)[0]
+    assert [r["step"] for r in second.rows] == [4, 5]
+    assert [r["cost_model"] for r in first.rows] == ["analytic"] * 4  # 2 pipelines a step: 6 rows by step 3
+    assert second.rows[0]["cost_model"] == "refit-1"
+    from tidal.runtime.train import prepare
+    refit = OnlineRefit(prepare(cfg(4, False), 2).cost_model(), every=2)
+    for r in first.rows:
+        refit.observe(r)
+    assert refit.current is not None
+    want = repredict([second.rows[0]], refit.current)[0]
+    assert second.rows[0]["predicted_s"] == pytest.approx(want["predicted_s"], rel=1e-12)
+    assert second.rows[0]["predicted_s"] != pytest.approx(repredict([second.rows[0]], refit.base)[0]["predicted_s"])

@@ -174,13 +174,7 @@ class FittedCostModel:
 
     def to_json(self, device_name: str, extra: dict | None = None) -> str:
         """The fitted model file; `extra` adds informational top-level keys (ignored by the loader)."""
-        schemes = {}
-        for k, f in self.fits.items():
-            d = {"a": f.coeffs.a, "b": f.coeffs.b, "c": f.coeffs.c, "d": f.coeffs.d, "rows": f.rows,
-                 "rel_rmse": f.rel_rmse}
-            if f.max_len is not None:
-                d["max_len"] = f.max_len
-            schemes[k] = d
+        schemes = fits_to_json(self.fits)
         head = {"format": MODEL_FORMAT, "model": self.model.name, "device": device_name}
         return json.dumps({**head, **(extra or {}), "schemes": schemes}, indent=1)
 
@@ -202,21 +196,39 @@ def load_cost_model(path: str | Path, model: ModelSpec, cluster: ClusterSpec) ->
         raise TidalError(f"malformed cost model {path}: {e}") from None
     if not isinstance(d, dict) or d.get("format") != MODEL_FORMAT:
         raise TidalError(f"{path}: not a Tidal cost model (format must be {MODEL_FORMAT!r})")
+    fits = fits_from_json(d.get("schemes"), f"cost model {path}")
+    if d.get("model") not in (None, model.name):
+        raise TidalError(f"{path}: fitted for model {d.get('model')!r}, not {model.name!r}")
+    return FittedCostModel(model, cluster, MappingProxyType(fits), AnalyticCostModel(model, cluster))
+
+
+def fits_to_json(fits) -> dict:
+    """The "schemes" object of a model file: per scheme a, b, c, d, rows, rel_rmse and max_len (if profiled)."""
+    out = {}
+    for k, f in fits.items():
+        d = {"a": f.coeffs.a, "b": f.coeffs.b, "c": f.coeffs.c, "d": f.coeffs.d, "rows": f.rows,
+             "rel_rmse": f.rel_rmse}
+        if f.max_len is not None:
+            d["max_len"] = f.max_len
+        out[k] = d
+    return out
+
+
+def fits_from_json(schemes, what: str) -> dict[str, SchemeFit]:
+    """Inverse of fits_to_json, validated; `what` names the source in the one-line error."""
     try:
         fits = {str(parse_scheme(k)): SchemeFit(LatencyCoeffs(float(v["a"]), float(v["b"]), float(v["c"]),
                                                               float(v.get("d", 0.0))),
                                                 int(v.get("rows", 0)), float(v.get("rel_rmse", 0.0)),
                                                 None if v.get("max_len") is None else int(v["max_len"]))
-                for k, v in d["schemes"].items()}
+                for k, v in schemes.items()}
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise TidalError(f"malformed cost model {path}: {type(e).__name__}: {e}") from None
+        raise TidalError(f"malformed {what}: {type(e).__name__}: {e}") from None
     for k, f in fits.items():
         co = (f.coeffs.a, f.coeffs.b, f.coeffs.c, f.coeffs.d)
         if not all(np.isfinite(co)) or min(co) < 0 or (f.max_len is not None and f.max_len < 0):
-            raise TidalError(f"malformed cost model {path}: scheme {k} needs finite a, b, c, d >= 0 and max_len >= 0")
-    if d.get("model") not in (None, model.name):
-        raise TidalError(f"{path}: fitted for model {d.get('model')!r}, not {model.name!r}")
-    return FittedCostModel(model, cluster, MappingProxyType(fits), AnalyticCostModel(model, cluster))
+            raise TidalError(f"malformed {what}: scheme {k} needs finite a, b, c, d >= 0 and max_len >= 0")
+    return fits
 
 
 def _rebuild_fitted(model: ModelSpec, cluster: ClusterSpec, fits: dict, fallback: AnalyticCostModel,

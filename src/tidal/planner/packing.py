@@ -55,13 +55,19 @@ def _validate(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int) -> np.ndarr
     return l_
 
 
-def _finish(bin_of: np.ndarray, l_: np.ndarray, coeffs: LatencyCoeffs, pp: int) -> PackResult:
+def _finish(bin_of: np.ndarray, l_: np.ndarray, coeffs: LatencyCoeffs, pp: int,
+            w: np.ndarray | None = None) -> PackResult:
     order = np.argsort(bin_of, kind="stable").tolist()  # ascending indices within each bin
     cnt = np.bincount(bin_of)
     ends = np.cumsum(cnt[cnt > 0]).tolist()
     # Deterministic order: micro-batches by first (smallest) index.
     mbs = tuple(sorted((tuple(order[a:b]) for a, b in zip([0] + ends[:-1], ends)), key=lambda g: g[0]))
-    return PackResult(mbs, pipeline_time(l_, mbs, coeffs, pp))
+    if w is None:
+        return PackResult(mbs, pipeline_time(l_, mbs, coeffs, pp))
+    # pipeline_time with the per-document work computed once: w holds the same element values mb_time computes
+    # (a l^2 + b l + d in float64, same operation order), summed per micro-batch in the same order, so the same floats
+    worst = max(float(coeffs.c + np.sum(w[list(mb)])) for mb in mbs)
+    return PackResult(mbs, (pp - 1 + len(mbs)) * worst)
 
 
 def _ffd(l_: np.ndarray, max_len: int, order: np.ndarray | None = None, compiled: bool = True) -> np.ndarray:
@@ -214,7 +220,7 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
     p = PipeCost.of(coeffs, pp, max_len)
     w = p.work(l_)
     if n == 1:
-        return _finish(np.zeros(1, dtype=np.int64), l_, coeffs, pp)
+        return _finish(np.zeros(1, dtype=np.int64), l_, coeffs, pp, w)
     c = p.c
     S, W, wmax = int(l_.sum()), float(w.sum()), float(w.max())
     vmin = max(1, -(-S // max_len))
@@ -244,7 +250,7 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
                 best_bins, best = b, _score(b, w, c, pp)
     # renumber bins densely
     _, dense = np.unique(best_bins, return_inverse=True)
-    return _finish(dense.astype(np.int64), l_, coeffs, pp)
+    return _finish(dense.astype(np.int64), l_, coeffs, pp, w)
 
 
 def _search(l_, w, order, max_len, c, pp, vmin, v_opt, v_hi, rounds, bound,

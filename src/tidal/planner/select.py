@@ -6,6 +6,7 @@ answer equals the exhaustive minimum over candidates (ties go to the lower candi
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import time
 from collections.abc import Sequence
@@ -115,17 +116,30 @@ def _check_packing(mbs, n: int, sub: np.ndarray, max_len: int) -> None:
 
 MODE_GAP = 2e-3  # select_step tries the mode-aware bound on candidates whose bound is this far under the estimate
 HYDRAULIS_TRIALS = 1  # shuffles of Hydraulis Alg. 1 that assign() also packs (its never-worse guarantee)
+# When packing needs more micro-batches than a pipeline's dispatched tokens / MaxLen (bin packing rarely fills every
+# micro-batch to MaxLen) and that makes it exceed the dispatch objective, the dispatch is retried with that pipeline
+# class's MaxLen scaled by each of these (for the token count only; packing uses the real MaxLen). Decision 58.
+SHRINK_FRACS = (0.95, 0.9, 0.85, 0.8)  # tried in turn (until the bound is met or the allowance is spent)
+SHRINK_GAP = 1e-3  # ... tried when a pipeline's packed time exceeds the dispatch objective by more than this
+SHRINK_ROUNDS = 5  # local-search rounds of a retry's dispatch (the full search's 20 + D cost too much per step)
+SHRINK_DONE = 1e-3
+SHRINK_PER_STEP = 4  # at most this many retry dispatches per select_step (all candidates together)
 
 
 def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack, seed: int = 0,
            exact: bool = False, target: float = 0.0, deadline: float | None = None,
-           fallback: bool = True) -> tuple[float, tuple[PipelinePlan, ...]]:
+           fallback: bool = True, shrink: bool = True, shrink_below: float = float("inf"),
+           shrink_left: list[int] | None = None) -> tuple[float, tuple[PipelinePlan, ...]]:
     """Two-stage assignment on one strategy: (step estimate, per-pipeline plans with step indices). `target` (a
     lower bound) lets the dispatch local search stop once it meets it (nothing better exists); `deadline` (perf_counter)
     cuts the local search short. With `fallback`, Hydraulis' dispatch (dispatch_hydraulis, HYDRAULIS_TRIALS shuffles,
     `seed`) followed by the same packer is also tried when its dispatch cost (a lower bound on its packed time) is
     below our estimate, and the better plan kept: the result is never worse than that baseline (unless the deadline
-    passed before it ran)."""
+    passed before it ran). With `shrink` (heuristic path only), a packing that overshoots its dispatch because
+    micro-batches could not be filled to MaxLen triggers dispatch retries with a smaller effective MaxLen
+    (SHRINK_FRACS) if `target` < `shrink_below` (select_step passes the incumbent: a candidate whose bound cannot
+    beat it is not retried), each retry taking one from `shrink_left[0]` if given (select_step's per-step
+    allowance); the fastest packed plan is kept."""
     l_ = np.asarray(lengths, dtype=np.int64)
     if exact:
         disp = dispatch(l_, prof.pipes, exact=True, seed=seed, target=target, deadline=deadline)
@@ -139,10 +153,50 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
             est2, plans2 = _pack_groups(l_, prof, alt.groups, packer, exact)
             if est2 < est:
                 est, plans = est2, plans2
+        if shrink and target < est and target < shrink_below:
+            est, plans = _shrink_retry(l_, prof, packer, seed, target, deadline, est, plans, first.objective,
+                                       shrink_left)
     if fallback and est > target and (deadline is None or time.perf_counter() < deadline):
         hy = _hydraulis_plan(l_, prof, packer, seed, exact, est)
         if hy is not None:
             return hy
+    return est, plans
+
+
+def _shrink_retry(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: int, target: float,
+                  deadline: float | None, est: float, plans: tuple[PipelinePlan, ...],
+                  objective: float, left: list[int] | None = None) -> tuple[float, tuple[PipelinePlan, ...]]:
+    """The dispatch charges ceil(tokens / MaxLen) micro-batches; when a pipeline's packing needed more and that set
+    the step time above the dispatch objective, dispatch again with that pipeline class's MaxLen scaled down (so it
+    is given fewer tokens than it can nominally hold) and pack with the real MaxLen; keep the fastest plan. Every
+    packed plan is checked against the real MaxLen, so the result is valid whatever the retries dispatched."""
+    pipes = prof.pipes
+    over = set()
+    for pl, pc in zip(plans, pipes):
+        tokens = sum(int(l_[list(mb)].sum()) for mb in pl.micro_batches)
+        if pl.est_time > objective * (1 + SHRINK_GAP) and len(pl.micro_batches) > -(-tokens // pc.max_len):
+            over.add(pc)
+    if not over:
+        return est, plans
+    longest = int(l_.max())
+    for frac in SHRINK_FRACS:
+        if (deadline is not None and time.perf_counter() > deadline) or (left is not None and left[0] <= 0):
+            break
+        shrunk = [dataclasses.replace(pc, max_len=max(1, int(pc.max_len * frac))) if pc in over else pc
+                  for pc in pipes]
+        if longest > max(pc.max_len for pc in shrunk):
+            continue
+        if left is not None:
+            left[0] -= 1
+        disp = dispatch(l_, shrunk, seed=seed, restarts=0, target=target, deadline=deadline,
+                        max_rounds=SHRINK_ROUNDS)
+        # packed most-loaded first, given up at the first pipeline that is no faster than the plan it must beat
+        est2, plans2 = _pack_groups(l_, prof, disp.groups, packer, False, limit=est,
+                                    order=sorted(range(len(pipes)), key=lambda j: (-disp.loads[j], j)))
+        if est2 < est:  # not monotone in the fraction (which documents still fit changes), so all are tried
+            est, plans = est2, plans2
+            if est <= target * (1 + SHRINK_DONE):
+                break
     return est, plans
 
 
@@ -158,11 +212,15 @@ def _hydraulis_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed:
     return None
 
 
-def _pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Packer,
-                 exact: bool) -> tuple[float, tuple[PipelinePlan, ...]]:
-    plans = []
+def _pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Packer, exact: bool,
+                 limit: float = float("inf"), order=None) -> tuple[float, tuple[PipelinePlan, ...]]:
+    """Pack every pipeline's group: (step estimate, plans). With a finite `limit`, packing stops at the first pipeline
+    whose time reaches it and returns (inf, ()): `order` (pipeline indices, e.g. by descending dispatch load) says
+    which are packed first."""
+    plans: list = [None] * len(prof.pipes)
     lf = lengths.astype(np.float64)  # once, not per pipeline in pipeline_time
-    for j, (pipe, group) in enumerate(zip(prof.pipes, groups)):
+    for j in (range(len(prof.pipes)) if order is None else order):
+        pipe, group = prof.pipes[j], groups[j]
         pl = prof.strategy.pipelines[j]
         idx = np.asarray(group, dtype=np.int64)
         if idx.size == 0:
@@ -184,8 +242,10 @@ def _pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Pac
                     est = res.est_time
             if est is None:  # another packer's est_time is not trusted
                 est = pipeline_time(lf, mbs, pipe.coeffs, pipe.pp)
-        plans.append(PipelinePlan(pl.scheme.tp, pl.scheme.pp, pl.scheme.cp, pl.devices, pipe.max_len, mbs, est,
-                                  layer_split=prof.layer_splits[j]))
+        if est >= limit:
+            return float("inf"), ()
+        plans[j] = PipelinePlan(pl.scheme.tp, pl.scheme.pp, pl.scheme.cp, pl.devices, pipe.max_len, mbs, est,
+                                layer_split=prof.layer_splits[j])
     return max((p.est_time for p in plans), default=0.0), tuple(plans)
 
 
@@ -238,6 +298,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
                          f"{top}); split or truncate long documents before planning")
     ests: list[float | None] = [None] * len(profiles)
     best: tuple[float, int, tuple[PipelinePlan, ...]] | None = None
+    shrink_left = [SHRINK_PER_STEP]  # retry dispatches left for this step (decision 58)
     cut = False
     # Best-first over candidates with lazy refinement: a candidate is assigned only once it has the least refined
     # bound among those left, so candidates whose quick bound is loose do not get assigned early.
@@ -255,7 +316,9 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
             heapq.heappush(heap, (bounds[k], k))
             continue
         est, plans = assign(l_, profiles[k], packer=packer, seed=seed, exact=exact, target=bounds[k],
-                            deadline=deadline, fallback=False)
+                            deadline=deadline, fallback=False,
+                            shrink_below=float("inf") if best is None else best[0] / (1 + tol),
+                            shrink_left=shrink_left)
         ests[k] = est
         if best is None or (est, k) < (best[0], best[1]):
             best = (est, k, plans)

@@ -17,6 +17,7 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 
@@ -24,7 +25,9 @@ from tidal.core.errors import TidalError
 from tidal.core.plan import StepPlan
 from tidal.core.scheme import ParallelScheme, parse_scheme
 from tidal.core.strategy import Pipeline
+from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.costmodel.base import CostModel, pipeline_device
+from tidal.costmodel.fitted import FittedCostModel, fits_from_json, fits_to_json
 from tidal.costmodel.refit import PipelineObs, refit_model
 
 REFIT_MODES = ("off", "online")
@@ -87,6 +90,7 @@ class OnlineRefit:
         self.base, self.every, self.min_rows, self.window = base, every, min_rows, window
         self.obs: dict[str, list[PipelineObs]] = {}
         self.generation = 0
+        self.current: FittedCostModel | None = None  # the model of the last refit (the one in force), if any
         self._seen = 0
 
     def observe(self, row: dict) -> CostModel | None:
@@ -99,7 +103,32 @@ class OnlineRefit:
         if self._seen % self.every or not any(len(v) >= self.min_rows for v in self.obs.values()):
             return None
         self.generation += 1
-        return refit_model(self.base, [o for k in sorted(self.obs) for o in self.obs[k]], min_rows=self.min_rows)
+        self.current = refit_model(self.base, [o for k in sorted(self.obs) for o in self.obs[k]],
+                                   min_rows=self.min_rows)
+        return self.current
+
+    def state_dict(self) -> dict:
+        """JSON-safe: the kept observations, the step count and the model in force, so a resumed run plans with the
+        refitted coefficients and refits on the same schedule from the same observations as an uninterrupted one."""
+        return {"seen": self._seen, "generation": self.generation,
+                "obs": {k: [[o.sum_sq, o.sum_len, o.micro_batches, o.seconds, o.docs] for o in v]
+                        for k, v in sorted(self.obs.items())},
+                "model": None if self.current is None else fits_to_json(self.current.fits)}
+
+    def load_state_dict(self, d: dict) -> None:
+        try:
+            obs = {str(k): [PipelineObs(str(k), float(a), float(b), int(v), float(t), int(n)) for a, b, v, t, n in rows]
+                   for k, rows in d["obs"].items()}
+            seen, generation, model = int(d["seen"]), int(d["generation"]), d["model"]
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise TidalError(f"malformed online-refit state in checkpoint: {type(e).__name__}: {e}") from None
+        current = None
+        if model is not None:
+            fits = fits_from_json(model, "online-refit state in checkpoint")
+            fallback = self.base.fallback if isinstance(self.base, FittedCostModel) else AnalyticCostModel(
+                self.base.model, self.base.cluster)
+            current = FittedCostModel(self.base.model, self.base.cluster, MappingProxyType(fits), fallback)
+        self.obs, self._seen, self.generation, self.current = obs, seen, generation, current
 
 
 def read_metrics(path: str | Path) -> list[dict]:

@@ -200,6 +200,11 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
         label = cfg.planner.cost_model or "analytic"
         refit = OnlineRefit(cost_model, every=cfg.train.refit_every) if (
             rank == 0 and cfg.train.refit == "online") else None
+        if refit is not None and resume is not None and resume[1]["state"].get("refit") is not None:
+            refit.load_state_dict(resume[1]["state"]["refit"])
+            if refit.current is not None:  # plan on with the coefficients in force when the checkpoint was taken
+                plans.apply(SetCostModel(refit.current))
+                cost_model, label = refit.current, f"refit-{refit.generation}"
         rows: list[dict] = []
         mode = "a" if resume is not None else "w"  # a resumed run appends to its metrics
         out = open(cfg.train.metrics, mode) if (rank == 0 and cfg.train.metrics) else None  # noqa: SIM115
@@ -247,10 +252,10 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
             done += 1
             every = cfg.train.checkpoint_every
             if cfg.train.checkpoint_dir and ((every and done % every == 0) or done == cfg.train.steps):
-                save_checkpoint(executor, cfg.train.checkpoint_dir, done, plans, ledger)
+                save_checkpoint(executor, cfg.train.checkpoint_dir, done, plans, ledger, refit)
                 saved = done
         if cfg.train.checkpoint_dir and saved != done:  # the corpus ended before `steps`: keep what was trained
-            save_checkpoint(executor, cfg.train.checkpoint_dir, done, plans, ledger)
+            save_checkpoint(executor, cfg.train.checkpoint_dir, done, plans, ledger, refit)
         planner_state = plans.state_dict() if rank == 0 else None
     finally:
         if plans is not None:
@@ -261,13 +266,15 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
     return RunResult(rows, state, planner_state)
 
 
-def save_checkpoint(executor: Executor, directory: str, step: int, plans, ledger) -> None:
-    """Collective: <directory>/step-NNNNNN with every rank's rows, the planner's state as of the last step trained
-    and the ledger's (rank 0); then rank 0 points <directory>/latest at it."""
+def save_checkpoint(executor: Executor, directory: str, step: int, plans, ledger,
+                    refit: OnlineRefit | None = None) -> None:
+    """Collective: <directory>/step-NNNNNN with every rank's rows, the planner's state as of the last step trained,
+    the ledger's and the online refit's (rank 0); then rank 0 points <directory>/latest at it."""
     name = f"step-{step:06d}"
     state = None
     if plans is not None:
-        state = {"planner": plans.state_dict(), "ledger": ledger.state_dict() if ledger is not None else None}
+        state = {"planner": plans.state_dict(), "ledger": ledger.state_dict() if ledger is not None else None,
+                 "refit": refit.state_dict() if refit is not None else None}
     Path(directory).mkdir(parents=True, exist_ok=True)
     executor.save_checkpoint(str(Path(directory) / name), step, state)
     if executor.rank == 0:
