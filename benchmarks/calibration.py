@@ -59,6 +59,7 @@ progress = false
 metrics = "{metrics}"
 refit = "{refit}"
 plan_ahead = {plan_ahead}
+overlap_pull = {overlap_pull}
 """
 
 
@@ -96,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plan-ahead", type=int, default=2,
                     help="[train] plan_ahead; 0 plans inline, so no planner process competes with the ranks for cores")
+    ap.add_argument("--overlap-pull", action=argparse.BooleanOptionalAction, default=True,
+                    help="[train] overlap_pull (--no-overlap-pull: one blocking pull before forward)")
     ap.add_argument("--cluster", choices=sorted(SETUPS), default="cpux4",
                     help="cpux2: one rank per core on a 2-core machine (3 schemes), so ranks do not time-share")
     ap.add_argument("--profile-per-corpus", action="store_true",
@@ -134,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg = args.out / f"{name}-{refit}.toml"
             cfg.write_text(CONFIG.format(source=source, max_len=args.max_len, tokens=args.tokens_per_step,
                                          seed=args.seed, strategies=strategies, cluster=args.cluster,
-                                         plan_ahead=args.plan_ahead, cost_model=profile,
+                                         plan_ahead=args.plan_ahead,
+                                         overlap_pull=str(args.overlap_pull).lower(), cost_model=profile,
                                          steps=args.steps, metrics=metrics, refit=refit))
             t0 = time.perf_counter()
             rc = tidal(["train", "--config", str(cfg), "--nproc", str(nproc)])
