@@ -69,5 +69,11 @@ def refit_model(base: CostModel, observations: Sequence[PipelineObs], *, min_row
                               base.max_len(scheme, dev))
     if not fits:
         raise TidalError(f"refit: no scheme has {min_rows} observations yet")
+    return with_fits(base, fits)
+
+
+def with_fits(base: CostModel, fits: dict[str, SchemeFit]) -> FittedCostModel:
+    """A fitted model of `base`'s model and cluster with these per-scheme fits; unfitted schemes fall back as in
+    `base` (its analytic fallback, or `base` itself when analytic)."""
     fallback = base.fallback if isinstance(base, FittedCostModel) else AnalyticCostModel(base.model, base.cluster)
-    return FittedCostModel(base.model, base.cluster, MappingProxyType(fits), fallback)
+    return FittedCostModel(base.model, base.cluster, MappingProxyType(dict(fits)), fallback)

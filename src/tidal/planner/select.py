@@ -122,7 +122,7 @@ HYDRAULIS_TRIALS = 1  # shuffles of Hydraulis Alg. 1 that assign() also packs (i
 SHRINK_FRACS = (0.95, 0.9, 0.85, 0.8)  # tried in turn (until the bound is met or the allowance is spent)
 SHRINK_GAP = 1e-3  # ... tried when a pipeline's packed time exceeds the dispatch objective by more than this
 SHRINK_ROUNDS = 5  # local-search rounds of a retry's dispatch (the full search's 20 + D cost too much per step)
-SHRINK_DONE = 1e-3
+SHRINK_DONE = 1e-3  # ... and stopped once the plan is within this factor of the candidate's bound
 SHRINK_PER_STEP = 4  # at most this many retry dispatches per select_step (all candidates together)
 
 

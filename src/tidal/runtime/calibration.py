@@ -17,7 +17,6 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from types import MappingProxyType
 
 import numpy as np
 
@@ -25,10 +24,9 @@ from tidal.core.errors import TidalError
 from tidal.core.plan import StepPlan
 from tidal.core.scheme import ParallelScheme, parse_scheme
 from tidal.core.strategy import Pipeline
-from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.costmodel.base import CostModel, pipeline_device
 from tidal.costmodel.fitted import FittedCostModel, fits_from_json, fits_to_json
-from tidal.costmodel.refit import PipelineObs, refit_model
+from tidal.costmodel.refit import PipelineObs, refit_model, with_fits
 
 REFIT_MODES = ("off", "online")
 
@@ -122,12 +120,8 @@ class OnlineRefit:
             seen, generation, model = int(d["seen"]), int(d["generation"]), d["model"]
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise TidalError(f"malformed online-refit state in checkpoint: {type(e).__name__}: {e}") from None
-        current = None
-        if model is not None:
-            fits = fits_from_json(model, "online-refit state in checkpoint")
-            fallback = self.base.fallback if isinstance(self.base, FittedCostModel) else AnalyticCostModel(
-                self.base.model, self.base.cluster)
-            current = FittedCostModel(self.base.model, self.base.cluster, MappingProxyType(fits), fallback)
+        where = "online-refit state in checkpoint"
+        current = None if model is None else with_fits(self.base, fits_from_json(model, where))
         self.obs, self._seen, self.generation, self.current = obs, seen, generation, current
 
 
