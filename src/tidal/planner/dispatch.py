@@ -411,19 +411,35 @@ def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, 
     st = _State(pipes, l_, _greedy(l_, pipes, prep=prep))
     done = _local_search(st, rounds, pairs=small, target=target, deadline=deadline)
     first = float(st.load.max())
-    alt, best = None, first
+    alt = None
     if l_.size * len(pipes) <= RESTART_MAX and restarts and done and first > target:
         # Small instances: a few seeded random-order restarts (they escape LPT's worst cases and the local search's
         # local optima).
-        rng = np.random.default_rng(seed)
-        for _ in range(restarts):
-            cand = _State(pipes, l_, _greedy(l_, pipes, rng.permutation(l_.size), prep=prep))
-            done = _local_search(cand, rounds, pairs=small, target=target, deadline=deadline)
-            if float(cand.load.max()) < best:
-                alt, best = cand, float(cand.load.max())
-            if not done or best <= target:
-                break
-    return _result(st, len(pipes)), None if alt is None else _result(alt, len(pipes))
+        alt = restart_dispatch(l_, pipes, restarts, seed=seed, max_rounds=rounds, below=first, target=target,
+                               deadline=deadline, prep=prep)
+    return _result(st, len(pipes)), alt
+
+
+def restart_dispatch(lengths: np.ndarray, pipes: Sequence[PipeCost], restarts: int, *, seed: int = 0,
+                     max_rounds: int | None = None, below: float = float("inf"), target: float = 0.0,
+                     deadline: float | None = None, prep: tuple | None = None) -> DispatchResult | None:
+    """The best of `restarts` seeded random-order greedy dispatches, each followed by the local search (`max_rounds`,
+    default as dispatch_alternatives), or None if none has an objective below `below`. Stops at the first whose
+    objective is <= `target` or when `deadline` passes."""
+    l_ = lengths
+    small = l_.size * len(pipes) <= 512
+    rounds = max_rounds if max_rounds is not None else 20 + len(pipes) + (l_.size if small else 0)
+    prep = _greedy_prep(pipes) if prep is None else prep
+    rng = np.random.default_rng(seed)
+    alt, best = None, below
+    for _ in range(restarts):
+        cand = _State(pipes, l_, _greedy(l_, pipes, rng.permutation(l_.size), prep=prep))
+        done = _local_search(cand, rounds, pairs=small, target=target, deadline=deadline)
+        if float(cand.load.max()) < best:
+            alt, best = cand, float(cand.load.max())
+        if not done or best <= target:
+            break
+    return None if alt is None else _result(alt, len(pipes))
 
 
 def dispatch_hydraulis(lengths, pipes: Sequence[PipeCost], *, trials: int = 100, seed: int = 0,

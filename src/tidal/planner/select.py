@@ -29,7 +29,7 @@ from tidal.planner.bounds import (
     prepare_lengths,
 )
 from tidal.planner.bounds_modes import mode_bound
-from tidal.planner.dispatch import dispatch, dispatch_alternatives, dispatch_hydraulis
+from tidal.planner.dispatch import RESTART_MAX, dispatch, dispatch_alternatives, dispatch_hydraulis, restart_dispatch
 from tidal.planner.metrics import max_over_mean, mb_imbalance, rank_spread
 from tidal.planner.packing import Packer, pack, pipeline_time
 
@@ -124,6 +124,13 @@ SHRINK_GAP = 1e-3  # ... tried when a pipeline's packed time exceeds the dispatc
 SHRINK_ROUNDS = 5  # local-search rounds of a retry's dispatch (the full search's 20 + D cost too much per step)
 SHRINK_DONE = 1e-3  # ... and stopped once the plan is within this factor of the candidate's bound
 SHRINK_PER_STEP = 4  # at most this many retry dispatches per select_step (all candidates together)
+# select_step gives a candidate LATE_RESTARTS random-order restarts (_restart_plan) when its step is too large for
+# dispatch_alternatives' own (RESTART_MAX < B x D <= LATE_RESTART_MAX), its packed plan is above its bound by more than
+# LATE_GAP, and its bound can still beat the incumbent; at most LATE_PER_STEP candidates per step. Decision 59.
+LATE_RESTARTS = 2
+LATE_GAP = 1e-3
+LATE_PER_STEP = 1
+LATE_RESTART_MAX = 16384
 
 
 def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack, seed: int = 0,
@@ -139,7 +146,11 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
     micro-batches could not be filled to MaxLen triggers dispatch retries with a smaller effective MaxLen
     (SHRINK_FRACS) if `target` < `shrink_below` (select_step passes the incumbent: a candidate whose bound cannot
     beat it is not retried), each retry taking one from `shrink_left[0]` if given (select_step's per-step
-    allowance); the fastest packed plan is kept."""
+    allowance); the fastest packed plan is kept. Before the retry, on steps too large for dispatch_alternatives'
+    restarts (RESTART_MAX < B x D <= LATE_RESTART_MAX), a plan above `target` by more than LATE_GAP gets
+    LATE_RESTARTS random-order restarts (_restart_plan, decision 59; same `shrink_below` gate, `shrink_left[1]`
+    is select_step's allowance of such candidates) and the faster plan goes on to the retry. `shrink=False` turns
+    both off; the result is never worse than with it off."""
     l_ = np.asarray(lengths, dtype=np.int64)
     if exact:
         disp = dispatch(l_, prof.pipes, exact=True, seed=seed, target=target, deadline=deadline)
@@ -150,9 +161,19 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
         first, alt = dispatch_alternatives(l_, prof.pipes, seed=seed, target=target, deadline=deadline)
         est, plans = _pack_groups(l_, prof, first.groups, packer, exact)
         if alt is not None and (deadline is None or time.perf_counter() < deadline):
-            est2, plans2 = _pack_groups(l_, prof, alt.groups, packer, exact)
+            est2, plans2 = _pack_groups(l_, prof, alt.groups, packer, exact, limit=est,
+                                        order=sorted(range(len(prof.pipes)), key=lambda j: (-alt.loads[j], j)))
             if est2 < est:
                 est, plans = est2, plans2
+        if shrink and target * (1 + LATE_GAP) < est and target < shrink_below \
+                and RESTART_MAX < l_.size * len(prof.pipes) <= LATE_RESTART_MAX \
+                and (shrink_left is None or shrink_left[1] > 0) \
+                and (deadline is None or time.perf_counter() < deadline):
+            if shrink_left is not None:
+                shrink_left[1] -= 1
+            res = _restart_plan(l_, prof, packer, seed, target, deadline, est)
+            if res is not None:  # the retry below then starts from it (it is not compared with the first again)
+                est, plans = res
         if shrink and target < est and target < shrink_below:
             est, plans = _shrink_retry(l_, prof, packer, seed, target, deadline, est, plans, first.objective,
                                        shrink_left)
@@ -199,6 +220,20 @@ def _shrink_retry(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: i
             if est <= target * (1 + SHRINK_DONE):
                 break
     return est, plans
+
+
+def _restart_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: int, target: float,
+                  deadline: float | None, est: float) -> tuple[float, tuple[PipelinePlan, ...]] | None:
+    """LATE_RESTARTS random-order restarts (dispatch.restart_dispatch) of a step too large for
+    dispatch_alternatives' own, packed (most-loaded pipeline first, given up at the first that reaches `est`) if
+    the best restart's dispatch objective, a lower bound on its packed time, is below `est`; the plan if faster
+    than `est`, else None. Decision 59."""
+    alt = restart_dispatch(l_, prof.pipes, LATE_RESTARTS, seed=seed, below=est, target=target, deadline=deadline)
+    if alt is None:
+        return None
+    est2, plans = _pack_groups(l_, prof, alt.groups, packer, False, limit=est,
+                               order=sorted(range(len(prof.pipes)), key=lambda j: (-alt.loads[j], j)))
+    return (est2, plans) if est2 < est else None
 
 
 def _hydraulis_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: int, exact: bool,
@@ -299,7 +334,8 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
                          f"{top}); split or truncate long documents before planning")
     ests: list[float | None] = [None] * len(profiles)
     best: tuple[float, int, tuple[PipelinePlan, ...]] | None = None
-    shrink_left = [SHRINK_PER_STEP]  # retry dispatches left for this step (decision 58)
+    # retry dispatches (decision 58) and candidates with late restarts (decision 59) left for this step
+    shrink_left = [SHRINK_PER_STEP, LATE_PER_STEP]
     cut = False
     # Best-first over candidates with lazy refinement: a candidate is assigned only once it has the least refined
     # bound among those left, so candidates whose quick bound is loose do not get assigned early.
