@@ -114,3 +114,16 @@ def test_lumpy_documents_on_pp1_pipelines():
     _check(l_, prof.pipes, plans, est)
     assert before > 1.07 * bound
     assert est < 1.035 * bound
+
+
+def test_a_plan_that_misses_a_sequence_is_an_error():
+    import pytest
+
+    from tidal.core.errors import TidalError
+
+    pc = PipeCost(0.0, 1e-2, 0.1, 1, 100)
+    strat = place((ParallelScheme(1, 1, 1), ParallelScheme(1, 1, 1)), CLUSTER)
+    plans = (PipelinePlan(1, 1, 1, strat.pipelines[0].devices, 100, ((0,),), 0.6),
+             PipelinePlan(1, 1, 1, strat.pipelines[1].devices, 100, ((2,),), 0.55))
+    with pytest.raises(TidalError, match="sequence 1 is in no micro-batch"):
+        polish(np.array([50, 10, 45]), (pc, pc), plans, 0.6)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan
 from tidal.planner.bounds import PipeCost
 from tidal.planner.packing import pipeline_time
@@ -29,8 +30,9 @@ def polish(lengths: np.ndarray, pipes: tuple[PipeCost, ...], plans: tuple[Pipeli
            target: float = 0.0, rounds: int = 40, max_docs: int = 16,
            min_gain: float = 1e-4) -> tuple[float, tuple[PipelinePlan, ...]]:
     """Improve a packed plan by moving and swapping documents between micro-batches of different pipelines
-    (module doc). Stops after `rounds`, at `target` (a lower bound), or when no move gains. Returns (estimate,
-    plans): the input unchanged unless the result is strictly faster."""
+    (module doc). `plans` must hold every index of `lengths` once (TidalError otherwise). Stops after `rounds`, at
+    `target` (a lower bound), or when no move gains. Returns (estimate, plans): the input unchanged unless the
+    result is strictly faster."""
     P = len(pipes)
     mb_docs = [list(mb) for p in plans for mb in p.micro_batches]
     if P < 2 or not mb_docs:
@@ -46,6 +48,8 @@ def polish(lengths: np.ndarray, pipes: tuple[PipeCost, ...], plans: tuple[Pipeli
     doc_mb = np.full(lf.size, -1, dtype=np.int64)
     for m, docs in enumerate(mb_docs):
         doc_mb[docs] = m
+    if np.any(doc_mb < 0):
+        raise TidalError(f"polish: sequence {int(np.flatnonzero(doc_mb < 0)[0])} is in no micro-batch of the plan")
     alive = np.ones(n_mb, dtype=bool)
     w_own = A[mb_pipe[doc_mb]] * lf * lf + B[mb_pipe[doc_mb]] * lf + Dd[mb_pipe[doc_mb]]  # work where it is
     mb_t = C[mb_pipe] + np.bincount(doc_mb, weights=w_own, minlength=n_mb)

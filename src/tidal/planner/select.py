@@ -152,8 +152,9 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
     allowance); the fastest packed plan is kept. Before the retry, on steps too large for dispatch_alternatives'
     restarts (RESTART_MAX < B x D <= LATE_RESTART_MAX), a plan above `target` by more than LATE_GAP gets
     LATE_RESTARTS random-order restarts (_restart_plan, decision 59; same `shrink_below` gate, `shrink_left[1]`
-    is select_step's allowance of such candidates) and the faster plan goes on to the retry. `shrink=False` turns
-    both off; the result is never worse than with it off."""
+    is select_step's allowance of such candidates) and the faster plan goes on to the retry. After the retry, a
+    plan still more than SHRINK_DONE above `target` is polished (polish.polish, POLISH_ROUNDS rounds, decision
+    60). `shrink=False` turns all three off; the result is never worse than with them off."""
     l_ = np.asarray(lengths, dtype=np.int64)
     if exact:
         disp = dispatch(l_, prof.pipes, exact=True, seed=seed, target=target, deadline=deadline)
@@ -164,8 +165,7 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
         first, alt = dispatch_alternatives(l_, prof.pipes, seed=seed, target=target, deadline=deadline)
         est, plans = _pack_groups(l_, prof, first.groups, packer, exact)
         if alt is not None and (deadline is None or time.perf_counter() < deadline):
-            est2, plans2 = _pack_groups(l_, prof, alt.groups, packer, exact, limit=est,
-                                        order=sorted(range(len(prof.pipes)), key=lambda j: (-alt.loads[j], j)))
+            est2, plans2 = _pack_groups(l_, prof, alt.groups, packer, exact, limit=est, order=_by_load(alt))
             if est2 < est:
                 est, plans = est2, plans2
         if shrink and target * (1 + LATE_GAP) < est and target < shrink_below \
@@ -219,13 +219,17 @@ def _shrink_retry(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: i
         disp = dispatch(l_, shrunk, seed=seed, restarts=0, target=target, deadline=deadline,
                         max_rounds=SHRINK_ROUNDS)
         # packed most-loaded first, given up at the first pipeline that is no faster than the plan it must beat
-        est2, plans2 = _pack_groups(l_, prof, disp.groups, packer, False, limit=est,
-                                    order=sorted(range(len(pipes)), key=lambda j: (-disp.loads[j], j)))
+        est2, plans2 = _pack_groups(l_, prof, disp.groups, packer, False, limit=est, order=_by_load(disp))
         if est2 < est:  # not monotone in the fraction (which documents still fit changes), so all are tried
             est, plans = est2, plans2
             if est <= target * (1 + SHRINK_DONE):
                 break
     return est, plans
+
+
+def _by_load(disp) -> list[int]:
+    """Pipeline indices by descending dispatch load (ties by index): _pack_groups' order when it may give up early."""
+    return sorted(range(len(disp.loads)), key=lambda j: (-disp.loads[j], j))
 
 
 def _restart_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: int, target: float,
@@ -238,8 +242,7 @@ def _restart_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: i
                            max_rounds=LATE_ROUNDS)
     if alt is None:
         return None
-    est2, plans = _pack_groups(l_, prof, alt.groups, packer, False, limit=est,
-                               order=sorted(range(len(prof.pipes)), key=lambda j: (-alt.loads[j], j)))
+    est2, plans = _pack_groups(l_, prof, alt.groups, packer, False, limit=est, order=_by_load(alt))
     return (est2, plans) if est2 < est else None
 
 
