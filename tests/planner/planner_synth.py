@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from hypothesis import strategies as st
+
 from tidal.core import get_cluster, parse_strategy, place
 from tidal.planner.bounds import PipeCost
 from tidal.planner.select import StrategyProfile
@@ -32,3 +34,10 @@ def profile(text: str) -> StrategyProfile:
 
 PROFILES = tuple(profile(s) for s in STRATEGIES)
 MAX_LEN = max(p.max_len for p in PROFILES)
+
+
+def step_lengths(max_size: int = 50):
+    """Hypothesis strategy for a step's lengths: mixed 1-600 tokens, or many 20-80-token documents (fills the
+    80-token tp1 pipelines)."""
+    return st.one_of(st.lists(st.integers(1, 600), min_size=2, max_size=max_size),
+                     st.lists(st.integers(20, 80), min_size=10, max_size=80))

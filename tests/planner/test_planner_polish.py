@@ -1,10 +1,12 @@
 """polish(): micro-batch-level moves and swaps between pipelines after packing (decision 60). Its plans are valid,
 re-timed exactly, never slower than its input, and above the bound."""
 
+from contextlib import contextmanager
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from planner_synth import CLUSTER, PROFILES, profile
+from planner_synth import CLUSTER, PROFILES, profile, step_lengths
 
 from tidal.core import place
 from tidal.core.plan import PipelinePlan
@@ -14,6 +16,17 @@ from tidal.planner.bounds import PipeCost, strategy_bound
 from tidal.planner.packing import pipeline_time
 from tidal.planner.polish import polish
 from tidal.planner.select import StrategyProfile, assign
+
+
+@contextmanager
+def _no_polish():
+    saved = sel.POLISH_ROUNDS
+    sel.POLISH_ROUNDS = 0
+    try:
+        yield
+    finally:
+        sel.POLISH_ROUNDS = saved
+
 
 SETTINGS = dict(derandomize=True, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -30,20 +43,14 @@ def _check(l_, pipes, plans, est):
 
 
 @settings(max_examples=300, **SETTINGS)
-@given(lengths=st.one_of(st.lists(st.integers(1, 600), min_size=2, max_size=60),
-                         st.lists(st.integers(20, 80), min_size=10, max_size=80)),
-       k=st.integers(0, len(PROFILES) - 1), seed=st.integers(0, 2))
+@given(lengths=step_lengths(60), k=st.integers(0, len(PROFILES) - 1), seed=st.integers(0, 2))
 def test_polish_is_valid_and_never_worse(lengths, k, seed):
     prof = PROFILES[k]
     l_ = np.asarray(lengths, dtype=np.int64)
     if l_.max() > prof.max_len:
         return
-    saved = sel.POLISH_ROUNDS
-    try:
-        sel.POLISH_ROUNDS = 0
+    with _no_polish():
         est0, plans0 = assign(l_, prof, seed=seed, fallback=False)
-    finally:
-        sel.POLISH_ROUNDS = saved
     est, plans = polish(l_, prof.pipes, plans0, est0, rounds=60)
     _check(l_, prof.pipes, plans, est)
     assert est <= est0
@@ -59,12 +66,8 @@ def test_polish_on_large_steps(gen, n):
     pipelines only. Same checks."""
     prof = profile("2*tp2+8*tp1")
     l_ = np.minimum(np.ceil(np.random.default_rng(gen).lognormal(3.0, 0.9, n)), 80).astype(np.int64)
-    saved = sel.POLISH_ROUNDS
-    try:
-        sel.POLISH_ROUNDS = 0
+    with _no_polish():
         est0, plans0 = assign(l_, prof, fallback=False)
-    finally:
-        sel.POLISH_ROUNDS = saved
     est, plans = polish(l_, prof.pipes, plans0, est0)
     _check(l_, prof.pipes, plans, est)
     assert strategy_bound(l_, prof.pipes) <= est <= est0
@@ -104,12 +107,8 @@ def test_lumpy_documents_on_pp1_pipelines():
     l_ = sample_steps("synthetic:github", seed=0, tokens_per_step=200_000, max_len=32768,
                       steps=1)[0][0].lengths_array()
     bound = strategy_bound(l_, prof.pipes)
-    saved = sel.POLISH_ROUNDS
-    try:
-        sel.POLISH_ROUNDS = 0
+    with _no_polish():
         before = assign(l_, prof, target=bound)[0]
-    finally:
-        sel.POLISH_ROUNDS = saved
     est, plans = assign(l_, prof, target=bound)
     _check(l_, prof.pipes, plans, est)
     assert before > 1.07 * bound

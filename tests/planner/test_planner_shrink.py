@@ -5,7 +5,7 @@ overshoots the dispatch objective. The retry is never worse and its plans are va
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from planner_synth import PROFILES
+from planner_synth import PROFILES, step_lengths
 
 from tidal.planner.bounds import strategy_bound
 from tidal.planner.dispatch import RESTART_MAX
@@ -24,9 +24,7 @@ def _check_plan(l_, plans):
 
 
 @settings(max_examples=300, **SETTINGS)
-@given(lengths=st.one_of(st.lists(st.integers(1, 600), min_size=1, max_size=50),
-                         st.lists(st.integers(20, 80), min_size=10, max_size=80)),
-       k=st.integers(0, len(PROFILES) - 1), seed=st.integers(0, 2))
+@given(lengths=step_lengths(50), k=st.integers(0, len(PROFILES) - 1), seed=st.integers(0, 2))
 def test_retry_is_valid_and_never_worse(lengths, k, seed):
     prof = PROFILES[k]
     l_ = np.asarray(lengths, dtype=np.int64)
