@@ -95,8 +95,8 @@ def test_lumpy_documents_on_pp1_pipelines():
     """llama2-7b a800x16, hand candidate tp4+4*tp2+4*tp1, synthetic:github seed 0 step 0 (78 documents). A tp2 held
     documents of 9,325, 6,867 and 6,670 tokens in two micro-batches (11,684 and 13,537 tokens), and a PP = 1
     pipeline takes V x its slowest micro-batch: 3.741 s, 1.081 x the candidate's bound. Moving and swapping
-    documents between micro-batches of different pipelines reaches 3.561 s (1.029 x); an exact MILP (HiGHS, 120 s)
-    had found 3.583 s."""
+    documents between micro-batches of different pipelines reaches 3.561 s (1.029 x); an exact MILP (HiGHS, 120 s,
+    benchmarks/exact_joint.py) finds 3.558 s."""
     from tidal.core import get_cluster, get_model, parse_strategy
     from tidal.costmodel import default_cost_model
     from tidal.data import sample_steps
