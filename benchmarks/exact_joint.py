@@ -23,6 +23,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
 from tidal.core import get_cluster, get_model, parse_strategy, place
+from tidal.core.errors import TidalError
 from tidal.costmodel import default_cost_model
 from tidal.data import sample_steps
 from tidal.planner import select as sel
@@ -126,4 +127,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except TidalError as e:  # a bad model, cluster, strategy or data spec: one line
+        raise SystemExit(f"exact_joint.py: {e}") from None

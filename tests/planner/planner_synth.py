@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import strategies as st
 
 from tidal.core import get_cluster, parse_strategy, place
@@ -36,8 +37,16 @@ PROFILES = tuple(profile(s) for s in STRATEGIES)
 MAX_LEN = max(p.max_len for p in PROFILES)
 
 
-def step_lengths(max_size: int = 50):
-    """Hypothesis strategy for a step's lengths: mixed 1-600 tokens, or many 20-80-token documents (fills the
+
+def step_lengths(max_size: int = 50, cap: int = 600):
+    """Hypothesis strategy for a step's lengths: mixed 1..cap tokens, or many 20-80-token documents (fills the
     80-token tp1 pipelines)."""
-    return st.one_of(st.lists(st.integers(1, 600), min_size=2, max_size=max_size),
-                     st.lists(st.integers(20, 80), min_size=10, max_size=80))
+    return st.one_of(st.lists(st.integers(1, min(600, cap)), min_size=2, max_size=max_size),
+                     st.lists(st.integers(20, min(80, cap)), min_size=10, max_size=80))
+
+
+def profile_steps(max_size: int = 50):
+    """Hypothesis strategy for (profile, lengths as int64) with every length within that profile's MaxLen."""
+    return st.integers(0, len(PROFILES) - 1).flatmap(
+        lambda k: step_lengths(max_size, PROFILES[k].max_len).map(
+            lambda ls: (PROFILES[k], np.asarray(ls, dtype=np.int64))))

@@ -6,7 +6,7 @@ from contextlib import contextmanager
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from planner_synth import CLUSTER, PROFILES, profile, step_lengths
+from planner_synth import CLUSTER, profile, profile_steps
 
 from tidal.core import place
 from tidal.core.plan import PipelinePlan
@@ -43,12 +43,9 @@ def _check(l_, pipes, plans, est):
 
 
 @settings(max_examples=300, **SETTINGS)
-@given(lengths=step_lengths(60), k=st.integers(0, len(PROFILES) - 1), seed=st.integers(0, 2))
-def test_polish_is_valid_and_never_worse(lengths, k, seed):
-    prof = PROFILES[k]
-    l_ = np.asarray(lengths, dtype=np.int64)
-    if l_.max() > prof.max_len:
-        return
+@given(case=profile_steps(60), seed=st.integers(0, 2))
+def test_polish_is_valid_and_never_worse(case, seed):
+    prof, l_ = case
     with _no_polish():
         est0, plans0 = assign(l_, prof, seed=seed, fallback=False)
     est, plans = polish(l_, prof.pipes, plans0, est0, rounds=60)

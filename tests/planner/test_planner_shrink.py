@@ -5,7 +5,7 @@ overshoots the dispatch objective. The retry is never worse and its plans are va
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from planner_synth import PROFILES, step_lengths
+from planner_synth import PROFILES, profile_steps
 
 from tidal.planner.bounds import strategy_bound
 from tidal.planner.dispatch import RESTART_MAX
@@ -24,12 +24,9 @@ def _check_plan(l_, plans):
 
 
 @settings(max_examples=300, **SETTINGS)
-@given(lengths=step_lengths(50), k=st.integers(0, len(PROFILES) - 1), seed=st.integers(0, 2))
-def test_retry_is_valid_and_never_worse(lengths, k, seed):
-    prof = PROFILES[k]
-    l_ = np.asarray(lengths, dtype=np.int64)
-    if l_.max() > prof.max_len:
-        return
+@given(case=profile_steps(50), seed=st.integers(0, 2))
+def test_retry_is_valid_and_never_worse(case, seed):
+    prof, l_ = case
     est, plans = assign(l_, prof, seed=seed)
     _check_plan(l_, plans)
     assert est <= assign(l_, prof, seed=seed, shrink=False)[0]
