@@ -4,7 +4,8 @@ and token first-fit-decreasing. Prints figures; nothing is asserted.
     python benchmarks/planner.py                 # everything (about 2-4 minutes on 2 cores)
     python benchmarks/planner.py --only speed    # speed | quality | exact | compare | packers | proposal
     python benchmarks/planner.py --grid [--models M,..] [--clusters C,..] [--cands proposal,hand] [--sources S,..]
-                                 [--seeds 0,1,2] [--steps 10] [--hy-trials 1] [--budget-ms X] [--out grid.json]
+                                 [--seeds 0,1,2] [--steps 10] [--hy-trials 1] [--budget-ms X] [--prove]
+                                 [--out grid.json]
 """
 
 from __future__ import annotations
@@ -224,6 +225,8 @@ def main() -> None:
     ap.add_argument("--hy-max-devices", type=int, default=1024, help="grid: hydraulis column up to this cluster size")
     ap.add_argument("--budget-ms", type=float, default=None, help="grid: per-step planning budget")
     ap.add_argument("--out", default=None, help="grid: write the rows as JSON")
+    ap.add_argument("--prove", action="store_true",
+                    help="grid: est/lb against the LP-priced bound (bounds_lp.prove_selection, timed apart)")
     a = ap.parse_args()
     if a.grid:
         import planner_grid

@@ -20,6 +20,7 @@ import numpy as np
 from tidal.core import TidalError, get_cluster, get_model, parse_strategy, place
 from tidal.costmodel import default_cost_model
 from tidal.data import sample_steps
+from tidal.planner.bounds_lp import prove_selection
 from tidal.planner.dispatch import dispatch_hydraulis
 from tidal.planner.packing import pack
 from tidal.planner.select import assign, profile_strategies, select_step
@@ -97,7 +98,7 @@ def q(xs, p):
     return float(np.quantile(np.asarray(xs, dtype=np.float64), p)) if len(xs) else float("nan")
 
 
-def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, budget_ms):
+def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, budget_ms, prove=False):
     names, profs, prop_s = grid.candidates(model, cluster, how, source)
     row = {"model": model, "cluster": cluster, "cands": how, "source": source, "n_cands": len(names),
            "proposal_s": prop_s, "names": names}
@@ -108,6 +109,7 @@ def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, b
     kw = {"budget_ms": budget_ms} if budget_ms is not None and "budget_ms" in inspect.signature(
         select_step).parameters else {}
     cpu, wall, ratio, nseq, hy_loss, hy_worst, hy_pairs, hy_step = [], [], [], [], 0, 0.0, 0, []
+    plain, proof = [], []  # with prove: est / select_step's own bound, and the proof's CPU ms (not in cpu)
     err, cut = None, 0
     for seed in seeds:
         sts = sample_steps(grid.specs[source], seed=seed, tokens_per_step=tokens, max_len=MAX_LEN, steps=steps)[0]
@@ -123,6 +125,11 @@ def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, b
             except TidalError as e:
                 err = str(e)
                 continue
+            if prove:  # the LP-priced bound (bounds_lp.prove_selection), after planning and timed apart
+                plain.append(plan.est_step_time / plan.lower_bound if plan.lower_bound > 0 else 1.0)
+                c0 = time.thread_time()
+                plan = prove_selection(l_, profs, sel).plan
+                proof.append((time.thread_time() - c0) * 1e3)
             ratio.append(plan.est_step_time / plan.lower_bound if plan.lower_bound > 0 else 1.0)
             nseq.append(l_.size)
             if hy_trials:
@@ -142,6 +149,9 @@ def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, b
                cpu_med=q(cpu, .5), cpu_p90=q(cpu, .9), cpu_max=max(cpu, default=np.nan),
                wall_med=q(wall, .5), wall_p90=q(wall, .9), wall_max=max(wall, default=np.nan),
                r_med=q(ratio, .5), r_p90=q(ratio, .9), r_max=max(ratio, default=np.nan), cut=cut)
+    if prove:
+        row.update(r_med_plain=q(plain, .5), proof_med=q(proof, .5), proof_p90=q(proof, .9),
+                   proof_max=max(proof, default=np.nan))
     if err and not cpu:
         row["error"] = err
     elif err:
@@ -170,6 +180,9 @@ def fmt(row) -> str:
             f"{row['seqs']} | {row['cpu_med']:.1f} | {row['cpu_p90']:.1f} | {row['cpu_max']:.1f} | "
             f"{row['wall_med']:.1f} | {row['wall_p90']:.1f} | {row['wall_max']:.1f} | {row['r_med']:.4f} | "
             f"{row['r_max']:.4f} |{hy}" + (f" cut short: {row['cut']}/{row['steps']} |" if row.get("cut") else "")
+            + (f" proved: est/lb med {row['r_med']:.4f} (select_step's {row['r_med_plain']:.4f}), proof cpu ms med "
+               f"{row['proof_med']:.1f} p90 {row['proof_p90']:.1f} max {row['proof_max']:.1f} |" if "proof_med" in row
+               else "")
             + (f" {row['error']}" if row.get("error") else ""))
 
 
@@ -211,7 +224,8 @@ def main(args) -> None:
                 for how in args.cands.split(","):
                     for source in args.sources.split(","):
                         trials = args.hy_trials if get_cluster(cluster).num_devices <= args.hy_max_devices else 0
-                        row = run_cell(grid, model, cluster, how, source, seeds, args.steps, trials, args.budget_ms)
+                        row = run_cell(grid, model, cluster, how, source, seeds, args.steps, trials, args.budget_ms,
+                                       getattr(args, "prove", False))
                         rows.append(row)
                         print(fmt(row), flush=True)
     if args.out:

@@ -43,6 +43,20 @@ def test_plan_json_invariants(tmp_path, packing):
     assert len(ids) == len(set(ids))  # a deferred sequence runs once, in a later step
 
 
+@pytest.mark.parametrize("packing", ["hydraulis", "wlb"])
+def test_prove_bound_raises_only_the_bound(tmp_path, packing):
+    # the LP-priced bound (bounds_lp) after planning: the same plans, bounds never lower and never above the estimate
+    strategies = "tp4+4*tp2+4*tp1;4*tp4;tp8+4*tp2"
+    a, _ = _run(tmp_path, "--packing", packing, "--strategies", strategies, "--data", "synthetic:github", name="a.json")
+    b, _ = _run(tmp_path, "--packing", packing, "--strategies", strategies, "--data", "synthetic:github",
+                "--prove-bound", name="b.json")
+    assert b.meta["prove_bound"] is True and a.meta["prove_bound"] is False
+    _check_invariants(b)
+    for sa, sb in zip(a.steps, b.steps, strict=True):
+        assert [p.to_dict() for p in sa.pipelines] == [p.to_dict() for p in sb.pipelines]
+        assert sa.lower_bound <= sb.lower_bound <= sb.est_step_time * (1 + 1e-9)
+
+
 def test_wlb_never_drops_a_sequence(tmp_path):
     plan, _ = _run(tmp_path, "--packing", "wlb", "--strategies", "4*tp2")
     ran = sorted(plan.steps[k].seq_ids[i] for k in range(len(plan.steps)) for p in plan.steps[k].pipelines

@@ -24,11 +24,15 @@ def _case(rng):
 
 def test_compiled_greedy_matches_python():
     rng = np.random.default_rng(0)
+    scanned = 0
     for t in range(300):
         pipes, l_ = _case(rng)
         order = None if t % 2 else rng.permutation(l_.size)
-        np.testing.assert_array_equal(d._greedy(l_, pipes, order, compiled=True),
-                                      d._greedy(l_, pipes, order, compiled=False))
+        for scan in (False, True):  # with and without the jump scan (decision 63)
+            np.testing.assert_array_equal(d._greedy(l_, pipes, order, compiled=True, scan=scan),
+                                          d._greedy(l_, pipes, order, compiled=False, scan=scan))
+        scanned += not np.array_equal(d._greedy(l_, pipes, order, scan=True), d._greedy(l_, pipes, order, scan=False))
+    assert scanned >= 10  # the jump scan changes choices on some of these cases, so both of its paths are compared
 
 
 def test_compiled_alg1_matches_python():

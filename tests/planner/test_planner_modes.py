@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planner_synth import PROFILES
 
-from tidal.planner.bounds import PipeCost, StrategyBound
+from tidal.planner.bounds import PipeCost, StrategyBound, pipeline_bound
 from tidal.planner.bounds_modes import infeasible, mode_bound
 from tidal.planner.select import StrategyProfile, assign, select_step
 
@@ -130,3 +130,14 @@ def test_select_step_bound_with_modes(lengths, k):
     plain = select_step(lengths, profiles, modes=False)
     assert sel.plan.est_step_time >= sel.plan.lower_bound >= plain.plan.lower_bound
     assert sel.plan.to_dict(timings=False)["pipelines"] == plain.plan.to_dict(timings=False)["pipelines"]
+
+
+def test_one_pipeline_strategy_bound_is_at_least_its_pipeline_bound():
+    # one pipeline holds every document, so the step bound includes pipeline_bound of all of them: V >= tokens /
+    # MaxLen micro-batches, each at least c + w(longest). The work and mode terms relax V (modes mix fractionally).
+    p = PipeCost(1e-4, 1e-3, 0.01, 1, 100)
+    lengths = np.array([95, 90] + [10] * 30)
+    sb = StrategyBound(lengths, [p])
+    est = assign(lengths, _profile([p]))[0]
+    assert pipeline_bound(lengths, p) > sb.lb_doc * 4  # V_min = 5 micro-batches, each >= c + w(95)
+    assert pipeline_bound(lengths, p) * (1 - 1e-9) <= sb.quick <= sb.refined() <= est * (1 + 1e-9)

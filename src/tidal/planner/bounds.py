@@ -409,7 +409,10 @@ class StrategyBound:
         self.Y0, self.ys = Y, [Y[int(np.argmax(vals))]]
         best_i = int(np.argmax(vals))
         self.y0, self.best0 = Y[best_i], float(vals[best_i])
-        self.quick = max(self.lb_doc, self.best0, 0.0) * (1 - SLACK)
+        # One pipeline in all: every document is on it, so its own bound (with V >= tokens / MaxLen, which the work
+        # and mode terms relax: they may mix modes fractionally) bounds the step.
+        self.lb_one = pipeline_bound(full, ca.classes[0]) if ca.cnt.sum() == 1 and weights is None else 0.0
+        self.quick = max(self.lb_doc, self.best0, self.lb_one, 0.0) * (1 - SLACK)
 
     def prices(self) -> list[np.ndarray]:
         """The price rows tried so far: the reference ones and each improvement (bounds_modes reuses them)."""
@@ -458,4 +461,4 @@ class StrategyBound:
                                     max(best, lb_doc), ca.mt))
         lb_top = top_docs_bound(self.full if not self.weighted else l_[wt > 0], self.pipes, r=top,
                                 grouped=(classes, cnt)) if top > 0 else 0.0
-        return max(lb_doc, best, lb_top) * (1 - SLACK)
+        return max(lb_doc, best, lb_top, self.lb_one) * (1 - SLACK)

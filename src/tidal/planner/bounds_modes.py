@@ -41,7 +41,7 @@ VB = 12  # modes 1 .. VB - 1 explicit, v >= VB merged
 MIN_GAIN = 1e-3  # mode_bound gives up at once when it cannot raise the bound by this factor
 
 
-def _mode_arrays(T: float, C: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def mode_arrays(T: float, C: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per class (rows) and mode (columns 0 .. VB - 1, the last one merged): tau_v and the work capacity C_v."""
     v = np.arange(1, VB + 1, dtype=np.float64)[None, :]
     q = (P - 1.0)[:, None]
@@ -60,7 +60,7 @@ def _mode_arrays(T: float, C: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np
 def _costs(T: float, sb: StrategyBound, thetas: np.ndarray) -> np.ndarray:
     """u_ik(T) for each theta variant: array (R_theta, B, K); inf where document i fits class k in no mode."""
     ca = sb.ca
-    tau, cap = _mode_arrays(T, ca.C, ca.P)  # K x VB
+    tau, cap = mode_arrays(T, ca.C, ca.P)  # K x VB
     w = sb.w  # B x K
     elig = (np.isfinite(sb.wm)[:, :, None]
             & (ca.C[None, :, None] + w[:, :, None] <= tau[None, :, :] * (1 + 1e-12))
@@ -81,7 +81,7 @@ def _thetas(T: float, sb: StrategyBound) -> np.ndarray:
     with the step's mean document would exhaust first. (All-work, and tokens in mode 1 only, were tried as well: on
     the issue-9 cells they proved nothing more and doubled the cost.)"""
     ca = sb.ca
-    _, cap = _mode_arrays(T, ca.C, ca.P)
+    _, cap = mode_arrays(T, ca.C, ca.P)
     v = np.arange(1, VB + 1, dtype=np.float64)[None, :]
     rho = (sb.w * sb.wt[:, None]).sum(axis=0) / max(float((sb.l_ * sb.wt).sum()), 1e-300)  # work per token, per class
     th = (rho[:, None] * v * ca.M[:, None] >= cap).astype(np.float64)

@@ -135,6 +135,19 @@ def _f1(a: float, b: float, c: float, q: int, M: int, W: float, tok: int, wm: fl
     return min((q + v) * max(W / v + c, c + wm) for v in cands)
 
 
+def _add_cost(a: float, b: float, c: float, q: int, M: int, Wj: float, Tj: int, Lj: float, Uj: int, Gj: int, x: int,
+              wx: float, big: bool) -> float:
+    """The greedy's cost of pipeline j (sums Wj, Tj, longest work Lj, count Uj, long documents Gj) with one more
+    document of length x and work wx (big: x > M / 2)."""
+    tok = Tj + x
+    wm = Lj if Lj > wx else wx
+    g = Gj + big
+    if q == 0:  # _f1 inlined for PP = 1: V = V_min
+        vm = max(1, -(-tok // M), g)
+        return max(vm * c + Wj + wx, vm * (c + wm))
+    return _f1(a, b, c, q, M, Wj + wx, tok, wm, Uj + 1, g)
+
+
 def _greedy_prep(pipes: Sequence[PipeCost]) -> tuple:
     """What _greedy needs of the pipelines alone: classes of identical pipelines, their members (ascending), and the
     compiled loop's arrays of them. Computed once per dispatch, shared by its restarts."""
@@ -155,9 +168,12 @@ def _greedy_prep(pipes: Sequence[PipeCost]) -> tuple:
 
 
 def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | None = None,
-            compiled: bool = True, prep: tuple | None = None) -> np.ndarray:
+            compiled: bool = True, prep: tuple | None = None, scan: bool = True) -> np.ndarray:
     """List scheduling: each sequence (longest first unless `order`) to the eligible pipeline with the least resulting
-    cost. Per class of identical pipelines only two are tried: the first empty one and the least-loaded used one.
+    cost. Per class of identical pipelines two are tried: the first empty one and the least-loaded used one, or every
+    used one (`scan`, decision 63) when adding to the least-loaded one costs more than the sequence's work plus one
+    micro-batch constant (a PP = 1 pipeline over its MaxLen with a long document jumps to 2 (c + w(l_max)); a fuller
+    pipeline with room is then cheaper).
     Runs the compiled loop (kernels.greedy, same choices) when numba is there and `compiled`. `prep`:
     _greedy_prep(pipes), when the caller has it."""
     from tidal.planner import kernels
@@ -166,7 +182,7 @@ def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | 
     if order is None:
         order = np.argsort(-lengths, kind="stable")
     if compiled and kernels.AVAILABLE:
-        owner, bad = kernels.greedy(lengths.astype(np.int64), order.astype(np.int64), *arrays)
+        owner, bad = kernels.greedy(lengths.astype(np.int64), order.astype(np.int64), *arrays, scan)
         if bad >= 0:
             raise TidalError(f"sequence of length {int(lengths[bad])} exceeds the MaxLen of every pipeline")
         return owner
@@ -190,12 +206,15 @@ def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | 
             h = heaps[k]
             if h:
                 j = h[0][1]
-                tok, wm, g = T[j] + x, (L[j] if L[j] > wx else wx), G[j] + (2 * x > M)
-                if q == 0:  # _f1 inlined for PP = 1: V = V_min
-                    vm = max(1, -(-tok // M), g)
-                    v = max(vm * c + W[j] + wx, vm * (c + wm))
-                else:
-                    v = _f1(a, b, c, q, M, W[j] + wx, tok, wm, U[j] + 1, g)
+                big = 2 * x > M
+                v = _add_cost(a, b, c, q, M, W[j], T[j], L[j], U[j], G[j], x, wx, big)
+                if scan and v > (h[0][0] + wx + c) * (1 + 1e-9):
+                    # on the least-loaded pipeline x would cost more than its work and one micro-batch (a V_min jump
+                    # with a long document: (V + 1)(c + w_max)): try every used pipeline of the class
+                    for _, jj in h[1:]:
+                        vv = _add_cost(a, b, c, q, M, W[jj], T[jj], L[jj], U[jj], G[jj], x, wx, big)
+                        if (vv, jj) < (v, j):
+                            v, j = vv, jj
                 if best_key is None or (v, j) < best_key:
                     best_key, best_k, wbest = (v, j), k, wx
             e = empty[k]
@@ -210,8 +229,12 @@ def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | 
         if T[j] == 0:
             empty[best_k].pop()
             heapq.heappush(heaps[best_k], (newd, j))
-        else:
-            heapq.heapreplace(heaps[best_k], (newd, j))  # j was the heap top
+        elif heaps[best_k][0][1] == j:
+            heapq.heapreplace(heaps[best_k], (newd, j))
+        else:  # a jump scan chose a pipeline below the top: its key grows, restore the heap
+            h = heaps[best_k]
+            h[next(p for p, e in enumerate(h) if e[1] == j)] = (newd, j)
+            heapq.heapify(h)
         W[j] += wbest
         T[j] += x
         U[j] += 1
@@ -372,11 +395,11 @@ def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: i
              max_rounds: int | None = None, restarts: int = 4, target: float = 0.0,
              time_limit: float = 10.0, deadline: float | None = None) -> DispatchResult:
     """Dispatch sequences to pipelines minimising max_j of the capacity-aware pipeline cost (`_cost`): the better of
-    dispatch_alternatives' two. exact=True also solves the MILP (of the linear objective D_j, bounds.eq2_bound) and
-    keeps the better of the two."""
-    first, alt = dispatch_alternatives(lengths, pipes, seed=seed, max_rounds=max_rounds, restarts=restarts,
-                                       target=target, deadline=deadline)
-    res = first if alt is None else alt
+    dispatch_alternatives' results (the lowest objective, ties to the first). exact=True also solves the MILP (of
+    the linear objective D_j, bounds.eq2_bound) and keeps the better of the two."""
+    first, alts = dispatch_alternatives(lengths, pipes, seed=seed, max_rounds=max_rounds, restarts=restarts,
+                                        target=target, deadline=deadline)
+    res = min((first, *alts), key=lambda r: r.objective)
     if exact and any(res.groups):
         from tidal.planner.exact import dispatch_milp
 
@@ -390,25 +413,28 @@ def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: i
 
 
 def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, max_rounds: int | None = None,
-                          restarts: int = 4, target: float = 0.0,
-                          deadline: float | None = None) -> tuple[DispatchResult, DispatchResult | None]:
-    """The greedy dispatch and its local search, and (None unless it has a lower objective) the best of `restarts`
-    seeded random-order restarts, each followed by the same local search, on small instances (B x D <= RESTART_MAX).
+                          restarts: int = 4, target: float = 0.0, deadline: float | None = None,
+                          scan: bool = True) -> tuple[DispatchResult, tuple[DispatchResult, ...]]:
+    """The greedy dispatch and its local search, and alternatives, each only if its objective is lower: the best of
+    `restarts` seeded random-order restarts, each followed by the same local search, on small instances (B x D <=
+    RESTART_MAX), and the jump-scan greedy below.
     The objective is a lower bound on the packed time, not the packed time, so the caller packs both (select.assign).
     Deterministic for a given `seed` (used only by the restarts). The local search stops early once the objective is
     <= `target` (e.g. a lower bound: nothing better is possible), and at `deadline` (a time.perf_counter value: the
-    greedy dispatch always completes, so the result is always valid)."""
+    greedy dispatch always completes, so the result is always valid). `scan`: when the first dispatch's bottleneck is
+    set by its longest document (_lumpy), also the greedy with its jump scan (_greedy) and the same local search; it
+    is an alternative when its objective is below the first's."""
     l_ = check_lengths(lengths)
     check_pipes(pipes)
     top = max(p.max_len for p in pipes)
     if l_.size and int(l_.max()) > top:
         raise TidalError(f"sequence of length {int(l_.max())} exceeds the MaxLen {top} of every pipeline")
     if l_.size == 0:
-        return DispatchResult(tuple(() for _ in pipes), 0.0, tuple(0.0 for _ in pipes)), None
+        return DispatchResult(tuple(() for _ in pipes), 0.0, tuple(0.0 for _ in pipes)), ()
     small = l_.size * len(pipes) <= 512
     rounds = max_rounds if max_rounds is not None else 20 + len(pipes) + (l_.size if small else 0)
     prep = _greedy_prep(pipes)
-    st = _State(pipes, l_, _greedy(l_, pipes, prep=prep))
+    st = _State(pipes, l_, _greedy(l_, pipes, prep=prep, scan=False))
     done = _local_search(st, rounds, pairs=small, target=target, deadline=deadline)
     first = float(st.load.max())
     alt = None
@@ -417,12 +443,29 @@ def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, 
         # local optima).
         alt = restart_dispatch(l_, pipes, restarts, seed=seed, max_rounds=rounds, below=first, target=target,
                                deadline=deadline, prep=prep)
-    return _result(st, len(pipes)), alt
+    if scan and done and first > target and _lumpy(st):
+        # the bottleneck costs V (c + w_max): its longest document, not its work, sets it (decision 63)
+        sc = _State(pipes, l_, _greedy(l_, pipes, prep=prep, scan=True))
+        _local_search(sc, rounds, pairs=small, target=target, deadline=deadline)
+        if float(sc.load.max()) < first:
+            return _result(st, len(pipes)), tuple(a for a in (alt, _result(sc, len(pipes))) if a is not None)
+    return _result(st, len(pipes)), () if alt is None else (alt,)
+
+
+def _lumpy(st: _State) -> bool:
+    """The bottleneck pipeline needs >= 2 micro-batches and its longest document outweighs its mean micro-batch:
+    its cost is (PP - 1 + V)(c + w_max), which the greedy's jump scan can avoid."""
+    j = int(np.argmax(st.load))
+    vmin = max(1.0, math.ceil(st.S[j] / st.M[j]), st.G[j])
+    W = st.A[j] * st.Q[j] + st.B[j] * st.S[j] + st.D[j] * st.N[j]
+    wm = st.A[j] * st.top1[j] ** 2 + st.B[j] * st.top1[j] + st.D[j]
+    return vmin >= 2 and wm * vmin > W * (1 + 1e-9)
 
 
 def restart_dispatch(lengths: np.ndarray, pipes: Sequence[PipeCost], restarts: int, *, seed: int = 0,
                      max_rounds: int | None = None, below: float = float("inf"), target: float = 0.0,
-                     deadline: float | None = None, prep: tuple | None = None) -> DispatchResult | None:
+                     deadline: float | None = None, prep: tuple | None = None,
+                     scan: bool = False) -> DispatchResult | None:
     """The best of `restarts` seeded random-order greedy dispatches, each followed by the local search (`max_rounds`,
     default as dispatch_alternatives), or None if none has an objective below `below`. Stops at the first whose
     objective is <= `target` or when `deadline` passes."""
@@ -433,7 +476,7 @@ def restart_dispatch(lengths: np.ndarray, pipes: Sequence[PipeCost], restarts: i
     rng = np.random.default_rng(seed)
     alt, best = None, below
     for _ in range(restarts):
-        cand = _State(pipes, l_, _greedy(l_, pipes, rng.permutation(l_.size), prep=prep))
+        cand = _State(pipes, l_, _greedy(l_, pipes, rng.permutation(l_.size), prep=prep, scan=scan))
         done = _local_search(cand, rounds, pairs=small, target=target, deadline=deadline)
         if float(cand.load.max()) < best:
             alt, best = cand, float(cand.load.max())

@@ -91,6 +91,18 @@ def _f1(a, b, c, q, M, W, tok, wm, cnt, g):
     return best
 
 
+def _add_cost(a, b, c, q, M, Wj, Tj, Lj, Uj, Gj, x, wx, big):
+    """Cost of pipeline j (sums Wj, Tj, longest work Lj, count Uj, long documents Gj) with one more document of
+    length x and work wx (big: x > M / 2): dispatch._add_cost, same operation order."""
+    tok = Tj + x
+    wm = Lj if Lj > wx else wx
+    g = Gj + big
+    if q == 0:  # _f1 inlined for PP = 1: V = V_min
+        vm = max(1, -(-tok // M), g)
+        return max(vm * c + Wj + wx, vm * (c + wm))
+    return _f1(a, b, c, q, M, Wj + wx, tok, wm, Uj + 1, g)
+
+
 def _sift_down(key, ids, off, n, pos):
     """Restore the min-heap on key/ids[off:off + n] (ordered by (key, id)) from position pos downwards."""
     while True:
@@ -120,9 +132,11 @@ def _sift_up(key, ids, off, pos):
             return
 
 
-def _greedy(lengths, order, ca, cb, cc, cd, cq, cm, members, moff, mcount, pmax):
+def _greedy(lengths, order, ca, cb, cc, cd, cq, cm, members, moff, mcount, pmax, scan):
     """dispatch._greedy compiled: each sequence (in `order`) to the eligible pipeline with the least resulting cost,
-    trying per class only its first empty pipeline and its least-loaded used one (heap top by (cost, index)).
+    trying per class its first empty pipeline and its least-loaded used one (heap top by (cost, index)), or every
+    used one (if `scan`) when adding to the least-loaded one costs more than the document's work plus one
+    micro-batch.
     Classes k hold pipelines members[moff[k]:moff[k] + mcount[k]] in ascending order. Returns the owner per sequence
     (-1 for the first sequence that fits no pipeline, after which the rest is left unset)."""
     K = ca.size
@@ -153,14 +167,16 @@ def _greedy(lengths, order, ca, cb, cc, cd, cq, cm, members, moff, mcount, pmax)
             wx = a * x * x + b * x + cd[k]
             if hsize[k] > 0:
                 j = hid[moff[k]]
-                tok = T[j] + x
-                wm = L[j] if L[j] > wx else wx
-                g = G[j] + (1 if 2 * x > M else 0)
-                if q == 0:
-                    vm = max(1, -(-tok // M), g)
-                    v = max(vm * c + W[j] + wx, vm * (c + wm))
-                else:
-                    v = _f1(a, b, c, q, M, W[j] + wx, tok, wm, U[j] + 1, g)
+                big = 1 if 2 * x > M else 0
+                v = _add_cost(a, b, c, q, M, W[j], T[j], L[j], U[j], G[j], x, wx, big)
+                if scan and v > (hkey[moff[k]] + wx + c) * (1 + 1e-9):
+                    # on the least-loaded pipeline x would cost more than its work and one micro-batch (a V_min jump
+                    # with a long document: (V + 1)(c + w_max)): try every used pipeline of the class
+                    for p in range(1, hsize[k]):
+                        jj = hid[moff[k] + p]
+                        vv = _add_cost(a, b, c, q, M, W[jj], T[jj], L[jj], U[jj], G[jj], x, wx, big)
+                        if vv < v or (vv == v and jj < j):
+                            v, j = vv, jj
                 if not have or v < best_v or (v == best_v and j < best_j):
                     have, best_v, best_j, best_k, wbest = True, v, j, k, wx
             if nempty[k] < mcount[k]:
@@ -180,9 +196,12 @@ def _greedy(lengths, order, ca, cb, cc, cd, cq, cm, members, moff, mcount, pmax)
             hid[off + n] = j
             hsize[k] = n + 1
             _sift_up(hkey, hid, off, n)
-        else:  # j was the heap top
-            hkey[off] = best_v
-            _sift_down(hkey, hid, off, hsize[k], 0)
+        else:  # j is in the heap (its top unless a jump scan chose another); its key only grows
+            p = 0
+            while hid[off + p] != j:
+                p += 1
+            hkey[off + p] = best_v
+            _sift_down(hkey, hid, off, hsize[k], p)
         W[j] += wbest
         T[j] += x
         U[j] += 1
@@ -424,6 +443,7 @@ def _pair_swap(j, mine, eidx, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, to
 if AVAILABLE:
     alg1_trial = njit(cache=True)(_alg1_trial)
     _f1 = njit(cache=True, inline="always")(_f1)
+    _add_cost = njit(cache=True, inline="always")(_add_cost)
     _sift_down = njit(cache=True)(_sift_down)
     _sift_up = njit(cache=True)(_sift_up)
     greedy = njit(cache=True)(_greedy)

@@ -363,7 +363,8 @@ def _simulate(lengths, strategies, cost_model, tokens_per_step, max_len, eval_st
             step = np.append(first if first is not None else [], max_len).astype(np.int64)
         for i, prof in enumerate(profs):
             if int(step.max()) <= prof.max_len:
-                E[i, s] = assign(step, prof, seed=seed, shrink=False)[0]  # decision 58: the cover as before
+                # decisions 58 and 63: the cover as before (with them it took tp1 mixes with loose bounds)
+                E[i, s] = assign(step, prof, seed=seed, shrink=False, scan=False)[0]
     return E
 
 

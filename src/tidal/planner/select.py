@@ -139,7 +139,7 @@ POLISH_ROUNDS = 40
 def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack, seed: int = 0,
            exact: bool = False, target: float = 0.0, deadline: float | None = None,
            fallback: bool = True, shrink: bool = True, shrink_below: float = float("inf"),
-           shrink_left: list[int] | None = None) -> tuple[float, tuple[PipelinePlan, ...]]:
+           shrink_left: list[int] | None = None, scan: bool = True) -> tuple[float, tuple[PipelinePlan, ...]]:
     """Two-stage assignment on one strategy: (step estimate, per-pipeline plans with step indices). `target` (a
     lower bound) lets the dispatch local search stop once it meets it (nothing better exists); `deadline` (perf_counter)
     cuts the local search short. With `fallback`, Hydraulis' dispatch (dispatch_hydraulis, HYDRAULIS_TRIALS shuffles,
@@ -154,17 +154,22 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
     LATE_RESTARTS random-order restarts (_restart_plan, decision 59; same `shrink_below` gate, `shrink_left[1]`
     is select_step's allowance of such candidates) and the faster plan goes on to the retry. After the retry, a
     plan still more than SHRINK_DONE above `target` is polished (polish.polish, POLISH_ROUNDS rounds, decision
-    60). `shrink=False` turns all three off; the result is never worse than with them off."""
+    60). `shrink=False` turns all three off; the result is never worse than with them off. `scan`: the dispatch
+    greedy's jump scan (decision 63; the strategy proposal turns it off)."""
     l_ = np.asarray(lengths, dtype=np.int64)
     if exact:
         disp = dispatch(l_, prof.pipes, exact=True, seed=seed, target=target, deadline=deadline)
         est, plans = _pack_groups(l_, prof, disp.groups, packer, exact)
     else:
-        # the dispatch objective is a bound on the packed time: a restart that lowers it can pack worse, so both the
-        # first dispatch and the best restart are packed and the faster kept (ties to the first)
-        first, alt = dispatch_alternatives(l_, prof.pipes, seed=seed, target=target, deadline=deadline)
+        # the dispatch objective is a bound on the packed time: a restart that lowers it can pack worse, so the first
+        # dispatch and each alternative (best restart, jump-scan greedy) are packed and the fastest kept (ties to the
+        # earliest)
+        first, alts = dispatch_alternatives(l_, prof.pipes, seed=seed, target=target, deadline=deadline,
+                                            scan=scan)
         est, plans = _pack_groups(l_, prof, first.groups, packer, exact)
-        if alt is not None and (deadline is None or time.perf_counter() < deadline):
+        for alt in alts:
+            if deadline is not None and time.perf_counter() >= deadline:
+                break
             est2, plans2 = _pack_groups(l_, prof, alt.groups, packer, exact, limit=est, order=_by_load(alt))
             if est2 < est:
                 est, plans = est2, plans2
