@@ -66,7 +66,7 @@ def add_parser(sub) -> None:
                    help="fitted cost model (.json) or profile (.csv); default: analytic from the specs")
     p.add_argument("--prove-bound", action="store_true",
                    help="raise each step's lower bound with LP-priced certificates after planning (bounds_lp; the "
-                        "plan is unchanged; 10-60 ms more per step, not in the per-step plan time)")
+                        "plan is unchanged; up to ~50 ms median more per step, not in the per-step plan time)")
     p.add_argument("--json", type=Path, default=None, help="write the plan JSON here (docs/plan-format.md)")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.set_defaults(func=run)

@@ -422,8 +422,8 @@ def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, 
     Deterministic for a given `seed` (used only by the restarts). The local search stops early once the objective is
     <= `target` (e.g. a lower bound: nothing better is possible), and at `deadline` (a time.perf_counter value: the
     greedy dispatch always completes, so the result is always valid). `scan`: when the first dispatch's bottleneck is
-    set by its longest document (_lumpy), also the greedy with its jump scan (_greedy) and the same local search; it
-    is an alternative when its objective is below the first's."""
+    set by its longest document (_lumpy), also the greedy with its jump scan (_greedy), an alternative when its
+    objective is below the first's (then after the same local search)."""
     l_ = check_lengths(lengths)
     check_pipes(pipes)
     top = max(p.max_len for p in pipes)
@@ -446,8 +446,8 @@ def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, 
     if scan and done and first > target and _lumpy(st):
         # the bottleneck costs V (c + w_max): its longest document, not its work, sets it (decision 63)
         sc = _State(pipes, l_, _greedy(l_, pipes, prep=prep, scan=True))
-        _local_search(sc, rounds, pairs=small, target=target, deadline=deadline)
-        if float(sc.load.max()) < first:
+        if float(sc.load.max()) < first:  # the scan greedy alone beats the first's local optimum: search from it
+            _local_search(sc, rounds, pairs=small, target=target, deadline=deadline)
             return _result(st, len(pipes)), tuple(a for a in (alt, _result(sc, len(pipes))) if a is not None)
     return _result(st, len(pipes)), () if alt is None else (alt,)
 
