@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planner_synth import PROFILES
-from test_planner_modes import _optimum, _profile, pipe_st
+from test_planner_modes import _profile, brute_force_cases, pipe_st
 
 from tidal.planner.bounds import PipeCost, StrategyBound
 from tidal.planner.bounds_lp import VB, certified, lp_bound, prove_selection
@@ -53,15 +53,8 @@ def test_lp_bound_never_above_a_plan(lengths, pipes):
 
 
 def test_lp_bound_vs_brute_force_optimum():
-    rng = np.random.default_rng(71)
-    kinds = [PipeCost(1e-3, 1.0, 0.5, 1, 64), PipeCost(0.5e-3, 0.5, 0.5, 2, 128), PipeCost(2e-3, 2.0, 0.1, 1, 12),
-             PipeCost(1e-3, 1.0, 0.2, 1, 20, 5.0), PipeCost(1e-4, 0.2, 0.05, 3, 40)]
     tighter = 0
-    for _ in range(60):
-        pipes = [kinds[rng.integers(0, len(kinds))] for _ in range(rng.integers(1, 4))]
-        top = max(p.max_len for p in pipes)
-        lengths = [int(x) for x in rng.integers(1, top + 1, size=rng.integers(1, 7))]
-        opt = _optimum(lengths, pipes)
+    for lengths, pipes, opt in brute_force_cases(71, 60):
         sb = StrategyBound(np.asarray(lengths), pipes)
         old = sb.refined(top=0)  # without the top-documents term, which is exact on <= 6 documents
         old = mode_bound(sb, old, 2 * opt + 1.0)

@@ -88,16 +88,21 @@ def _optimum(lengths, pipes) -> float:
     return best
 
 
-def test_mode_bound_vs_brute_force_optimum():
-    rng = np.random.default_rng(70)
+def brute_force_cases(seed: int, count: int):
+    """(lengths, pipes, optimum) of `count` seeded small instances (<= 6 documents on <= 3 pipelines of 5 kinds)."""
+    rng = np.random.default_rng(seed)
     kinds = [PipeCost(1e-3, 1.0, 0.5, 1, 64), PipeCost(0.5e-3, 0.5, 0.5, 2, 128), PipeCost(2e-3, 2.0, 0.1, 1, 12),
              PipeCost(1e-3, 1.0, 0.2, 1, 20, 5.0), PipeCost(1e-4, 0.2, 0.05, 3, 40)]
-    tighter = 0
-    for _ in range(150):
+    for _ in range(count):
         pipes = [kinds[rng.integers(0, len(kinds))] for _ in range(rng.integers(1, 4))]
         top = max(p.max_len for p in pipes)
         lengths = [int(x) for x in rng.integers(1, top + 1, size=rng.integers(1, 7))]
-        opt = _optimum(lengths, pipes)
+        yield lengths, pipes, _optimum(lengths, pipes)
+
+
+def test_mode_bound_vs_brute_force_optimum():
+    tighter = 0
+    for lengths, pipes, opt in brute_force_cases(70, 150):
         sb = StrategyBound(np.asarray(lengths), pipes)
         assert sb.refined() <= opt * (1 + 1e-9)
         old = sb.refined(top=0)  # the work terms alone: on <= 6 documents the top-documents term is already exact
