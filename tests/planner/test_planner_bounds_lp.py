@@ -1,19 +1,18 @@
 """LP-priced mode certificates (bounds_lp, decision 61): any weights and prices give a valid certificate (random ones
-never prove a time some plan achieves), the LP-priced bound is never above a plan's estimate nor the brute-force
-optimum, it raises the bound where two heavy documents cannot share a micro-batch, and prove_selection only raises
-the reported bound."""
+never prove a time some plan achieves), the LP-priced bound is never above the brute-force optimum, and it raises the
+bound where two heavy documents cannot share a micro-batch. Never above a plan, and prove_selection: with the mode
+bound's tests in test_planner_modes.py."""
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from planner_synth import PROFILES
-from test_planner_modes import _profile, brute_force_cases, pipe_st
+from test_planner_modes import _profile, brute_force_cases, pipe_st, plan_and_bound
 
 from tidal.planner.bounds import PipeCost, StrategyBound
-from tidal.planner.bounds_lp import VB, certified, lp_bound, prove_selection
+from tidal.planner.bounds_lp import VB, certified, lp_bound
 from tidal.planner.bounds_modes import mode_bound
-from tidal.planner.select import assign, select_step
+from tidal.planner.select import assign
 
 pytestmark = pytest.mark.unit
 
@@ -26,30 +25,16 @@ SETTINGS = dict(derandomize=True, deadline=None,
        seed=st.integers(0, 2**16))
 def test_no_certificate_proves_a_planned_time(lengths, pipes, seed):
     # the certificate is valid whatever its weights and prices: random ones never prove a time that a plan achieves
-    if max(lengths) > max(p.max_len for p in pipes):
+    planned = plan_and_bound(lengths, pipes)
+    if planned is None:
         return
-    l_ = np.asarray(lengths, dtype=np.int64)
-    est = assign(l_, _profile(pipes))[0]
-    sb = StrategyBound(l_, pipes)
+    est, sb = planned
     rng = np.random.default_rng(seed)
     K = sb.ca.cnt.size
     for _ in range(5):
         theta = rng.random((K, VB, 4)) * (rng.random((K, VB, 4)) < 0.6)
         theta = theta / np.maximum(theta.sum(axis=2, keepdims=True), 1e-12)
         assert not certified(est * (1 + 1e-9), sb, theta, rng.random(K) * (rng.random(K) < 0.8))
-
-
-@settings(max_examples=150, **SETTINGS)
-@given(lengths=st.lists(st.integers(1, 300), min_size=1, max_size=40), pipes=st.lists(pipe_st, min_size=1, max_size=4))
-def test_lp_bound_never_above_a_plan(lengths, pipes):
-    if max(lengths) > max(p.max_len for p in pipes):
-        return
-    l_ = np.asarray(lengths, dtype=np.int64)
-    est = assign(l_, _profile(pipes))[0]
-    sb = StrategyBound(l_, pipes)
-    lo = sb.refined()
-    assert lp_bound(sb, lo, 2 * est + 1.0) <= est * (1 + 1e-9)
-    assert lp_bound(sb, 0.5 * lo, 2 * est + 1.0) <= est * (1 + 1e-9)
 
 
 def test_lp_bound_vs_brute_force_optimum():
@@ -76,20 +61,3 @@ def test_heavy_documents_need_a_micro_batch_each():
     new = lp_bound(sb, old, est)
     assert old < 1.7
     assert 2.0 <= new <= est * (1 + 1e-9)
-
-
-@settings(max_examples=60, **SETTINGS)
-@given(lengths=st.lists(st.integers(1, 600), min_size=1, max_size=40), k=st.integers(0, len(PROFILES) - 1))
-def test_prove_selection_only_raises_the_bound(lengths, k):
-    profiles = [PROFILES[k], PROFILES[(k + 3) % len(PROFILES)]]
-    if max(lengths) > max(p.max_len for p in profiles):
-        return
-    sel = select_step(lengths, profiles)
-    proven = prove_selection(lengths, profiles, sel)
-    assert sel.plan.lower_bound <= proven.plan.lower_bound <= proven.plan.est_step_time * (1 + 1e-9)
-    assert proven.plan.to_dict(timings=False)["pipelines"] == sel.plan.to_dict(timings=False)["pipelines"]
-    assert proven.plan.est_step_time == sel.plan.est_step_time
-    for a, b in zip(sel.strategies, proven.strategies):
-        assert b.lower_bound >= a.lower_bound and b.est_step_time == a.est_step_time
-    assert proven.plan.lower_bound == pytest.approx(min(r.lower_bound for r in proven.strategies), rel=1e-12) or \
-        proven.plan.lower_bound == sel.plan.lower_bound

@@ -1,6 +1,6 @@
 """The mode-aware step bound (bounds_modes, decision 57): never above a plan's estimate (property test on generated
 instances, tiny MaxLen and d > 0 included) and never above the true optimum (brute force over every dispatch and every
-packing of small instances)."""
+packing of small instances); with it, the LP-priced proof after planning (bounds_lp.prove_selection)."""
 
 import itertools
 
@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from planner_synth import PROFILES
 
 from tidal.planner.bounds import PipeCost, StrategyBound, pipeline_bound
+from tidal.planner.bounds_lp import lp_bound, prove_selection
 from tidal.planner.bounds_modes import infeasible, mode_bound
 from tidal.planner.select import StrategyProfile, assign, select_step
 
@@ -34,19 +35,28 @@ def _profile(pipes):
     return StrategyProfile(strat, tuple(pipes), tuple((8,) for _ in pipes))
 
 
+def plan_and_bound(lengths, pipes) -> tuple[float, StrategyBound] | None:
+    """(estimate of assign's plan, StrategyBound) of a generated instance; None when a length fits no pipeline."""
+    if max(lengths) > max(p.max_len for p in pipes):
+        return None
+    l_ = np.asarray(lengths, dtype=np.int64)
+    return assign(l_, _profile(pipes))[0], StrategyBound(l_, pipes)
+
+
 @settings(max_examples=600, **SETTINGS)
 @given(lengths=st.lists(st.integers(1, 300), min_size=1, max_size=40),
        pipes=st.lists(pipe_st, min_size=1, max_size=5))
 def test_mode_bound_never_above_a_plan(lengths, pipes):
-    if max(lengths) > max(p.max_len for p in pipes):
+    planned = plan_and_bound(lengths, pipes)
+    if planned is None:
         return
-    l_ = np.asarray(lengths, dtype=np.int64)
-    est = assign(l_, _profile(pipes))[0]
-    sb = StrategyBound(l_, pipes)
+    est, sb = planned
     lo = sb.refined()
     assert not infeasible(est * (1 + 1e-9), sb, np.vstack(sb.prices())), "a plan of time est exists"
     assert mode_bound(sb, lo, 2 * est + 1.0) <= est * (1 + 1e-9)
     assert mode_bound(sb, 0.0, 2 * est + 1.0) <= est * (1 + 1e-9)
+    assert lp_bound(sb, lo, 2 * est + 1.0) <= est * (1 + 1e-9)  # the LP-priced certificates (bounds_lp)
+    assert lp_bound(sb, 0.5 * lo, 2 * est + 1.0) <= est * (1 + 1e-9)
 
 
 def _best_packing(ls, p: PipeCost) -> float:
@@ -127,14 +137,22 @@ def test_big_document_holds_a_small_pipeline_to_one_micro_batch():
 
 @settings(max_examples=300, **SETTINGS)
 @given(lengths=st.lists(st.integers(1, 600), min_size=1, max_size=40), k=st.integers(0, len(PROFILES) - 1))
-def test_select_step_bound_with_modes(lengths, k):
+def test_select_step_bound_with_modes_and_proof(lengths, k):
+    # the mode bound (in select_step) and the LP-priced proof after it (bounds_lp.prove_selection, decision 61) only
+    # raise the reported bounds, never above the estimate, and never change the plan
     profiles = [PROFILES[k], PROFILES[(k + 3) % len(PROFILES)]]
     if max(lengths) > max(p.max_len for p in profiles):
         return
     sel = select_step(lengths, profiles)
     plain = select_step(lengths, profiles, modes=False)
-    assert sel.plan.est_step_time >= sel.plan.lower_bound >= plain.plan.lower_bound
+    proven = prove_selection(lengths, profiles, sel)
+    assert proven.plan.est_step_time * (1 + 1e-9) >= proven.plan.lower_bound >= sel.plan.lower_bound \
+        >= plain.plan.lower_bound
     assert sel.plan.to_dict(timings=False)["pipelines"] == plain.plan.to_dict(timings=False)["pipelines"]
+    assert proven.plan.to_dict(timings=False)["pipelines"] == sel.plan.to_dict(timings=False)["pipelines"]
+    assert proven.plan.est_step_time == sel.plan.est_step_time
+    for a, b in zip(sel.strategies, proven.strategies, strict=True):
+        assert b.lower_bound >= a.lower_bound and b.est_step_time == a.est_step_time
 
 
 def test_one_pipeline_strategy_bound_is_at_least_its_pipeline_bound():
