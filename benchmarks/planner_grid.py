@@ -225,7 +225,7 @@ def main(args) -> None:
                     for source in args.sources.split(","):
                         trials = args.hy_trials if get_cluster(cluster).num_devices <= args.hy_max_devices else 0
                         row = run_cell(grid, model, cluster, how, source, seeds, args.steps, trials, args.budget_ms,
-                                       getattr(args, "prove", False))
+                                       args.prove)
                         rows.append(row)
                         print(fmt(row), flush=True)
     if args.out:

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planner_synth import PROFILES
 
+from tidal.core.errors import TidalError
 from tidal.planner.bounds import PipeCost, StrategyBound, pipeline_bound
 from tidal.planner.bounds_lp import lp_bound, prove_selection
 from tidal.planner.bounds_modes import infeasible, mode_bound
@@ -153,6 +154,8 @@ def test_select_step_bound_with_modes_and_proof(lengths, k):
     assert proven.plan.est_step_time == sel.plan.est_step_time
     for a, b in zip(sel.strategies, proven.strategies, strict=True):
         assert b.lower_bound >= a.lower_bound and b.est_step_time == a.est_step_time
+    with pytest.raises(TidalError, match="3 profiles were given"):  # profiles that are not the selection's
+        prove_selection(lengths, [*profiles, profiles[0]], sel)
 
 
 def test_one_pipeline_strategy_bound_is_at_least_its_pipeline_bound():

@@ -106,7 +106,7 @@ def plan_run(args, progress=None) -> PlanRun:
     planner = StepPlanner(cm, candidates, sampler, options)
     planned = []
     for ps in chain(planner.steps(args.steps), planner.flush()):
-        if getattr(args, "prove_bound", False) and ps.selection is not None:
+        if args.prove_bound and ps.selection is not None:
             sel = prove_selection(ps.selection.plan.seq_lengths, planner.profiles, ps.selection)
             ps = replace(ps, selection=sel, plan=replace(ps.plan, lower_bound=sel.plan.lower_bound))
         planned.append(ps)
@@ -116,7 +116,7 @@ def plan_run(args, progress=None) -> PlanRun:
         raise TidalError(f"data source {args.data} produced no step")
     meta = {"seed": args.seed, "data": args.data, "max_len": args.max_len, "tokens_per_step": args.tokens_per_step,
             "packing": args.packing, "cp_sharding": args.cp_sharding, "exact": args.exact,
-            "prove_bound": bool(getattr(args, "prove_bound", False)),
+            "prove_bound": args.prove_bound,
             "long_docs": args.long_docs, "cost_model": str(args.cost_model) if args.cost_model else "analytic"}
     plan = Plan(cm.model.name, cm.cluster.name, tuple(str(s) for s in candidates), tuple(p.plan for p in planned),
                 meta)

@@ -40,8 +40,9 @@ import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import coo_matrix
 
+from tidal.core.errors import TidalError
 from tidal.planner.bounds import SLACK, StrategyBound, check_lengths, prepare_lengths
-from tidal.planner.bounds_modes import MIN_GAIN, VB, mode_arrays
+from tidal.planner.bounds_modes import MIN_GAIN, MODE_GAP, VB, mode_arrays
 
 if TYPE_CHECKING:
     from tidal.planner.select import StepSelection, StrategyProfile
@@ -172,10 +173,11 @@ def prove_selection(lengths, profiles: Sequence[StrategyProfile], sel: StepSelec
     """`sel` (select_step(lengths, profiles)) with every candidate's bound raised by `lp_bound` where it is more than
     a factor 1 + MODE_GAP under min(step bound so far, the plan's estimate), in order of bound; the step's bound
     (plan.lower_bound) is the least of them. The plan itself is unchanged. Deterministic."""
-    from tidal.planner.select import MODE_GAP
-
     l_ = check_lengths(lengths)
-    if l_.size == 0 or len(sel.strategies) != len(profiles):
+    if len(sel.strategies) != len(profiles):
+        raise TidalError(f"prove_selection: the selection reports {len(sel.strategies)} candidates, "
+                         f"{len(profiles)} profiles were given")
+    if l_.size == 0:
         return sel
     est, prep = sel.plan.est_step_time, prepare_lengths(l_)
     reports = list(sel.strategies)

@@ -28,7 +28,7 @@ from tidal.planner.bounds import (
     pipeline_bound,
     prepare_lengths,
 )
-from tidal.planner.bounds_modes import mode_bound
+from tidal.planner.bounds_modes import MODE_GAP, mode_bound
 from tidal.planner.dispatch import RESTART_MAX, dispatch, dispatch_alternatives, dispatch_hydraulis, restart_dispatch
 from tidal.planner.metrics import max_over_mean, mb_imbalance, rank_spread
 from tidal.planner.packing import Packer, pack, pipeline_time
@@ -115,7 +115,6 @@ def _check_packing(mbs, n: int, sub: np.ndarray, max_len: int) -> None:
             raise TidalError(f"packer returned a micro-batch of {int(sub[list(mb)].sum())} tokens > MaxLen {max_len}")
 
 
-MODE_GAP = 2e-3  # select_step tries the mode-aware bound on candidates whose bound is this far under the estimate
 HYDRAULIS_TRIALS = 1  # shuffles of Hydraulis Alg. 1 that assign() also packs (its never-worse guarantee)
 # When packing needs more micro-batches than a pipeline's dispatched tokens / MaxLen (bin packing rarely fills every
 # micro-batch to MaxLen) and that makes it exceed the dispatch objective, the dispatch is retried with that pipeline
