@@ -104,6 +104,17 @@ def test_errors_are_one_line_exit_2(tmp_path, capsys, args, msg):
     assert len(err.splitlines()) == 1 and msg in err, err
 
 
+@pytest.mark.parametrize("cmd", ["plan", "simulate", "demo", "profile", "verify"])
+@pytest.mark.parametrize("value", ["-1", "x"])
+def test_bad_seed_is_a_usage_error(capsys, cmd, value):
+    """A negative or non-integer --seed is argparse's usage error (exit 2, the reason on the last line), never a
+    numpy traceback from deep in the sampler."""
+    with pytest.raises(SystemExit) as e:
+        main([cmd, "--seed", value])
+    assert e.value.code == 2
+    assert "--seed: expected a non-negative integer seed" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
 def test_malformed_lengths_file(tmp_path, capsys):
     f = tmp_path / "bad.txt"
     f.write_text("12\nfoo\n3\n")

@@ -61,6 +61,7 @@ REFUSALS = [
     ("bad dtype", lambda t: t.replace("progress = false", 'progress = false\nmaster_dtype = "bfloat16"'), [],
      "master_dtype"),
     ("no steps", lambda t: t.replace("steps = 2", "steps = 0"), [], "steps must be >= 1"),
+    ("negative seed", lambda t: t.replace("steps = 2", "steps = 2\nseed = -1"), [], "[train] seed must be >= 0"),
     ("negative plan_ahead", lambda t: t.replace("steps = 2", "steps = 2\nplan_ahead = -1"), [],
      "plan_ahead must be >= 0"),
 ]

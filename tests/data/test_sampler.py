@@ -73,11 +73,14 @@ def test_error_policy_names_the_document(tmp_path):
 def test_bad_config():
     src = length_source("synthetic:commoncrawl", 0)
     for kw in ({"tokens_per_step": 0, "max_len": 10}, {"tokens_per_step": 10, "max_len": 0},
-               {"tokens_per_step": 10, "max_len": 10, "long_docs": "drop"}):
+               {"tokens_per_step": 10, "max_len": 10, "long_docs": "drop"},
+               {"tokens_per_step": 10, "max_len": 10, "seed": -1}):
         with pytest.raises(TidalError):
             TokenBudgetSampler(src, **kw)
     with pytest.raises(TidalError):
         list(TokenBudgetSampler(src, 10, 10).steps())  # infinite source needs a count
+    with pytest.raises(TidalError, match="seed must be >= 0"):  # numpy's own error would be a traceback
+        length_source("synthetic:commoncrawl", -1)
 
 
 @settings(max_examples=30, deadline=None)

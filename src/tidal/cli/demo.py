@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tidal.cli import args as argtypes
 from tidal.core.errors import TidalError
 
 DEMO_LOSS_RTOL = 1e-3  # float32 runs of the same documents under different strategies (see docs/training.md)
@@ -38,7 +39,7 @@ def add_parser(sub) -> None:
     p.add_argument("--tokens-per-step", type=int, default=16384)
     p.add_argument("--data", default="stdlib:defs")
     p.add_argument("--out", type=Path, default=Path("tidal-demo"), help="directory for metrics and demo.png")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=argtypes.seed, default=0)
     p.set_defaults(func=run)
 
 

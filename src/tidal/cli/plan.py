@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass, replace
 from itertools import chain
 from pathlib import Path
 
+from tidal.cli import args as argtypes
 from tidal.core.cluster import get_cluster
 from tidal.core.errors import TidalError
 from tidal.core.model import get_model
@@ -25,14 +25,6 @@ from tidal.planner.stepper import CP_SHARDINGS, PACKERS, PlanningOptions, StepPl
 PROPOSAL_SAMPLE = 20000  # documents read from the source to propose candidates
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
 
 
 def add_workload_args(p) -> None:
@@ -41,18 +33,19 @@ def add_workload_args(p) -> None:
     p.add_argument("--cluster", default="a800x64", help="cluster, TYPExN[+TYPExM] e.g. a800x64, h800x16+h20x32")
     p.add_argument("--data", default="synthetic:commoncrawl",
                    help="synthetic:commoncrawl|github|flanv2 or lengths:FILE (.npy or one integer per line)")
-    p.add_argument("--max-len", type=_positive, default=32768, help="context length: longest sequence in a step")
+    p.add_argument("--max-len", type=argtypes.positive, default=32768,
+                   help="context length: longest sequence in a step")
     p.add_argument("--long-docs", choices=LONG_DOC_POLICIES, default="split",
                    help="documents above --max-len: split into chunks (default), truncate, or error")
-    p.add_argument("--tokens-per-step", type=_positive, default=200_000)
-    p.add_argument("--steps", type=_positive, default=10)
+    p.add_argument("--tokens-per-step", type=argtypes.positive, default=200_000)
+    p.add_argument("--steps", type=argtypes.positive, default=10)
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="plan steps: strategy per step, dispatch, packing, CP sharding, lower bound",
                        description=__doc__)
     add_workload_args(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=argtypes.seed, default=0)
     p.add_argument("--strategies", default="auto",
                    help="'auto' (proposal DP) or strategies separated by ';', e.g. 'tp4+tp2pp2+2*tp1pp2;8*tp1'")
     p.add_argument("--packing", choices=tuple(PACKERS), default="hydraulis",

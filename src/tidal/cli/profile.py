@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tidal.cli import args as argtypes
 from tidal.core.errors import TidalError
 
 
@@ -36,7 +37,7 @@ def add_parser(sub) -> None:
     p.add_argument("--memory-gib", type=float, default=None,
                    help="per-device memory for MaxLen (default: CUDA's total memory, else the cluster's device type)")
     p.add_argument("--attn-backend", default="auto")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=argtypes.seed, default=0)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per scheme before a hung rank fails")
     p.set_defaults(func=run)
 

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from tidal.cli import args as argtypes
 from tidal.core.errors import TidalError
 from tidal.data.sampler import TokenBudgetSampler
 from tidal.data.sources import length_source
@@ -22,7 +23,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("simulate", help="simulate steps under several systems (tidal, hydraulis, megatron, ...)",
                        description=__doc__)
     add_workload_args(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=argtypes.seed, default=0)
     p.add_argument("--cost-model", type=Path, default=None,
                    help="fitted cost model (.json) or profile (.csv); default: analytic from the specs")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {', '.join(SYSTEMS)}")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tidal.cli import args as argtypes
 from tidal.core.errors import TidalError
 
 VERIFY_TOL = {
@@ -68,7 +69,7 @@ def add_parsers(sub) -> None:
     v.add_argument("--data", default="stdlib:defs", help="corpus: stdlib, stdlib:defs, random:synthetic:NAME, ...")
     v.add_argument("--max-len", type=int, default=256)
     v.add_argument("--tokens-per-step", type=int, default=1024)
-    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--seed", type=argtypes.seed, default=0)
     v.set_defaults(func=run_verify)
 
 

@@ -115,6 +115,8 @@ class TokenBudgetSampler:
             raise TidalError(f"tokens_per_step must be >= 1, got {tokens_per_step}")
         if max_len < 1:
             raise TidalError(f"max_len must be >= 1, got {max_len}")
+        if seed < 0:
+            raise TidalError(f"seed must be >= 0, got {seed}")
         if long_docs not in LONG_DOC_POLICIES:
             choices = ", ".join(LONG_DOC_POLICIES)
             raise TidalError(f"unknown long-document policy {long_docs!r}; choose one of {choices}")

@@ -104,6 +104,8 @@ class LengthSource:
 
     def __init__(self, spec: str, seed: int, size: int | None, data: np.ndarray | None = None,
                  synthetic: SyntheticSpec | None = None) -> None:
+        if int(seed) < 0:
+            raise TidalError(f"length source {spec!r}: seed must be >= 0, got {seed}")
         self.spec = spec
         self.seed = int(seed)
         self.size = size

@@ -86,6 +86,9 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
         raise TidalError(f"unknown pipeline schedule {cfg.train.schedule!r}; choose one of {', '.join(SCHEDULES)}")
     if cfg.train.steps < 1:
         raise TidalError(f"[train] steps must be >= 1, got {cfg.train.steps}")
+    for section, value in (("data", cfg.data.seed), ("train", cfg.train.seed)):
+        if value < 0:
+            raise TidalError(f"[{section}] seed must be >= 0, got {value}")
     if cfg.train.refit not in REFIT_MODES:
         raise TidalError(f"[train] refit must be one of {', '.join(REFIT_MODES)}, got {cfg.train.refit!r}")
     if cfg.train.refit_every < 1:
