@@ -56,6 +56,9 @@ def test_tokenizer_errors_exit_2(tmp_path, capsys):
     assert main(["tokenizer", "train", "--input", str(tmp_path / "a.txt"), "--vocab", "100",
                  "--out", str(tmp_path / "t.json")]) == 2
     assert "needs vocab >= 257" in capsys.readouterr().err
+    assert main(["tokenizer", "train", "--input", str(tmp_path / "a.txt"), "--vocab", "300", "--min-frequency", "-1",
+                 "--out", str(tmp_path / "t.json")]) == 2  # the tokenizers library would raise an OverflowError
+    assert "min_frequency must be >= 0, got -1" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     assert main(["tokenizer", "index", "--data", f"dir:{tmp_path}", "--tokenizer", str(bad),

@@ -84,6 +84,8 @@ def train_bpe(texts: Iterable[str], vocab: int, out: str | Path, *, min_frequenc
     n_min = BYTE_VOCAB + len(special_tokens)
     if vocab < n_min:
         raise TidalError(f"a byte-level BPE needs vocab >= {n_min} (256 bytes + special tokens), got {vocab}")
+    if min_frequency < 0:
+        raise TidalError(f"min_frequency must be >= 0, got {min_frequency}")
     try:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     except ImportError:
