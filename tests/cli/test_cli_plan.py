@@ -115,6 +115,16 @@ def test_bad_seed_is_a_usage_error(capsys, cmd, value):
     assert "--seed: expected a non-negative integer seed" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+@pytest.mark.parametrize("cmd", ["train", "profile"])
+@pytest.mark.parametrize("value", ["0", "-5", "soon"])
+def test_bad_timeout_is_a_usage_error(capsys, cmd, value):
+    """--timeout 0 used to reach the rank launcher and fail there with a traceback once no rank could report."""
+    with pytest.raises(SystemExit) as e:
+        main([cmd, "--timeout", value])
+    assert e.value.code == 2
+    assert "--timeout: expected seconds > 0" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
 def test_malformed_lengths_file(tmp_path, capsys):
     f = tmp_path / "bad.txt"
     f.write_text("12\nfoo\n3\n")

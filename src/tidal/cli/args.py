@@ -23,3 +23,14 @@ def positive(text: str) -> int:
 def seed(text: str) -> int:
     """A seed: an integer >= 0 (numpy's generators take no negative seeds)."""
     return _int_at_least(text, 0, "a non-negative integer seed")
+
+
+def positive_seconds(text: str) -> float:
+    """A duration in seconds > 0 (timeouts)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {v:g}")
+    return v

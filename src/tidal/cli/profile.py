@@ -38,7 +38,8 @@ def add_parser(sub) -> None:
                    help="per-device memory for MaxLen (default: CUDA's total memory, else the cluster's device type)")
     p.add_argument("--attn-backend", default="auto")
     p.add_argument("--seed", type=argtypes.seed, default=0)
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per scheme before a hung rank fails")
+    p.add_argument("--timeout", type=argtypes.positive_seconds, default=900.0,
+                   help="seconds per scheme before a hung rank fails")
     p.set_defaults(func=run)
 
 

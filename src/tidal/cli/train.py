@@ -54,7 +54,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--checkpoint-every", type=int, default=None, help="override [train] checkpoint_every (steps)")
     p.add_argument("--resume", action="store_true", default=None,
                    help="continue from <checkpoint_dir>/latest (weights, moments, planner and data state)")
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds before a hung collective fails")
+    p.add_argument("--timeout", type=argtypes.positive_seconds, default=1800.0,
+                   help="seconds before a hung collective fails")
     p.set_defaults(func=run_train)
 
     v = sub.add_parser("verify", help="train distributed and in one process on the same documents; compare",
