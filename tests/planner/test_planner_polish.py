@@ -11,6 +11,7 @@ from planner_synth import CLUSTER, profile, profile_steps
 from tidal.core import place
 from tidal.core.plan import PipelinePlan
 from tidal.core.scheme import ParallelScheme
+from tidal.planner import dispatch
 from tidal.planner import select as sel
 from tidal.planner.bounds import PipeCost, strategy_bound
 from tidal.planner.packing import pipeline_time
@@ -20,12 +21,14 @@ from tidal.planner.select import StrategyProfile, assign
 
 @contextmanager
 def _no_polish():
-    saved = sel.POLISH_ROUNDS
-    sel.POLISH_ROUNDS = 0
+    """assign without polish, and without the next-best restarts packed after it (decision 64), which can reach
+    what polish reaches on their own."""
+    saved = sel.POLISH_ROUNDS, dispatch.RESTART_KEEP
+    sel.POLISH_ROUNDS, dispatch.RESTART_KEEP = 0, 1
     try:
         yield
     finally:
-        sel.POLISH_ROUNDS = saved
+        sel.POLISH_ROUNDS, dispatch.RESTART_KEEP = saved
 
 
 SETTINGS = dict(derandomize=True, deadline=None,

@@ -25,6 +25,9 @@ from tidal.planner.hydraulis import _alg1_trial_loop, _alg1_trial_numpy
 # Instances with B sequences x D pipelines up to this get `restarts` random-order restarts (decision in
 # docs/decisions.md: with the compiled local search they cost a few ms per step at 16-64 GPUs).
 RESTART_MAX = 1024
+# ... of which the best RESTART_KEEP (by objective) are packed by select.assign: the objective only bounds the
+# packed time (decision 64).
+RESTART_KEEP = 4
 
 
 @dataclass(frozen=True)
@@ -289,7 +292,8 @@ def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: i
 
 def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, max_rounds: int | None = None,
                           restarts: int = 4, target: float = 0.0, deadline: float | None = None,
-                          scan: bool = True) -> tuple[DispatchResult, tuple[DispatchResult, ...]]:
+                          scan: bool = True, extra: list[DispatchResult] | None = None,
+                          ) -> tuple[DispatchResult, tuple[DispatchResult, ...]]:
     """The greedy dispatch and its local search, and alternatives, each only if its objective is lower: the best of
     `restarts` seeded random-order restarts, each followed by the same local search, on small instances (B x D <=
     RESTART_MAX), and the jump-scan greedy below.
@@ -298,7 +302,9 @@ def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, 
     <= `target` (e.g. a lower bound: nothing better is possible), and at `deadline` (a time.perf_counter value: the
     greedy dispatch always completes, so the result is always valid). `scan`: when the first dispatch's bottleneck is
     set by its longest document (_lumpy), also the greedy with its jump scan (_greedy), an alternative when its
-    objective is below the first's (then after the same local search)."""
+    objective is below the first's (then after the same local search). `extra`, when given, receives the next-best
+    restarts (up to RESTART_KEEP - 1, best first), which are not in the alternatives: select.assign packs them last,
+    so what it did with the alternatives is unchanged (decision 64)."""
     l_ = check_lengths(lengths)
     check_pipes(pipes)
     top = max(p.max_len for p in pipes)
@@ -312,19 +318,22 @@ def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, 
     st = _State(pipes, l_, _greedy(l_, pipes, prep=prep, scan=False))
     done = _local_search(st, rounds, pairs=small, target=target, deadline=deadline)
     first = float(st.load.max())
-    alt = None
+    alts: list[DispatchResult] = []
     if l_.size * len(pipes) <= RESTART_MAX and restarts and done and first > target:
         # Small instances: a few seeded random-order restarts (they escape LPT's worst cases and the local search's
         # local optima).
-        alt = restart_dispatch(l_, pipes, restarts, seed=seed, max_rounds=rounds, below=first, target=target,
-                               deadline=deadline, prep=prep)
+        found = restart_dispatches(l_, pipes, restarts, keep=1 if extra is None else RESTART_KEEP, seed=seed,
+                                   max_rounds=rounds, below=first, target=target, deadline=deadline, prep=prep)
+        alts = found[:1]
+        if extra is not None:
+            extra.extend(found[1:])
     if scan and done and first > target and _lumpy(st):
         # the bottleneck costs V (c + w_max): its longest document, not its work, sets it (decision 63)
         sc = _State(pipes, l_, _greedy(l_, pipes, prep=prep, scan=True))
         if float(sc.load.max()) < first:  # the scan greedy alone beats the first's local optimum: search from it
             _local_search(sc, rounds, pairs=small, target=target, deadline=deadline)
-            return _result(st, len(pipes)), tuple(a for a in (alt, _result(sc, len(pipes))) if a is not None)
-    return _result(st, len(pipes)), () if alt is None else (alt,)
+            return _result(st, len(pipes)), (*alts, _result(sc, len(pipes)))
+    return _result(st, len(pipes)), tuple(alts)
 
 
 def _lumpy(st: _State) -> bool:
@@ -344,20 +353,33 @@ def restart_dispatch(lengths: np.ndarray, pipes: Sequence[PipeCost], restarts: i
     """The best of `restarts` seeded random-order greedy dispatches, each followed by the local search (`max_rounds`,
     default as dispatch_alternatives), or None if none has an objective below `below`. Stops at the first whose
     objective is <= `target` or when `deadline` passes."""
+    found = restart_dispatches(lengths, pipes, restarts, keep=1, seed=seed, max_rounds=max_rounds, below=below,
+                               target=target, deadline=deadline, prep=prep, scan=scan)
+    return found[0] if found else None
+
+
+def restart_dispatches(lengths: np.ndarray, pipes: Sequence[PipeCost], restarts: int, *, keep: int, seed: int = 0,
+                       max_rounds: int | None = None, below: float = float("inf"), target: float = 0.0,
+                       deadline: float | None = None, prep: tuple | None = None,
+                       scan: bool = False) -> list[DispatchResult]:
+    """restart_dispatch's restarts, the `keep` best with objectives below `below`, best first (ties: earlier restart
+    first). The objective only bounds the packed time, so a caller that packs may want more than the best
+    (decision 64)."""
     l_ = lengths
     small = l_.size * len(pipes) <= 512
     rounds = max_rounds if max_rounds is not None else 20 + len(pipes) + (l_.size if small else 0)
     prep = _greedy_prep(pipes) if prep is None else prep
     rng = np.random.default_rng(seed)
-    alt, best = None, below
-    for _ in range(restarts):
+    found: list[tuple[float, int, _State]] = []
+    for r in range(restarts):
         cand = _State(pipes, l_, _greedy(l_, pipes, rng.permutation(l_.size), prep=prep, scan=scan))
         done = _local_search(cand, rounds, pairs=small, target=target, deadline=deadline)
-        if float(cand.load.max()) < best:
-            alt, best = cand, float(cand.load.max())
-        if not done or best <= target:
+        obj = float(cand.load.max())
+        if obj < below:
+            found = sorted(found + [(obj, r, cand)], key=lambda z: (z[0], z[1]))[:keep]
+        if not done or (found and found[0][0] <= target):
             break
-    return None if alt is None else _result(alt, len(pipes))
+    return [_result(st, len(pipes)) for _, _, st in found]
 
 
 def dispatch_hydraulis(lengths, pipes: Sequence[PipeCost], *, trials: int = 100, seed: int = 0,

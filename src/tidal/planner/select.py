@@ -153,7 +153,9 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
     LATE_RESTARTS random-order restarts (_restart_plan, decision 59; same `shrink_below` gate, `shrink_left[1]`
     is select_step's allowance of such candidates) and the faster plan goes on to the retry. After the retry, a
     plan still more than SHRINK_DONE above `target` is polished (polish.polish, POLISH_ROUNDS rounds, decision
-    60). `shrink=False` turns all three off; the result is never worse than with them off. `scan`: the dispatch
+    60). Last, the next-best restarts of a small step (dispatch_alternatives' `extra`, up to RESTART_KEEP - 1) are
+    packed, and polished if one is faster (decision 64). `shrink=False` turns all four off; the result is never worse
+    than with them off. `scan`: the dispatch
     greedy's jump scan (decision 63; the strategy proposal turns it off)."""
     l_ = np.asarray(lengths, dtype=np.int64)
     if exact:
@@ -163,8 +165,9 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
         # the dispatch objective is a bound on the packed time: a restart that lowers it can pack worse, so the first
         # dispatch and each alternative (best restart, jump-scan greedy) are packed and the fastest kept (ties to the
         # earliest)
+        extra: list = []  # the next-best restarts, packed last (with `shrink`)
         first, alts = dispatch_alternatives(l_, prof.pipes, seed=seed, target=target, deadline=deadline,
-                                            scan=scan)
+                                            scan=scan, extra=extra if shrink else None)
         est, plans = _pack_groups(l_, prof, first.groups, packer, exact)
         for alt in alts:
             if deadline is not None and time.perf_counter() >= deadline:
@@ -187,6 +190,15 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
         if POLISH_ROUNDS and shrink and target * (1 + SHRINK_DONE) < est and target < shrink_below \
                 and (deadline is None or time.perf_counter() < deadline):
             est, plans = polish(l_, prof.pipes, plans, est, target=target, rounds=POLISH_ROUNDS)
+        # the next-best restarts last, so everything above is as without them (decision 64)
+        for alt in extra:
+            if (deadline is not None and time.perf_counter() >= deadline) or alt.objective >= est:
+                continue
+            est2, plans2 = _pack_groups(l_, prof, alt.groups, packer, exact, limit=est, order=_by_load(alt))
+            if est2 < est:
+                est, plans = est2, plans2
+                if POLISH_ROUNDS and shrink and target * (1 + SHRINK_DONE) < est:
+                    est, plans = polish(l_, prof.pipes, plans, est, target=target, rounds=POLISH_ROUNDS)
     if fallback and est > target and (deadline is None or time.perf_counter() < deadline):
         hy = _hydraulis_plan(l_, prof, packer, seed, exact, est)
         if hy is not None:
