@@ -35,3 +35,27 @@ def test_pp1_prefers_fewest_micro_batches():
 
 def test_pipeline_time_empty():
     assert pipeline_time([], [], COEFFS[0], 4) == 0.0
+
+
+@pytest.mark.parametrize("bad,msg", [
+    (lambda n: ((0, 1), (1,)) + ((tuple(range(2, n)),) if n > 2 else ()), "exactly once"),  # 1 twice, n-1 missing
+    (lambda n: (tuple(range(n - 1)),), "exactly once"),  # one missing
+    (lambda n: ((0, n),) + ((tuple(range(1, n)),) if n > 1 else ()), "exactly once"),  # an index out of range
+    (lambda n: (tuple(range(n)),), "tokens > MaxLen"),  # everything in one micro-batch
+])
+def test_a_packer_that_breaks_the_invariants_is_an_error(bad, msg):
+    """select_step checks every packer's output (a third-party Packer may be wrong): each sequence of the pipeline
+    exactly once, no micro-batch over MaxLen; a one-line TidalError otherwise."""
+    from planner_synth import PROFILES
+
+    from tidal.core import TidalError
+    from tidal.planner.packing import PackResult
+    from tidal.planner.select import select_step
+
+    def packer(lengths, coeffs, pp, max_len, *, exact=False):
+        return PackResult(bad(len(lengths)), 1.0)
+
+    prof = PROFILES[0]
+    l_ = np.full(40, prof.max_len // 2, dtype=np.int64)  # some pipeline gets >= 3: over MaxLen in one micro-batch
+    with pytest.raises(TidalError, match=msg):
+        select_step(l_, [prof], packer=packer)

@@ -106,13 +106,23 @@ class StepSelection:
     cut_short: bool = False  # the time budget ended the search early (the plan is valid, its bound still proven)
 
 
+def _mb_times(l_: np.ndarray, mbs, pc: PipeCost) -> np.ndarray:
+    """c + sum of w over each micro-batch (for reports: one vectorised pass, not a float-exact pipeline_time)."""
+    sizes = [len(mb) for mb in mbs]
+    flat = np.fromiter((i for mb in mbs for i in mb), dtype=np.int64, count=sum(sizes))
+    return pc.c + np.bincount(np.repeat(np.arange(len(sizes)), sizes), weights=pc.work(l_[flat]),
+                              minlength=len(sizes))
+
+
 def _check_packing(mbs, n: int, sub: np.ndarray, max_len: int) -> None:
-    seen = sorted(i for mb in mbs for i in mb)
-    if seen != list(range(n)):
+    """Every one of the packer's n sequences exactly once, no micro-batch over max_len tokens (one-line errors)."""
+    sizes = [len(mb) for mb in mbs]
+    flat = np.fromiter((i for mb in mbs for i in mb), dtype=np.int64, count=sum(sizes))
+    if flat.size != n or (n and (flat.min() < 0 or flat.max() >= n or np.bincount(flat, minlength=n).max() != 1)):
         raise TidalError(f"packer returned a packing that does not hold each of its {n} sequences exactly once")
-    for mb in mbs:
-        if int(sub[list(mb)].sum()) > max_len:
-            raise TidalError(f"packer returned a micro-batch of {int(sub[list(mb)].sum())} tokens > MaxLen {max_len}")
+    tokens = np.bincount(np.repeat(np.arange(len(sizes)), sizes), weights=sub[flat], minlength=len(sizes))
+    if tokens.size and tokens.max() > max_len:  # token counts < 2^53: the float sums are exact
+        raise TidalError(f"packer returned a micro-batch of {int(tokens.max())} tokens > MaxLen {max_len}")
 
 
 HYDRAULIS_TRIALS = 1  # shuffles of Hydraulis Alg. 1 that assign() also packs (its never-worse guarantee)
@@ -426,8 +436,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
         reports.append(PipelineReport(
             j, prof.strategy.pipelines[j].scheme.short(), len(idx), int(l_[idx].sum()) if idx else 0,
             len(pp_.micro_batches), pp_.est_time, pipeline_bound(l_[idx], pc) if idx else 0.0,
-            mb_imbalance([pc.coeffs.mb_time(l_[list(mb)]) for mb in pp_.micro_batches])
-            if len(pp_.micro_batches) > 1 else 1.0))
+            mb_imbalance(_mb_times(l_, pp_.micro_batches, pc)) if len(pp_.micro_batches) > 1 else 1.0))
     times = [p.est_time for p in plans]
     plan = StepPlan(ids, tuple(int(x) for x in l_), k, plans, (), float(est), float(lb),
                     (time.perf_counter() - t0) * 1e3)
