@@ -3,6 +3,7 @@ micro-batch to MaxLen, a pipeline needs more micro-batches than its dispatched t
 overshoots the dispatch objective. The retry is never worse and its plans are valid."""
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planner_synth import PROFILES, profile_steps
@@ -57,15 +58,29 @@ def test_tiny_maxlen_pipelines_that_cannot_be_filled():
     assert est < 1.02 * bound
 
 
+@pytest.mark.parametrize("tier", ["small", "big"])
 @settings(max_examples=25, **SETTINGS)
 @given(gen=st.integers(0, 2**32 - 1), n=st.integers(260, 400), k=st.sampled_from([3, 4]), seed=st.integers(0, 2))
-def test_late_restarts_are_valid_and_never_worse(gen, n, k, seed):
+def test_late_restarts_are_valid_and_never_worse(tier, gen, n, k, seed):
     """Steps with B x D > RESTART_MAX (where dispatch_alternatives runs no restarts) get select.LATE_RESTARTS
-    random-order restarts before the retry when the packed plan is above the bound (decision 59). The plan is valid
-    and never worse than the first dispatch alone (shrink=False). It is not compared with the retry without the
-    restarts: the retry starts from whichever plan won, so either can end lower on a given step; the grid measures
-    the net (docs/planner.md, "Sixth round")."""
+    random-order restarts before the retry when the packed plan is above the bound (decision 59), and steps with
+    B x D > LATE_RESTART_MAX one restart with the dispatch's full local search (decision 65; "big": every step here
+    is made one). The plan is valid and never worse than the first dispatch alone (shrink=False). It is not
+    compared with the retry without the restarts: the retry starts from whichever plan won, so either can end lower
+    on a given step; the grid measures the net (docs/planner.md, "Sixth round")."""
     from tidal.planner import select as sel
+
+    if tier == "big":
+        saved = sel.LATE_RESTART_MAX, sel.LATE_GAP_BIG
+        sel.LATE_RESTART_MAX, sel.LATE_GAP_BIG = RESTART_MAX, 0.0
+    try:
+        _late_restarts_case(sel, gen, n, k, seed)
+    finally:
+        if tier == "big":
+            sel.LATE_RESTART_MAX, sel.LATE_GAP_BIG = saved
+
+
+def _late_restarts_case(sel, gen, n, k, seed):
 
     prof = PROFILES[k]  # tp2cp2+4*tp1 (5 pipelines) and 4*pp2 (4): B x D from 1,040 to 2,000
     rng = np.random.default_rng(gen)
@@ -109,3 +124,27 @@ def test_late_restarts_on_a_large_step(monkeypatch):
     before = sel.select_step(l_, profs).plan.est_step_time
     assert before > 1.04 * bound
     assert plan.est_step_time < 1.015 * bound
+
+
+def test_big_late_restart_on_a_large_step(monkeypatch):
+    """llama-32b a800x256, 2*tp4cp8+48*tp4 (the bound-setting candidate of the proposal), synthetic:commoncrawl seed
+    0 step 2: 1,226 documents x 50 pipelines, above LATE_RESTART_MAX, so no restart ran: 1.0198 x the bound. One
+    random-order restart with the dispatch's full local search (20 + D rounds) reaches 1.0065 x (decision 65)."""
+    from tidal.core import get_cluster, get_model, parse_strategy, place
+    from tidal.costmodel import default_cost_model
+    from tidal.data import sample_steps
+    from tidal.planner import select as sel
+
+    model, cluster = get_model("llama-32b"), get_cluster("a800x256")
+    prof = sel.profile_strategies([place(parse_strategy("2*tp4cp8+48*tp4"), cluster, model)],
+                                  default_cost_model(model, cluster))[0]
+    l_ = sample_steps("synthetic:commoncrawl", seed=0, tokens_per_step=800_000, max_len=32768,
+                      steps=3)[0][2].lengths_array()
+    assert l_.size * len(prof.pipes) > sel.LATE_RESTART_MAX
+    bound = strategy_bound(l_, prof.pipes)
+    est, plans = assign(l_, prof, target=bound)
+    _check_plan(l_, plans)
+    monkeypatch.setattr(sel, "LATE_RESTART_MAX_BIG", sel.LATE_RESTART_MAX)  # no restart on steps this large
+    before = assign(l_, prof, target=bound)[0]
+    assert before > 1.015 * bound
+    assert est < 1.01 * bound

@@ -136,11 +136,15 @@ SHRINK_DONE = 1e-3  # ... and stopped once the plan is within this factor of the
 SHRINK_PER_STEP = 4  # at most this many retry dispatches per select_step (all candidates together)
 # select_step gives a candidate LATE_RESTARTS random-order restarts (_restart_plan) when its step is too large for
 # dispatch_alternatives' own (RESTART_MAX < B x D <= LATE_RESTART_MAX), its packed plan is above its bound by more than
-# LATE_GAP, and its bound can still beat the incumbent; at most LATE_PER_STEP candidates per step. Decision 59.
+# LATE_GAP, and its bound can still beat the incumbent; at most LATE_PER_STEP candidates per step. Decision 59. Larger
+# steps (up to LATE_RESTART_MAX_BIG) get LATE_BIG_RESTARTS with the full local search instead. Decision 65.
 LATE_RESTARTS = 2
 LATE_GAP = 1e-3
 LATE_PER_STEP = 1
 LATE_RESTART_MAX = 16384
+LATE_RESTART_MAX_BIG = 2**17  # steps with LATE_RESTART_MAX < B x D <= this get LATE_BIG_RESTARTS restart(s) with the
+LATE_BIG_RESTARTS = 1  # dispatch's full local search (20 + D rounds) instead, when the plan is more than
+LATE_GAP_BIG = 5e-3  # this factor above the candidate's bound (decision 65)
 LATE_ROUNDS = 20  # local-search rounds per late restart (the full 20 + D cost 3 ms more p90 for 0.001 est/bound)
 POLISH_ROUNDS = 40
 
@@ -161,7 +165,9 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
     allowance); the fastest packed plan is kept. Before the retry, on steps too large for dispatch_alternatives'
     restarts (RESTART_MAX < B x D <= LATE_RESTART_MAX), a plan above `target` by more than LATE_GAP gets
     LATE_RESTARTS random-order restarts (_restart_plan, decision 59; same `shrink_below` gate, `shrink_left[1]`
-    is select_step's allowance of such candidates) and the faster plan goes on to the retry. After the retry, a
+    is select_step's allowance of such candidates) and the faster plan goes on to the retry; a larger step (up to
+    LATE_RESTART_MAX_BIG) more than LATE_GAP_BIG above gets LATE_BIG_RESTARTS with the dispatch's full local
+    search (decision 65). After the retry, a
     plan still more than SHRINK_DONE above `target` is polished (polish.polish, POLISH_ROUNDS rounds, decision
     60). Last, the next-best restarts of a small step (dispatch_alternatives' `extra`, up to RESTART_KEEP - 1) are
     packed, and polished if one is faster (decision 64). `shrink=False` turns all four off; the result is never worse
@@ -185,13 +191,15 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
             est2, plans2 = _pack_groups(l_, prof, alt.groups, packer, exact, limit=est, order=_by_load(alt))
             if est2 < est:
                 est, plans = est2, plans2
-        if shrink and target * (1 + LATE_GAP) < est and target < shrink_below \
-                and RESTART_MAX < l_.size * len(prof.pipes) <= LATE_RESTART_MAX \
+        big = l_.size * len(prof.pipes) > LATE_RESTART_MAX
+        if shrink and target * (1 + (LATE_GAP_BIG if big else LATE_GAP)) < est and target < shrink_below \
+                and RESTART_MAX < l_.size * len(prof.pipes) <= LATE_RESTART_MAX_BIG \
                 and (shrink_left is None or shrink_left[1] > 0) \
                 and (deadline is None or time.perf_counter() < deadline):
             if shrink_left is not None:
                 shrink_left[1] -= 1
-            res = _restart_plan(l_, prof, packer, seed, target, deadline, est)
+            res = _restart_plan(l_, prof, packer, seed, target, deadline, est,
+                                LATE_BIG_RESTARTS if big else LATE_RESTARTS, None if big else LATE_ROUNDS)
             if res is not None:  # the retry below then starts from it (it is not compared with the first again)
                 est, plans = res
         if shrink and target < est and target < shrink_below:
@@ -259,13 +267,14 @@ def _by_load(disp) -> list[int]:
 
 
 def _restart_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: int, target: float,
-                  deadline: float | None, est: float) -> tuple[float, tuple[PipelinePlan, ...]] | None:
+                  deadline: float | None, est: float, restarts: int = LATE_RESTARTS,
+                  rounds: int | None = LATE_ROUNDS) -> tuple[float, tuple[PipelinePlan, ...]] | None:
     """LATE_RESTARTS random-order restarts (dispatch.restart_dispatch) of a step too large for
     dispatch_alternatives' own, packed (most-loaded pipeline first, given up at the first that reaches `est`) if
     the best restart's dispatch objective, a lower bound on its packed time, is below `est`; the plan if faster
     than `est`, else None. Decision 59."""
-    alt = restart_dispatch(l_, prof.pipes, LATE_RESTARTS, seed=seed, below=est, target=target, deadline=deadline,
-                           max_rounds=LATE_ROUNDS)
+    alt = restart_dispatch(l_, prof.pipes, restarts, seed=seed, below=est, target=target, deadline=deadline,
+                           max_rounds=rounds)
     if alt is None:
         return None
     est2, plans = _pack_groups(l_, prof, alt.groups, packer, False, limit=est, order=_by_load(alt))
