@@ -4,11 +4,10 @@ time, so the restart with the lowest objective is not always the fastest plan. W
 
 from contextlib import contextmanager
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from planner_synth import PROFILES, profile_steps
+from planner_synth import profile_steps
 
 from tidal.planner import dispatch
 from tidal.planner import select as sel
@@ -30,13 +29,9 @@ def _keep(n: int):
 
 
 @settings(max_examples=150, **SETTINGS)
-@given(lengths=st.lists(st.integers(1, 600), min_size=1, max_size=60), k=st.integers(0, len(PROFILES) - 1),
-       keep=st.integers(1, 5), seed=st.integers(0, 3))
-def test_restart_dispatches_are_the_best_restarts(lengths, k, keep, seed):
-    prof = PROFILES[k]
-    if max(lengths) > prof.max_len:
-        return
-    l_ = np.asarray(lengths, dtype=np.int64)
+@given(case=profile_steps(60), keep=st.integers(1, 5), seed=st.integers(0, 3))
+def test_restart_dispatches_are_the_best_restarts(case, keep, seed):
+    prof, l_ = case
     found = restart_dispatches(l_, prof.pipes, 4, keep=keep, seed=seed)
     assert 1 <= len(found) <= keep  # below=inf: every restart qualifies
     objs = [r.objective for r in found]
@@ -49,12 +44,9 @@ def test_restart_dispatches_are_the_best_restarts(lengths, k, keep, seed):
 
 
 @settings(max_examples=150, **SETTINGS)
-@given(lengths=st.lists(st.integers(1, 600), min_size=2, max_size=60), k=st.integers(0, len(PROFILES) - 1))
-def test_extra_leaves_the_alternatives_unchanged(lengths, k):
-    prof = PROFILES[k]
-    if max(lengths) > prof.max_len:
-        return
-    l_ = np.asarray(lengths, dtype=np.int64)
+@given(case=profile_steps(60))
+def test_extra_leaves_the_alternatives_unchanged(case):
+    prof, l_ = case
     extra: list = []
     first, alts = dispatch_alternatives(l_, prof.pipes, extra=extra)
     assert (first, alts) == dispatch_alternatives(l_, prof.pipes)
