@@ -106,21 +106,25 @@ class StepSelection:
     cut_short: bool = False  # the time budget ended the search early (the plan is valid, its bound still proven)
 
 
-def _mb_times(l_: np.ndarray, mbs, pc: PipeCost) -> np.ndarray:
-    """c + sum of w over each micro-batch (for reports: one vectorised pass, not a float-exact pipeline_time)."""
+def _flatten(mbs) -> tuple[np.ndarray, np.ndarray, int]:
+    """(sequence indices of all micro-batches in order, the micro-batch of each, micro-batch count)."""
     sizes = [len(mb) for mb in mbs]
     flat = np.fromiter((i for mb in mbs for i in mb), dtype=np.int64, count=sum(sizes))
-    return pc.c + np.bincount(np.repeat(np.arange(len(sizes)), sizes), weights=pc.work(l_[flat]),
-                              minlength=len(sizes))
+    return flat, np.repeat(np.arange(len(sizes)), sizes), len(sizes)
+
+
+def _mb_times(l_: np.ndarray, mbs, pc: PipeCost) -> np.ndarray:
+    """c + sum of w over each micro-batch (for reports: one vectorised pass, not a float-exact pipeline_time)."""
+    flat, mb_of, v = _flatten(mbs)
+    return pc.c + np.bincount(mb_of, weights=pc.work(l_[flat]), minlength=v)
 
 
 def _check_packing(mbs, n: int, sub: np.ndarray, max_len: int) -> None:
     """Every one of the packer's n sequences exactly once, no micro-batch over max_len tokens (one-line errors)."""
-    sizes = [len(mb) for mb in mbs]
-    flat = np.fromiter((i for mb in mbs for i in mb), dtype=np.int64, count=sum(sizes))
+    flat, mb_of, v = _flatten(mbs)
     if flat.size != n or (n and (flat.min() < 0 or flat.max() >= n or np.bincount(flat, minlength=n).max() != 1)):
         raise TidalError(f"packer returned a packing that does not hold each of its {n} sequences exactly once")
-    tokens = np.bincount(np.repeat(np.arange(len(sizes)), sizes), weights=sub[flat], minlength=len(sizes))
+    tokens = np.bincount(mb_of, weights=sub[flat], minlength=v)
     if tokens.size and tokens.max() > max_len:  # token counts < 2^53: the float sums are exact
         raise TidalError(f"packer returned a micro-batch of {int(tokens.max())} tokens > MaxLen {max_len}")
 
