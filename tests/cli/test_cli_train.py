@@ -64,6 +64,8 @@ REFUSALS = [
     ("negative seed", lambda t: t.replace("steps = 2", "steps = 2\nseed = -1"), [], "[train] seed must be >= 0"),
     ("negative plan_ahead", lambda t: t.replace("steps = 2", "steps = 2\nplan_ahead = -1"), [],
      "plan_ahead must be >= 0"),
+    ("negative gc_every", lambda t: t.replace("steps = 2", "steps = 2\ngc_every = -1"), [],
+     "gc_every must be an integer >= 0"),
 ]
 
 

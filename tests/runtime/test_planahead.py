@@ -35,13 +35,13 @@ STRATS = "4*tp1;2*tp2;tp4;cp2+2*tp1"
 
 
 def _job(source="stdlib:defs", packing="wlb", plan_ahead=2, steps=4, max_len=512, tps=4096, world=4, refit="off",
-         strategies=None):
+         strategies=None, gc_every=1):
     cfg = TrainConfig(model=ModelConfig("tiny", "sdpa"), world=WorldConfig(f"cpux{world}"),
                       data=DataConfig(source, max_len, tps, "split", 3),
                       planner=PlannerConfig(strategies or (STRATS if world == 4 else "2*tp1;tp2"), packing),
                       optimizer=OptimConfig(warmup_steps=1, decay_steps=10),
                       train=TrainSection(steps, 0, progress=False, plan_ahead=plan_ahead, refit=refit,
-                                         refit_every=2))
+                                         refit_every=2, gc_every=gc_every))
     return prepare(cfg, world)
 
 
@@ -269,15 +269,19 @@ def test_replay_and_bad_depth():
 def test_training_with_plan_ahead_equals_inline():
     """Also with the online refit, which swaps the planner's cost model through the plan stream. A refit is fed by
     measured times, so two runs refit to different models: their plans agree up to the first refit (the swap itself
-    is checked to match inline in test_a_cost_model_swap_reaches_the_background_planner)."""
-    jobs = [_job(packing="wlb", plan_ahead=p, steps=s, max_len=256, tps=1024, world=2, refit=r, strategies=st)
-            for r, s, st in (("off", 4, None), ("online", 6, "2*tp1")) for p in (0, 2)]
+    is checked to match inline in test_a_cost_model_swap_reaches_the_background_planner). The first pair also
+    differs in garbage collection (decision 66): Python's automatic GC inline, a collection every 2 steps ahead;
+    neither changes what is trained."""
+    jobs = [_job(packing="wlb", plan_ahead=p, steps=s, max_len=256, tps=1024, world=2, refit=r, strategies=st,
+                 gc_every=g) for r, s, st in (("off", 4, None), ("online", 6, "2*tp1")) for p, g in ((0, 0), (2, 2))]
     results = run_distributed(jobs_worker, 2, jobs, timeout_s=600)[0]
     keep = ("step", "strategy", "documents", "deferred", "tokens", "loss", "docs_run", "data", "token_delay",
             "cost_model", "predicted_s")
     inline, ahead = results[:2]
     assert [{k: r[k] for k in keep} for r in ahead.rows] == [{k: r[k] for k in keep} for r in inline.rows]
     assert ahead.planner_state == inline.planner_state and ahead.planner_state["index"] == 4
+    assert [r["gc_s"] == 0.0 for r in inline.rows] == [True] * 4  # automatic GC: no collection at the boundary
+    assert [r["gc_s"] > 0.0 for r in ahead.rows] == [False, True, False, True]  # after steps 2 and 4
     inline, ahead = results[2:]
     assert [{k: r[k] for k in keep} for r in ahead.rows[:4]] == [{k: r[k] for k in keep} for r in inline.rows[:4]]
     labels = [r["cost_model"] for r in ahead.rows]  # refit after 3 steps of 2 tp1 pipelines (6 rows), at step 4

@@ -14,7 +14,7 @@ Sections and keys (all optional except where noted; see docs/training.md for the
     [train]      steps, seed, schedule = "1f1b"|"gpipe", master_dtype = "float32", compute_dtype = "float32",
                  metrics = "" (JSONL path), progress = true, overlap_pull = true, sequence_parallel = false,
                  refit = "off"|"online", refit_every = 5,
-                 plan_ahead = 2, checkpoint_dir = "", checkpoint_every = 0, resume = false
+                 plan_ahead = 2, checkpoint_dir = "", checkpoint_every = 0, resume = false, gc_every = 1
 
 An unknown section or key, a wrong type, or a config that cannot run (world size vs cluster, a strategy needing
 more devices, a scheme that does not fit memory, TP not dividing the heads) raises TidalError with one line.
@@ -87,6 +87,7 @@ class TrainSection:
     checkpoint_dir: str = ""  # sharded checkpoints go to <dir>/step-NNNNNN, <dir>/latest names the newest
     checkpoint_every: int = 0  # save every N steps (and after the last step); 0 = only after the last step
     resume: bool = False  # continue from <checkpoint_dir>/latest: weights, moments, planner and data state
+    gc_every: int = 1  # Python's cyclic GC only between steps, every N steps (runtime/gcsync.py); 0 = automatic
 
 
 @dataclass(frozen=True)

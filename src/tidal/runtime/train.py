@@ -40,6 +40,7 @@ from tidal.runtime.calibration import REFIT_MODES, OnlineRefit, calibration_fiel
 from tidal.runtime.checkpoint import load_meta
 from tidal.runtime.config import TrainConfig
 from tidal.runtime.executor import ExecConfig, Executor, fetch_from
+from tidal.runtime.gcsync import StepGC
 from tidal.runtime.groups import GroupCache
 from tidal.runtime.planahead import PlannerSpec, SetCostModel, open_plans
 from tidal.runtime.pp import SCHEDULES
@@ -99,6 +100,7 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
         raise TidalError("[train] resume and checkpoint_every need checkpoint_dir")
     if cfg.train.resume:
         latest_checkpoint(cfg.train.checkpoint_dir, spec)  # missing or foreign: fails before any rank starts
+    StepGC(cfg.train.gc_every)  # validates gc_every
     if cfg.train.plan_ahead < 0:
         raise TidalError(f"[train] plan_ahead must be >= 0 (0 plans inline), got {cfg.train.plan_ahead}")
     for info in param_table(spec):
@@ -162,7 +164,7 @@ def make_ledger(job: Prepared, corpus) -> EpochLedger | None:
 
 
 _RANK_FIELDS = ("busy_s", "compute_busy_s", "process_busy_s", "wall_s", "pull_s", "push_s", "pull_cpu_s",
-                "push_cpu_s", "pull_bytes", "push_bytes")
+                "push_cpu_s", "pull_bytes", "push_bytes", "gc_s")
 
 
 @dataclass(frozen=True)
@@ -212,51 +214,54 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
         mode = "a" if resume is not None else "w"  # a resumed run appends to its metrics
         out = open(cfg.train.metrics, mode) if (rank == 0 and cfg.train.metrics) else None  # noqa: SIM115
         saved = done
-        for _ in range(cfg.train.steps - done):
-            t_loop = time.perf_counter()
-            box = [None]
-            if rank == 0:
-                ps = plans.next()
-                plan_wait_s = time.perf_counter() - t_loop  # planning on the critical path
-                if ps is not None:
-                    box = [(ps.index, ps.plan.to_dict(), ps.docs, ps.token_delay)]
+        with StepGC(cfg.train.gc_every) as sgc:  # Python's GC at step boundaries (decision 66)
+            for _ in range(cfg.train.steps - done):
+                t_loop = time.perf_counter()
+                box = [None]
+                if rank == 0:
+                    ps = plans.next()
+                    plan_wait_s = time.perf_counter() - t_loop  # planning on the critical path
+                    if ps is not None:
+                        box = [(ps.index, ps.plan.to_dict(), ps.docs, ps.token_delay)]
+                        if ledger is not None:
+                            ledger.record_planned(ps)
+                dist.broadcast_object_list(box, src=0)
+                if box[0] is None:
+                    break
+                index, plan_d, docs, delay = box[0]
+                step = StepPlan.from_dict(plan_d)
+                m = executor.train_step(step, fetch_from(docs, corpus))
+                gc_s = sgc.after_step(done + 1)  # between steps on every rank, outside the timed regions
+                mine = torch.tensor([gc_s if f == "gc_s" else getattr(m, f) for f in _RANK_FIELDS],
+                                    dtype=torch.float64, device=executor.device)
+                every = [torch.zeros_like(mine) for _ in range(world)]
+                dist.all_gather(every, mine)
+                if rank == 0:
+                    per_rank = torch.stack(every).cpu().numpy()
+                    row = _row(index, step, job, m, per_rank, plans.plan_s, delay)
+                    row.update(plan_cpu_s=plans.plan_cpu_s, plan_wait_s=plan_wait_s,
+                               loop_s=time.perf_counter() - t_loop)
+                    busy = per_rank[:, _RANK_FIELDS.index("compute_busy_s")]
+                    row.update(calibration_fields(step, cost_model, [float(x) for x in busy], label))
+                    if refit is not None and (new := refit.observe(row)) is not None:
+                        plans.apply(SetCostModel(new))  # later steps are planned with the refitted coefficients
+                        cost_model, label = new, f"refit-{refit.generation}"
+                    row["attn_backend"] = executor.attn_backend
                     if ledger is not None:
-                        ledger.record_planned(ps)
-            dist.broadcast_object_list(box, src=0)
-            if box[0] is None:
-                break
-            index, plan_d, docs, delay = box[0]
-            step = StepPlan.from_dict(plan_d)
-            m = executor.train_step(step, fetch_from(docs, corpus))
-            mine = torch.tensor([getattr(m, f) for f in _RANK_FIELDS], dtype=torch.float64, device=executor.device)
-            every = [torch.zeros_like(mine) for _ in range(world)]
-            dist.all_gather(every, mine)
-            if rank == 0:
-                per_rank = torch.stack(every).cpu().numpy()
-                row = _row(index, step, job, m, per_rank, plans.plan_s, delay)
-                row.update(plan_cpu_s=plans.plan_cpu_s, plan_wait_s=plan_wait_s,
-                           loop_s=time.perf_counter() - t_loop)
-                busy = per_rank[:, _RANK_FIELDS.index("compute_busy_s")]
-                row.update(calibration_fields(step, cost_model, [float(x) for x in busy], label))
-                if refit is not None and (new := refit.observe(row)) is not None:
-                    plans.apply(SetCostModel(new))  # later steps are planned with the refitted coefficients
-                    cost_model, label = new, f"refit-{refit.generation}"
-                row["attn_backend"] = executor.attn_backend
-                if ledger is not None:
-                    row["data"] = ledger.counters()
-                if record:
-                    row["docs_run"] = [list(docs[i]) for p in step.pipelines for mb in p.micro_batches for i in mb]
-                rows.append(row)
-                if out is not None:
-                    out.write(json.dumps(row) + "\n")
-                    out.flush()
-                if on_step is not None:
-                    on_step(row)
-            done += 1
-            every = cfg.train.checkpoint_every
-            if cfg.train.checkpoint_dir and ((every and done % every == 0) or done == cfg.train.steps):
-                save_checkpoint(executor, cfg.train.checkpoint_dir, done, plans, ledger, refit)
-                saved = done
+                        row["data"] = ledger.counters()
+                    if record:
+                        row["docs_run"] = [list(docs[i]) for p in step.pipelines for mb in p.micro_batches for i in mb]
+                    rows.append(row)
+                    if out is not None:
+                        out.write(json.dumps(row) + "\n")
+                        out.flush()
+                    if on_step is not None:
+                        on_step(row)
+                done += 1
+                every = cfg.train.checkpoint_every
+                if cfg.train.checkpoint_dir and ((every and done % every == 0) or done == cfg.train.steps):
+                    save_checkpoint(executor, cfg.train.checkpoint_dir, done, plans, ledger, refit)
+                    saved = done
         if cfg.train.checkpoint_dir and saved != done:  # the corpus ended before `steps`: keep what was trained
             save_checkpoint(executor, cfg.train.checkpoint_dir, done, plans, ledger, refit)
         planner_state = plans.state_dict() if rank == 0 else None
@@ -327,6 +332,7 @@ def _row(index: int, step: StepPlan, job: Prepared, m, per_rank: np.ndarray, pla
         "push_cpu_s": [float(x) for x in col["push_cpu_s"]],
         "pull_bytes": int(col["pull_bytes"].sum()),
         "push_bytes": int(col["push_bytes"].sum()),
+        "gc_s": float(col["gc_s"].max()),
         "grad_norm": m.optim.get("grad_norm", math.nan),
         "lr": m.optim.get("lr", math.nan),
         "tokens_per_s": m.tokens / wall if wall > 0 else 0.0,
