@@ -146,3 +146,28 @@ def test_compiled_top_docs_bound_matches_python():
         limit = int(rng.choice([5, 50, 3000]))
         assert top_docs_bound(l_, pipes, r=r, node_limit=limit, compiled=True) == \
             top_docs_bound(l_, pipes, r=r, node_limit=limit, compiled=False)
+
+
+def test_compiled_mode_price_search_matches_numpy():
+    """bounds_modes._violated (3+ classes): the compiled price search reaches the numpy version's verdict. The
+    pipeline counts are scaled around the first price row's own ratio, so both verdicts occur; the two sum their dot
+    products in different orders, which could only matter within a few ulps of the threshold (none of these)."""
+    from tidal.planner.bounds_modes import _violated
+    rng = np.random.default_rng(7)
+    verdicts = set()
+    for _ in range(300):
+        B, K, R = int(rng.integers(1, 200)), int(rng.integers(3, 7)), int(rng.integers(1, 5))
+        U = rng.uniform(0.001, 1.0, size=(B, K))
+        U[rng.random((B, K)) < 0.3] = np.inf
+        U[np.arange(B), rng.integers(0, K, size=B)] = rng.uniform(0.001, 1.0, size=B)  # fits somewhere
+        wt = rng.integers(1, 4, size=B).astype(np.float64)
+        Y = rng.uniform(0.0, 1.0, size=(R, K))
+        Y /= Y.sum(axis=1, keepdims=True)
+        cnt = rng.integers(1, 20, size=K).astype(np.float64)
+        lhs = float(np.where(np.isfinite(U), Y[0] * U, np.inf).min(axis=1) @ wt)
+        cnt *= lhs / float(Y[0] @ cnt) * rng.uniform(0.8, 1.3)
+        for rounds in (0, 6):
+            got = _violated(U, wt, cnt, Y, rounds, compiled=True)
+            assert got == _violated(U, wt, cnt, Y, rounds, compiled=False)
+            verdicts.add(got)
+    assert verdicts == {True, False}

@@ -114,11 +114,20 @@ def _violated_two(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray) -> bool:
     return bool(ends or np.any(lhs > rhs * (1 + 1e-9)))
 
 
-def _violated(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray, Y: np.ndarray, rounds: int) -> bool:
+def _violated(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray, Y: np.ndarray, rounds: int,
+              compiled: bool = True) -> bool:
     """Some price row (from Y, R x K, or multiplicative updates of the best of them: raise the prices of the classes
-    whose argmin-assigned cost exceeds their pipeline count) certifies sum_i min_k y_k u_ik > sum_k y_k cnt_k."""
+    whose argmin-assigned cost exceeds their pipeline count) certifies sum_i min_k y_k u_ik > sum_k y_k cnt_k.
+    Three or more classes run compiled (kernels_pack.mode_violated) when numba is there and `compiled`."""
     if cnt.size == 2:
         return _violated_two(U, wt, cnt)
+    if compiled:
+        from tidal.planner import kernels_pack
+        if kernels_pack.AVAILABLE:
+            f = np.float64
+            return bool(kernels_pack.mode_violated(np.ascontiguousarray(U, f), np.ascontiguousarray(wt, f),
+                                                   np.ascontiguousarray(cnt, f), np.ascontiguousarray(Y, f),
+                                                   int(rounds)))
     fin = np.isfinite(U)
     ys = Y
     for it in range(rounds + 1):

@@ -1,8 +1,10 @@
-"""Compiled loops of the packer and of the top-documents bound (numba, optional; see kernels.py and decision 49).
+"""Compiled loops of the packer and of the bounds (numba, optional; see kernels.py and decision 49).
 
 The packer's LPT, move/swap rounds, FFD and its search over micro-batch counts (packing.pack), and the branch and
 bound of bounds.top_docs_bound, each with the same choices float for float as the Python versions (which stay the
-reference when numba is absent; tests compare the two). Import this module lazily (importing numba takes a second).
+reference when numba is absent; tests compare the two). The mode bound's price search (bounds_modes._violated) too,
+up to the summation order of its dot products (see `_mode_violated`). Import this module lazily (importing numba
+takes a second).
 """
 
 from __future__ import annotations
@@ -374,7 +376,61 @@ def _top_search(top, A, B, D, C, Q, M, cnt, limit):
     return best
 
 
+def _mode_violated(U, wt, cnt, Y, rounds):
+    """bounds_modes._violated for three or more classes, compiled: the same price rows, the same multiplicative
+    updates, the same verdict. numpy sums `min_k y_k u_ik * wt_i` over documents with BLAS (blocked) and this loop
+    in order, so a gap within a few ulps of 1 + 1e-9 could be judged apart; either verdict is a valid certificate
+    (the inequality is checked as computed), so the bound stays proven and may differ by one bisection step."""
+    K = U.shape[1]
+    B = U.shape[0]
+    expo = np.array([0.25, 0.5, 1.0])
+    ys = Y.copy()
+    for it in range(rounds + 1):
+        best, rb = -np.inf, 0
+        for r in range(ys.shape[0]):
+            lhs = 0.0
+            for i in range(B):
+                m = np.inf
+                for k in range(K):
+                    if np.isfinite(U[i, k]):
+                        v = ys[r, k] * U[i, k]
+                        if v < m:
+                            m = v
+                lhs += m * wt[i]
+            rhs = 0.0
+            for k in range(K):
+                rhs += ys[r, k] * cnt[k]
+            gap = lhs / max(rhs, 1e-300)
+            if gap > 1 + 1e-9:
+                return True
+            if gap > best:
+                best, rb = gap, r
+        load = np.zeros(K)
+        for i in range(B):
+            m, kb = np.inf, 0
+            for k in range(K):
+                if np.isfinite(U[i, k]):
+                    v = ys[rb, k] * U[i, k]
+                    if v < m:
+                        m, kb = v, k
+            load[kb] += U[i, kb] * wt[i]
+        ratio = np.empty(K)
+        for k in range(K):
+            ratio[k] = min(max((load[k] + 1e-30) / max(cnt[k], 1e-30), 0.25), 4.0)
+        nxt = np.empty((3, K))
+        for j in range(3):
+            tot = 0.0
+            for k in range(K):
+                nxt[j, k] = ys[rb, k] * ratio[k] ** (expo[j] / (1 + it / 4))
+                tot += nxt[j, k]
+            for k in range(K):
+                nxt[j, k] = nxt[j, k] / tot
+        ys = nxt
+    return False
+
+
 if AVAILABLE:
+    mode_violated = njit(cache=True)(_mode_violated)
     lpt = njit(cache=True)(_lpt)
     refine = njit(cache=True)(_refine)
     _ffd = njit(cache=True)(_ffd)
@@ -387,4 +443,4 @@ if AVAILABLE:
     _ts_expand = njit(cache=True)(_ts_expand)
     top_search = njit(cache=True)(_top_search)
 else:  # pragma: no cover
-    lpt = refine = ffd = pack_search = top_search = None
+    lpt = refine = ffd = pack_search = top_search = mode_violated = None
