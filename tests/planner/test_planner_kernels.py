@@ -171,3 +171,29 @@ def test_compiled_mode_price_search_matches_numpy():
             assert got == _violated(U, wt, cnt, Y, rounds, compiled=False)
             verdicts.add(got)
     assert verdicts == {True, False}
+
+
+def test_compiled_mode_price_search_gives_select_steps_bounds_on_placed_candidates(monkeypatch):
+    """The same reported bounds through select_step, compiled or not, on candidates placed by `place()` and costed by
+    the default model (the grid's 16-GPU hand list, 3+ classes on most), on the grid's 200K-token commoncrawl steps
+    (about 320 documents each)."""
+    from tidal.core import get_cluster, get_model, parse_strategy, place
+    from tidal.costmodel import default_cost_model
+    from tidal.data import sample_steps
+    from tidal.planner import kernels_pack
+    from tidal.planner.select import profile_strategies, select_step
+
+    model, cluster = get_model("llama2-13b"), get_cluster("a800x16")
+    texts = ("2*tp8", "4*tp4", "tp8+2*tp4", "tp8+tp4+2*tp2", "tp8+4*tp2", "tp8cp2", "tp8+tp4+4*tp1", "2*tp4pp2",
+             "tp8pp2", "tp4+4*tp2+4*tp1")
+    profiles = profile_strategies([place(parse_strategy(s), cluster, model) for s in texts],
+                                  default_cost_model(model, cluster))
+    steps = [st.lengths_array() for st in sample_steps("synthetic:commoncrawl", seed=0, tokens_per_step=200_000,
+                                                       max_len=32768, steps=4)[0]]
+    calls = []
+    kernel = kernels_pack.mode_violated
+    monkeypatch.setattr(kernels_pack, "mode_violated", lambda *a: calls.append(1) or kernel(*a))
+    compiled = [[s.lower_bound for s in select_step(l_, profiles).strategies] for l_ in steps]
+    assert len(calls) >= 10  # the compiled search ran on these steps
+    monkeypatch.setattr(kernels_pack, "AVAILABLE", False)
+    assert [[s.lower_bound for s in select_step(l_, profiles).strategies] for l_ in steps] == compiled

@@ -1,8 +1,8 @@
 """Python's cyclic garbage collector at step boundaries, on every rank at once (decision 66).
 
 With automatic collection a full (generation-2) pass starts whenever the allocation counters say so, inside
-forward or backward. A training process holds a few million tracked objects (torch, numpy, the corpus index), so one
-pass costs 150-180 ms of CPU time here, and ranks that allocate in lockstep run it at the same micro-batch: the
+forward or backward. A rank process tracks about 318,000 objects once set up (torch, numpy, the corpus), so one pass
+costs 150-185 ms of CPU time here, and ranks that allocate in lockstep run it at the same micro-batch: the
 whole step stalls, and a calibration row measures 30 % more than the same work a step earlier. Megatron-LM
 (`--manual-gc`) and torchtitan (`gc_freq`) take collection out of the step for the same reason.
 
