@@ -30,6 +30,7 @@ from tidal.planner.bounds import (
 )
 from tidal.planner.bounds_modes import MODE_GAP, mode_bound
 from tidal.planner.dispatch import RESTART_MAX, dispatch, dispatch_alternatives, dispatch_hydraulis, restart_dispatch
+from tidal.planner.fill import fill_dispatch, worth_filling
 from tidal.planner.metrics import max_over_mean, mb_imbalance, rank_spread
 from tidal.planner.packing import Packer, pack, pipeline_time
 from tidal.planner.polish import polish
@@ -151,6 +152,10 @@ LATE_BIG_RESTARTS = 1  # dispatch's full local search (20 + D rounds) instead, w
 LATE_GAP_BIG = 5e-3  # this factor above the candidate's bound (decision 65)
 LATE_ROUNDS = 20  # local-search rounds per late restart (the full 20 + D cost 3 ms more p90 for 0.001 est/bound)
 POLISH_ROUNDS = 40
+FILL = True  # single-micro-batch pipelines filled first, last in assign (decision 68)
+FILL_SLACK = 5e-3  # ... up to the candidate's bound times 1 + this
+FILL_GAP = 5e-3  # ... when the plan is more than this factor above the candidate's bound
+FILL_PER_STEP = 1  # ... on at most this many candidates per select_step
 
 
 def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack, seed: int = 0,
@@ -174,9 +179,11 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
     search (decision 65). After the retry, a
     plan still more than SHRINK_DONE above `target` is polished (polish.polish, POLISH_ROUNDS rounds, decision
     60). Last, the next-best restarts of a small step (dispatch_alternatives' `extra`, up to RESTART_KEEP - 1) are
-    packed, and polished if one is faster (decision 64). `shrink=False` turns all four off; the result is never worse
-    than with them off. `scan`: the dispatch
-    greedy's jump scan (decision 63; the strategy proposal turns it off)."""
+    packed, and polished if one is faster (decision 64). Then, if the plan is more than FILL_GAP above `target` and
+    has a token-full single-micro-batch pipeline (fill.worth_filling), it is re-dispatched with those pipelines filled
+    first (_fill_plan, decision 68; `shrink_left[2]` is select_step's allowance). `shrink=False` turns all five off;
+    the result is never worse than with them off. `scan`: the dispatch greedy's jump scan (decision 63; the strategy
+    proposal turns it off)."""
     l_ = np.asarray(lengths, dtype=np.int64)
     if exact:
         disp = dispatch(l_, prof.pipes, exact=True, seed=seed, target=target, deadline=deadline)
@@ -221,6 +228,10 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
                 est, plans = est2, plans2
                 if POLISH_ROUNDS and shrink and target * (1 + SHRINK_DONE) < est:
                     est, plans = polish(l_, prof.pipes, plans, est, target=target, rounds=POLISH_ROUNDS)
+        if FILL and shrink and target > 0 and target * (1 + FILL_GAP) < est and target < shrink_below \
+                and (shrink_left is None or shrink_left[2] > 0) \
+                and (deadline is None or time.perf_counter() < deadline):
+            est, plans = _fill_plan(l_, prof, packer, target, est, plans, shrink_left)
     if fallback and est > target and (deadline is None or time.perf_counter() < deadline):
         hy = _hydraulis_plan(l_, prof, packer, seed, exact, est)
         if hy is not None:
@@ -283,6 +294,25 @@ def _restart_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: i
         return None
     est2, plans = _pack_groups(l_, prof, alt.groups, packer, False, limit=est, order=_by_load(alt))
     return (est2, plans) if est2 < est else None
+
+
+def _fill_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, target: float, est: float,
+               plans: tuple[PipelinePlan, ...], left: list[int] | None) -> tuple[float, tuple[PipelinePlan, ...]]:
+    """The plan re-dispatched with its single-micro-batch pipelines filled first (fill.fill_dispatch, cap `target`
+    times 1 + FILL_SLACK), packed and polished, if faster than `est`; else (est, plans). A re-dispatch takes one from
+    `left[2]` (select_step's per-step allowance) if given. Decision 68."""
+    cap = target * (1 + FILL_SLACK)
+    if not worth_filling(l_, prof.pipes, plans, cap, est):
+        return est, plans
+    if left is not None:
+        left[2] -= 1
+    groups = fill_dispatch(l_, prof.pipes, plans, cap)
+    if groups is None:
+        return est, plans
+    est2, plans2 = _pack_groups(l_, prof, groups, packer, False, limit=est)
+    if est2 < est and POLISH_ROUNDS and target * (1 + SHRINK_DONE) < est2:
+        est2, plans2 = polish(l_, prof.pipes, plans2, est2, target=target, rounds=POLISH_ROUNDS)
+    return (est2, plans2) if est2 < est else (est, plans)
 
 
 def _hydraulis_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: int, exact: bool,
@@ -384,7 +414,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
     ests: list[float | None] = [None] * len(profiles)
     best: tuple[float, int, tuple[PipelinePlan, ...]] | None = None
     # retry dispatches (decision 58) and candidates with late restarts (decision 59) left for this step
-    shrink_left = [SHRINK_PER_STEP, LATE_PER_STEP]
+    shrink_left = [SHRINK_PER_STEP, LATE_PER_STEP, FILL_PER_STEP]
     cut = False
     # Best-first over candidates with lazy refinement: a candidate is assigned only once it has the least refined
     # bound among those left, so candidates whose quick bound is loose do not get assigned early.

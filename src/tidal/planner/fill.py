@@ -1,0 +1,113 @@
+"""Single-micro-batch pipelines filled first (issue 9, decision 68).
+
+A PP = 1 pipeline whose longest document is too heavy for two micro-batches under a time `cap` (2 (c + w(l_max)) >
+cap) runs one micro-batch: it holds at most MaxLen tokens, whatever time it has left. The dispatch's greedy places
+documents longest first onto the pipeline with the least resulting cost, so the mid-length documents go to empty
+pipelines and such a pipeline is topped up with short ones: it ends token-full well under the step time, while the
+others carry the work it could have taken (a mid-length document has more work per token, a l + b, than short ones).
+
+`fill_dispatch` re-dispatches a plan with those pipelines filled first: each keeps its longest document, then every
+other document, longest first, goes to the single-micro-batch pipeline with the least token room that still holds
+it within `cap` (best fit), the rest go to the other pipelines by the dispatch's greedy, and the dispatch's local
+search runs on the whole. The caller packs the result and keeps it only if faster (select.assign), and runs it only
+when `worth_filling` finds a pipeline it could change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from tidal.core.errors import TidalError
+from tidal.core.plan import PipelinePlan
+from tidal.planner.bounds import PipeCost
+from tidal.planner.dispatch import _local_search, _State
+from tidal.planner.greedy import _greedy
+
+
+def single_pipes(lengths: np.ndarray, pipes: Sequence[PipeCost], plans: Sequence[PipelinePlan],
+                 cap: float) -> list[tuple[int, int]]:
+    """(pipeline, index of its longest document) for every PP = 1 pipeline of `plans` whose longest document cannot
+    share a pipeline time <= `cap` with a second micro-batch (ties to the lowest index)."""
+    out = []
+    for j, (pl, pc) in enumerate(zip(plans, pipes)):
+        idx = [i for mb in pl.micro_batches for i in mb]
+        if pc.pp != 1 or not idx:
+            continue
+        i_long = min(idx, key=lambda i: (-int(lengths[i]), i))
+        x = float(lengths[i_long])
+        if 2 * (pc.c + pc.a * x * x + pc.b * x + pc.d) > cap:
+            out.append((j, i_long))
+    return out
+
+
+def worth_filling(lengths: np.ndarray, pipes: Sequence[PipeCost], plans: Sequence[PipelinePlan], cap: float,
+                  est: float, under: float = 0.02, room: float = 0.02) -> bool:
+    """The cheap test before `fill_dispatch`: some PP = 1 pipeline runs one micro-batch at least a factor `under`
+    below the step estimate `est`, holds more than (1 - `room`) of its MaxLen, and its longest document is too heavy
+    for two micro-batches under `cap`. Without one, filling first has nothing to move. Only such pipelines' documents
+    are read (hundreds of pipelines at 1024 GPUs)."""
+    for pl, pc in zip(plans, pipes):
+        if pc.pp != 1 or len(pl.micro_batches) != 1 or pl.est_time > est * (1 - under):
+            continue
+        x = lengths[np.asarray(pl.micro_batches[0], dtype=np.int64)]
+        if int(x.sum()) < (1 - room) * pc.max_len:
+            continue
+        lm = float(x.max())
+        if 2 * (pc.c + pc.a * lm * lm + pc.b * lm + pc.d) > cap:
+            return True
+    return False
+
+
+def fill_dispatch(lengths: np.ndarray, pipes: Sequence[PipeCost], plans: Sequence[PipelinePlan], cap: float,
+                  rounds: int | None = None) -> tuple[tuple[int, ...], ...] | None:
+    """The re-dispatch of the module doc (groups of ascending indices per pipeline), or None when `plans` has no
+    single-micro-batch pipeline, or every pipeline is one and some document fits in none of them."""
+    single = single_pipes(lengths, pipes, plans, cap)
+    if not single:
+        return None
+    n = len(pipes)
+    lf = lengths.astype(np.float64)
+    owner = np.full(lengths.size, -1, dtype=np.int64)
+    js = np.array([j for j, _ in single], dtype=np.int64)
+    A = np.array([pipes[j].a for j in js])
+    B = np.array([pipes[j].b for j in js])
+    D = np.array([pipes[j].d for j in js])
+    room = np.array([float(pipes[j].max_len) for j in js])
+    load = np.array([pipes[j].c for j in js])
+    for s, (j, i) in enumerate(single):
+        owner[i] = j
+        room[s] -= lf[i]
+        load[s] += A[s] * lf[i] ** 2 + B[s] * lf[i] + D[s]
+    rmax, smallest = float(room.max()), float(lf.min())
+    for i in np.argsort(-lengths, kind="stable").tolist():
+        if rmax < smallest:
+            break  # no room left for any document
+        x = lf[i]
+        if owner[i] >= 0 or x > rmax:
+            continue
+        new = load + A * x * x + B * x + D
+        ok = (room >= x) & (new <= cap)
+        if ok.any():
+            s = int(np.argmin(np.where(ok, room, np.inf)))  # best fit: the least room that holds it
+            owner[i] = js[s]
+            room[s] -= x
+            load[s] = new[s]
+            rmax = float(room.max())
+    rest = np.array([j for j in range(n) if j not in set(js.tolist())], dtype=np.int64)
+    free = np.flatnonzero(owner < 0)
+    if free.size:
+        if not rest.size:
+            return None
+        sub = lengths[free]
+        try:
+            owner[free] = rest[_greedy(sub, [pipes[j] for j in rest], np.argsort(-sub, kind="stable"))]
+        except TidalError:  # a document longer than every other pipeline's MaxLen
+            return None
+    st = _State(pipes, lengths, owner)
+    _local_search(st, 20 + n if rounds is None else rounds)
+    order = np.argsort(st.owner, kind="stable")
+    ends = np.cumsum(np.bincount(st.owner, minlength=n)).tolist()
+    flat = order.tolist()
+    return tuple(tuple(flat[a:b]) for a, b in zip([0] + ends[:-1], ends))
