@@ -3,7 +3,7 @@ two micro-batches holds at most MaxLen tokens, so it should hold the documents w
 re-dispatch is valid, `assign` keeps it only when faster (never slower with it), and on the diagnosed step it closes
 most of the gap to the bound."""
 
-from contextlib import contextmanager
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -19,16 +19,6 @@ from tidal.planner.fill import fill_dispatch, single_pipes
 pytestmark = pytest.mark.unit
 SETTINGS = dict(derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                          HealthCheck.data_too_large])
-
-
-@contextmanager
-def _fill(on: bool):
-    saved = sel.FILL
-    sel.FILL = on
-    try:
-        yield
-    finally:
-        sel.FILL = saved
 
 
 def _plan(mbs, pc: PipeCost) -> PipelinePlan:
@@ -84,7 +74,7 @@ def test_fill_dispatch_is_a_valid_dispatch(case, slack):
 
 def _never_slower(prof, l_, seed: int) -> None:
     bound = strategy_bound(l_, prof.pipes)
-    with _fill(False):
+    with mock.patch.object(sel, "FILL", False):
         est0, _ = sel.assign(l_, prof, seed=seed, target=bound)
     est, plans = sel.assign(l_, prof, seed=seed, target=bound)
     assert est <= est0
@@ -138,7 +128,7 @@ def test_diagnosed_step_gains():
     l_ = sample_steps("synthetic:github", seed=0, tokens_per_step=800_000, max_len=32768,
                       steps=3)[0][2].lengths_array()
     bound = strategy_bound(l_, prof.pipes)
-    with _fill(False):
+    with mock.patch.object(sel, "FILL", False):
         est0, _ = sel.assign(l_, prof, target=bound)
     est, _ = sel.assign(l_, prof, target=bound)
     assert est0 > 1.02 * bound
