@@ -133,3 +133,15 @@ def test_diagnosed_step_gains():
     est, _ = sel.assign(l_, prof, target=bound)
     assert est0 > 1.02 * bound
     assert est < 1.01 * bound
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(case=long_tailed())
+def test_fill_dispatch_cut_short_is_valid(case):
+    """A deadline already passed stops the local search before its first round: the groups are still a dispatch."""
+    prof, l_ = case
+    _, plans = sel.assign(l_, prof)
+    groups = fill_dispatch(l_, prof.pipes, plans, strategy_bound(l_, prof.pipes), deadline=0.0)
+    if groups is not None:
+        assert sorted(i for g in groups for i in g) == list(range(l_.size))
+        assert all(l_[i] <= pc.max_len for g, pc in zip(groups, prof.pipes) for i in g)

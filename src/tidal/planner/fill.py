@@ -61,9 +61,10 @@ def worth_filling(lengths: np.ndarray, pipes: Sequence[PipeCost], plans: Sequenc
 
 
 def fill_dispatch(lengths: np.ndarray, pipes: Sequence[PipeCost], plans: Sequence[PipelinePlan], cap: float,
-                  rounds: int | None = None) -> tuple[tuple[int, ...], ...] | None:
+                  rounds: int | None = None, deadline: float | None = None) -> tuple[tuple[int, ...], ...] | None:
     """The re-dispatch of the module doc (groups of ascending indices per pipeline), or None when `plans` has no
-    single-micro-batch pipeline, or every pipeline is one and some document fits in none of them."""
+    single-micro-batch pipeline, or every pipeline is one and some document fits in none of them. `deadline`
+    (perf_counter) cuts the local search short; the groups are valid either way."""
     single = single_pipes(lengths, pipes, plans, cap)
     if not single:
         return None
@@ -106,7 +107,7 @@ def fill_dispatch(lengths: np.ndarray, pipes: Sequence[PipeCost], plans: Sequenc
         except TidalError:  # a document longer than every other pipeline's MaxLen
             return None
     st = _State(pipes, lengths, owner)
-    _local_search(st, 20 + n if rounds is None else rounds)
+    _local_search(st, 20 + n if rounds is None else rounds, deadline=deadline)
     order = np.argsort(st.owner, kind="stable")
     ends = np.cumsum(np.bincount(st.owner, minlength=n)).tolist()
     flat = order.tolist()

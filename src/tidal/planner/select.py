@@ -231,7 +231,7 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
         if FILL and shrink and target > 0 and target * (1 + FILL_GAP) < est and target < shrink_below \
                 and (shrink_left is None or shrink_left[2] > 0) \
                 and (deadline is None or time.perf_counter() < deadline):
-            est, plans = _fill_plan(l_, prof, packer, target, est, plans, shrink_left)
+            est, plans = _fill_plan(l_, prof, packer, target, est, plans, shrink_left, deadline)
     if fallback and est > target and (deadline is None or time.perf_counter() < deadline):
         hy = _hydraulis_plan(l_, prof, packer, seed, exact, est)
         if hy is not None:
@@ -297,7 +297,8 @@ def _restart_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: i
 
 
 def _fill_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, target: float, est: float,
-               plans: tuple[PipelinePlan, ...], left: list[int] | None) -> tuple[float, tuple[PipelinePlan, ...]]:
+               plans: tuple[PipelinePlan, ...], left: list[int] | None,
+               deadline: float | None = None) -> tuple[float, tuple[PipelinePlan, ...]]:
     """The plan re-dispatched with its single-micro-batch pipelines filled first (fill.fill_dispatch, cap `target`
     times 1 + FILL_SLACK), packed and polished, if faster than `est`; else (est, plans). A re-dispatch takes one from
     `left[2]` (select_step's per-step allowance) if given. Decision 68."""
@@ -306,11 +307,12 @@ def _fill_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, target: fl
         return est, plans
     if left is not None:
         left[2] -= 1
-    groups = fill_dispatch(l_, prof.pipes, plans, cap)
+    groups = fill_dispatch(l_, prof.pipes, plans, cap, deadline=deadline)
     if groups is None:
         return est, plans
     est2, plans2 = _pack_groups(l_, prof, groups, packer, False, limit=est)
-    if est2 < est and POLISH_ROUNDS and target * (1 + SHRINK_DONE) < est2:
+    if est2 < est and POLISH_ROUNDS and target * (1 + SHRINK_DONE) < est2 \
+            and (deadline is None or time.perf_counter() < deadline):
         est2, plans2 = polish(l_, prof.pipes, plans2, est2, target=target, rounds=POLISH_ROUNDS)
     return (est2, plans2) if est2 < est else (est, plans)
 
