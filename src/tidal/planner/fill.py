@@ -22,8 +22,13 @@ import numpy as np
 from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan
 from tidal.planner.bounds import PipeCost
-from tidal.planner.dispatch import _local_search, _State
+from tidal.planner.dispatch import _local_search, _result, _State
 from tidal.planner.greedy import _greedy
+
+
+def _too_heavy(pc: PipeCost, x: float, cap: float) -> bool:
+    """A document of length x cannot run in two micro-batches within `cap` on a PP = 1 pipeline."""
+    return 2 * (pc.c + pc.w1(x)) > cap
 
 
 def single_pipes(lengths: np.ndarray, pipes: Sequence[PipeCost], plans: Sequence[PipelinePlan],
@@ -36,8 +41,7 @@ def single_pipes(lengths: np.ndarray, pipes: Sequence[PipeCost], plans: Sequence
         if pc.pp != 1 or not idx:
             continue
         i_long = min(idx, key=lambda i: (-int(lengths[i]), i))
-        x = float(lengths[i_long])
-        if 2 * (pc.c + pc.a * x * x + pc.b * x + pc.d) > cap:
+        if _too_heavy(pc, float(lengths[i_long]), cap):
             out.append((j, i_long))
     return out
 
@@ -54,8 +58,7 @@ def worth_filling(lengths: np.ndarray, pipes: Sequence[PipeCost], plans: Sequenc
         x = lengths[np.asarray(pl.micro_batches[0], dtype=np.int64)]
         if int(x.sum()) < (1 - room) * pc.max_len:
             continue
-        lm = float(x.max())
-        if 2 * (pc.c + pc.a * lm * lm + pc.b * lm + pc.d) > cap:
+        if _too_heavy(pc, float(x.max()), cap):
             return True
     return False
 
@@ -96,7 +99,7 @@ def fill_dispatch(lengths: np.ndarray, pipes: Sequence[PipeCost], plans: Sequenc
             room[s] -= x
             load[s] = new[s]
             rmax = float(room.max())
-    rest = np.array([j for j in range(n) if j not in set(js.tolist())], dtype=np.int64)
+    rest = np.setdiff1d(np.arange(n), js)
     free = np.flatnonzero(owner < 0)
     if free.size:
         if not rest.size:
@@ -108,7 +111,4 @@ def fill_dispatch(lengths: np.ndarray, pipes: Sequence[PipeCost], plans: Sequenc
             return None
     st = _State(pipes, lengths, owner)
     _local_search(st, 20 + n if rounds is None else rounds, deadline=deadline)
-    order = np.argsort(st.owner, kind="stable")
-    ends = np.cumsum(np.bincount(st.owner, minlength=n)).tolist()
-    flat = order.tolist()
-    return tuple(tuple(flat[a:b]) for a, b in zip([0] + ends[:-1], ends))
+    return _result(st, n).groups

@@ -415,7 +415,8 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
                          f"{top}); split or truncate long documents before planning")
     ests: list[float | None] = [None] * len(profiles)
     best: tuple[float, int, tuple[PipelinePlan, ...]] | None = None
-    # retry dispatches (decision 58) and candidates with late restarts (decision 59) left for this step
+    # retry dispatches (decision 58), candidates with late restarts (decision 59) and fill re-dispatches (decision 68)
+    # left for this step
     shrink_left = [SHRINK_PER_STEP, LATE_PER_STEP, FILL_PER_STEP]
     cut = False
     # Best-first over candidates with lazy refinement: a candidate is assigned only once it has the least refined
