@@ -27,3 +27,14 @@ def hangs(rank, world):
 
 def ok(rank, world, x):
     return rank * x
+
+
+def dies_then_peer_raises(rank, world):
+    """Rank 1 dies; rank 0 then fails the way a collective with a dead peer does (gloo: "Connection closed by peer")."""
+    if rank == 1:
+        os._exit(3)
+    if rank == 0:
+        time.sleep(0.3)  # reports well inside the launcher's 2 s wait after it sees rank 1 dead, whichever comes first
+        raise RuntimeError("Connection closed by peer")
+    time.sleep(120)
+    return rank

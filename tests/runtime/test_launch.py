@@ -8,7 +8,7 @@ import pytest
 
 from tidal.runtime.launch import run_distributed
 
-from _launch_cases import dies_on_rank1, hangs, ok, raises_on_rank2  # isort: skip
+from _launch_cases import dies_on_rank1, dies_then_peer_raises, hangs, ok, raises_on_rank2  # isort: skip
 
 pytestmark = pytest.mark.distributed
 
@@ -30,3 +30,14 @@ def test_failures_name_the_rank_and_return_early(fn, msg):
     if fn is hangs:
         assert "1, 2]" in str(e.value)
     assert time.monotonic() - t0 < 100
+
+
+def test_a_dead_rank_is_named_before_the_peer_it_broke():
+    """A peer's error caused by a dead rank can reach the launcher before the death does (CI saw rank 0's gloo
+    "Connection closed by peer" reported instead of rank 1's exit): the dead rank is named first, the peer's error
+    follows."""
+    with pytest.raises(RuntimeError, match="distributed worker failed") as e:
+        run_distributed(dies_then_peer_raises, 3, timeout_s=45)
+    msg = str(e.value)
+    assert "rank 1 died with exit code 3" in msg, msg
+    assert "then rank 0 raised" in msg and "Connection closed by peer" in msg, msg

@@ -39,6 +39,20 @@ def _worker(rank: int, world_size: int, store_path: str, backend: str, timeout_s
         queue.put((rank, False, traceback.format_exc()))
 
 
+def _died(procs, r: int) -> str:
+    return f"rank {r} died with exit code {procs[r].exitcode} before reporting (crashed at start-up or was killed)"
+
+
+def _dead_unreported(procs, results: dict, reporter: int, wait_s: float) -> int | None:
+    """The first rank (other than `reporter`) that exited non-zero without a result, polled for up to `wait_s`."""
+    end = time.monotonic() + wait_s
+    while True:
+        dead = [r for r, p in enumerate(procs) if r != reporter and r not in results and p.exitcode not in (None, 0)]
+        if dead or time.monotonic() >= end:
+            return dead[0] if dead else None
+        time.sleep(0.05)
+
+
 def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
                     timeout_s: float = 120.0) -> list[Any]:
     """Run fn on `world_size` spawned ranks; return the per-rank results in rank order.
@@ -70,8 +84,7 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, backend
                     try:  # a rank may have reported just before exiting
                         rank, ok, payload = queue.get(timeout=2.0)
                     except Empty:
-                        error = (f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode} before reporting "
-                                 f"(crashed at start-up or was killed)")
+                        error = _died(procs, dead[0])
                         continue
                 elif time.monotonic() > deadline:
                     missing = [r for r in range(world_size) if r not in results]
@@ -83,6 +96,11 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, backend
                 results[rank] = payload
             else:
                 error = f"rank {rank} raised:\n{payload}"
+                # A rank that died without reporting is the likelier cause (its peers then fail in their collectives,
+                # e.g. gloo's "Connection closed by peer"), and its death can reach us after their reports: name it.
+                dead = _dead_unreported(procs, results, rank, wait_s=1.0)
+                if dead is not None:
+                    error = f"{_died(procs, dead)}; then {error}"
         if error is not None:
             for p in procs:
                 if p.is_alive():
