@@ -59,3 +59,19 @@ def test_a_packer_that_breaks_the_invariants_is_an_error(bad, msg):
     l_ = np.full(40, prof.max_len // 2, dtype=np.int64)  # some pipeline gets >= 3: over MaxLen in one micro-batch
     with pytest.raises(TidalError, match=msg):
         select_step(l_, [prof], packer=packer)
+
+
+def test_pack_checks_its_own_micro_batches(monkeypatch):
+    """select_step does not re-check `pack`'s output (decision 69's review): pack checks MaxLen itself, where it is
+    one bincount (each sequence exactly once holds by construction). A search that put everything in one bin
+    (here forced, compiled or not) is a one-line TidalError, not a plan over MaxLen."""
+    from tidal.core import TidalError
+    from tidal.planner import kernels_pack, packing
+
+    def one_bin(l_, *args):
+        return np.zeros(l_.size, dtype=np.int64), 1.0
+
+    monkeypatch.setattr(kernels_pack, "pack_search", one_bin)
+    monkeypatch.setattr(packing, "_search", one_bin)
+    with pytest.raises(TidalError, match="tokens > MaxLen 100"):
+        pack([60, 60, 60, 60], COEFFS[0], 1, 100)

@@ -117,6 +117,7 @@ def test_late_restarts_on_a_large_step(monkeypatch):
                       steps=4)[0][3].lengths_array()
     assert l_.size * len(profs[0].pipes) > sel.RESTART_MAX
     monkeypatch.setattr(sel, "POLISH_ROUNDS", 0)  # the restarts alone (polish, decision 60, gains on this step too)
+    monkeypatch.setattr(sel, "CLASS_FILL", False)  # and the class fill (decision 69: 1.006 x on this step alone)
     bound = strategy_bound(l_, profs[0].pipes)
     plan = sel.select_step(l_, profs).plan
     _check_plan(l_, plan.pipelines)

@@ -3,7 +3,8 @@
 The packer's LPT, move/swap rounds, FFD and its search over micro-batch counts (packing.pack), and the branch and
 bound of bounds.top_docs_bound, each with the same choices float for float as the Python versions (which stay the
 reference when numba is absent; tests compare the two). The mode bound's price search (bounds_modes._violated) too,
-up to the summation order of its dot products (see `_mode_violated`). Import this module lazily (importing numba
+up to the summation order of its dot products (see `_mode_violated`), and the class fill's best fit decreasing
+(classfill._bfd). Import this module lazily (importing numba
 takes a second).
 """
 
@@ -122,6 +123,32 @@ def _ffd(l_, order, M):
         room[k] -= x
         bin_of[i] = k
     return bin_of
+
+
+def _class_bfd(l_, w, order, nb, kcap, wcap):
+    """classfill._bfd compiled: the same bins (the least work room left after the document, ties to the lowest)."""
+    troom = np.full(nb, kcap, np.int64)
+    wroom = np.full(nb, wcap)
+    out = np.full(l_.size, -1, np.int64)
+    for t in range(order.size):
+        i = order[t]
+        x = l_[i]
+        wx = w[i]
+        if x > kcap:
+            continue
+        kb = -1
+        best = math.inf
+        for k in range(nb):
+            if troom[k] >= x and wroom[k] >= wx:
+                r = wroom[k] - wx
+                if r < best:
+                    best = r
+                    kb = k
+        if kb >= 0:
+            troom[kb] -= x
+            wroom[kb] -= wx
+            out[i] = kb
+    return out
 
 
 def _pk_score(bin_of, w, c, pp):
@@ -442,5 +469,6 @@ if AVAILABLE:
     _ts_f = njit(cache=True, inline="always")(_ts_f)
     _ts_expand = njit(cache=True)(_ts_expand)
     top_search = njit(cache=True)(_top_search)
+    class_bfd = njit(cache=True)(_class_bfd)
 else:  # pragma: no cover
-    lpt = refine = ffd = pack_search = top_search = mode_violated = None
+    lpt = refine = ffd = pack_search = top_search = mode_violated = class_bfd = None

@@ -29,6 +29,7 @@ from tidal.planner.bounds import (
     prepare_lengths,
 )
 from tidal.planner.bounds_modes import MODE_GAP, mode_bound
+from tidal.planner.classfill import class_plan, pick_class
 from tidal.planner.dispatch import RESTART_MAX, dispatch, dispatch_alternatives, dispatch_hydraulis, restart_dispatch
 from tidal.planner.fill import fill_dispatch, worth_filling
 from tidal.planner.metrics import max_over_mean, mb_imbalance, rank_spread
@@ -156,6 +157,10 @@ FILL = True  # single-micro-batch pipelines filled first, last in assign (decisi
 FILL_SLACK = 5e-3  # ... up to the candidate's bound times 1 + this
 FILL_GAP = 5e-3  # ... when the plan is more than this factor above the candidate's bound
 FILL_PER_STEP = 1  # ... on at most this many candidates per select_step
+CLASS_FILL = True  # a class of many-micro-batch PP = 1 pipelines filled bin by bin, after that (decision 69)
+CLASS_GAP = 8e-3  # ... when the plan is more than this factor above the candidate's bound (5e-3: no cell gained more)
+CLASS_PER_STEP = 1  # ... on at most this many candidates per select_step
+CLASS_REST_LEFT = (1, 0, 0)  # the other pipelines' assign: its allowances (retries, late restarts, fill)
 
 
 def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack, seed: int = 0,
@@ -181,8 +186,10 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
     60). Last, the next-best restarts of a small step (dispatch_alternatives' `extra`, up to RESTART_KEEP - 1) are
     packed, and polished if one is faster (decision 64). Then, if the plan is more than FILL_GAP above `target` and
     has a token-full single-micro-batch pipeline (fill.worth_filling), it is re-dispatched with those pipelines filled
-    first (_fill_plan, decision 68; `shrink_left[2]` is select_step's allowance). `shrink=False` turns all five off;
-    the result is never worse than with them off. `scan`: the dispatch greedy's jump scan (decision 63; the strategy
+    first (_fill_plan, decision 68; `shrink_left[2]` is select_step's allowance). Last, if still more than CLASS_GAP
+    above, a class of many-micro-batch PP = 1 pipelines is filled bin by bin and the others planned apart
+    (_class_plan, decision 69; `shrink_left[3]`). `shrink=False` turns all six off; the result is never worse than
+    with them off. `scan`: the dispatch greedy's jump scan (decision 63; the strategy
     proposal turns it off)."""
     l_ = np.asarray(lengths, dtype=np.int64)
     if exact:
@@ -232,6 +239,10 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
                 and (shrink_left is None or shrink_left[2] > 0) \
                 and (deadline is None or time.perf_counter() < deadline):
             est, plans = _fill_plan(l_, prof, packer, target, est, plans, shrink_left, deadline)
+        if CLASS_FILL and packer is pack and shrink and target > 0 and target * (1 + CLASS_GAP) < est \
+                and target < shrink_below and (shrink_left is None or shrink_left[3] > 0) \
+                and (deadline is None or time.perf_counter() < deadline):
+            est, plans = _class_plan(l_, prof, target, est, plans, shrink_left, deadline)
     if fallback and est > target and (deadline is None or time.perf_counter() < deadline):
         hy = _hydraulis_plan(l_, prof, packer, seed, exact, est)
         if hy is not None:
@@ -317,6 +328,21 @@ def _fill_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, target: fl
     return (est2, plans2) if est2 < est else (est, plans)
 
 
+def _class_plan(l_: np.ndarray, prof: StrategyProfile, target: float, est: float, plans: tuple[PipelinePlan, ...],
+                left: list[int] | None, deadline: float | None) -> tuple[float, tuple[PipelinePlan, ...]]:
+    """classfill.class_plan, the other pipelines planned by `assign` (without a class fill of their own); it takes
+    one from `left[3]` (select_step's allowance) if given and the plan has such a class. Decision 69."""
+    if pick_class(prof.pipes, plans) is None:
+        return est, plans
+    if left is not None:
+        left[3] -= 1
+
+    def rest(sub_l: np.ndarray, sub: StrategyProfile, T: float):
+        return assign(sub_l, sub, target=T, deadline=deadline, fallback=False,
+                      shrink_left=[*CLASS_REST_LEFT, 0])
+    return class_plan(l_, prof, plans, est, target, rest, deadline)
+
+
 def _hydraulis_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: int, exact: bool,
                     limit: float) -> tuple[float, tuple[PipelinePlan, ...]] | None:
     """Hydraulis' dispatch followed by `packer`, if it beats `limit` (packed only when its dispatch cost, a lower
@@ -352,7 +378,8 @@ def _pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Pac
                 mbs = (tuple(idx.tolist()),)
             else:
                 res = packer(sub, pipe.coeffs, pipe.pp, pipe.max_len, exact=exact)
-                _check_packing(res.micro_batches, idx.size, sub, pipe.max_len)
+                if packer is not pack:  # pack checks its own (decision 69's review: 0.8 ms per step here)
+                    _check_packing(res.micro_batches, idx.size, sub, pipe.max_len)
                 gl = idx.tolist()
                 mbs = tuple(tuple(gl[i] for i in mb) for mb in res.micro_batches if len(mb))
                 if packer is pack:  # its est_time is pipeline_time of these micro-batches (the same floats)
@@ -417,7 +444,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
     best: tuple[float, int, tuple[PipelinePlan, ...]] | None = None
     # retry dispatches (decision 58), candidates with late restarts (decision 59) and fill re-dispatches (decision 68)
     # left for this step
-    shrink_left = [SHRINK_PER_STEP, LATE_PER_STEP, FILL_PER_STEP]
+    shrink_left = [SHRINK_PER_STEP, LATE_PER_STEP, FILL_PER_STEP, CLASS_PER_STEP]
     cut = False
     # Best-first over candidates with lazy refinement: a candidate is assigned only once it has the least refined
     # bound among those left, so candidates whose quick bound is loose do not get assigned early.
