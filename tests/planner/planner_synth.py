@@ -50,3 +50,18 @@ def profile_steps(max_size: int = 50):
     return st.integers(0, len(PROFILES) - 1).flatmap(
         lambda k: step_lengths(max_size, PROFILES[k].max_len).map(
             lambda ls: (PROFILES[k], np.asarray(ls, dtype=np.int64))))
+
+
+def real_step(model: str, cluster: str, strategy: str, source: str, seed: int, step: int,
+              tokens: int) -> tuple[StrategyProfile, np.ndarray]:
+    """(profile, lengths) of one step of the benchmark grid on one strategy, with the analytic cost model (max_len
+    32,768): the diagnosed steps the planner tests pin."""
+    from tidal.core import get_model
+    from tidal.costmodel import default_cost_model
+    from tidal.data import sample_steps
+    from tidal.planner.select import profile_strategies
+
+    m, c = get_model(model), get_cluster(cluster)
+    prof = profile_strategies([place(parse_strategy(strategy), c, m)], default_cost_model(m, c))[0]
+    l_ = sample_steps(source, seed=seed, tokens_per_step=tokens, max_len=32768, steps=step + 1)[0][step]
+    return prof, l_.lengths_array()

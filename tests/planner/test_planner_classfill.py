@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from planner_synth import profile
+from planner_synth import profile, real_step
 
 from tidal.core.plan import PipelinePlan
 from tidal.planner import classfill as cf
@@ -154,15 +154,7 @@ def test_diagnosed_step_gains():
     in 12-13 micro-batches that no packing balances (1.03 x the bound), while the tp2s hold the short ones. Filled
     bin by bin, the tp1s hold ~13,000 tokens in 12 balanced micro-batches: 1.008 x when this was written (the
     threshold leaves room)."""
-    from tidal.core import get_cluster, get_model, parse_strategy, place
-    from tidal.costmodel import default_cost_model
-    from tidal.data import sample_steps
-
-    model, cluster = get_model("llama2-13b"), get_cluster("a800x16")
-    prof = sel.profile_strategies([place(parse_strategy("tp2cp2+3*tp2+6*tp1"), cluster, model)],
-                                  default_cost_model(model, cluster))[0]
-    l_ = sample_steps("synthetic:commoncrawl", seed=0, tokens_per_step=200_000, max_len=32768,
-                      steps=6)[0][5].lengths_array()
+    prof, l_ = real_step("llama2-13b", "a800x16", "tp2cp2+3*tp2+6*tp1", "synthetic:commoncrawl", 0, 5, 200_000)
     bound = strategy_bound(l_, prof.pipes)
     with mock.patch.object(sel, "CLASS_FILL", False):
         est0, _ = sel.assign(l_, prof, target=bound)

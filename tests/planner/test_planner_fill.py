@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from planner_synth import profile, profile_steps
+from planner_synth import profile, profile_steps, real_step
 
 from tidal.core.plan import PipelinePlan
 from tidal.planner import select as sel
@@ -118,15 +118,7 @@ def test_diagnosed_step_gains():
     the strategy proposal: the five pipelines holding a 22-33K-token document run one micro-batch, token-full at
     3.89-4.22 s, while the other eleven set 4.42 s (1.023 x the bound). Filled first, the long documents share their
     micro-batch with 12-14K-token ones: 1.0065 x when this was written (the thresholds leave room)."""
-    from tidal.core import get_cluster, get_model, parse_strategy, place
-    from tidal.costmodel import default_cost_model
-    from tidal.data import sample_steps
-
-    model, cluster = get_model("llama-32b"), get_cluster("a800x256")
-    prof = sel.profile_strategies([place(parse_strategy("16*tp4cp4"), cluster, model)],
-                                  default_cost_model(model, cluster))[0]
-    l_ = sample_steps("synthetic:github", seed=0, tokens_per_step=800_000, max_len=32768,
-                      steps=3)[0][2].lengths_array()
+    prof, l_ = real_step("llama-32b", "a800x256", "16*tp4cp4", "synthetic:github", 0, 2, 800_000)
     bound = strategy_bound(l_, prof.pipes)
     with mock.patch.object(sel, "FILL", False):
         est0, _ = sel.assign(l_, prof, target=bound)
