@@ -26,6 +26,7 @@ from tidal.core.plan import PipelinePlan
 from tidal.planner.bounds import PipeCost
 from tidal.planner.dispatch import dispatch_alternatives
 from tidal.planner.packing import pipeline_time
+from tidal.planner.profiles import StrategyProfile
 
 CLASS_MIN_V = 4  # the class's median micro-batch count must be at least this (fewer: packing balances them)
 CLASS_SLACKS = (0.007, 0.01)  # step times tried: the candidate's bound times 1 + each
@@ -137,16 +138,18 @@ def class_micro_batches(bins: np.ndarray, n: int, V: int) -> list[tuple[tuple[in
     return out
 
 
-def class_plan(lengths: np.ndarray, prof, plans: tuple[PipelinePlan, ...], est: float, target: float,
-               plan_rest: Callable, deadline: float | None = None) -> tuple[float, tuple[PipelinePlan, ...]]:
+def class_plan(lengths: np.ndarray, prof: StrategyProfile, plans: tuple[PipelinePlan, ...], est: float, target: float,
+               plan_rest: Callable, deadline: float | None = None,
+               pick: tuple[list[int], int] | None = None) -> tuple[float, tuple[PipelinePlan, ...]]:
     """The plan with its many-micro-batch class filled bin by bin (module doc), if faster than `est`; else (est,
-    plans). `prof` is the candidate's select.StrategyProfile; `plan_rest(lengths, profile, T)` plans the other
-    pipelines (a profile of them alone) and returns (estimate, plans) (select.assign). Of the (V, T) pairs, V the
-    class's median micro-batch count (+ each of CLASS_V) and T = `target` (1 + CLASS_SLACKS), the one with the least
-    max(slowest class pipeline, the rest's greedy dispatch objective) is planned fully, if that is at least a
-    factor CLASS_MIN_GAIN under `est` (the screening is close: below that the rest planned fully gained at most
-    0.1 %)."""
-    pick = pick_class(prof.pipes, plans)
+    plans). `prof` is the candidate's profile, `pick` pick_class's answer if the caller has it. `plan_rest(lengths,
+    profile, T)` plans the other pipelines (a profile of them alone) and returns (estimate, plans) (select.assign).
+    Of the (V, T) pairs, V the class's median micro-batch count (+ each of CLASS_V) and T = `target` (1 +
+    CLASS_SLACKS), the one with the least max(slowest class pipeline, the rest's greedy dispatch objective) is
+    planned fully, if that is at least a factor CLASS_MIN_GAIN under `est` (the screening is close: below that the
+    rest planned fully gained at most 0.1 %)."""
+    if pick is None:
+        pick = pick_class(prof.pipes, plans)
     if pick is None:
         return est, plans
     js, vm = pick

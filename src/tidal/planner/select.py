@@ -11,23 +11,12 @@ import heapq
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 
 from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan, StepPlan
-from tidal.core.strategy import Strategy
-from tidal.costmodel.base import CostModel, pipeline_device
-from tidal.planner.bounds import (
-    ClassArrays,
-    PipeCost,
-    StrategyBound,
-    check_lengths,
-    group_pipes,
-    pipeline_bound,
-    prepare_lengths,
-)
+from tidal.planner.bounds import PipeCost, StrategyBound, check_lengths, pipeline_bound, prepare_lengths
 from tidal.planner.bounds_modes import MODE_GAP, mode_bound
 from tidal.planner.classfill import class_plan, pick_class
 from tidal.planner.dispatch import RESTART_MAX, dispatch, dispatch_alternatives, dispatch_hydraulis, restart_dispatch
@@ -35,47 +24,8 @@ from tidal.planner.fill import fill_dispatch, worth_filling
 from tidal.planner.metrics import max_over_mean, mb_imbalance, rank_spread
 from tidal.planner.packing import Packer, pack, pipeline_time
 from tidal.planner.polish import polish
-
-
-@dataclass(frozen=True)
-class StrategyProfile:
-    """A placed candidate with its per-pipeline cost (computed once, reused for every step)."""
-
-    strategy: Strategy
-    pipes: tuple[PipeCost, ...]
-    layer_splits: tuple[tuple[int, ...], ...]
-
-    @cached_property
-    def max_len(self) -> int:
-        return max(p.max_len for p in self.pipes)
-
-    @cached_property
-    def grouped(self) -> tuple[tuple[PipeCost, ...], np.ndarray]:
-        """bounds.group_pipes(pipes), computed once per profile (hashing 600 pipelines costs ~1 ms per bound)."""
-        return group_pipes(self.pipes)
-
-    @cached_property
-    def class_arrays(self) -> ClassArrays:
-        """bounds.ClassArrays of `grouped` (the bounds' per-class arrays), computed once per profile."""
-        return ClassArrays.of(self.grouped)
-
-
-def profile_strategies(candidates: Sequence[Strategy], cost_model: CostModel) -> tuple[StrategyProfile, ...]:
-    """Cost every pipeline of every candidate with `cost_model` (coefficients of its bounding device type)."""
-    if not candidates:
-        raise TidalError("no candidate strategy to plan with")
-    out = []
-    for s in candidates:
-        pipes, splits = [], []
-        for p in s.pipelines:
-            dev = pipeline_device(cost_model.cluster, p)
-            ml = cost_model.max_len(p.scheme, dev)
-            if ml < 1:
-                raise TidalError(f"strategy {s}: {p.scheme.short()} does not fit in {dev.name} memory (MaxLen 0)")
-            pipes.append(PipeCost.of(cost_model.coeffs(p.scheme, dev), p.scheme.pp, ml))
-            splits.append(p.scheme.stage_layers(cost_model.model.layers))
-        out.append(StrategyProfile(s, tuple(pipes), tuple(splits)))
-    return tuple(out)
+from tidal.planner.profiles import StrategyProfile as StrategyProfile  # callers import both from here
+from tidal.planner.profiles import profile_strategies as profile_strategies
 
 
 @dataclass(frozen=True)
@@ -332,7 +282,8 @@ def _class_plan(l_: np.ndarray, prof: StrategyProfile, target: float, est: float
                 left: list[int] | None, deadline: float | None) -> tuple[float, tuple[PipelinePlan, ...]]:
     """classfill.class_plan, the other pipelines planned by `assign` (without a class fill of their own); it takes
     one from `left[3]` (select_step's allowance) if given and the plan has such a class. Decision 69."""
-    if pick_class(prof.pipes, plans) is None:
+    pick = pick_class(prof.pipes, plans)
+    if pick is None:
         return est, plans
     if left is not None:
         left[3] -= 1
@@ -340,7 +291,7 @@ def _class_plan(l_: np.ndarray, prof: StrategyProfile, target: float, est: float
     def rest(sub_l: np.ndarray, sub: StrategyProfile, T: float):
         return assign(sub_l, sub, target=T, deadline=deadline, fallback=False,
                       shrink_left=[*CLASS_REST_LEFT, 0])
-    return class_plan(l_, prof, plans, est, target, rest, deadline)
+    return class_plan(l_, prof, plans, est, target, rest, deadline, pick)
 
 
 def _hydraulis_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: int, exact: bool,
