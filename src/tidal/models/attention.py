@@ -43,7 +43,12 @@ FALLBACK = ("flash", "flex", "sdpa", "reference")
 
 @dataclass(frozen=True, eq=False)
 class VarlenMeta:
-    """Segment description for :func:`varlen_attention`; see the module docstring."""
+    """Segment description for :func:`varlen_attention`; see the module docstring.
+
+    The tensors live on the device attention runs on; ``host`` keeps the same three index lists as Python ints, so
+    that backends slice segments and check sizes without reading device memory (no host sync per layer). Build a
+    VarlenMeta on the host (CPU tensors: ``host`` is filled from them) and move it with :meth:`to`, which carries
+    ``host`` along; a VarlenMeta built directly from device tensors reads them back once, here."""
 
     cu_seqlens_q: torch.Tensor  # int32/int64 [S+1]
     k_start: torch.Tensor  # int64 [S]
@@ -52,6 +57,16 @@ class VarlenMeta:
     max_seqlen_k: int
     # per-micro-batch artefacts that every layer reuses (FlexAttention's block mask); filled lazily by the backends
     cache: dict = field(default_factory=dict, compare=False, repr=False)
+    host: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = field(default=None, compare=False,
+                                                                                   repr=False)
+
+    def __post_init__(self) -> None:
+        if self.host is None:
+            if any(t.is_meta for t in (self.cu_seqlens_q, self.k_start, self.k_len)):
+                raise TidalError("a VarlenMeta on the meta device needs its host lists: build it on the CPU and "
+                                 "move it with .to(device)")
+            host = tuple(tuple(int(x) for x in t.tolist()) for t in (self.cu_seqlens_q, self.k_start, self.k_len))
+            object.__setattr__(self, "host", host)
 
     @staticmethod
     def from_cu_seqlens(cu_seqlens: torch.Tensor, max_seqlen: int) -> VarlenMeta:
@@ -59,28 +74,46 @@ class VarlenMeta:
         return VarlenMeta(cu, cu[:-1].clone(), cu[1:] - cu[:-1], int(max_seqlen), int(max_seqlen))
 
     @staticmethod
-    def from_lengths(lengths) -> VarlenMeta:
-        lens = torch.as_tensor(list(lengths), dtype=torch.int64)
-        cu = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
-        return VarlenMeta.from_cu_seqlens(cu, int(lens.max()))
+    def from_lengths(lengths, device: torch.device | str = "cpu") -> VarlenMeta:
+        """One causal segment per document of `lengths`, built on the host and moved to `device` in one copy."""
+        lens = [int(x) for x in lengths]
+        cu = [0]
+        for n in lens:
+            cu.append(cu[-1] + n)
+        flat = torch.tensor(cu + cu[:-1] + lens, dtype=torch.int64, device="cpu")
+        s = len(lens)
+        cu_t, ks, kl = flat.split([s + 1, s, s])
+        meta = VarlenMeta(cu_t, ks, kl, max(lens, default=0), max(lens, default=0),
+                          host=(tuple(cu), tuple(cu[:-1]), tuple(lens)))
+        return meta if torch.device(device).type == "cpu" else meta.to(device)
 
     @property
     def num_segments(self) -> int:
-        return int(self.k_len.numel())
+        return len(self.host[2])
+
+    @property
+    def total_q(self) -> int:
+        """Query tokens (``cu_seqlens_q[-1]``), known on the host."""
+        return self.host[0][-1]
 
     def key_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per query token, the half-open key range ``[lo, hi)`` it may attend to (int64 ``[Tq]`` each)."""
-        cu = self.cu_seqlens_q.to(torch.int64)
-        lq = cu[1:] - cu[:-1]
-        seg = torch.repeat_interleave(torch.arange(lq.numel()), lq)
-        i = torch.arange(int(cu[-1])) - cu[:-1][seg]
-        lo = self.k_start[seg]
-        hi = lo + self.k_len[seg] - lq[seg] + i + 1
-        return lo, hi
+        """Per query token, the half-open key range ``[lo, hi)`` it may attend to (int64 ``[Tq]`` each, on the
+        tensors' device; computed from the host lists, then moved in one copy)."""
+        cu, ks, kl = self.host
+        lq = torch.tensor([cu[s + 1] - cu[s] for s in range(len(kl))], dtype=torch.int64, device="cpu")
+        seg = torch.repeat_interleave(torch.arange(lq.numel(), device="cpu"), lq)
+        cu0 = torch.tensor(cu[:-1], dtype=torch.int64, device="cpu")
+        i = torch.arange(cu[-1], device="cpu") - cu0[seg]
+        lo = torch.tensor(ks, dtype=torch.int64, device="cpu")[seg]
+        hi = lo + torch.tensor(kl, dtype=torch.int64, device="cpu")[seg] - lq[seg] + i + 1
+        both = torch.stack([lo, hi]).to(self.k_start.device)
+        return both[0], both[1]
 
-    def to(self, device: torch.device | str) -> VarlenMeta:  # a fresh cache: artefacts are per device
-        return VarlenMeta(self.cu_seqlens_q.to(device), self.k_start.to(device), self.k_len.to(device),
-                          self.max_seqlen_q, self.max_seqlen_k)
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> VarlenMeta:
+        """The same segments on `device` (a fresh cache: artefacts are per device; the host lists are kept)."""
+        return VarlenMeta(*(t.to(device, non_blocking=non_blocking) for t in (self.cu_seqlens_q, self.k_start,
+                                                                              self.k_len)),
+                          self.max_seqlen_q, self.max_seqlen_k, host=self.host)
 
 
 def _flash_fn():
@@ -154,8 +187,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: Va
         raise TidalError(f"varlen_attention wants q [T,H,D], k/v [T,Hkv,D]; got {tuple(q.shape)}, {tuple(k.shape)}")
     if q.shape[1] % k.shape[1]:
         raise TidalError(f"query heads {q.shape[1]} are not a multiple of key/value heads {k.shape[1]}")
-    if int(meta.cu_seqlens_q[-1]) != q.shape[0]:
-        raise TidalError(f"cu_seqlens_q ends at {int(meta.cu_seqlens_q[-1])} but q has {q.shape[0]} tokens")
+    if meta.total_q != q.shape[0]:
+        raise TidalError(f"cu_seqlens_q ends at {meta.total_q} but q has {q.shape[0]} tokens")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     name = resolve_backend(backend, q, needs_grad)
@@ -173,8 +206,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: Va
 
 def _attn_reference(q, k, v, meta: VarlenMeta, scale: float) -> torch.Tensor:
     rep = q.shape[1] // k.shape[1]
-    cu = meta.cu_seqlens_q.tolist()
-    ks, kl = meta.k_start.tolist(), meta.k_len.tolist()
+    cu, ks, kl = meta.host
     outs = []
     for s in range(len(kl)):
         qs = q[cu[s] : cu[s + 1]].transpose(0, 1)  # [H, Lq, D]
@@ -182,8 +214,9 @@ def _attn_reference(q, k, v, meta: VarlenMeta, scale: float) -> torch.Tensor:
         vv = v[ks[s] : ks[s] + kl[s]].repeat_interleave(rep, dim=1).transpose(0, 1)
         lq, lk = qs.shape[1], kk.shape[1]
         scores = torch.matmul(qs, kk.transpose(1, 2)) * scale
-        allowed = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + (lk - lq)
-        scores = scores.masked_fill(~allowed.to(scores.device), float("-inf"))
+        allowed = (torch.arange(lk, device=q.device)[None, :]
+                   <= torch.arange(lq, device=q.device)[:, None] + (lk - lq))
+        scores = scores.masked_fill(~allowed, float("-inf"))
         outs.append(torch.matmul(torch.softmax(scores, dim=-1), vv).transpose(0, 1))
     return torch.cat(outs, dim=0) if outs else q.new_zeros(q.shape)
 
@@ -193,8 +226,7 @@ def _attn_sdpa(q, k, v, meta: VarlenMeta, scale: float) -> torch.Tensor:
     else with the segment's own bottom-right [Lq, Lk] mask (CP pieces). Never a [Tq, Tk] mask over the micro-batch,
     so time and memory follow sum of l^2 over documents, not (sum of l)^2."""
     gqa = q.shape[1] != k.shape[1]
-    cu = meta.cu_seqlens_q.tolist()
-    ks, kl = meta.k_start.tolist(), meta.k_len.tolist()
+    cu, ks, kl = meta.host
     outs = []
     for s in range(len(kl)):
         lq, lk = cu[s + 1] - cu[s], kl[s]
@@ -218,7 +250,7 @@ def flex_block_mask(meta: VarlenMeta, tq: int, tk: int, device: torch.device):
     key = ("flex_block_mask", str(device), tq, tk)
     if key not in meta.cache:
         _, create_block_mask = _flex_fn()
-        lo, hi = (t.to(device) for t in meta.key_bounds())
+        lo, hi = (t.to(device) for t in meta.key_bounds())  # already there when the meta is on `device`
 
         def mask_mod(b, h, qi, ki):
             return (ki >= lo[qi]) & (ki < hi[qi])
@@ -254,16 +286,29 @@ def _attn_flex(q, k, v, meta: VarlenMeta, scale: float, kernels: AttentionKernel
     return out[0].transpose(0, 1)
 
 
+def _flash_keys(meta: VarlenMeta, tk: int, device: torch.device):
+    """(key row index or None, cu_seqlens_k, cu_seqlens_q; both int32) for flash-attn, built once per micro-batch
+    from the host lists and shared by every layer: overlapping key ranges (CP) are materialised by gathering each
+    segment's keys."""
+    key = ("flash_keys", str(device), tk)
+    if key not in meta.cache:
+        _, ks, kl = meta.host
+        cu_k = [0]
+        for n in kl:
+            cu_k.append(cu_k[-1] + n)
+        contiguous = all(ks[s] + kl[s] == (ks[s + 1] if s + 1 < len(ks) else tk) for s in range(len(ks)))
+        idx = None
+        if not (contiguous and (not ks or ks[0] == 0)):
+            idx = torch.cat([torch.arange(a, a + b, dtype=torch.int64, device="cpu") for a, b in zip(ks, kl)])
+        packed = torch.cat([torch.tensor(cu_k, dtype=torch.int64, device="cpu")] + ([] if idx is None else [idx]))
+        packed = packed.to(device, non_blocking=True)  # one copy per micro-batch
+        meta.cache[key] = (None if idx is None else packed[len(cu_k):], packed[: len(cu_k)].to(torch.int32),
+                           meta.cu_seqlens_q.to(device, torch.int32))
+    return meta.cache[key]
+
+
 def _attn_flash(q, k, v, meta: VarlenMeta, scale: float) -> torch.Tensor:  # pragma: no cover - needs a GPU
     fn = _flash_fn()
-    ks, kl = meta.k_start.tolist(), meta.k_len.tolist()
-    contiguous = all(ks[s] + kl[s] == (ks[s + 1] if s + 1 < len(ks) else k.shape[0]) for s in range(len(ks)))
-    if contiguous and (not ks or ks[0] == 0):
-        kk, vv = k, v
-        cu_k = torch.tensor([0] + [a + b for a, b in zip(ks, kl)], dtype=torch.int32, device=q.device)
-    else:  # overlapping key ranges (CP): gather each segment's keys
-        idx = torch.cat([torch.arange(a, a + b) for a, b in zip(ks, kl)]).to(q.device)
-        kk, vv = k.index_select(0, idx), v.index_select(0, idx)
-        cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), torch.tensor(kl).cumsum(0)]).to(q.device, torch.int32)
-    cu_q = meta.cu_seqlens_q.to(q.device, torch.int32)
+    idx, cu_k, cu_q = _flash_keys(meta, k.shape[0], q.device)
+    kk, vv = (k, v) if idx is None else (k.index_select(0, idx), v.index_select(0, idx))
     return fn(q, kk, vv, cu_q, cu_k, meta.max_seqlen_q, meta.max_seqlen_k, softmax_scale=scale, causal=True)

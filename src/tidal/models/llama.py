@@ -35,7 +35,8 @@ from tidal.models.init import init_slice
 
 @dataclass(frozen=True, eq=False)
 class VarlenBatch:
-    """Per-micro-batch attention context for the tokens this rank holds."""
+    """Per-micro-batch attention context for the tokens this rank holds, on the device the model runs on (the model
+    refuses a batch on another device: move it once per micro-batch with :meth:`to` or :func:`batch_to_device`)."""
 
     positions: torch.Tensor  # int64 [T]: position of each token within its document
     meta: VarlenMeta
@@ -43,13 +44,48 @@ class VarlenBatch:
     kv_rows: int = 0  # CP only: rows each rank contributes to that buffer (the largest rank's token count)
 
     @staticmethod
-    def from_lengths(lengths) -> VarlenBatch:
-        """A whole packed micro-batch of documents `lengths` on one rank."""
+    def from_lengths(lengths, device: torch.device | str = "cpu") -> VarlenBatch:
+        """A whole packed micro-batch of documents `lengths` on one rank, built on the host and moved to `device`."""
         lens = [int(x) for x in lengths]
         if not lens or min(lens) < 1:
             raise TidalError(f"document lengths must be a non-empty list of positive ints, got {lens[:8]}")
-        positions = torch.cat([torch.arange(n, dtype=torch.int64) for n in lens])
-        return VarlenBatch(positions, VarlenMeta.from_lengths(lens))
+        positions = torch.cat([torch.arange(n, dtype=torch.int64, device="cpu") for n in lens])
+        batch = VarlenBatch(positions, VarlenMeta.from_lengths(lens))
+        return batch if torch.device(device).type == "cpu" else batch.to(device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.positions.device
+
+    def to(self, device: torch.device | str) -> VarlenBatch:
+        return batch_to_device(self, device)[0]
+
+
+def batch_to_device(batch: VarlenBatch, device: torch.device | str,
+                    *extra: torch.Tensor) -> tuple[VarlenBatch, tuple[torch.Tensor, ...]]:
+    """Move `batch` and the int64 host tensors `extra` (token ids, labels) to `device` in ONE host-to-device copy:
+    everything is packed into one int64 buffer, pinned on CUDA, copied with non_blocking=True, and split into views
+    there. The host lists of ``batch.meta`` travel as they are, so nothing is read back from the device."""
+    device = torch.device(device)
+    m = batch.meta
+    parts = [batch.positions, m.cu_seqlens_q.to(torch.int64), m.k_start, m.k_len, *extra]
+    if batch.kv_index is not None:
+        parts.append(batch.kv_index)
+    for t in parts:
+        if t.device.type != "cpu" or t.dtype != torch.int64 or t.dim() != 1:
+            raise TidalError(f"batch_to_device moves 1-D int64 host tensors, got {t.dtype} {tuple(t.shape)} on "
+                             f"{t.device}")
+    if device.type == "cpu":
+        return batch, tuple(extra)
+    flat = torch.cat(parts)
+    if device.type == "cuda":
+        flat = flat.pin_memory()
+    moved = flat.to(device, non_blocking=True).split([t.numel() for t in parts])
+    pos, cu, ks, kl = moved[:4]
+    ext = moved[4 : 4 + len(extra)]
+    meta = VarlenMeta(cu.to(m.cu_seqlens_q.dtype), ks, kl, m.max_seqlen_q, m.max_seqlen_k, host=m.host)
+    kv = moved[-1] if batch.kv_index is not None else None
+    return VarlenBatch(pos, meta, kv_index=kv, kv_rows=batch.kv_rows), tuple(ext)
 
 
 def upcast(x: torch.Tensor) -> torch.Tensor:
@@ -70,7 +106,7 @@ class RMSNorm(nn.Module):
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
     """cos/sin ``[T, head_dim/2]`` for the given per-token positions."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim))
     ang = positions.to(torch.float64)[:, None] * inv[None, :]
     return ang.cos().to(dtype), ang.sin().to(dtype)
 
@@ -165,7 +201,8 @@ class Llama(nn.Module):
         self.spec = spec
         # the initialisation seed: given, or the first draw of torch's global generator (so that
         # `torch.manual_seed(s); Llama(spec)` equals `Llama(spec, seed=models.init.derive_seed(s))`)
-        self.init_seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if seed is None else int(seed)
+        self.init_seed = (int(torch.randint(0, 2**31 - 1, (1,), device="cpu").item()) if seed is None
+                          else int(seed))
         self.tok_embeddings: nn.Module | None = nn.Embedding(spec.vocab, spec.hidden)
         self.layers = nn.ModuleDict({str(i): Block(spec, attn_backend) for i in range(spec.layers)})
         self.norm: nn.Module | None = RMSNorm(spec.hidden, spec.norm_eps)
@@ -212,7 +249,10 @@ class Llama(nn.Module):
         rows = n if self.seq_parallel is None else self.seq_parallel.rows(n)
         if h.shape[0] != rows:
             raise TidalError(f"{h.shape[0]} rows of hidden states for {n} tokens; expected {rows}")
-        cos, sin = rope_cos_sin(batch.positions.to(h.device), self.spec.head_dim, self.spec.rope_theta, h.dtype)
+        if batch.positions.device != h.device:
+            raise TidalError(f"the batch is on {batch.positions.device} but the model runs on {h.device}: move it "
+                             f"once per micro-batch with VarlenBatch.to(device)")
+        cos, sin = rope_cos_sin(batch.positions, self.spec.head_dim, self.spec.rope_theta, h.dtype)
         for layer in self.layers.values():
             h = layer(h, batch, cos, sin)
         if self.norm is not None:

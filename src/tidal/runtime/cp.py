@@ -32,7 +32,7 @@ class KVAllGather:
             raise TidalError("context parallelism needs a VarlenBatch with kv_index (build it with cp_rank_batch)")
         hk = k.shape[1]
         kv = gather_rows(torch.cat([k, v], dim=1), self.group, batch.kv_rows)
-        kv = kv.index_select(0, batch.kv_index.to(kv.device))
+        kv = kv.index_select(0, batch.kv_index)  # on the model's device (the model checks the batch's)
         return kv[:, :hk], kv[:, hk:]
 
 
@@ -48,7 +48,9 @@ def apply_cp(model: nn.Module, group) -> nn.Module:
 def cp_rank_batch(shard: CPShard, rank: int, slots=None) -> VarlenBatch:
     """The attention context of CP rank `rank` (layout order): its positions, segments, and where each packed token
     sits in the all-gathered K/V buffer. The buffer is in *group* order (ascending global rank), so layout rank r's
-    rows start at ``slots[r] * rows`` (``slots`` from RankGrid.cp_slots; identity when None)."""
+    rows start at ``slots[r] * rows`` (``slots`` from RankGrid.cp_slots; identity when None). Built on the host (CPU
+    tensors and the segments' host lists); the runner moves it to the model's device in one copy
+    (:func:`tidal.models.llama.batch_to_device`)."""
     if not 0 <= rank < shard.cp:
         raise TidalError(f"CP rank {rank} out of range for CP={shard.cp}")
     slots = tuple(range(shard.cp)) if slots is None else tuple(int(s) for s in slots)
@@ -63,8 +65,10 @@ def cp_rank_batch(shard: CPShard, rank: int, slots=None) -> VarlenBatch:
         cu_seqlens_q=torch.from_numpy(rs.cu_seqlens_q.astype(np.int64)),
         k_start=torch.from_numpy(rs.k_start.copy()),
         k_len=torch.from_numpy(rs.k_len.copy()),
-        max_seqlen_q=rs.max_seqlen_q,
-        max_seqlen_k=rs.max_seqlen_k,
+        max_seqlen_q=int(rs.max_seqlen_q),
+        max_seqlen_k=int(rs.max_seqlen_k),
+        host=(tuple(int(x) for x in rs.cu_seqlens_q), tuple(int(x) for x in rs.k_start),
+              tuple(int(x) for x in rs.k_len)),
     )
     kv = torch.from_numpy(kv_index) if shard.cp > 1 else None
     return VarlenBatch(torch.from_numpy(rs.positions.copy()), meta, kv_index=kv, kv_rows=rows)

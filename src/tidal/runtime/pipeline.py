@@ -24,7 +24,7 @@ from tidal.core.model import ModelSpec, param_table
 from tidal.core.plan import PipelinePlan
 from tidal.core.strategy import Pipeline
 from tidal.models.init import derive_seed, init_slice
-from tidal.models.llama import Llama, loss_sum
+from tidal.models.llama import Llama, batch_to_device, loss_sum
 from tidal.planner.cp_sharding import shard_micro_batch
 from tidal.runtime.comm import all_reduce_
 from tidal.runtime.cp import apply_cp, cp_rank_batch
@@ -180,6 +180,26 @@ def _check_plan(plan: PipelinePlan, grid: RankGrid, seq_lengths: Sequence[int], 
                                  f"{seq_lengths[j] + 1} (inputs plus the next-token label)")
 
 
+def micro_batch_inputs(plan: PipelinePlan, i: int, grid: RankGrid, seq_lengths: Sequence[int],
+                       documents: Sequence[torch.Tensor], device: torch.device):
+    """(token ids, labels, VarlenBatch) of micro-batch `i` for this rank's CP shard, on `device`. Everything is
+    assembled on the host (the documents, the CP shard's indices, positions and segments) and moved in one
+    non-blocking copy from pinned memory (:func:`tidal.models.llama.batch_to_device`); the segments' host lists
+    travel with it, so nothing in the forward reads device memory back."""
+    s = grid.scheme
+    mb = plan.micro_batches[i]
+    shard = shard_micro_batch([seq_lengths[j] for j in mb], s.cp, plan.cp_sharding[i] if s.cp > 1 else "per-seq")
+    idx = torch.from_numpy(shard.ranks[grid.cp_rank].indices)
+    for j in mb:
+        if documents[j].device.type != "cpu":
+            raise TidalError(f"document {j} is on {documents[j].device}; the runner takes token ids on the host")
+    inputs = torch.cat([documents[j][:-1] for j in mb]).long()[idx]
+    labels = torch.cat([documents[j][1:] for j in mb]).long()[idx]
+    batch, (inputs, labels) = batch_to_device(cp_rank_batch(shard, grid.cp_rank, grid.cp_slots), device, inputs,
+                                              labels)
+    return inputs, labels, batch
+
+
 def run_pipeline(model: nn.Module, grid: RankGrid, plan: PipelinePlan, seq_lengths: Sequence[int],
                  documents: Sequence[torch.Tensor], *, global_tokens: int | None = None,
                  schedule: str = "1f1b", reduce_replicas: bool = True) -> StepResult:
@@ -205,15 +225,7 @@ def run_pipeline(model: nn.Module, grid: RankGrid, plan: PipelinePlan, seq_lengt
     if norm <= 0:
         raise TidalError(f"global_tokens must be positive, got {global_tokens}")
     device = next(model.parameters()).device  # tokens and the loss follow the model's device
-    mbs = []
-    for i, mb in enumerate(plan.micro_batches):
-        lengths = [seq_lengths[j] for j in mb]
-        mode = plan.cp_sharding[i] if s.cp > 1 else "per-seq"
-        shard = shard_micro_batch(lengths, s.cp, mode)
-        idx = torch.from_numpy(shard.ranks[grid.cp_rank].indices)
-        inputs = torch.cat([documents[j][:-1] for j in mb]).long()[idx].to(device)
-        labels = torch.cat([documents[j][1:] for j in mb]).long()[idx].to(device)
-        mbs.append((inputs, labels, cp_rank_batch(shard, grid.cp_rank, grid.cp_slots)))
+    mbs = [micro_batch_inputs(plan, i, grid, seq_lengths, documents, device) for i in range(len(plan.micro_batches))]
 
     def stage_forward(i: int, x):
         inputs, _, batch = mbs[i]

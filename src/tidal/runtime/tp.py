@@ -150,7 +150,7 @@ class _VocabParallelCE(torch.autograd.Function):
     def backward(ctx, g):
         p, li, inside = ctx.saved_tensors
         grad = p.clone()
-        grad[torch.arange(grad.shape[0]), li] -= inside.to(grad.dtype)
+        grad[torch.arange(grad.shape[0], device=grad.device), li] -= inside.to(grad.dtype)
         return (grad * g[:, None]).to(ctx.in_dtype), None, None, None
 
 
