@@ -1,5 +1,9 @@
 """Worker body of test_device_check.py's runtime test (spawned gloo ranks): build each case's stage model and run its
-pipeline's forward and backward under the DeviceChecker; return the findings."""
+pipeline's forward and backward under the DeviceChecker; return the findings.
+
+Host reads the step makes today (recorded, asserted absent only in models/; docs/runtime.md lists them):
+``float(loss)`` once per step in run_pipeline (the reported loss), and in runtime/pp.py and comm.recv_with_shape
+(issue 23's NCCL item rewrites both)."""
 
 from __future__ import annotations
 
@@ -39,9 +43,10 @@ def runtime_worker(rank: int, world: int) -> list[tuple[str, list]]:
         docs = make_documents(EQ_LENGTHS, spec.vocab, seed=1)
         plan = PipelinePlan(scheme.tp, scheme.pp, scheme.cp, devices, max(EQ_LENGTHS), EQ_MBS, 0.0,
                             EQ_MODES if scheme.cp > 1 else (), scheme.layer_split)
-        with DeviceChecker(host_reads=True, allow=ALLOW) as dc:
+        with DeviceChecker(allow=ALLOW) as build:  # construction: devices only (host reads are fine there)
             model = build_stage_model(spec, grid, seed=0, attn_backend="sdpa", device="cpu", **opts)
+        with DeviceChecker(host_reads=True, allow=ALLOW) as step:
             run_pipeline(model, grid, plan, EQ_LENGTHS, docs, schedule=schedule)
         assert all(p.grad is not None for p in model.parameters())
-        out.append((name, dc.findings))
+        out.append((name, build.findings + step.findings))
     return out

@@ -13,7 +13,8 @@ and backward run, and records three kinds of findings:
 
 Python-level autograd functions' ``backward`` (the TP and CP collectives' custom Functions) runs under the mode
 too (torch pops a mode while it handles a call, so the checker runs ``Tensor.backward``/``autograd.backward``'s
-engine call itself with the mode pushed), so backward is covered; built-in ops' backward kernels are C++ and create no tensors from Python.
+engine call itself with the mode pushed), so backward is covered; built-in ops' backward kernels are C++ and create
+no tensors from Python.
 
 It lives under tests/ because only tests use it: production code has no use for a checker that slows every call.
 """
@@ -42,7 +43,9 @@ FACTORIES = frozenset({
     torch.scalar_tensor, torch.tril_indices, torch.triu_indices, torch.range,
 })
 HOST_READS = frozenset({"item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__"})
-MOVES = frozenset({"to", "copy_", "cpu", "cuda", "pin_memory", "__set__", "__get__"})
+# explicit moves between devices (and nn.Module.to_empty's check of a meta parameter against its new storage)
+MOVES = frozenset({"to", "copy_", "cpu", "cuda", "pin_memory", "__set__", "__get__", "__setitem__",
+                   "_has_compatible_shallow_copy_type"})
 
 
 @dataclass(frozen=True)

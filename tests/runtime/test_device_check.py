@@ -136,14 +136,22 @@ def test_batch_to_device_is_one_copy_and_keeps_host_lists():
         llama_mod.batch_to_device(b, "meta", x.float())
 
 
+# the host reads a pipeline step makes today, each once per step or per message (docs/runtime.md, "Host syncs"):
+# the step's loss, reported as a float; and two in code issue 23's NCCL item rewrites (a float per micro-batch in
+# pp.execute, the shape header in comm.recv_with_shape). Any other host read in tidal's step code fails the test.
+KNOWN_HOST_READS = ("tidal/runtime/pipeline.py:", "tidal/runtime/pp.py:", "tidal/runtime/comm.py:")
+
+
 @pytest.mark.distributed
 def test_runtime_pipeline_is_device_clean():
-    """TP (fused, unfused, sequence parallel), CP, PP and tied embeddings on 4 gloo ranks, forward and backward of
-    run_pipeline under the checker: no factory without a device and no mixed-device op anywhere in tidal's code, and
-    no host read in the model (models/)."""
+    """TP (fused, unfused, sequence parallel), CP, PP and tied embeddings on 4 gloo ranks, the stage model's
+    construction and run_pipeline's forward and backward under the checker: no factory without a device and no
+    mixed-device op anywhere in tidal's code, and no host read beyond KNOWN_HOST_READS (none in models/)."""
     per_rank = run_distributed(runtime_worker, 4, timeout_s=600)
     for rank, cases in enumerate(per_rank):
         assert len(cases) == 5, (rank, cases)
         for name, findings in cases:
-            bad = [f for f in findings if f.kind != "host-read" or "tidal/models/" in f.where]
+            bad = [f for f in findings if f.kind != "host-read" or not f.where.startswith(KNOWN_HOST_READS)]
             assert bad == [], (rank, name, [str(f) for f in bad])
+            loss_reads = [f for f in findings if f.where.startswith("tidal/runtime/pipeline.py:")]
+            assert len(loss_reads) == 1 and "run_pipeline" in loss_reads[0].where, loss_reads

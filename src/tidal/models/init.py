@@ -43,9 +43,9 @@ def init_slice(info: ParamInfo, index: int, seed: int, rows: tuple[int, int] | N
     while b * BLOCK < r1:
         lo, hi = b * BLOCK, min((b + 1) * BLOCK, n_rows)
         g.manual_seed(((seed * _SEED_MIX + index) * _SEED_MIX + b) % _SEED_MOD)
-        block = torch.randn((hi - lo, n_cols), generator=g) * std
+        block = torch.randn((hi - lo, n_cols), generator=g, device="cpu") * std  # the generator is the CPU's
         a, z = max(lo, r0), min(hi, r1)
-        out[a - r0 : z - r0] = block[a - lo : z - lo, c0:c1].to(dtype)
+        out[a - r0 : z - r0] = block[a - lo : z - lo, c0:c1].to(device=out.device, dtype=dtype)
         b += 1
     return out
 
@@ -61,4 +61,4 @@ def init_full(spec: ModelSpec, name: str, seed: int, **kw) -> torch.Tensor:
 def derive_seed(seed: int) -> int:
     """The initialisation seed `torch.manual_seed(seed); Llama(spec)` uses (its first draw of torch's generator)."""
     g = torch.Generator().manual_seed(int(seed))
-    return int(torch.randint(0, 2**31 - 1, (1,), generator=g).item())
+    return int(torch.randint(0, 2**31 - 1, (1,), generator=g, device="cpu").item())
