@@ -60,6 +60,8 @@ REFUSALS = [
     ("bad corpus", lambda t: t.replace('"stdlib:defs"', '"webtext"'), [], "bad corpus spec"),
     ("bad dtype", lambda t: t.replace("progress = false", 'progress = false\nmaster_dtype = "bfloat16"'), [],
      "master_dtype"),
+    ("bad compute dtype", lambda t: t.replace("progress = false", 'progress = false\ncompute_dtype = "fp16"'), [],
+     "[train] compute_dtype must be one of auto"),
     ("no steps", lambda t: t.replace("steps = 2", "steps = 0"), [], "steps must be >= 1"),
     ("negative seed", lambda t: t.replace("steps = 2", "steps = 2\nseed = -1"), [], "[train] seed must be >= 0"),
     ("negative plan_ahead", lambda t: t.replace("steps = 2", "steps = 2\nplan_ahead = -1"), [],

@@ -48,6 +48,8 @@ def test_profile_bad_input_is_refused_before_any_rank(tmp_path, capsys):
     assert "--totals" in capsys.readouterr().err
     assert main(["profile", "--data", "stdlib", "--draws", "0", "--out", str(tmp_path / "p.json")]) == 2
     assert "--draws" in capsys.readouterr().err
+    assert main(["profile", "--dtype", "fp16", "--out", str(tmp_path / "p.json")]) == 2
+    assert "profile dtype must be one of auto" in capsys.readouterr().err
 
 
 def test_corpus_compositions_draw_the_corpus_documents():

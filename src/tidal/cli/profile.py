@@ -37,6 +37,9 @@ def add_parser(sub) -> None:
     p.add_argument("--memory-gib", type=float, default=None,
                    help="per-device memory for MaxLen (default: CUDA's total memory, else the cluster's device type)")
     p.add_argument("--attn-backend", default="auto")
+    p.add_argument("--dtype", default="auto",
+                   help="compute dtype profiled: auto (training's default: bfloat16 on CUDA, float32 on CPU), "
+                        "float32, bfloat16 or float64")
     p.add_argument("--seed", type=argtypes.seed, default=0)
     p.add_argument("--timeout", type=argtypes.positive_seconds, default=900.0,
                    help="seconds per scheme before a hung rank fails")
@@ -63,7 +66,7 @@ def run(args) -> int:
     from tidal.core.scheme import parse_scheme
     from tidal.models.attention import BACKENDS
     from tidal.runtime.profile import compositions, write_rows
-    from tidal.runtime.profiler import auto_schemes, profile_model, result_extra
+    from tidal.runtime.profiler import auto_schemes, profile_dtype, profile_model, result_extra
 
     spec, cluster = get_model(args.model), get_cluster(args.cluster)
     if args.attn_backend not in BACKENDS:
@@ -96,7 +99,9 @@ def run(args) -> int:
         raise TidalError(f"--out {args.out}: directory {args.out.parent} does not exist")
     dist_backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= cluster.num_devices \
         else "gloo"
+    dtype = profile_dtype(args.dtype, dist_backend)  # a bad --dtype fails before any rank starts
     console = render.console()
+    console.print(f"profiling in {dtype} on {'CUDA' if dist_backend == 'nccl' else 'CPU'}")
     bar = Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                    TimeElapsedColumn(), console=console)
     with bar:
@@ -113,7 +118,7 @@ def run(args) -> int:
 
         res = profile_model(spec, cluster, schemes, mbs, memory_gib=args.memory_gib, repeats=args.repeats,
                             attn_backend=args.attn_backend, seed=args.seed, dist_backend=dist_backend,
-                            timeout_s=args.timeout, on_scheme=on_scheme)
+                            timeout_s=args.timeout, on_scheme=on_scheme, dtype=dtype)
     device = cluster.device_type(0).name
     try:
         args.out.write_text(res.model.to_json(device, result_extra(res, totals)) + "\n")

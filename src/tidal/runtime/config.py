@@ -11,7 +11,7 @@ Sections and keys (all optional except where noted; see docs/training.md for the
                  cp_sharding = "adaptive", rotate = false, cost_model = "" (path to a fitted model or profile),
                  exact = false
     [optimizer]  lr, beta1, beta2, eps, weight_decay, clip, warmup_steps, decay_steps, min_lr_ratio
-    [train]      steps, seed, schedule = "1f1b"|"gpipe", master_dtype = "float32", compute_dtype = "float32",
+    [train]      steps, seed, schedule = "1f1b"|"gpipe", master_dtype = "float32", compute_dtype = "auto",
                  metrics = "" (JSONL path), progress = true, overlap_pull = true, sequence_parallel = false,
                  refit = "off"|"online", refit_every = 5,
                  plan_ahead = 2, checkpoint_dir = "", checkpoint_every = 0, resume = false, gc_every = 1
@@ -35,6 +35,24 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
+
+
+MASTER_DTYPES = ("float32", "float64")
+# auto: bfloat16 on CUDA (fp32 master weights), float32 on CPU, float64 when master_dtype is float64
+# (runtime.executor.compute_dtype_for resolves it on each rank's device)
+COMPUTE_DTYPES = ("auto", "float32", "bfloat16", "float64")
+
+
+def compute_dtype_for(compute: str, master: str, device_type: str) -> str:
+    """The compute dtype a setting means on a device of type `device_type` ("cuda", "cpu"): an explicit one as
+    given; "auto" is float64 when the master weights are float64 (verification), else bfloat16 on CUDA (bf16
+    compute, fp32 master weights and moments) and float32 elsewhere (CPUs have no fast bf16 matmul, and fp32 keeps
+    CPU runs comparable to one process)."""
+    if compute != "auto":
+        return compute
+    if master == "float64":
+        return "float64"
+    return "bfloat16" if device_type == "cuda" else "float32"
 
 
 @dataclass(frozen=True)
@@ -75,8 +93,8 @@ class TrainSection:
     steps: int = 20
     seed: int = 0
     schedule: str = "1f1b"
-    master_dtype: str = "float32"
-    compute_dtype: str = "float32"
+    master_dtype: str = "float32"  # master weights and Adam moments: float32 | float64
+    compute_dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU, float64 with float64 masters
     metrics: str = ""
     progress: bool = True
     overlap_pull: bool = True
@@ -88,6 +106,15 @@ class TrainSection:
     checkpoint_every: int = 0  # save every N steps (and after the last step); 0 = only after the last step
     resume: bool = False  # continue from <checkpoint_dir>/latest: weights, moments, planner and data state
     gc_every: int = 1  # Python's cyclic GC only between steps, every N steps (runtime/gcsync.py); 0 = automatic
+
+    def __post_init__(self) -> None:
+        if self.master_dtype not in MASTER_DTYPES:
+            raise TidalError(f"[train] master_dtype must be one of {', '.join(MASTER_DTYPES)}, got "
+                             f"{self.master_dtype!r}" + (" (bf16 master weights lose updates)"
+                                                         if self.master_dtype == "bfloat16" else ""))
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise TidalError(f"[train] compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}, got "
+                             f"{self.compute_dtype!r}")
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from tidal.core.strategy import Strategy
 from tidal.models.attention import describe_backend
 from tidal.models.init import derive_seed, init_slice
 from tidal.runtime import checkpoint as ckpt
+from tidal.runtime.config import compute_dtype_for
 from tidal.runtime.groups import GroupCache
 from tidal.runtime.optim import OptimConfig, ShardedAdamW, shard_range
 from tidal.runtime.pipeline import RankGrid, build_stage_model, held_params, run_pipeline
@@ -49,7 +50,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 class ExecConfig:
     seed: int = 0  # model initialisation
     master_dtype: str = "float32"  # fp32 master weights and Adam moments (float64 for verification)
-    compute_dtype: str = "float32"  # parameters pulled into the strategy in this dtype (float32 | bfloat16 | float64)
+    compute_dtype: str = "auto"  # parameters pulled in this dtype; auto: config.compute_dtype_for (bf16 on CUDA)
     schedule: str = "1f1b"
     attn_backend: str = "auto"
     overlap_pull: bool = True  # pull layer by layer in the background; each module waits for its own parameters
@@ -57,13 +58,19 @@ class ExecConfig:
     sequence_parallel: bool = False  # Megatron-style SP in every TP group (runtime/tp.py)
 
     def __post_init__(self) -> None:
-        for k in ("master_dtype", "compute_dtype"):
-            if getattr(self, k) not in DTYPES:
-                raise TidalError(f"{k} must be one of {', '.join(DTYPES)}, got {getattr(self, k)!r}")
+        if self.master_dtype not in DTYPES:
+            raise TidalError(f"master_dtype must be one of {', '.join(DTYPES)}, got {self.master_dtype!r}")
+        if self.compute_dtype not in ("auto", *DTYPES):
+            raise TidalError(f"compute_dtype must be one of auto, {', '.join(DTYPES)}, got {self.compute_dtype!r}")
         if self.master_dtype == "bfloat16":
             raise TidalError("master_dtype must be float32 or float64 (bf16 master weights lose updates)")
         if self.device not in ("auto", "cpu", "cuda"):
             raise TidalError(f"device must be auto, cpu or cuda, got {self.device!r}")
+
+    def dtypes(self, device: torch.device | str) -> tuple[torch.dtype, torch.dtype]:
+        """(master, compute) torch dtypes on `device`, with compute_dtype "auto" resolved (compute_dtype_for)."""
+        compute = compute_dtype_for(self.compute_dtype, self.master_dtype, torch.device(device).type)
+        return DTYPES[self.master_dtype], DTYPES[compute]
 
 
 @dataclass(frozen=True)
@@ -97,7 +104,7 @@ class Executor:
                              f"{self.world} ranks")
         self.spec, self.cfg, self.optim_cfg, self.candidates = spec, cfg, optim, tuple(candidates)
         self.device = resolve_device(cfg.device)
-        self.master_dtype, self.compute_dtype = DTYPES[cfg.master_dtype], DTYPES[cfg.compute_dtype]
+        self.master_dtype, self.compute_dtype = cfg.dtypes(self.device)  # compute_dtype auto resolved here
         self.table = param_table(spec)
         for info in self.table:
             if info.shape[0] < self.world:

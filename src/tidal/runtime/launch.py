@@ -20,6 +20,16 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
+def cuda_defaults() -> None:
+    """A CUDA rank's numeric defaults, set once where the rank process starts (never at import): TF32 for fp32
+    matmuls and cuDNN convolutions (fp32 master-weight arithmetic outside the bf16 compute keeps full precision:
+    the optimizer's element-wise ops do not use TF32)."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
+
 def _worker(rank: int, world_size: int, store_path: str, backend: str, timeout_s: float, fn: Callable, args: tuple,
             queue: Any) -> None:
     try:
@@ -27,6 +37,7 @@ def _worker(rank: int, world_size: int, store_path: str, backend: str, timeout_s
             import torch
 
             torch.cuda.set_device(rank % torch.cuda.device_count())
+            cuda_defaults()
         store = dist.FileStore(store_path, world_size)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))

@@ -37,6 +37,7 @@ from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.costmodel.fitted import FittedCostModel, ProfileRow, fit_rows
 from tidal.costmodel.memory import MemoryConfig, fit_activation_bytes, measured_max_len
 from tidal.planner.stepper import with_cp_sharding
+from tidal.runtime.config import COMPUTE_DTYPES, compute_dtype_for
 from tidal.runtime.gcsync import StepGC
 from tidal.runtime.groups import GroupCache
 from tidal.runtime.launch import run_distributed
@@ -65,6 +66,7 @@ class ProfileResult:
     activations: MappingProxyType  # str(scheme) -> ActivationFit
     memory_bytes: float
     time_source: str  # "thread-cpu" or "cuda-wall"
+    dtype: str = "float32"  # the compute dtype profiled (what training computes in)
 
     def rows(self) -> list[ProfileRow]:
         return [ProfileRow(s.scheme, p.lengths, p.seconds) for s in self.schemes for p in s.points]
@@ -106,7 +108,8 @@ def _cp_modes(spec: ModelSpec, cluster: ClusterSpec, scheme: ParallelScheme, dev
 
 
 def _worker(rank: int, world: int, spec: ModelSpec, scheme: ParallelScheme, mbs: list[list[int]],
-            modes: list[tuple[str, ...]], repeats: int, backend: str, seed: int) -> list[tuple[float, float]]:
+            modes: list[tuple[str, ...]], repeats: int, backend: str, seed: int,
+            dtype: str = "float32") -> list[tuple[float, float]]:
     torch.set_num_threads(1)  # ranks share the machine's cores
     k = scheme.num_devices
     pipes = [Pipeline(scheme, tuple(range(r * k, (r + 1) * k))) for r in range(world // k)]
@@ -117,7 +120,7 @@ def _worker(rank: int, world: int, spec: ModelSpec, scheme: ParallelScheme, mbs:
     grid = RankGrid.build(pipe, rank, groups)
     cuda = torch.distributed.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    model = build_stage_model(spec, grid, seed=seed, attn_backend=backend, device=device)
+    model = build_stage_model(spec, grid, seed=seed, attn_backend=backend, device=device, dtype=DTYPES[dtype])
     g = torch.Generator().manual_seed(seed)
     out = []
     with StepGC(1) as sgc:  # as training runs it (decision 66): no collection inside a timed call
@@ -149,10 +152,23 @@ def _worker(rank: int, world: int, spec: ModelSpec, scheme: ParallelScheme, mbs:
     return out
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+def profile_dtype(dtype: str, dist_backend: str) -> str:
+    """The concrete compute dtype a profile runs in: `dtype`, with auto resolved for the backend's device as
+    training resolves it (bfloat16 on CUDA under NCCL, float32 on CPU)."""
+    if dtype not in COMPUTE_DTYPES:
+        raise TidalError(f"profile dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {dtype!r}")
+    return compute_dtype_for(dtype, "float32", "cuda" if dist_backend == "nccl" else "cpu")
+
+
 def profile_scheme(spec: ModelSpec, cluster: ClusterSpec, scheme: ParallelScheme, mbs: Sequence[Sequence[int]], *,
                    repeats: int = 1, attn_backend: str = "auto", seed: int = 0, dist_backend: str = "gloo",
-                   timeout_s: float = 600.0) -> SchemeProfile:
-    """Run `scheme` on the cluster's N ranks (N // k replicas side by side) over micro-batches `mbs`."""
+                   timeout_s: float = 600.0, dtype: str = "auto") -> SchemeProfile:
+    """Run `scheme` on the cluster's N ranks (N // k replicas side by side) over micro-batches `mbs`, in the compute
+    dtype `dtype` (auto: training's default on the backend's device, config.compute_dtype_for)."""
+    dtype = profile_dtype(dtype, dist_backend)
     scheme.validate(spec)
     n, k = cluster.num_devices, scheme.num_devices
     if k > n:
@@ -162,7 +178,7 @@ def profile_scheme(spec: ModelSpec, cluster: ClusterSpec, scheme: ParallelScheme
     modes = _cp_modes(spec, cluster, scheme, tuple(range(k)), mbs)
     t0 = time.perf_counter()
     per_rank = run_distributed(_worker, n, spec, scheme, [list(m) for m in mbs], modes, repeats, attn_backend, seed,
-                               backend=dist_backend, timeout_s=timeout_s)
+                               dtype, backend=dist_backend, timeout_s=timeout_s)
     replicas = n // k
     points = []
     for i, lens in enumerate(mbs):
@@ -175,8 +191,10 @@ def profile_scheme(spec: ModelSpec, cluster: ClusterSpec, scheme: ParallelScheme
 def profile_model(spec: ModelSpec, cluster: ClusterSpec, schemes: Sequence[ParallelScheme],
                   mbs: Sequence[Sequence[int]], *, memory_gib: float | None = None, repeats: int = 1,
                   attn_backend: str = "auto", seed: int = 0, dist_backend: str = "gloo", timeout_s: float = 600.0,
-                  on_scheme: Callable[[SchemeProfile], None] | None = None) -> ProfileResult:
-    """Profile every scheme, fit latency (a, b, c) and MaxLen; returns the fitted model and the measurements."""
+                  on_scheme: Callable[[SchemeProfile], None] | None = None, dtype: str = "auto") -> ProfileResult:
+    """Profile every scheme in the compute dtype `dtype` (auto: bfloat16 under NCCL, else float32), fit latency
+    (a, b, c) and MaxLen; returns the fitted model and the measurements."""
+    dtype = profile_dtype(dtype, dist_backend)
     if not schemes:
         raise TidalError("no scheme to profile")
     for s in schemes:  # every refusal before any rank starts
@@ -197,7 +215,7 @@ def profile_model(spec: ModelSpec, cluster: ClusterSpec, schemes: Sequence[Paral
     profiles = []
     for s in schemes:
         prof = profile_scheme(spec, cluster, s, mbs, repeats=repeats, attn_backend=attn_backend, seed=seed,
-                              dist_backend=dist_backend, timeout_s=timeout_s)
+                              dist_backend=dist_backend, timeout_s=timeout_s, dtype=dtype)
         profiles.append(prof)
         if on_scheme is not None:
             on_scheme(prof)
@@ -212,13 +230,14 @@ def profile_model(spec: ModelSpec, cluster: ClusterSpec, schemes: Sequence[Paral
         ml = measured_max_len(spec, p.scheme, device, cluster.num_devices, act, MemoryConfig())
         out[key] = dataclasses.replace(fits[key], max_len=ml)
     model = FittedCostModel(spec, cluster, MappingProxyType(out), AnalyticCostModel(spec, cluster))
-    return ProfileResult(model, tuple(profiles), MappingProxyType(acts), mem, "cuda-wall" if cuda else "thread-cpu")
+    return ProfileResult(model, tuple(profiles), MappingProxyType(acts), mem, "cuda-wall" if cuda else "thread-cpu",
+                         dtype)
 
 
 def result_extra(res: ProfileResult, mbs_totals: Sequence[int]) -> dict:
     """Informational keys of the fitted model file written by `tidal profile` (ignored by the loader)."""
     return {
-        "profile": {"time": res.time_source, "totals": list(mbs_totals),
+        "profile": {"time": res.time_source, "dtype": res.dtype, "totals": list(mbs_totals),
                     "replicas": {str(p.scheme): p.replicas for p in res.schemes}},
         "memory": {"device_bytes": res.memory_bytes,
                    "activations": {k: {"m0": a.m0, "m1": a.m1, "m2": a.m2, "source": a.source}
@@ -226,5 +245,5 @@ def result_extra(res: ProfileResult, mbs_totals: Sequence[int]) -> dict:
     }
 
 
-__all__ = ["ProfilePoint", "ProfileResult", "SchemeProfile", "auto_schemes", "profile_model",
+__all__ = ["ProfilePoint", "ProfileResult", "SchemeProfile", "auto_schemes", "profile_dtype", "profile_model",
            "profile_scheme", "result_extra"]

@@ -42,6 +42,7 @@ from tidal.runtime.config import TrainConfig
 from tidal.runtime.executor import ExecConfig, Executor, fetch_from
 from tidal.runtime.gcsync import StepGC
 from tidal.runtime.groups import GroupCache
+from tidal.runtime.launch import cuda_defaults
 from tidal.runtime.planahead import PlannerSpec, SetCostModel, open_plans
 from tidal.runtime.pp import SCHEDULES
 
@@ -183,6 +184,8 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
     Rank 0 plans with `plan_factory()` (picklable; default: the job's `PlannerSpec`) resumed from `plan_state`, inline
     or `[train] plan_ahead` steps ahead in a background process started before the warm-up."""
     torch.set_num_threads(1)  # ranks share the machine's cores; one intra-op thread each
+    if dist.get_backend() == "nccl":
+        cuda_defaults()  # TF32 on (also set by run_distributed's ranks; this covers torchrun's)
     cfg = job.config
     resume = latest_checkpoint(cfg.train.checkpoint_dir, job.spec) if cfg.train.resume else None
     done = 0 if resume is None else int(resume[1]["step"])  # steps trained so far (the checkpoint's)
