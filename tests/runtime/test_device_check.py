@@ -134,6 +134,7 @@ def test_batch_to_device_is_one_copy_and_keeps_host_lists():
     assert moved.meta.host == b.meta.host and moved.meta.max_seqlen_q == max(LENS)
     with pytest.raises(TidalError, match="int64"):
         llama_mod.batch_to_device(b, "meta", x.float())
+    assert moved.to("meta") is moved  # already there: no copy
 
 
 # the host reads a pipeline step makes today, each once per step or per message (docs/runtime.md, "Host syncs"):

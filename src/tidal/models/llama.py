@@ -68,6 +68,11 @@ def batch_to_device(batch: VarlenBatch, device: torch.device | str,
     there. The host lists of ``batch.meta`` travel as they are, so nothing is read back from the device."""
     device = torch.device(device)
     m = batch.meta
+    def there(t: torch.Tensor) -> bool:  # "cuda" (no index) matches any CUDA device
+        return t.device.type == device.type and (device.index is None or t.device.index == device.index)
+
+    if there(batch.positions) and all(there(t) for t in extra):
+        return batch, tuple(extra)
     parts = [batch.positions, m.cu_seqlens_q.to(torch.int64), m.k_start, m.k_len, *extra]
     if batch.kv_index is not None:
         parts.append(batch.kv_index)
