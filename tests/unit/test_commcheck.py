@@ -5,7 +5,7 @@ import pytest
 
 from tidal.runtime.commcheck import P2P, Op, replay
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.comm_order]
 
 G01 = ("g01", (0, 1))  # one communicator over ranks 0 and 1
 G10 = ("g10", (0, 1))  # a second communicator over the same ranks
