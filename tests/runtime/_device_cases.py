@@ -1,9 +1,8 @@
 """Worker body of test_device_check.py's runtime test (spawned gloo ranks): build each case's stage model and run its
 pipeline's forward and backward under the DeviceChecker; return the findings.
 
-Host reads the step makes today (recorded, asserted absent only in models/; docs/runtime.md lists them):
-``float(loss)`` once per step in run_pipeline (the reported loss), and in runtime/pp.py and comm.recv_with_shape
-(issue 23's NCCL item rewrites both)."""
+The one host read the step makes (docs/runtime.md lists it): ``float(loss)`` once per step in run_pipeline (the
+reported loss)."""
 
 from __future__ import annotations
 
@@ -15,10 +14,6 @@ from tidal.runtime.pipeline import GroupCache, RankGrid, build_stage_model, run_
 
 from _devicecheck import DeviceChecker  # isort: skip
 from _parallel_cases import EQ_LENGTHS, EQ_MBS, EQ_MODES, TINY, TINY_TIED, make_documents  # isort: skip
-
-# comm.send_with_shape builds its shape header with torch.zeros and no device (then moves it); issue 23's NCCL item
-# replaces the header messages with shapes from the broadcast plan. Remove this allowance when that lands.
-ALLOW = (("tidal/runtime/comm.py", "send_with_shape"),)
 
 # name -> (pipelines (scheme, devices, model) over world 4, build options, schedule)
 CASES = (
@@ -43,9 +38,9 @@ def runtime_worker(rank: int, world: int) -> list[tuple[str, list]]:
         docs = make_documents(EQ_LENGTHS, spec.vocab, seed=1)
         plan = PipelinePlan(scheme.tp, scheme.pp, scheme.cp, devices, max(EQ_LENGTHS), EQ_MBS, 0.0,
                             EQ_MODES if scheme.cp > 1 else (), scheme.layer_split)
-        with DeviceChecker(allow=ALLOW) as build:  # construction: devices only (host reads are fine there)
+        with DeviceChecker() as build:  # construction: devices only (host reads are fine there)
             model = build_stage_model(spec, grid, seed=0, attn_backend="sdpa", device="cpu", **opts)
-        with DeviceChecker(host_reads=True, allow=ALLOW) as step:
+        with DeviceChecker(host_reads=True) as step:
             run_pipeline(model, grid, plan, EQ_LENGTHS, docs, schedule=schedule)
         assert all(p.grad is not None for p in model.parameters())
         out.append((name, build.findings + step.findings))

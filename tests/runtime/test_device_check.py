@@ -137,10 +137,9 @@ def test_batch_to_device_is_one_copy_and_keeps_host_lists():
     assert moved.to("meta") is moved  # already there: no copy
 
 
-# the host reads a pipeline step makes today, each once per step or per message (docs/runtime.md, "Host syncs"):
-# the step's loss, reported as a float; and two in code issue 23's NCCL item rewrites (a float per micro-batch in
-# pp.execute, the shape header in comm.recv_with_shape). Any other host read in tidal's step code fails the test.
-KNOWN_HOST_READS = ("tidal/runtime/pipeline.py:", "tidal/runtime/pp.py:", "tidal/runtime/comm.py:")
+# the one host read a pipeline step makes (docs/runtime.md, "Host syncs"): the step's loss, reported as a float, once
+# per step in run_pipeline. Any other host read in tidal's step code fails the test.
+KNOWN_HOST_READS = ("tidal/runtime/pipeline.py:",)
 
 
 @pytest.mark.distributed

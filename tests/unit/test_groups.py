@@ -5,7 +5,7 @@ import torch
 
 from tidal.core import ParallelScheme
 from tidal.core.strategy import Pipeline
-from tidal.runtime.groups import GroupCache, native_reduce_scatter, pipeline_group_ranks, slot_in_group
+from tidal.runtime.groups import GroupCache, native_reduce_scatter, pipeline_group_ranks, slot_in_group, stage_pairs
 
 pytestmark = pytest.mark.unit
 
@@ -20,6 +20,14 @@ def test_pipeline_groups_follow_the_layout():
     groups = pipeline_group_ranks(p)
     assert (7, 6) in groups and (7, 5) in groups and (7, 3) in groups  # TP, CP, tied first/last pair
     assert tuple(p.devices) in groups and all(len(g) > 1 for g in groups)
+
+
+def test_adjacent_stage_pairs_get_groups():
+    """One p2p group per (stage s, stage s + 1) pair at each (cp, tp) coordinate, listed with the pipeline's groups."""
+    p = Pipeline(ParallelScheme(tp=2, pp=3), (10, 11, 12, 13, 14, 15))
+    assert stage_pairs(p) == [(10, 12), (11, 13), (12, 14), (13, 15)]
+    assert all(pair in pipeline_group_ranks(p) for pair in stage_pairs(p))
+    assert stage_pairs(Pipeline(ParallelScheme(tp=2), (0, 1))) == []
 
 
 def test_reduce_scatter_capability_table():

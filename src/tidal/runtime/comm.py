@@ -1,8 +1,9 @@
 """Communication primitives with explicit process groups, autograd-aware where the algorithms need it.
 
 Conventions: every function takes the group it talks over; ``group=None`` means *a group of one* (degree 1, no
-communication at all), never the default world group. Point-to-point calls take global ranks. Nothing here holds
-state between calls.
+communication at all), never the default world group. Nothing here holds state between calls. Point-to-point
+traffic lives with its users: the pipeline's paired batches in runtime/pp.py, the resharding engine's in
+runtime/reshard/execute.py, each on process groups of its own (runtime/groups.py).
 
 Gloo notes: reduce-scatter is all-reduce then slice where the backend lacks it (gloo before PyTorch 2.8; see
 `runtime.groups.native_reduce_scatter`); all-gather of unequal sizes pads each rank's rows to the group maximum
@@ -15,8 +16,6 @@ import torch
 import torch.distributed as dist
 
 from tidal.runtime.groups import native_reduce_scatter
-
-_HEADER = 8  # p2p shape header: [ndim, d0, ..., d6]
 
 
 def group_size(group) -> int:
@@ -189,28 +188,3 @@ def scatter_to_sequence(x: torch.Tensor, group, slots: tuple[int, ...]) -> torch
 def gather_from_sequence(x: torch.Tensor, group, slots: tuple[int, ...], tokens: int) -> torch.Tensor:
     """Concatenate every rank's sequence shard (layout order) and drop the padding: [tokens, ...]."""
     return x if group_size(group) == 1 else _GatherFromSequence.apply(x, group, tuple(slots), int(tokens))
-
-
-def send_with_shape(t: torch.Tensor, dst: int) -> tuple[list, tuple]:
-    """Non-blocking send of a shape header, then the tensor, to global rank `dst`.
-
-    Returns (work handles, buffers): keep the buffers alive until the handles complete."""
-    if t.dim() > _HEADER - 1:
-        raise ValueError(f"p2p tensors have at most {_HEADER - 1} dims, got {t.dim()}")
-    header = torch.zeros(_HEADER, dtype=torch.int64)
-    header[0] = t.dim()
-    header[1 : 1 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
-    header = header.to(t.device)  # on the tensor's device: NCCL sends device memory only
-    data = t.detach().contiguous()
-    return [dist.isend(header, dst), dist.isend(data, dst)], (header, data)
-
-
-def recv_with_shape(src: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Blocking receive of a header then a tensor of that shape from global rank `src`."""
-    header = torch.empty(_HEADER, dtype=torch.int64, device=device)
-    dist.recv(header, src)
-    h = header.tolist()
-    shape = tuple(int(x) for x in h[1 : 1 + int(h[0])])
-    out = torch.empty(shape, dtype=dtype, device=device)
-    dist.recv(out, src)
-    return out

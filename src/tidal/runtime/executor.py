@@ -111,6 +111,7 @@ class Executor:
                 raise TidalError(f"{info.name} has {info.shape[0]} rows < {self.world} ranks: cannot shard it")
         self.groups = groups if groups is not None else GroupCache()
         self.groups.create_all([p for s in self.candidates for p in s.pipelines])
+        self.groups.p2p_group()  # the resharding engine's p2p group, created and initialised at a fixed point
         topo = Topology.from_cluster(cluster, self.world)
         pull_planner = SwitchPlanner(topo, itemsize=torch.finfo(self.compute_dtype).bits // 8)
         push_planner = SwitchPlanner(topo, itemsize=torch.finfo(self.master_dtype).bits // 8)
@@ -196,7 +197,7 @@ class Executor:
         self._inflight = []
         for idx, plan in self.pull_groups[k]:
             inputs = [self.master[i].to(self.compute_dtype) for i in idx]
-            fl = start(plan, inputs, dtype=self.compute_dtype, device=self.device)
+            fl = start(plan, inputs, self.groups, dtype=self.compute_dtype, device=self.device)
             self._inflight.append((idx, fl, held))
         nbytes = sum(_bytes(plan, self.rank) for _, plan in self.pull_groups[k])
         return time.perf_counter() - t0, time.thread_time() - c0, nbytes

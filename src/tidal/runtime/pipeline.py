@@ -29,7 +29,7 @@ from tidal.planner.cp_sharding import shard_micro_batch
 from tidal.runtime.comm import all_reduce_
 from tidal.runtime.cp import apply_cp, cp_rank_batch
 from tidal.runtime.groups import GroupCache, slot_in_group
-from tidal.runtime.pp import SCHEDULES, execute, split_stage
+from tidal.runtime.pp import SCHEDULES, Link, execute, split_stage
 from tidal.runtime.tp import parallelize_tp, sequence_parallel_partials, vocab_parallel_loss_sum
 
 
@@ -48,6 +48,8 @@ class RankGrid:
     next_rank: int | None
     cp_slots: tuple[int, ...] = (0,)  # layout CP rank c -> its slot in cp_group (torch orders groups by global rank)
     tp_slots: tuple[int, ...] = (0,)  # layout TP rank t -> its slot in tp_group
+    prev_group: object = None  # the (previous stage, this stage) pair's group: activations and their gradients
+    next_group: object = None  # the (this stage, next stage) pair's group
 
     @property
     def scheme(self):
@@ -80,6 +82,8 @@ class RankGrid:
             pipe_group=pipe_group, embed_group=embed_group,
             prev_rank=dev(stage - 1, c, t) if stage > 0 else None,
             next_rank=dev(stage + 1, c, t) if stage < s.pp - 1 else None,
+            prev_group=groups.get([dev(stage - 1, c, t), rank]) if stage > 0 else None,
+            next_group=groups.get([rank, dev(stage + 1, c, t)]) if stage < s.pp - 1 else None,
             cp_slots=tuple(slot_in_group([dev(stage, x, t) for x in range(s.cp)], dev(stage, y, t))
                            for y in range(s.cp)),
             tp_slots=tuple(slot_in_group([dev(stage, c, x) for x in range(s.tp)], dev(stage, c, y))
@@ -239,13 +243,20 @@ def run_pipeline(model: nn.Module, grid: RankGrid, plan: PipelinePlan, seq_lengt
             return vocab_parallel_loss_sum(logits, labels, grid.tp_group, vocab_start) / norm
         return loss_sum(logits, labels) / norm
 
+    # hidden-state shape at the stage boundaries, per micro-batch: this CP rank's tokens, or its sequence-parallel
+    # rows of them; from the plan, so pp.execute never sends a shape
+    seq_par = getattr(model, "seq_parallel", None)
+    recv_shapes = [(n if seq_par is None else seq_par.rows(n), model.spec.hidden)
+                   for n in (int(inputs.shape[0]) for inputs, _, _ in mbs)]
     params = list(model.parameters())
     dtype = params[0].dtype
     earlier = [p.grad for p in params]  # set aside: only this call's contribution is reduced over replicas
     for p in params:
         p.grad = None
     stats = execute(SCHEDULES[schedule](len(mbs), s.pp, grid.stage), stage_forward, stage_loss, first=grid.first,
-                    last=grid.last, prev_rank=grid.prev_rank, next_rank=grid.next_rank, dtype=dtype, params=params)
+                    last=grid.last, prev_link=None if grid.first else Link(grid.prev_rank, grid.prev_group),
+                    next_link=None if grid.last else Link(grid.next_rank, grid.next_group), recv_shapes=recv_shapes,
+                    dtype=dtype, params=params)
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
@@ -265,8 +276,8 @@ def run_pipeline(model: nn.Module, grid: RankGrid, plan: PipelinePlan, seq_lengt
         if g is not None:
             g.add_(p.grad)
             p.grad = g
-    loss = torch.tensor([stats.loss_sum if (grid.last and grid.tp_rank == 0) else 0.0], dtype=torch.float64,
-                        device=device)
-    all_reduce_(loss, grid.pipe_group)
+    loss = stats.loss_sum.reshape(1) if (grid.last and grid.tp_rank == 0) else torch.zeros(
+        1, dtype=torch.float64, device=device)
+    all_reduce_(loss, grid.pipe_group)  # the step's one host sync of the loss is float(loss) below
     return StepResult(float(loss), tokens, stats.peak_live_micro_batches, stats.peak_saved_bytes,
                       stats.forward_seconds, stats.backward_seconds)

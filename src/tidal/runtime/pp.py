@@ -3,26 +3,29 @@ different lengths.
 
 * :func:`split_stage` deletes the layers (and embedding / final norm / head) a stage does not own; names stay global.
 * :func:`schedule_1f1b` / :func:`schedule_gpipe` are pure: ``(micro-batches, pp, stage) -> (("F"|"B", i), ...)``.
-* :func:`execute` runs a schedule. Every hidden-state message is preceded by a shape header
-  (:func:`tidal.runtime.comm.send_with_shape`), since micro-batch lengths differ. Sends are non-blocking and receives
-  blocking, which keeps both schedules deadlock-free. A micro-batch's stage input/output are dropped as soon as its
-  backward has run (``retain_graph=False`` also frees the autograd-saved activations). The executor measures the peak
-  number of micro-batches whose activations are live and the peak bytes of autograd-saved activations (parameters
-  excluded) via ``saved_tensors_hooks``.
+* :func:`execute` runs a schedule. Before each action it posts, in one ``batch_isend_irecv`` per neighbour, the
+  previous action's sends and the receive this action waits on (:func:`exchanges`), on the process group of that
+  adjacent stage pair; receive buffers take their shapes from the step plan (micro-batch lengths differ, and no shape
+  header travels). Paired this way, no stage waits on a send its neighbour has not matched, which keeps both schedules
+  deadlock-free under NCCL's blocking sends (tests/runtime/test_comm_order.py replays the recorded order under NCCL's
+  rules). A micro-batch's stage input/output are dropped as soon as its backward has run (``retain_graph=False``
+  also frees the autograd-saved activations). The executor measures the peak number of micro-batches whose
+  activations are live and the peak bytes of autograd-saved activations (parameters excluded) via
+  ``saved_tensors_hooks``. The loss is summed on the device; nothing in the loop syncs with the host.
 """
 
 from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from tidal.core.errors import TidalError
-from tidal.runtime.comm import recv_with_shape, send_with_shape
 
 Action = tuple[str, int]
 
@@ -82,7 +85,7 @@ def _check_schedule(num_micro: int, pp: int, stage: int) -> None:
 
 @dataclass(frozen=True)
 class ExecStats:
-    loss_sum: float  # sum of the (already normalised) micro-batch losses computed on this rank; 0 off the last stage
+    loss_sum: torch.Tensor  # 0-dim float64 on the device: sum of the (normalised) micro-batch losses; 0 off the last
     peak_live_micro_batches: int
     peak_saved_bytes: int
     actions: int
@@ -123,6 +126,42 @@ class _Box:
         self.box = box
 
 
+@dataclass(frozen=True)
+class Link:
+    """A neighbouring stage: its global rank and the process group of the adjacent stage pair (runtime/groups.py
+    `stage_pairs`), on which every message between the two travels."""
+
+    rank: int
+    group: object
+
+
+Message = tuple[str, str, int]  # ("send" | "recv", "prev" | "next", micro-batch)
+
+
+def exchanges(actions: tuple[Action, ...], *, first: bool, last: bool) -> list[tuple[Message, ...]]:
+    """The point-to-point messages posted before each action and after the last: ``len(actions) + 1`` entries.
+    Entry k holds the sends of action k - 1 (its output to the next stage, its input gradient to the previous one)
+    and the receive action k waits on (its input from the previous stage, its output gradient from the next). Those
+    to one neighbour form ONE ``batch_isend_irecv`` (Megatron-LM's send_forward_recv_backward /
+    send_backward_recv_forward), so two stages never each wait on a send the other has not yet matched."""
+    def sends(kind: str, i: int) -> list[Message]:
+        if kind == "F":
+            return [] if last else [("send", "next", i)]
+        return [] if first else [("send", "prev", i)]
+
+    def recvs(kind: str, i: int) -> list[Message]:
+        if kind == "F":
+            return [] if first else [("recv", "prev", i)]
+        return [] if last else [("recv", "next", i)]
+
+    out, prev = [], []
+    for kind, i in actions:
+        out.append(tuple(prev + recvs(kind, i)))
+        prev = sends(kind, i)
+    out.append(tuple(prev))
+    return out
+
+
 def execute(
     actions: tuple[Action, ...],
     stage_forward: Callable[[int, torch.Tensor | None], torch.Tensor],
@@ -130,35 +169,66 @@ def execute(
     *,
     first: bool,
     last: bool,
-    prev_rank: int | None,
-    next_rank: int | None,
+    prev_link: Link | None,
+    next_link: Link | None,
+    recv_shapes: Sequence[tuple[int, ...]],
     dtype: torch.dtype,
     params: list[torch.Tensor],
 ) -> ExecStats:
     """Run `actions` on one stage. `stage_forward(i, x)` gets None on the first stage (it reads its own tokens) and
     the received hidden states elsewhere; `stage_loss(i, out)` turns the last stage's output into the normalised loss.
-    Gradients accumulate into the parameters' `.grad`."""
+    `recv_shapes[i]` is micro-batch i's hidden-state shape at this stage's boundaries (the activation received from
+    the previous stage and the gradient received from the next one; known from the step plan, so no shape travels).
+    Gradients accumulate into the parameters' `.grad`; the loss stays on the device until the caller reads it."""
     counter = _SavedBytes(params)
     device = params[0].device if params else torch.device("cpu")  # received activations live with the parameters
-    live: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
-    pending: list = []
-    peak_live, loss_total = 0, 0.0
     n = 1 + max(i for _, i in actions)
+    if len(recv_shapes) < n:
+        raise TidalError(f"the schedule runs {n} micro-batches but {len(recv_shapes)} receive shapes were given")
+    links = {"prev": prev_link, "next": next_link}
+    if (prev_link is None) != first or (next_link is None) != last:
+        raise TidalError("a stage has a previous link unless it is the first, a next link unless it is the last")
+    live: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
+    outbox: dict[tuple[str, int], torch.Tensor] = {}  # tensors of the sends posted at the next exchange
+    peak_live = 0
+    loss_total = torch.zeros((), dtype=torch.float64, device=device)
     fwd_s, bwd_s = [0.0] * n, [0.0] * n
-    for kind, i in actions:
+    plan = exchanges(actions, first=first, last=last)
+
+    def exchange(k: int) -> torch.Tensor | None:
+        """Post exchange k, one batch per neighbour on that pair's group, and wait for all of it."""
+        batches: dict[str, list] = {}
+        got = None
+        for op, side, i in plan[k]:
+            link = links[side]
+            if op == "send":
+                t = outbox.pop((side, i))
+                if tuple(t.shape) != tuple(recv_shapes[i]):
+                    raise TidalError(f"micro-batch {i}: sending shape {tuple(t.shape)} but the plan says "
+                                     f"{tuple(recv_shapes[i])}")
+                batches.setdefault(side, []).append(dist.P2POp(dist.isend, t, link.rank, group=link.group))
+            else:
+                got = torch.empty(tuple(recv_shapes[i]), dtype=dtype, device=device)
+                batches.setdefault(side, []).append(dist.P2POp(dist.irecv, got, link.rank, group=link.group))
+        works = [w for side in ("prev", "next") if side in batches for w in dist.batch_isend_irecv(batches[side])]
+        for w in works:
+            w.wait()
+        return got
+
+    for k, (kind, i) in enumerate(actions):
         t0 = time.perf_counter()
+        received = exchange(k)
         if kind == "F":
             if i in live:
                 raise TidalError(f"micro-batch {i} forwarded twice")
-            x = None if first else recv_with_shape(prev_rank, dtype, device).requires_grad_()
+            x = None if first else received.requires_grad_()
             with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
                 out = stage_forward(i, x)
                 if last:
                     out = stage_loss(i, out)
-                    loss_total += float(out.detach())
+                    loss_total += out.detach().to(torch.float64)
             if not last:
-                works, bufs = send_with_shape(out, next_rank)
-                pending.append((works, bufs))
+                outbox[("next", i)] = out.detach().contiguous()
             live[i] = (x, out)
             peak_live = max(peak_live, len(live))
             fwd_s[i] += time.perf_counter() - t0
@@ -169,19 +239,14 @@ def execute(
             if last:
                 out.backward()
             else:
-                grad = recv_with_shape(next_rank, dtype, device)
-                torch.autograd.backward(out, grad)
+                torch.autograd.backward(out, received)
             if not first:
-                works, bufs = send_with_shape(x.grad, prev_rank)
-                pending.append((works, bufs))
+                outbox[("prev", i)] = (x.grad if x.grad is not None else torch.zeros_like(x)).contiguous()
             del x, out
             bwd_s[i] += time.perf_counter() - t0
         else:
             raise TidalError(f"unknown pipeline action {kind!r}")
-        pending = [p for p in pending if not all(w.is_completed() for w in p[0])]
-    for works, _ in pending:
-        for w in works:
-            w.wait()
+    exchange(len(actions))
     if live:
         raise TidalError(f"schedule left micro-batches {sorted(live)} without a backward")
     return ExecStats(loss_total, peak_live, counter.peak, len(actions), tuple(fwd_s), tuple(bwd_s))

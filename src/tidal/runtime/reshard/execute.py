@@ -92,7 +92,9 @@ class _Local:
                 self.write(c, piece)
 
 
-def _p2p(local: _Local, rank: int, msgs, add: bool) -> None:
+def _p2p(local: _Local, rank: int, msgs, add: bool, group) -> None:
+    """One batch_isend_irecv per message batch this rank takes part in, on the engine's p2p group (no tags: messages
+    between two ranks match in posting order, which is the plan's order on both)."""
     by_batch = defaultdict(list)
     for m in msgs:
         if rank in (m.sender, m.receiver):
@@ -101,10 +103,10 @@ def _p2p(local: _Local, rank: int, msgs, add: bool) -> None:
         ops, recvs = [], []
         for m in by_batch[batch]:
             if m.sender == rank:
-                ops.append(dist.P2POp(dist.isend, local.pack(m.cells).contiguous(), m.receiver))
+                ops.append(dist.P2POp(dist.isend, local.pack(m.cells).contiguous(), m.receiver, group=group))
             else:
                 buf = torch.empty(m.elems, dtype=local.dtype, device=local.device)
-                ops.append(dist.P2POp(dist.irecv, buf, m.sender))
+                ops.append(dist.P2POp(dist.irecv, buf, m.sender, group=group))
                 recvs.append((buf, m))
         for req in dist.batch_isend_irecv(ops):
             req.wait()
@@ -129,7 +131,8 @@ def execute(plan: CommPlan, inputs: Sequence[torch.Tensor | None], groups: Group
                 cell = (red.tensor, box)
                 local.reduced[cell] = (local.read(cell).clone() if rank in ct else
                                        torch.zeros([b - a for a, b in box], dtype=dtype, device=device))
-    _p2p(local, rank, plan.reduce_msgs, add=True)
+    p2p = groups.p2p_group()
+    _p2p(local, rank, plan.reduce_msgs, add=True, group=p2p)
     # Phase 2: collectives in plan order.
     for col in plan.collectives:
         if rank not in col.ranks:
@@ -158,14 +161,11 @@ def execute(plan: CommPlan, inputs: Sequence[torch.Tensor | None], groups: Group
             for buf, ch in zip(bufs, col.chunks):
                 local.unpack(buf, ch)
     # Phase 3: SR/BSR messages, then local copies.
-    _p2p(local, rank, plan.messages, add=False)
+    _p2p(local, rank, plan.messages, add=False, group=p2p)
     for r, cell in plan.copies:
         if r == rank:
             local.write(cell, local.read(cell))
     return local.out
-
-
-PULL_TAG = 7  # p2p tag of started (asynchronous) plans, apart from the pipeline's activation messages (tag 0)
 
 
 class InFlight:
@@ -193,24 +193,27 @@ class InFlight:
         return self._out
 
 
-def start(plan: CommPlan, inputs: Sequence[torch.Tensor | None], dtype: torch.dtype = torch.float32,
-          device: torch.device | str | None = None, tag: int = PULL_TAG) -> InFlight:
+def start(plan: CommPlan, inputs: Sequence[torch.Tensor | None], groups: GroupCache,
+          dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> InFlight:
     """Post this rank's messages of a plan made of point-to-point messages and local copies only (a pull: BSR from
-    the fully-sharded layout) without waiting, so the caller can compute while they travel. Every rank must start
-    the same plans in the same order. Plans with reductions or collectives are refused (use `execute`)."""
+    the fully-sharded layout) without waiting, so the caller can compute while they travel. They travel on the
+    engine's p2p group (`groups.p2p_group()`), a communicator of their own, so they never mix with the pipeline's
+    activations or any collective whatever their timing. Every rank must start the same plans in the same order.
+    Plans with reductions or collectives are refused (use `execute`)."""
     if plan.reductions or plan.reduce_msgs or plan.collectives:
         raise TidalError("start() takes plans of point-to-point messages and copies only; use execute()")
     rank = dist.get_rank()
+    group = groups.p2p_group()
     if device is None:
         device = next((x.device for x in inputs if x is not None), torch.device("cpu"))
     local = _Local(plan, rank, inputs, dtype, device)
     ops, recvs = [], []
     for m in sorted((m for m in plan.messages if rank in (m.sender, m.receiver)), key=lambda m: m.batch):
         if m.sender == rank:
-            ops.append(dist.P2POp(dist.isend, local.pack(m.cells).contiguous(), m.receiver, tag=tag))
+            ops.append(dist.P2POp(dist.isend, local.pack(m.cells).contiguous(), m.receiver, group=group))
         else:
             buf = torch.empty(m.elems, dtype=dtype, device=device)
-            ops.append(dist.P2POp(dist.irecv, buf, m.sender, tag=tag))
+            ops.append(dist.P2POp(dist.irecv, buf, m.sender, group=group))
             recvs.append((buf, m))
     works = dist.batch_isend_irecv(ops) if ops else []
     return InFlight(local, list(works), recvs, plan.copies, rank)
