@@ -1,9 +1,22 @@
-"""Memory model: MaxLen(P), the Hydraulis App. C.1 linear model under optimization-propagation disaggregation.
+"""Memory model: MaxLen(P), the Hydraulis App. C.1 linear model under optimization-propagation disaggregation,
+charging what the executor really holds (runtime/executor.py; measured by benchmarks/resident_memory.py).
 
-Per device of the worst stage of scheme P = <t, p, c> in a job of N devices:
-  states       = 12 B/param * all_params / N            fp32 master + Adam m, v: fully sharded over all N devices
-               + 4 B/param * stage_params / t           16-bit parameters + gradients of this TP x PP shard
-  activations  = act_bytes_per_token_layer * h * L_s * p * l / (t c)
+Per device of stage s of scheme P = <t, p, c> in a job of N devices, with w = the stage's local parameters (its layers,
+embedding and head, split by TP; norm weights replicated) and P_all the model's parameters, the executor's states go
+through three peaks in a step (no other candidate holds anything: its buffers have no storage while idle):
+  pull      = w * param_B                   the running stage's parameters (compute dtype, one flat buffer)
+            + w * param_B * (pull_factor + pull_wire * (1 - 1/N))
+                                             every parameter group's pull posted at once: output buffers, and the
+                                             packed sends and receive buffers of what this device does not own
+            + P_all / N * master_B          fp32 master weights + Adam m, v, fully sharded over all N devices
+  backward  = w * (param_B + grad_B) + P_all / N * master_B
+                                             parameters + the fp32 gradient accumulation buffer (main_grad)
+  push      = w * grad_B + P_all / N * (master_B + shard_grad_B)
+            + g * grad_B * push_factor      parameters freed; gradient shards (the push's output) held until the
+                                             optimizer step; one parameter group g (a layer, or the embedding) in flight
+  states    = max(pull, backward, push)     (activations peak in the backward phase; charging the max keeps MaxLen on
+                                             the safe side of the pull's and push's transient buffers)
+  activations = act_bytes_per_token_layer * h * L_s * p * l / (t c)
                  every layer of the stage keeps activations for up to p in-flight micro-batches under 1F1B
                  (L_s * p >= layers, Hydraulis' "accumulated PP times" peak)
                + last stage: fp32 logits and their gradient, 8 * vocab / t bytes per local token
@@ -31,8 +44,13 @@ class MemoryConfig:
     # 34 bytes per token per hidden unit per layer: Korthikanti et al. 2022 with sequence parallelism and a
     # memory-efficient attention kernel (no l^2 score matrix), 16-bit activations.
     act_bytes_per_token_layer: float = 34.0
-    master_bytes_per_param: float = 12.0
-    model_bytes_per_param: float = 4.0
+    master_bytes_per_param: float = 12.0  # fp32 master + Adam m, v (sharded over all N)
+    shard_grad_bytes_per_param: float = 4.0  # the push's fp32 gradient shards (sharded over all N), until the update
+    param_bytes_per_param: float = 2.0  # the running stage's parameters in the compute dtype (bf16)
+    grad_bytes_per_param: float = 4.0  # its gradient accumulation buffer (fp32 for a 16-bit compute dtype)
+    pull_buffer_factor: float = 1.0  # the pull's output buffers, all groups posted at once, x the stage's parameters
+    pull_wire_factor: float = 2.0  # its packed sends + receive buffers, x the stage's parameters not owned here
+    push_buffer_factor: float = 2.0  # the push's packed sends + receives of one parameter group, x its gradients
     margin_frac: float = 0.10
     workspace_bytes: float = 2e9
     workspace_max_frac: float = 0.10
@@ -41,25 +59,57 @@ class MemoryConfig:
         if not 0 <= self.margin_frac < 1:
             raise TidalError(f"memory margin_frac must be in [0, 1), got {self.margin_frac}")
 
+    @property
+    def model_bytes_per_param(self) -> float:
+        """Bytes per parameter of the running stage: parameters plus gradients."""
+        return self.param_bytes_per_param + self.grad_bytes_per_param
+
+
+def stage_params(model: ModelSpec, scheme: ParallelScheme, stage: int) -> tuple[float, float]:
+    """(local parameters of `stage` on one of its devices, the largest parameter group among them): matrices split by
+    TP, norm weights replicated; the last stage of a tied model with PP > 1 holds its own copy of the embedding."""
+    t = scheme.tp
+    stages = scheme.stage_layers(model.layers)
+    layer = (model.layer_params() - 2 * model.hidden) / t + 2 * model.hidden
+    emb = model.vocab * model.hidden / t
+    L = stages[stage]
+    total, group = L * layer, (layer if L else 0.0)
+    if stage == 0:
+        total += emb
+        group = max(group, emb)
+    if stage == len(stages) - 1:
+        head = 0.0 if (model.tie_embeddings and len(stages) == 1) else emb
+        total += model.hidden + head
+        group = max(group, model.hidden + head)
+    return total, group
+
+
+def resident_bytes(model: ModelSpec, scheme: ParallelScheme, n_devices: int, stage: int,
+                   cfg: MemoryConfig) -> dict[str, float]:
+    """Bytes one device of `stage` holds at each of the step's three peaks (module docstring), activations aside."""
+    w, g = stage_params(model, scheme, stage)
+    master = cfg.master_bytes_per_param * model.num_params() / n_devices
+    pb, gb = cfg.param_bytes_per_param, cfg.grad_bytes_per_param
+    return {
+        "pull": w * pb * (1.0 + cfg.pull_buffer_factor + cfg.pull_wire_factor * (1.0 - 1.0 / n_devices)) + master,
+        "backward": w * (pb + gb) + master,
+        "push": w * gb + master + cfg.shard_grad_bytes_per_param * model.num_params() / n_devices
+        + g * gb * cfg.push_buffer_factor,
+    }
+
 
 def stage_memory(model: ModelSpec, scheme: ParallelScheme, n_devices: int, tokens: float,
                  cfg: MemoryConfig) -> list[float]:
     """Peak bytes per device of every stage for a micro-batch of `tokens` tokens."""
     t, c, p = scheme.tp, scheme.cp, scheme.pp
-    master = cfg.master_bytes_per_param * model.num_params() / n_devices
-    emb = model.vocab * model.hidden
     stages = scheme.stage_layers(model.layers)
     out = []
     for s, L in enumerate(stages):
-        params = L * model.layer_params()
-        if s == 0:
-            params += emb
-        if s == len(stages) - 1:
-            params += model.hidden + (0 if model.tie_embeddings else emb)
+        states = max(resident_bytes(model, scheme, n_devices, s, cfg).values())
         act_per_tok = cfg.act_bytes_per_token_layer * model.hidden * L * p / (t * c)
         if s == len(stages) - 1:
             act_per_tok += 8.0 * model.vocab / (t * c)
-        out.append(master + cfg.model_bytes_per_param * params / t + act_per_tok * tokens)
+        out.append(states + act_per_tok * tokens)
     return out
 
 
@@ -108,8 +158,9 @@ def fit_activation_bytes(points, source: str) -> ActivationFit:
 def measured_max_len(model: ModelSpec, scheme: ParallelScheme, device: DeviceType, n_devices: int,
                      act: ActivationFit, cfg: MemoryConfig) -> int:
     """MaxLen from measured activations: the largest L with states + PP * act(L) <= budget on the worst rank. The
-    states (fp32 master + Adam moments sharded over all devices, this stage's parameters and gradients) are the
-    analytic model's; 1F1B keeps up to PP micro-batches' activations on the first stage (as the analytic model)."""
+    states (:func:`resident_bytes`: master and Adam shards, this stage's parameters, gradients and pull/push
+    buffers) are the analytic model's; 1F1B keeps up to PP micro-batches' activations on the first stage (as the
+    analytic model)."""
     budget = budget_bytes(device, cfg)
     states = max(stage_memory(model, scheme, n_devices, 0.0, cfg))
     room = (budget - states) / scheme.pp - act.m0
