@@ -5,9 +5,11 @@ Per device of stage s of scheme P = <t, p, c> in a job of N devices, with w = th
 embedding and head, split by TP; norm weights replicated) and P_all the model's parameters, the executor's states go
 through three peaks in a step (no other candidate holds anything: its buffers have no storage while idle):
   pull      = w * param_B                   the running stage's parameters (compute dtype, one flat buffer)
-            + w * param_B * (pull_factor + pull_wire * (1 - 1/N))
-                                             every parameter group's pull posted at once: output buffers, and the
-                                             packed sends and receive buffers of what this device does not own
+            + w * param_B * pull_factor     every parameter group's pull posted at once: output buffers,
+            + w (1 - 1/N) * param_B         receive buffers of the rows others own,
+            + P_all / N (R - w / P_all) * param_B
+                                             packed sends of this device's rows to the R copies' other holders
+                                             (R = copies of the model in the strategy, N / (t p) when all is P)
             + P_all / N * master_B          fp32 master weights + Adam m, v, fully sharded over all N devices
   backward  = w * (param_B + grad_B) + P_all / N * master_B
                                              parameters + the fp32 gradient accumulation buffer (main_grad)
@@ -49,7 +51,6 @@ class MemoryConfig:
     param_bytes_per_param: float = 2.0  # the running stage's parameters in the compute dtype (bf16)
     grad_bytes_per_param: float = 4.0  # its gradient accumulation buffer (fp32 for a 16-bit compute dtype)
     pull_buffer_factor: float = 1.0  # the pull's output buffers, all groups posted at once, x the stage's parameters
-    pull_wire_factor: float = 2.0  # its packed sends + receive buffers, x the stage's parameters not owned here
     push_buffer_factor: float = 2.0  # the push's packed sends + receives of one parameter group, x its gradients
     margin_frac: float = 0.10
     workspace_bytes: float = 2e9
@@ -84,14 +85,21 @@ def stage_params(model: ModelSpec, scheme: ParallelScheme, stage: int) -> tuple[
     return total, group
 
 
-def resident_bytes(model: ModelSpec, scheme: ParallelScheme, n_devices: int, stage: int,
-                   cfg: MemoryConfig) -> dict[str, float]:
-    """Bytes one device of `stage` holds at each of the step's three peaks (module docstring), activations aside."""
+def resident_bytes(model: ModelSpec, scheme: ParallelScheme, n_devices: int, stage: int, cfg: MemoryConfig,
+                   replicas: float | None = None) -> dict[str, float]:
+    """Bytes one device of `stage` holds at each of the step's three peaks (module docstring), activations aside.
+    `replicas`: copies of the model the step's strategy holds over the world (sum over its pipelines of CP), which
+    sets how many devices each owner sends its rows to in the pull; default N / (t p), a strategy of this scheme
+    alone."""
     w, g = stage_params(model, scheme, stage)
-    master = cfg.master_bytes_per_param * model.num_params() / n_devices
+    n_all = model.num_params()
+    master = cfg.master_bytes_per_param * n_all / n_devices
     pb, gb = cfg.param_bytes_per_param, cfg.grad_bytes_per_param
+    r = n_devices / (scheme.tp * scheme.pp) if replicas is None else replicas
+    recv = w * (1.0 - 1.0 / n_devices)  # the rows of w that other devices own
+    send = n_all / n_devices * max(0.0, r - w / n_all)  # this device's rows to every other holder
     return {
-        "pull": w * pb * (1.0 + cfg.pull_buffer_factor + cfg.pull_wire_factor * (1.0 - 1.0 / n_devices)) + master,
+        "pull": w * pb * (1.0 + cfg.pull_buffer_factor) + (recv + send) * pb + master,
         "backward": w * (pb + gb) + master,
         "push": w * gb + master + cfg.shard_grad_bytes_per_param * model.num_params() / n_devices
         + g * gb * cfg.push_buffer_factor,
