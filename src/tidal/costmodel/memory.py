@@ -14,8 +14,11 @@ through three peaks in a step (no other candidate holds anything: its buffers ha
   backward  = w * (param_B + grad_B) + P_all / N * master_B
                                              parameters + the fp32 gradient accumulation buffer (main_grad)
   push      = w * grad_B + P_all / N * (master_B + shard_grad_B)
-            + g * grad_B * push_factor      parameters freed; gradient shards (the push's output) held until the
-                                             optimizer step; one parameter group g (a layer, or the embedding) in flight
+            + g * grad_B * ((1 - 1/N) + t R / N)
+                                             parameters freed; gradient shards (the push's output) held until the
+                                             optimizer step; one parameter group g (a layer, or the embedding; local
+                                             size) in flight: its packed sends to the other owners, and the R
+                                             addends of the rows this device owns (received and reduced)
   states    = max(pull, backward, push)     (activations peak in the backward phase; charging the max keeps MaxLen on
                                              the safe side of the pull's and push's transient buffers)
   activations = act_bytes_per_token_layer * h * L_s * p * l / (t c)
@@ -51,7 +54,7 @@ class MemoryConfig:
     param_bytes_per_param: float = 2.0  # the running stage's parameters in the compute dtype (bf16)
     grad_bytes_per_param: float = 4.0  # its gradient accumulation buffer (fp32 for a 16-bit compute dtype)
     pull_buffer_factor: float = 1.0  # the pull's output buffers, all groups posted at once, x the stage's parameters
-    push_buffer_factor: float = 2.0  # the push's packed sends + receives of one parameter group, x its gradients
+    push_buffer_factor: float = 1.0  # x the push's buffers of one parameter group (sends + receives, module docstring)
     margin_frac: float = 0.10
     workspace_bytes: float = 2e9
     workspace_max_frac: float = 0.10
@@ -86,11 +89,13 @@ def stage_params(model: ModelSpec, scheme: ParallelScheme, stage: int) -> tuple[
 
 
 def resident_bytes(model: ModelSpec, scheme: ParallelScheme, n_devices: int, stage: int, cfg: MemoryConfig,
-                   replicas: float | None = None) -> dict[str, float]:
+                   replicas: float | None = None, pull_wire_bytes: float | None = None) -> dict[str, float]:
     """Bytes one device of `stage` holds at each of the step's three peaks (module docstring), activations aside.
     `replicas`: copies of the model the step's strategy holds over the world (sum over its pipelines of CP), which
     sets how many devices each owner sends its rows to in the pull; default N / (t p), a strategy of this scheme
-    alone."""
+    alone. `pull_wire_bytes`: this device's pull bytes sent + received as the pull plans give them (the executor
+    knows them at start-up), instead of the closed form, which cannot know which rows a placement keeps local (TP's
+    row split can coincide with the owners' split: tp4 on 4 devices copies its row-split weights locally)."""
     w, g = stage_params(model, scheme, stage)
     n_all = model.num_params()
     master = cfg.master_bytes_per_param * n_all / n_devices
@@ -99,10 +104,11 @@ def resident_bytes(model: ModelSpec, scheme: ParallelScheme, n_devices: int, sta
     recv = w * (1.0 - 1.0 / n_devices)  # the rows of w that other devices own
     send = n_all / n_devices * max(0.0, r - w / n_all)  # this device's rows to every other holder
     return {
-        "pull": w * pb * (1.0 + cfg.pull_buffer_factor) + (recv + send) * pb + master,
+        "pull": w * pb * (1.0 + cfg.pull_buffer_factor) + master
+        + ((recv + send) * pb if pull_wire_bytes is None else pull_wire_bytes),
         "backward": w * (pb + gb) + master,
         "push": w * gb + master + cfg.shard_grad_bytes_per_param * model.num_params() / n_devices
-        + g * gb * cfg.push_buffer_factor,
+        + cfg.push_buffer_factor * gb * g * ((1.0 - 1.0 / n_devices) + scheme.tp * r / n_devices),
     }
 
 
