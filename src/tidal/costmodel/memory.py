@@ -11,6 +11,7 @@ through three peaks in a step (no other candidate holds anything: its buffers ha
                                              packed sends of this device's rows to the R copies' other holders
                                              (R = copies of the model in the strategy, N / (t p) when all is P)
             + P_all / N * master_B          fp32 master weights + Adam m, v, fully sharded over all N devices
+            + P_all / N * cast_B            the master shards cast to the compute dtype for the pull
   backward  = w * (param_B + grad_B) + P_all / N * master_B
                                              parameters + the fp32 gradient accumulation buffer (main_grad)
   push      = w * grad_B + P_all / N * (master_B + shard_grad_B)
@@ -54,6 +55,7 @@ class MemoryConfig:
     param_bytes_per_param: float = 2.0  # the running stage's parameters in the compute dtype (bf16)
     grad_bytes_per_param: float = 4.0  # its gradient accumulation buffer (fp32 for a 16-bit compute dtype)
     pull_buffer_factor: float = 1.0  # the pull's output buffers, all groups posted at once, x the stage's parameters
+    pull_cast_bytes_per_param: float = 2.0  # the master shards cast to the compute dtype for the pull (0: same dtype)
     push_buffer_factor: float = 1.0  # x the push's buffers of one parameter group (sends + receives, module docstring)
     margin_frac: float = 0.10
     workspace_bytes: float = 2e9
@@ -104,7 +106,7 @@ def resident_bytes(model: ModelSpec, scheme: ParallelScheme, n_devices: int, sta
     recv = w * (1.0 - 1.0 / n_devices)  # the rows of w that other devices own
     send = n_all / n_devices * max(0.0, r - w / n_all)  # this device's rows to every other holder
     return {
-        "pull": w * pb * (1.0 + cfg.pull_buffer_factor) + master
+        "pull": w * pb * (1.0 + cfg.pull_buffer_factor) + master + cfg.pull_cast_bytes_per_param * n_all / n_devices
         + ((recv + send) * pb if pull_wire_bytes is None else pull_wire_bytes),
         "backward": w * (pb + gb) + master,
         "push": w * gb + master + cfg.shard_grad_bytes_per_param * model.num_params() / n_devices
