@@ -20,8 +20,10 @@ through three peaks in a step (no other candidate holds anything: its buffers ha
                                              optimizer step; one parameter group g (a layer, or the embedding; local
                                              size) in flight: its packed sends to the other owners, and the R
                                              addends of the rows this device owns (received and reduced)
-  states    = max(pull, backward, push)     (activations peak in the backward phase; charging the max keeps MaxLen on
-                                             the safe side of the pull's and push's transient buffers)
+  peak      = max(backward + pull sends of groups not held here + activations, pull, push)
+                                             (the forward releases each pull group's buffers before that group's
+                                             activations exist, so the pull's peak has none; the push follows the
+                                             backward)
   activations = act_bytes_per_token_layer * h * L_s * p * l / (t c)
                  every layer of the stage keeps activations for up to p in-flight micro-batches under 1F1B
                  (L_s * p >= layers, Hydraulis' "accumulated PP times" peak)
@@ -114,19 +116,37 @@ def resident_bytes(model: ModelSpec, scheme: ParallelScheme, n_devices: int, sta
     }
 
 
-def stage_memory(model: ModelSpec, scheme: ParallelScheme, n_devices: int, tokens: float,
-                 cfg: MemoryConfig) -> list[float]:
-    """Peak bytes per device of every stage for a micro-batch of `tokens` tokens."""
+def _phase_lines(model: ModelSpec, scheme: ParallelScheme, n_devices: int, cfg: MemoryConfig) -> list[list[tuple]]:
+    """Per stage, (fixed bytes, bytes per micro-batch token) of each phase that can be the peak: the backward phase
+    with the activations (and the pull's packed sends of groups this device does not hold, completed only after the
+    backward), and the pull and push phases without them (the forward releases each pull group's buffers before
+    that group's activations exist; the push starts after the backward)."""
     t, c, p = scheme.tp, scheme.cp, scheme.pp
     stages = scheme.stage_layers(model.layers)
+    n_all = model.num_params()
     out = []
     for s, L in enumerate(stages):
-        states = max(resident_bytes(model, scheme, n_devices, s, cfg).values())
+        res = resident_bytes(model, scheme, n_devices, s, cfg)
+        w, _ = stage_params(model, scheme, s)
+        # each group held elsewhere: this device's rows of it to its N / (t p) holders
+        sends = max(0.0, n_all - w * t) / n_devices * n_devices / (t * p) * cfg.param_bytes_per_param
         act_per_tok = cfg.act_bytes_per_token_layer * model.hidden * L * p / (t * c)
         if s == len(stages) - 1:
             act_per_tok += 8.0 * model.vocab / (t * c)
-        out.append(states + act_per_tok * tokens)
+        out.append([(res["backward"] + sends, act_per_tok), (res["pull"], 0.0), (res["push"], 0.0)])
     return out
+
+
+def stage_memory(model: ModelSpec, scheme: ParallelScheme, n_devices: int, tokens: float,
+                 cfg: MemoryConfig) -> list[float]:
+    """Peak bytes per device of every stage for a micro-batch of `tokens` tokens: the largest of its phases."""
+    return [max(f + a * tokens for f, a in lines) for lines in _phase_lines(model, scheme, n_devices, cfg)]
+
+
+def states_bytes(model: ModelSpec, scheme: ParallelScheme, n_devices: int, cfg: MemoryConfig) -> tuple[float, float]:
+    """(the worst stage's states beside the activations, the largest pull or push peak of any stage)."""
+    lines = _phase_lines(model, scheme, n_devices, cfg)
+    return max(ls[0][0] for ls in lines), max(f for ls in lines for f, _ in ls[1:])
 
 
 def budget_bytes(device: DeviceType, cfg: MemoryConfig) -> float:
@@ -137,9 +157,10 @@ def budget_bytes(device: DeviceType, cfg: MemoryConfig) -> float:
 
 def max_len(model: ModelSpec, scheme: ParallelScheme, device: DeviceType, n_devices: int, cfg: MemoryConfig) -> int:
     budget = budget_bytes(device, cfg)
-    fixed = stage_memory(model, scheme, n_devices, 0.0, cfg)
-    slope = [m1 - m0 for m0, m1 in zip(fixed, stage_memory(model, scheme, n_devices, 1.0, cfg))]
-    best = min((budget - f) / s for f, s in zip(fixed, slope))
+    lines = [x for ls in _phase_lines(model, scheme, n_devices, cfg) for x in ls]
+    if any(f > budget for f, _ in lines):
+        return 0
+    best = min((budget - f) / a for f, a in lines if a > 0)
     return max(0, int(best))
 
 
@@ -178,7 +199,9 @@ def measured_max_len(model: ModelSpec, scheme: ParallelScheme, device: DeviceTyp
     buffers) are the analytic model's; 1F1B keeps up to PP micro-batches' activations on the first stage (as the
     analytic model)."""
     budget = budget_bytes(device, cfg)
-    states = max(stage_memory(model, scheme, n_devices, 0.0, cfg))
+    states, transient = states_bytes(model, scheme, n_devices, cfg)
+    if transient > budget:
+        return 0
     room = (budget - states) / scheme.pp - act.m0
     if room <= 0:
         return 0
