@@ -59,6 +59,12 @@ class MemoryConfig:
     pull_buffer_factor: float = 1.0  # the pull's output buffers, all groups posted at once, x the stage's parameters
     pull_cast_bytes_per_param: float = 2.0  # the master shards cast to the compute dtype for the pull (0: same dtype)
     push_buffer_factor: float = 1.0  # x the push's buffers of one parameter group (sends + receives, module docstring)
+    # "app-c1": the planner's charge so far (Hydraulis App. C.1: 12 B/param master states / N + 4 B/param 16-bit
+    # parameters and gradients of the stage / t, activations beside); "executor": what the executor holds, by phase
+    # (`resident_bytes`; measured within 10 %). The default stays "app-c1" until the planner's pinned figures are
+    # re-measured under "executor" (decision 72: it lowers MaxLen, e.g. llama2-13b tp1 on a800x16 1132 -> 0).
+    mode: str = "app-c1"
+    app_c1_model_bytes_per_param: float = 4.0
     margin_frac: float = 0.10
     workspace_bytes: float = 2e9
     workspace_max_frac: float = 0.10
@@ -66,10 +72,14 @@ class MemoryConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.margin_frac < 1:
             raise TidalError(f"memory margin_frac must be in [0, 1), got {self.margin_frac}")
+        if self.mode not in ("app-c1", "executor"):
+            raise TidalError(f"memory mode must be app-c1 or executor, got {self.mode!r}")
 
     @property
     def model_bytes_per_param(self) -> float:
         """Bytes per parameter of the running stage: parameters plus gradients."""
+        if self.mode == "app-c1":
+            return self.app_c1_model_bytes_per_param
         return self.param_bytes_per_param + self.grad_bytes_per_param
 
 
@@ -117,7 +127,8 @@ def resident_bytes(model: ModelSpec, scheme: ParallelScheme, n_devices: int, sta
 
 
 def _phase_lines(model: ModelSpec, scheme: ParallelScheme, n_devices: int, cfg: MemoryConfig) -> list[list[tuple]]:
-    """Per stage, (fixed bytes, bytes per micro-batch token) of each phase that can be the peak: the backward phase
+    """Per stage, (fixed bytes, bytes per micro-batch token) of each phase that can be the peak. Mode "app-c1": one
+    line, master states + 4 B/param of the stage / t + activations. Mode "executor": the backward phase
     with the activations (and the pull's packed sends of groups this device does not hold, completed only after the
     backward), and the pull and push phases without them (the forward releases each pull group's buffers before
     that group's activations exist; the push starts after the backward)."""
@@ -125,6 +136,20 @@ def _phase_lines(model: ModelSpec, scheme: ParallelScheme, n_devices: int, cfg: 
     stages = scheme.stage_layers(model.layers)
     n_all = model.num_params()
     out = []
+    if cfg.mode == "app-c1":
+        master = cfg.master_bytes_per_param * n_all / n_devices
+        emb = model.vocab * model.hidden
+        for s, L in enumerate(stages):
+            params = L * model.layer_params()
+            if s == 0:
+                params += emb
+            if s == len(stages) - 1:
+                params += model.hidden + (0 if model.tie_embeddings else emb)
+            act_per_tok = cfg.act_bytes_per_token_layer * model.hidden * L * p / (t * c)
+            if s == len(stages) - 1:
+                act_per_tok += 8.0 * model.vocab / (t * c)
+            out.append([(master + cfg.model_bytes_per_param * params / t, act_per_tok)])
+        return out
     for s, L in enumerate(stages):
         res = resident_bytes(model, scheme, n_devices, s, cfg)
         w, _ = stage_params(model, scheme, s)
@@ -146,7 +171,7 @@ def stage_memory(model: ModelSpec, scheme: ParallelScheme, n_devices: int, token
 def states_bytes(model: ModelSpec, scheme: ParallelScheme, n_devices: int, cfg: MemoryConfig) -> tuple[float, float]:
     """(the worst stage's states beside the activations, the largest pull or push peak of any stage)."""
     lines = _phase_lines(model, scheme, n_devices, cfg)
-    return max(ls[0][0] for ls in lines), max(f for ls in lines for f, _ in ls[1:])
+    return max(ls[0][0] for ls in lines), max((f for ls in lines for f, _ in ls[1:]), default=0.0)
 
 
 def budget_bytes(device: DeviceType, cfg: MemoryConfig) -> float:

@@ -48,7 +48,8 @@ def measure_worker(rank: int, world: int, model_name: str, cases, compute: str, 
     torch.set_num_threads(1)
     spec, cluster = get_model(model_name), get_cluster(f"cpux{world}")
     cb, mb = (torch.finfo(DTYPES[x]).bits // 8 for x in (compute, master))
-    mem = MemoryConfig(param_bytes_per_param=cb, grad_bytes_per_param=max(cb, 4), master_bytes_per_param=3 * mb,
+    mem = MemoryConfig(mode="executor", param_bytes_per_param=cb, grad_bytes_per_param=max(cb, 4),
+                       master_bytes_per_param=3 * mb,
                        shard_grad_bytes_per_param=mb, pull_cast_bytes_per_param=0 if compute == master else cb)
     return [_measure(rank, world, spec, cluster, texts, compute, master, mem) for texts in cases]
 

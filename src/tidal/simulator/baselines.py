@@ -57,9 +57,9 @@ class Variant:
         if self.recompute:
             mem = replace(mem, act_bytes_per_token_layer=2.0)
         if self.zero3:
-            # ZeRO-3 as modelled before issue 23: 16-bit parameters and gradients sharded with the master states
-            mem = replace(mem, master_bytes_per_param=mem.master_bytes_per_param + 2 * mem.param_bytes_per_param,
-                          param_bytes_per_param=0.0, grad_bytes_per_param=0.0, pull_cast_bytes_per_param=0.0)
+            mem = replace(mem, master_bytes_per_param=mem.master_bytes_per_param + mem.model_bytes_per_param,
+                          app_c1_model_bytes_per_param=0.0, param_bytes_per_param=0.0, grad_bytes_per_param=0.0,
+                          pull_cast_bytes_per_param=0.0)
         return replace(self.base, memory=mem).max_len(scheme, device)
 
 
