@@ -1,5 +1,7 @@
 """Memory model: MaxLen(P), the Hydraulis App. C.1 linear model under optimization-propagation disaggregation,
-charging what the executor really holds (runtime/executor.py; measured by benchmarks/resident_memory.py).
+in two charges (`MemoryConfig.mode`): "app-c1", the planner's default so far (12 B/param master states / N + 4 B/param
+16-bit parameters and gradients of the stage / t, activations beside), and "executor", what the executor really
+holds (runtime/executor.py; measured by benchmarks/resident_memory.py), below.
 
 Per device of stage s of scheme P = <t, p, c> in a job of N devices, with w = the stage's local parameters (its layers,
 embedding and head, split by TP; norm weights replicated) and P_all the model's parameters, the executor's states go
