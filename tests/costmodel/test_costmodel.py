@@ -12,6 +12,7 @@ from tidal.costmodel import (
     budget_bytes,
     fitted_from_rows,
     load_cost_model,
+    memory,
     stage_memory,
 )
 from tidal.costmodel.fitted import ProfileRow, fit_rows, parse_profile
@@ -191,3 +192,17 @@ def test_malformed_model_file(tmp_path):
     p.write_text('{"format": "nope"}')
     with pytest.raises(TidalError, match="not a Tidal cost model"):
         load_cost_model(p, get_model("tiny"), get_cluster("cpux2"))
+
+
+def test_executor_memory_charge_is_the_edge_and_below_app_c1():
+    """MemoryConfig(mode="executor") (the executor's resident bytes by phase, docs/costmodel.md): MaxLen is still the
+    memory edge of stage_memory, and never above the App. C.1 charge (fp32 gradients, pull buffers)."""
+    m, c = get_model("llama2-7b"), get_cluster("a800x64")
+    dev, ex = c.device_type(0), MemoryConfig(mode="executor")
+    budget = budget_bytes(dev, ex)
+    for key in ["tp2", "tp4pp2", "tp2cp2", "tp8"]:
+        s = parse_scheme(key)
+        ml = memory.max_len(m, s, dev, c.num_devices, ex)
+        assert 0 < ml <= memory.max_len(m, s, dev, c.num_devices, MemoryConfig())
+        assert max(stage_memory(m, s, c.num_devices, ml, ex)) <= budget < max(stage_memory(m, s, c.num_devices,
+                                                                                          ml + 1, ex))

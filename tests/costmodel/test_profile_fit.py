@@ -11,7 +11,7 @@ from tidal.core import TidalError, get_cluster, get_model
 from tidal.core.scheme import ParallelScheme, parse_scheme
 from tidal.costmodel import AnalyticCostModel, LatencyCoeffs, MemoryConfig, fit_rows, load_cost_model
 from tidal.costmodel.fitted import FittedCostModel, ProfileRow
-from tidal.costmodel.memory import budget_bytes, fit_activation_bytes, measured_max_len, stage_memory
+from tidal.costmodel.memory import budget_bytes, fit_activation_bytes, measured_max_len, states_bytes
 from tidal.costmodel.refit import PipelineObs, refit_model, robust_fit
 
 TINY, CPU4 = get_model("tiny"), get_cluster("cpux4")
@@ -74,7 +74,7 @@ def test_activation_fit_and_measured_max_len_is_the_memory_edge():
     dev, cfg = CPU4.device_type(0), MemoryConfig()
     for scheme in (ParallelScheme(1), ParallelScheme(1, 2, 1)):
         ml = measured_max_len(TINY, scheme, dev, 4, act, cfg)
-        states = max(stage_memory(TINY, scheme, 4, 0.0, cfg))
+        states = states_bytes(TINY, scheme, 4, cfg)[0]  # the states beside the activations (the backward phase)
         used = [states + scheme.pp * act.bytes_at(x) for x in (ml, ml + 1)]
         assert used[0] <= budget_bytes(dev, cfg) < used[1]
     assert measured_max_len(TINY, ParallelScheme(1, 2, 1), dev, 4, act, cfg) < measured_max_len(

@@ -1,9 +1,32 @@
-"""Memory model: MaxLen(P), the Hydraulis App. C.1 linear model under optimization-propagation disaggregation.
+"""Memory model: MaxLen(P), the Hydraulis App. C.1 linear model under optimization-propagation disaggregation,
+in two charges (`MemoryConfig.mode`): "app-c1", the planner's default so far (12 B/param master states / N + 4 B/param
+16-bit parameters and gradients of the stage / t, activations beside), and "executor", what the executor really
+holds (runtime/executor.py; measured by benchmarks/resident_memory.py), below.
 
-Per device of the worst stage of scheme P = <t, p, c> in a job of N devices:
-  states       = 12 B/param * all_params / N            fp32 master + Adam m, v: fully sharded over all N devices
-               + 4 B/param * stage_params / t           16-bit parameters + gradients of this TP x PP shard
-  activations  = act_bytes_per_token_layer * h * L_s * p * l / (t c)
+Per device of stage s of scheme P = <t, p, c> in a job of N devices, with w = the stage's local parameters (its layers,
+embedding and head, split by TP; norm weights replicated) and P_all the model's parameters, the executor's states go
+through three peaks in a step (no other candidate holds anything: its buffers have no storage while idle):
+  pull      = w * param_B                   the running stage's parameters (compute dtype, one flat buffer)
+            + w * param_B * pull_factor     every parameter group's pull posted at once: output buffers,
+            + w (1 - 1/N) * param_B         receive buffers of the rows others own,
+            + P_all / N (R - w / P_all) * param_B
+                                             packed sends of this device's rows to the R copies' other holders
+                                             (R = copies of the model in the strategy, N / (t p) when all is P)
+            + P_all / N * master_B          fp32 master weights + Adam m, v, fully sharded over all N devices
+            + P_all / N * cast_B            the master shards cast to the compute dtype for the pull
+  backward  = w * (param_B + grad_B) + P_all / N * master_B
+                                             parameters + the fp32 gradient accumulation buffer (main_grad)
+  push      = w * grad_B + P_all / N * (master_B + shard_grad_B)
+            + g * grad_B * ((1 - 1/N) + t R / N)
+                                             parameters freed; gradient shards (the push's output) held until the
+                                             optimizer step; one parameter group g (a layer, or the embedding; local
+                                             size) in flight: its packed sends to the other owners, and the R
+                                             addends of the rows this device owns (received and reduced)
+  peak      = max(backward + pull sends of groups not held here + activations, pull, push)
+                                             (the forward releases each pull group's buffers before that group's
+                                             activations exist, so the pull's peak has none; the push follows the
+                                             backward)
+  activations = act_bytes_per_token_layer * h * L_s * p * l / (t c)
                  every layer of the stage keeps activations for up to p in-flight micro-batches under 1F1B
                  (L_s * p >= layers, Hydraulis' "accumulated PP times" peak)
                + last stage: fp32 logits and their gradient, 8 * vocab / t bytes per local token
@@ -31,8 +54,19 @@ class MemoryConfig:
     # 34 bytes per token per hidden unit per layer: Korthikanti et al. 2022 with sequence parallelism and a
     # memory-efficient attention kernel (no l^2 score matrix), 16-bit activations.
     act_bytes_per_token_layer: float = 34.0
-    master_bytes_per_param: float = 12.0
-    model_bytes_per_param: float = 4.0
+    master_bytes_per_param: float = 12.0  # fp32 master + Adam m, v (sharded over all N)
+    shard_grad_bytes_per_param: float = 4.0  # the push's fp32 gradient shards (sharded over all N), until the update
+    param_bytes_per_param: float = 2.0  # the running stage's parameters in the compute dtype (bf16)
+    grad_bytes_per_param: float = 4.0  # its gradient accumulation buffer (fp32 for a 16-bit compute dtype)
+    pull_buffer_factor: float = 1.0  # the pull's output buffers, all groups posted at once, x the stage's parameters
+    pull_cast_bytes_per_param: float = 2.0  # the master shards cast to the compute dtype for the pull (0: same dtype)
+    push_buffer_factor: float = 1.0  # x the push's buffers of one parameter group (sends + receives, module docstring)
+    # "app-c1": the planner's charge so far (Hydraulis App. C.1: 12 B/param master states / N + 4 B/param 16-bit
+    # parameters and gradients of the stage / t, activations beside); "executor": what the executor holds, by phase
+    # (`resident_bytes`; measured within 10 %). The default stays "app-c1" until the planner's pinned figures are
+    # re-measured under "executor" (decision 72: it lowers MaxLen, e.g. llama2-13b tp1 on a800x16 1132 -> 0).
+    mode: str = "app-c1"
+    app_c1_model_bytes_per_param: float = 4.0
     margin_frac: float = 0.10
     workspace_bytes: float = 2e9
     workspace_max_frac: float = 0.10
@@ -40,27 +74,106 @@ class MemoryConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.margin_frac < 1:
             raise TidalError(f"memory margin_frac must be in [0, 1), got {self.margin_frac}")
+        if self.mode not in ("app-c1", "executor"):
+            raise TidalError(f"memory mode must be app-c1 or executor, got {self.mode!r}")
+
+    @property
+    def model_bytes_per_param(self) -> float:
+        """Bytes per parameter of the running stage: parameters plus gradients."""
+        if self.mode == "app-c1":
+            return self.app_c1_model_bytes_per_param
+        return self.param_bytes_per_param + self.grad_bytes_per_param
+
+
+def stage_params(model: ModelSpec, scheme: ParallelScheme, stage: int) -> tuple[float, float]:
+    """(local parameters of `stage` on one of its devices, the largest parameter group among them): matrices split by
+    TP, norm weights replicated; the last stage of a tied model with PP > 1 holds its own copy of the embedding."""
+    t = scheme.tp
+    stages = scheme.stage_layers(model.layers)
+    layer = (model.layer_params() - 2 * model.hidden) / t + 2 * model.hidden
+    emb = model.vocab * model.hidden / t
+    L = stages[stage]
+    total, group = L * layer, (layer if L else 0.0)
+    if stage == 0:
+        total += emb
+        group = max(group, emb)
+    if stage == len(stages) - 1:
+        head = 0.0 if (model.tie_embeddings and len(stages) == 1) else emb
+        total += model.hidden + head
+        group = max(group, model.hidden + head)
+    return total, group
+
+
+def resident_bytes(model: ModelSpec, scheme: ParallelScheme, n_devices: int, stage: int, cfg: MemoryConfig,
+                   replicas: float | None = None, pull_wire_bytes: float | None = None) -> dict[str, float]:
+    """Bytes one device of `stage` holds at each of the step's three peaks (module docstring), activations aside.
+    `replicas`: copies of the model the step's strategy holds over the world (sum over its pipelines of CP), which
+    sets how many devices each owner sends its rows to in the pull; default N / (t p), a strategy of this scheme
+    alone. `pull_wire_bytes`: this device's pull bytes sent + received as the pull plans give them (the executor
+    knows them at start-up), instead of the closed form, which cannot know which rows a placement keeps local (TP's
+    row split can coincide with the owners' split: tp4 on 4 devices copies its row-split weights locally)."""
+    w, g = stage_params(model, scheme, stage)
+    n_all = model.num_params()
+    master = cfg.master_bytes_per_param * n_all / n_devices
+    pb, gb = cfg.param_bytes_per_param, cfg.grad_bytes_per_param
+    r = n_devices / (scheme.tp * scheme.pp) if replicas is None else replicas
+    recv = w * (1.0 - 1.0 / n_devices)  # the rows of w that other devices own
+    send = n_all / n_devices * max(0.0, r - w / n_all)  # this device's rows to every other holder
+    return {
+        "pull": w * pb * (1.0 + cfg.pull_buffer_factor) + master + cfg.pull_cast_bytes_per_param * n_all / n_devices
+        + ((recv + send) * pb if pull_wire_bytes is None else pull_wire_bytes),
+        "backward": w * (pb + gb) + master,
+        "push": w * gb + master + cfg.shard_grad_bytes_per_param * model.num_params() / n_devices
+        + cfg.push_buffer_factor * gb * g * ((1.0 - 1.0 / n_devices) + scheme.tp * r / n_devices),
+    }
+
+
+def _phase_lines(model: ModelSpec, scheme: ParallelScheme, n_devices: int, cfg: MemoryConfig) -> list[list[tuple]]:
+    """Per stage, (fixed bytes, bytes per micro-batch token) of each phase that can be the peak. Mode "app-c1": one
+    line, master states + 4 B/param of the stage / t + activations. Mode "executor": the backward phase
+    with the activations (and the pull's packed sends of groups this device does not hold, completed only after the
+    backward), and the pull and push phases without them (the forward releases each pull group's buffers before
+    that group's activations exist; the push starts after the backward)."""
+    t, c, p = scheme.tp, scheme.cp, scheme.pp
+    stages = scheme.stage_layers(model.layers)
+    n_all = model.num_params()
+    out = []
+    if cfg.mode == "app-c1":
+        master = cfg.master_bytes_per_param * n_all / n_devices
+        emb = model.vocab * model.hidden
+        for s, L in enumerate(stages):
+            params = L * model.layer_params()
+            if s == 0:
+                params += emb
+            if s == len(stages) - 1:
+                params += model.hidden + (0 if model.tie_embeddings else emb)
+            act_per_tok = cfg.act_bytes_per_token_layer * model.hidden * L * p / (t * c)
+            if s == len(stages) - 1:
+                act_per_tok += 8.0 * model.vocab / (t * c)
+            out.append([(master + cfg.model_bytes_per_param * params / t, act_per_tok)])
+        return out
+    for s, L in enumerate(stages):
+        res = resident_bytes(model, scheme, n_devices, s, cfg)
+        w, _ = stage_params(model, scheme, s)
+        # each group held elsewhere: this device's rows of it to its N / (t p) holders
+        sends = max(0.0, n_all - w * t) / n_devices * n_devices / (t * p) * cfg.param_bytes_per_param
+        act_per_tok = cfg.act_bytes_per_token_layer * model.hidden * L * p / (t * c)
+        if s == len(stages) - 1:
+            act_per_tok += 8.0 * model.vocab / (t * c)
+        out.append([(res["backward"] + sends, act_per_tok), (res["pull"], 0.0), (res["push"], 0.0)])
+    return out
 
 
 def stage_memory(model: ModelSpec, scheme: ParallelScheme, n_devices: int, tokens: float,
                  cfg: MemoryConfig) -> list[float]:
-    """Peak bytes per device of every stage for a micro-batch of `tokens` tokens."""
-    t, c, p = scheme.tp, scheme.cp, scheme.pp
-    master = cfg.master_bytes_per_param * model.num_params() / n_devices
-    emb = model.vocab * model.hidden
-    stages = scheme.stage_layers(model.layers)
-    out = []
-    for s, L in enumerate(stages):
-        params = L * model.layer_params()
-        if s == 0:
-            params += emb
-        if s == len(stages) - 1:
-            params += model.hidden + (0 if model.tie_embeddings else emb)
-        act_per_tok = cfg.act_bytes_per_token_layer * model.hidden * L * p / (t * c)
-        if s == len(stages) - 1:
-            act_per_tok += 8.0 * model.vocab / (t * c)
-        out.append(master + cfg.model_bytes_per_param * params / t + act_per_tok * tokens)
-    return out
+    """Peak bytes per device of every stage for a micro-batch of `tokens` tokens: the largest of its phases."""
+    return [max(f + a * tokens for f, a in lines) for lines in _phase_lines(model, scheme, n_devices, cfg)]
+
+
+def states_bytes(model: ModelSpec, scheme: ParallelScheme, n_devices: int, cfg: MemoryConfig) -> tuple[float, float]:
+    """(the worst stage's states beside the activations, the largest pull or push peak of any stage)."""
+    lines = _phase_lines(model, scheme, n_devices, cfg)
+    return max(ls[0][0] for ls in lines), max((f for ls in lines for f, _ in ls[1:]), default=0.0)
 
 
 def budget_bytes(device: DeviceType, cfg: MemoryConfig) -> float:
@@ -71,9 +184,10 @@ def budget_bytes(device: DeviceType, cfg: MemoryConfig) -> float:
 
 def max_len(model: ModelSpec, scheme: ParallelScheme, device: DeviceType, n_devices: int, cfg: MemoryConfig) -> int:
     budget = budget_bytes(device, cfg)
-    fixed = stage_memory(model, scheme, n_devices, 0.0, cfg)
-    slope = [m1 - m0 for m0, m1 in zip(fixed, stage_memory(model, scheme, n_devices, 1.0, cfg))]
-    best = min((budget - f) / s for f, s in zip(fixed, slope))
+    lines = [x for ls in _phase_lines(model, scheme, n_devices, cfg) for x in ls]
+    if any(f > budget for f, _ in lines):
+        return 0
+    best = min((budget - f) / a for f, a in lines if a > 0)
     return max(0, int(best))
 
 
@@ -108,10 +222,13 @@ def fit_activation_bytes(points, source: str) -> ActivationFit:
 def measured_max_len(model: ModelSpec, scheme: ParallelScheme, device: DeviceType, n_devices: int,
                      act: ActivationFit, cfg: MemoryConfig) -> int:
     """MaxLen from measured activations: the largest L with states + PP * act(L) <= budget on the worst rank. The
-    states (fp32 master + Adam moments sharded over all devices, this stage's parameters and gradients) are the
-    analytic model's; 1F1B keeps up to PP micro-batches' activations on the first stage (as the analytic model)."""
+    states (:func:`resident_bytes`: master and Adam shards, this stage's parameters, gradients and pull/push
+    buffers) are the analytic model's; 1F1B keeps up to PP micro-batches' activations on the first stage (as the
+    analytic model)."""
     budget = budget_bytes(device, cfg)
-    states = max(stage_memory(model, scheme, n_devices, 0.0, cfg))
+    states, transient = states_bytes(model, scheme, n_devices, cfg)
+    if transient > budget:
+        return 0
     room = (budget - states) / scheme.pp - act.m0
     if room <= 0:
         return 0

@@ -9,8 +9,11 @@ The runtime parallelises a model by swapping or deleting modules (``tidal.runtim
 * heads per rank are read from the projection output sizes, so column-sharded ``wq/wk/wv`` just work;
 * ``Attention.kv_exchange`` (default ``None``) is a hook ``(k, v, batch) -> (k_all, v_all)`` the CP runtime sets to
   all-gather keys/values across its group;
-* ``Attention``/``FeedForward`` compute q/k/v and gate/up with one GEMM over their concatenated weights (``fused``;
-  the parameters stay separate, so names and shards do not depend on fusion), between two hooks ``tp_in``/``tp_out``
+* ``Attention``/``FeedForward`` compute q/k/v and gate/up with one GEMM (``fused``) over ONE fused storage:
+  ``wq/wk/wv`` (and ``w1/w3``) are named parameters that are adjacent row blocks of one tensor (:func:`fuse_storage`,
+  redone whenever the module is moved or cast), so the GEMM reads them without a copy and the backward writes one
+  fused weight gradient whose row blocks are the named gradients; names and shards do not depend on fusion. The
+  GEMM runs between two hooks ``tp_in``/``tp_out``
   ``(x, tokens) -> x`` where TP puts its communication: one collective in and one out per sublayer (Megatron's
   f and g, or their sequence-parallel all-gather / reduce-scatter); ``Llama.seq_parallel`` says how many rows of
   the residual stream a rank keeps under sequence parallelism and gathers them before the output head;
@@ -123,6 +126,68 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
 
+def _fused_view(weights) -> torch.Tensor | None:
+    """The [sum rows, cols] tensor the 2-D `weights` are row blocks of, without a copy, when they are adjacent
+    contiguous blocks of one storage in order (None otherwise)."""
+    w0 = weights[0]
+    if w0.is_meta or not all(w.is_contiguous() and w.dim() == 2 for w in weights):
+        return None
+    off = w0.storage_offset()
+    ptr = w0.untyped_storage().data_ptr()
+    for w in weights:
+        if (w.untyped_storage().data_ptr() != ptr or w.storage_offset() != off or w.dtype != w0.dtype
+                or w.shape[1] != w0.shape[1]):
+            return None
+        off += w.numel()
+    rows = sum(w.shape[0] for w in weights)
+    return w0.as_strided((rows, w0.shape[1]), (w0.shape[1], 1), w0.storage_offset())
+
+
+class _FusedLinear(torch.autograd.Function):
+    """y = x @ [W_0; ...; W_n]^T as one GEMM over the blocks' fused storage (no copy when they are adjacent, see
+    :func:`fuse_storage`; a concatenation otherwise). Saves x and the fused view; the backward computes ONE fused
+    weight gradient and hands each parameter its row block (views of it)."""
+
+    @staticmethod
+    def forward(ctx, x, *weights):
+        w = _fused_view(weights)
+        if w is None:
+            w = torch.cat(weights)
+        ctx.save_for_backward(x, w)
+        ctx.rows = [t.shape[0] for t in weights]
+        return F.linear(x, w)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        gx = g @ w if ctx.needs_input_grad[0] else None
+        gw = g.reshape(-1, g.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+        return (gx, *gw.split(ctx.rows))
+
+
+def fused_linear(x: torch.Tensor, weights) -> torch.Tensor:
+    """One GEMM of `x` with the row-stacked `weights` (see :class:`_FusedLinear`)."""
+    return _FusedLinear.apply(x, *weights)
+
+
+def fuse_storage(params, out: torch.Tensor | None = None) -> None:
+    """Make `params` (2-D, equal columns) adjacent row blocks of one tensor, keeping each Parameter object and its
+    value: into `out` (a 1-D tensor of at least their total numel) or a new one. Meta tensors are left alone."""
+    params = list(params)
+    if not params or params[0].is_meta:
+        return
+    n = sum(p.numel() for p in params)
+    if out is None:
+        out = torch.empty(n, dtype=params[0].dtype, device=params[0].device)
+    off = 0
+    with torch.no_grad():
+        for p in params:
+            view = out[off:off + p.numel()].view_as(p)
+            view.copy_(p)
+            p.data = view
+            off += p.numel()
+
+
 class Attention(nn.Module):
     def __init__(self, spec: ModelSpec, backend: str) -> None:
         super().__init__()
@@ -145,7 +210,7 @@ class Attention(nn.Module):
         # head counts from the (possibly TP-sharded) projection sizes; explicit so that 0-token CP ranks work too
         sizes = (self.wq.weight.shape[0], self.wk.weight.shape[0], self.wv.weight.shape[0])
         if self.fused:
-            q, k, v = F.linear(x, torch.cat([self.wq.weight, self.wk.weight, self.wv.weight])).split(sizes, dim=-1)
+            q, k, v = fused_linear(x, self.fused_params()).split(sizes, dim=-1)
         else:
             q, k, v = self.wq(x), self.wk(x), self.wv(x)
         q = apply_rope(q.reshape(n, sizes[0] // hd, hd), cos, sin)
@@ -156,6 +221,15 @@ class Attention(nn.Module):
         o = varlen_attention(q, k, v, batch.meta, backend=self.backend, kernels=self.kernels)
         out = self.wo(o.reshape(n, q.shape[1] * hd))
         return out if self.tp_out is None else self.tp_out(out, n)
+
+    def fused_params(self) -> list[nn.Parameter]:
+        """The parameters of the fused q/k/v GEMM, in storage order."""
+        return [self.wq.weight, self.wk.weight, self.wv.weight]
+
+    def _apply(self, fn, recurse=True):  # moving or casting reallocates each parameter: fuse them again
+        out = super()._apply(fn, recurse)
+        fuse_storage(self.fused_params())
+        return out
 
 
 class FeedForward(nn.Module):
@@ -173,11 +247,20 @@ class FeedForward(nn.Module):
         if self.tp_in is not None:
             x = self.tp_in(x, n)
         if self.fused:
-            gate, up = F.linear(x, torch.cat([self.w1.weight, self.w3.weight])).chunk(2, dim=-1)
+            gate, up = fused_linear(x, self.fused_params()).chunk(2, dim=-1)
         else:
             gate, up = self.w1(x), self.w3(x)
         out = self.w2(F.silu(gate) * up)
         return out if self.tp_out is None else self.tp_out(out, n)
+
+    def fused_params(self) -> list[nn.Parameter]:
+        """The parameters of the fused gate/up GEMM, in storage order."""
+        return [self.w1.weight, self.w3.weight]
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        fuse_storage(self.fused_params())
+        return out
 
 
 class Block(nn.Module):
@@ -221,6 +304,9 @@ class Llama(nn.Module):
         self._init(init_std)
         if spec.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
+        for layer in self.layers.values():  # the fused GEMMs read q/k/v and gate/up from one storage each
+            fuse_storage(layer.attention.fused_params())
+            fuse_storage(layer.feed_forward.fused_params())
 
     def _init(self, std: float) -> None:
         """Row-block seeded initialisation (models/init.py), so any shard can be initialised alone; nothing to do
@@ -267,6 +353,25 @@ class Llama(nn.Module):
                 h = self.seq_parallel.gather(h, n)
             h = self.output(h)
         return h
+
+
+def storage_blocks(model: nn.Module) -> list[list[nn.Parameter]]:
+    """Every parameter of `model` once (tied ones once), in `named_parameters` order, grouped into the blocks that
+    must stay adjacent in storage for a zero-copy fused GEMM (q/k/v, gate/up); the others alone. A caller that moves
+    the parameters into a storage of its own (the executor's flat buffer) lays each block out contiguously."""
+    fused = {}
+    for m in model.modules():
+        if isinstance(m, (Attention, FeedForward)):
+            ps = m.fused_params()
+            fused[id(ps[0])] = ps
+    out, seen = [], set()
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        block = fused.get(id(p), [p])
+        seen.update(id(q) for q in block)
+        out.append(block)
+    return out
 
 
 def loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

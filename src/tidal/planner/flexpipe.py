@@ -134,7 +134,7 @@ class FlexPipePlanner:
         params = n_layers * m.layer_params() + (m.vocab * m.hidden if stage == 0 else 0)
         if stage == stages - 1:
             params += m.hidden + (0 if m.tie_embeddings else m.vocab * m.hidden)
-        states = (cfg.master_bytes_per_param + cfg.model_bytes_per_param) * params
+        states = (cfg.master_bytes_per_param + 2 * cfg.param_bytes_per_param) * params  # 16-bit params and grads
         per_layer = cfg.act_bytes_per_token_layer * (1 - recompute) + 2.0 * recompute
         act = per_layer * m.hidden * n_layers * (stages - stage) * tokens
         if stage == stages - 1:

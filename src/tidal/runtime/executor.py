@@ -34,14 +34,15 @@ from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.strategy import Strategy
 from tidal.models.attention import describe_backend
 from tidal.models.init import derive_seed, init_slice
+from tidal.models.llama import fuse_storage, storage_blocks
 from tidal.runtime import checkpoint as ckpt
 from tidal.runtime.config import compute_dtype_for
 from tidal.runtime.groups import GroupCache
 from tidal.runtime.optim import OptimConfig, ShardedAdamW, shard_range
 from tidal.runtime.pipeline import RankGrid, build_stage_model, held_params, run_pipeline
 from tidal.runtime.reshard.bsr import Topology
-from tidal.runtime.reshard.execute import start
-from tidal.runtime.reshard.switch import SwitchPlanner, pull_moves, run
+from tidal.runtime.reshard.execute import execute, start
+from tidal.runtime.reshard.switch import SwitchPlanner, pull_moves, push_moves, run
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -113,29 +114,29 @@ class Executor:
         self.groups.create_all([p for s in self.candidates for p in s.pipelines])
         self.groups.p2p_group()  # the resharding engine's p2p group, created and initialised at a fixed point
         topo = Topology.from_cluster(cluster, self.world)
-        pull_planner = SwitchPlanner(topo, itemsize=torch.finfo(self.compute_dtype).bits // 8)
-        push_planner = SwitchPlanner(topo, itemsize=torch.finfo(self.master_dtype).bits // 8)
-        devices = tuple(range(self.world))
-        self.pulls, self.pushes, self.grids, self.models = [], [], [], []
+        self._pull_planner = SwitchPlanner(topo, itemsize=torch.finfo(self.compute_dtype).bits // 8)
+        self._push_planner = SwitchPlanner(topo, itemsize=torch.finfo(self.master_dtype).bits // 8)
+        # gradients accumulate in at least fp32 across micro-batches (a 16-bit compute dtype would lose them)
+        self.grad_dtype = self.compute_dtype if torch.finfo(self.compute_dtype).bits >= 32 else torch.float32
         self.group_index, self.module_group = _param_groups(self.table)
+        self.pulls, self.grids, self.models = [], [], []
         self.pull_groups: list[list[tuple[list[int], object]]] = []  # per candidate: (table indices, plan) per group
+        self.push_groups: list[list[tuple[list[int], object]]] = []  # ... in push order (the pull's, reversed)
+        self._flat: list[_Flat | None] = []  # per candidate: this rank's stage parameters and gradients
         self._inflight: list = []
+        self.probe: Callable[[str], None] | None = None  # memory accounting: called at the pull's and push's peaks
         for k, strategy in enumerate(self.candidates):
             if any(d >= self.world for p in strategy.pipelines for d in p.devices):
                 raise TidalError(f"candidate {k} ({strategy}) uses devices beyond the world of {self.world}")
-            pull = pull_planner.pull(spec, strategy, devices)
-            push = push_planner.push(spec, strategy, devices)
-            self.groups.ensure(pull.group_ranks())
-            self.groups.ensure(push.group_ranks())
+            pull, pull_groups, push_groups = self._plan_candidate(k)
             self.pulls.append(pull)
-            self.pushes.append(push)
-            self.pull_groups.append([(idx, pull_planner.plan(pull_moves(spec, strategy, devices,
-                                                                        [self.table[i].name for i in idx]),
-                                                             bsr_only=True)) for idx in self.group_index])
+            self.pull_groups.append(pull_groups)
+            self.push_groups.append(push_groups)
             mine = [j for j, p in enumerate(strategy.pipelines) if self.rank in p.devices]
             if not mine:
                 self.grids.append(None)
                 self.models.append(None)
+                self._flat.append(None)
                 continue
             grid = RankGrid.build(strategy.pipelines[mine[0]], self.rank, self.groups)
             model = build_stage_model(spec, grid, seed=cfg.seed, attn_backend=cfg.attn_backend,
@@ -144,6 +145,7 @@ class Executor:
             self._check_layout(model, pull, k)
             self.grids.append((mine[0], grid))
             self.models.append(model)
+            self._flat.append(_Flat(model, self.grad_dtype))  # idle until its step: no storage
             if cfg.overlap_pull:
                 self._install_hooks(model, k)
         # the attention kernel every stage runs, with why faster ones were passed over (reported in the step rows)
@@ -151,6 +153,26 @@ class Executor:
         self._active: int | None = None
         self._pull_wait_cpu = 0.0
         self._init_master()
+
+    def _plan_candidate(self, k: int):
+        """Candidate k's pull plan (every parameter, for the synchronous pull and the layout check), its pull per
+        parameter group (forward order) and its push per parameter group (backward order: the head first, the
+        embedding last), the one order every rank posts them in. Process groups of their collectives are made here,
+        on every rank in the same order."""
+        strategy, devices = self.candidates[k], tuple(range(self.world))
+        pull = self._pull_planner.pull(self.spec, strategy, devices)
+        self.groups.ensure(pull.group_ranks())
+        pulls, pushes = [], []
+        for idx in self.group_index:
+            names = [self.table[i].name for i in idx]
+            pulls.append((idx, self._pull_planner.plan(pull_moves(self.spec, strategy, devices, names),
+                                                       bsr_only=True)))
+        for idx in reversed(self.group_index):
+            names = [self.table[i].name for i in idx]
+            plan = self._push_planner.plan(push_moves(self.spec, strategy, devices, names), bsr_only=True)
+            self.groups.ensure(plan.group_ranks())
+            pushes.append((idx, plan))
+        return pull, pulls, pushes
 
     def _check_layout(self, model: torch.nn.Module, pull, k: int) -> None:
         """The runtime's module shards and the engine's annotations must agree on every parameter's local shape."""
@@ -179,6 +201,8 @@ class Executor:
     def _pull(self, k: int) -> tuple[float, float, int]:
         """Synchronous pull of every parameter (overlap_pull=False)."""
         t0, c0 = time.perf_counter(), time.thread_time()
+        if self._flat[k] is not None:
+            self._flat[k].alloc_params()
         inputs = [p.to(self.compute_dtype) for p in self.master]
         outs = run(self.pulls[k], inputs, self.groups, dtype=self.compute_dtype, device=self.device)
         if self.models[k] is not None:
@@ -193,6 +217,8 @@ class Executor:
         rank); the forward pre-hook of each module completes its group just before the module first runs, so later
         layers' parameters travel while earlier layers compute (Hydraulis Fig. 11)."""
         t0, c0 = time.perf_counter(), time.thread_time()
+        if self._flat[k] is not None:
+            self._flat[k].alloc_params()
         held = held_params(self.models[k], self.spec) if self.models[k] is not None else None
         self._inflight = []
         for idx, plan in self.pull_groups[k]:
@@ -204,11 +230,9 @@ class Executor:
 
     def _complete(self, g: int) -> float:
         """Finish group g's pull (if still in flight) and copy it into the module parameters; returns CPU seconds."""
-        if g >= len(self._inflight):
+        if g >= len(self._inflight) or self._inflight[g] is None:
             return 0.0
         idx, fl, held = self._inflight[g]
-        if fl.done:
-            return 0.0
         c0 = time.thread_time()
         outs = fl.wait()
         if held is not None:
@@ -216,6 +240,7 @@ class Executor:
                 for i, x in zip(idx, outs):
                     if held[i] is not None:
                         held[i].copy_(x)
+        self._inflight[g] = None  # its buffers go now, not at the end of the step
         return time.thread_time() - c0
 
     def _install_hooks(self, model: torch.nn.Module, k: int) -> None:
@@ -232,15 +257,23 @@ class Executor:
             self._pull_wait_cpu += self._complete(g)
 
     def _push(self, k: int) -> tuple[list[torch.Tensor], float, float, int]:
+        """Gradients to their owner shards, one parameter group at a time in the fixed push order (head first, the
+        embedding last), each group's buffers gone before the next group's are made. Gradients travel and are summed
+        in the master dtype (fp32 reduction; decision 73): the fp32 accumulation buffers are the inputs, no copy."""
         t0, c0 = time.perf_counter(), time.thread_time()
-        model = self.models[k]
-        if model is None:
-            inputs = [None] * len(self.table)
-        else:
-            inputs = [None if p is None else (p.grad if p.grad is not None else torch.zeros_like(p)).to(
-                self.master_dtype) for p in held_params(model, self.spec)]
-        outs = run(self.pushes[k], inputs, self.groups, dtype=self.master_dtype, device=self.device)
-        return outs, time.perf_counter() - t0, time.thread_time() - c0, _bytes(self.pushes[k], self.rank)
+        held = held_params(self.models[k], self.spec) if self.models[k] is not None else [None] * len(self.table)
+        grads: list = [None] * len(self.table)
+        nbytes = 0
+        for idx, plan in self.push_groups[k]:
+            inputs = [None if held[i] is None else held[i].main_grad.to(self.master_dtype) for i in idx]
+            outs = execute(plan, inputs, self.groups, dtype=self.master_dtype, device=self.device)
+            for i, g in zip(idx, outs):
+                grads[i] = g
+            del inputs, outs
+            nbytes += _bytes(plan, self.rank)
+            if self.probe is not None:
+                self.probe("push")
+        return grads, time.perf_counter() - t0, time.thread_time() - c0, nbytes
 
     def warm_up(self, length: int = 256) -> None:
         """Run every candidate once (pull, forward and backward of one `length`-token sequence per pipeline; no push,
@@ -275,6 +308,8 @@ class Executor:
             pull_s, pull_c, pull_b = self._start_pull(k)
         else:
             pull_s, pull_c, pull_b = self._pull(k)
+        if self.probe is not None:
+            self.probe("pull")
         loss_part, compute = 0.0, 0.0
         model = self.models[k]
         if model is not None:
@@ -297,13 +332,20 @@ class Executor:
             compute -= self._pull_wait_cpu  # the hooks ran inside forward; count their copies as pull
             pull_s += time.perf_counter() - t0
             self._active, self._inflight = None, []
+        flat = self._flat[k]
+        if flat is not None:
+            flat.alloc_grads()  # (a no-op where the backward already made them)
+            if self.probe is not None:
+                self.probe("backward")
+            flat.free_params()  # the push needs gradients only; the next step pulls again
         if not update:
-            if model is not None:
-                for p in model.parameters():
-                    p.grad = None
+            if flat is not None:
+                flat.free_grads()
             return StepMetrics(0.0, tokens, len(running), 0.0, compute, 0.0, 0.0, pull_s, 0.0, pull_c, 0.0, pull_b,
                                0, {})
         grads, push_s, push_c, push_b = self._push(k)
+        if flat is not None:
+            flat.free_grads()
         optim = {}
         if tokens > 0:  # a step with nothing to train leaves parameters and moments untouched
             optim = self.optim.step(grads)
@@ -351,6 +393,60 @@ class Executor:
             for i, info in enumerate(self.table):
                 out[key][info.name] = np.concatenate([parts[r][i] for r in range(self.world)])
         return out if self.rank == 0 else None
+
+
+class _Flat:
+    """One candidate's stage on this rank: its parameters (compute dtype) are views of one flat buffer and their
+    gradients (`main_grad`, at least fp32) views of another at the same offsets. Each buffer holds storage only while
+    the candidate's step needs it (storage resized to zero otherwise), so idle candidates hold nothing. Fused blocks
+    (q/k/v, gate/up) are adjacent, so their GEMM reads one tensor without a copy and their gradient blocks are views
+    of one fused gradient. A post-accumulate hook adds each micro-batch's `.grad` into `main_grad` and drops it."""
+
+    ALIGN = 64  # elements: every block starts at a multiple (aligned GEMM operands)
+
+    def __init__(self, model: torch.nn.Module, grad_dtype: torch.dtype) -> None:
+        blocks = storage_blocks(model)
+        offsets, off = [], 0
+        for b in blocks:
+            offsets.append(off)
+            off += sum(p.numel() for p in b)
+            off = -(-off // self.ALIGN) * self.ALIGN
+        p0 = blocks[0][0]
+        self.params = torch.empty(off, dtype=p0.dtype, device=p0.device)
+        self.grads = torch.empty(off, dtype=grad_dtype, device=p0.device)
+        for b, o in zip(blocks, offsets):
+            n = sum(p.numel() for p in b)
+            fuse_storage(b, self.params[o:o + n])
+            for p in b:
+                p.main_grad = self.grads[o:o + p.numel()].view_as(p)
+                p.register_post_accumulate_grad_hook(self._accumulate)
+                o += p.numel()
+        self._grads_live = True
+        self.free_params()
+        self.free_grads()
+
+    def _accumulate(self, p: torch.nn.Parameter) -> None:
+        self.alloc_grads()
+        p.main_grad.add_(p.grad)
+        p.grad = None
+
+    def alloc_params(self) -> None:
+        st = self.params.untyped_storage()
+        if st.nbytes() == 0:
+            st.resize_(self.params.numel() * self.params.element_size())
+
+    def free_params(self) -> None:
+        self.params.untyped_storage().resize_(0)
+
+    def alloc_grads(self) -> None:
+        if not self._grads_live:
+            self.grads.untyped_storage().resize_(self.grads.numel() * self.grads.element_size())
+            self.grads.zero_()
+            self._grads_live = True
+
+    def free_grads(self) -> None:
+        self.grads.untyped_storage().resize_(0)
+        self._grads_live = False
 
 
 def resolve_device(name: str) -> torch.device:

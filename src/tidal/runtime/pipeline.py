@@ -219,6 +219,10 @@ def run_pipeline(model: nn.Module, grid: RankGrid, plan: PipelinePlan, seq_lengt
     embedding with PP > 1. The executor passes ``reduce_replicas=False`` and leaves those partial sums to the push
     of the resharding engine, whose gradient annotations are partial over CP, over the tied pair and over pipelines
     (:func:`tidal.runtime.reshard.deduce.param_annotation`), so no partial is summed twice.
+
+    Parameters with a ``main_grad`` buffer (the executor's, runtime/executor.py ``_Flat``) accumulate there instead
+    of in ``.grad`` (their hooks add every micro-batch's gradient and drop it); the reductions above then act on the
+    whole buffer, so the caller hands it in zeroed (the executor calls this once per step).
     """
     _check_plan(plan, grid, seq_lengths, documents)
     if schedule not in SCHEDULES:
@@ -250,6 +254,9 @@ def run_pipeline(model: nn.Module, grid: RankGrid, plan: PipelinePlan, seq_lengt
                    for n in (int(inputs.shape[0]) for inputs, _, _ in mbs)]
     params = list(model.parameters())
     dtype = params[0].dtype
+    main = [p for p in params if getattr(p, "main_grad", None) is not None]
+    if main and len(main) != len(params):
+        raise TidalError("either every parameter of a stage has a main_grad buffer or none has")
     earlier = [p.grad for p in params]  # set aside: only this call's contribution is reduced over replicas
     for p in params:
         p.grad = None
@@ -257,23 +264,28 @@ def run_pipeline(model: nn.Module, grid: RankGrid, plan: PipelinePlan, seq_lengt
                     last=grid.last, prev_link=None if grid.first else Link(grid.prev_rank, grid.prev_group),
                     next_link=None if grid.last else Link(grid.next_rank, grid.next_group), recv_shapes=recv_shapes,
                     dtype=dtype, params=params)
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    sp_partial = sequence_parallel_partials(model)
-    if sp_partial:  # norm weights under sequence parallelism: partial over TP whatever reduce_replicas says
-        flat = torch.cat([p.grad.reshape(-1) for p in sp_partial])
-        all_reduce_(flat, grid.tp_group)
-        for p, g in zip(sp_partial, flat.split([p.numel() for p in sp_partial])):
-            p.grad.copy_(g.view_as(p.grad))
-    if reduce_replicas:
+    if main:  # the caller's buffers (the executor's fp32 accumulation): hooks added every micro-batch into them
+        grads = [p.main_grad for p in params]
+    else:
         for p in params:
-            all_reduce_(p.grad, grid.cp_group)  # CP ranks hold replicas: sum their partial gradients
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params]
+    grad_of = {id(p): g for p, g in zip(params, grads)}
+    sp_partial = [grad_of[id(p)] for p in sequence_parallel_partials(model)]
+    if sp_partial:  # norm weights under sequence parallelism: partial over TP whatever reduce_replicas says
+        flat = torch.cat([g.reshape(-1) for g in sp_partial])
+        all_reduce_(flat, grid.tp_group)
+        for g, x in zip(sp_partial, flat.split([g.numel() for g in sp_partial])):
+            g.copy_(x.view_as(g))
+    if reduce_replicas:
+        for g in grads:
+            all_reduce_(g, grid.cp_group)  # CP ranks hold replicas: sum their partial gradients
         if s.pp > 1 and model.spec.tie_embeddings:
             tied = model.tok_embeddings.weight if grid.first else model.output.weight
-            all_reduce_(tied.grad, grid.embed_group)
+            all_reduce_(grad_of[id(tied)], grid.embed_group)
     for p, g in zip(params, earlier):
-        if g is not None:
+        if g is not None and not main:
             g.add_(p.grad)
             p.grad = g
     loss = stats.loss_sum.reshape(1) if (grid.last and grid.tp_rank == 0) else torch.zeros(

@@ -7,7 +7,9 @@ Logits stay vocabulary-sharded and go straight into :func:`vocab_parallel_loss_s
 
 Communication per decoder layer (`fused`, the default): one collective where each sublayer's input enters the TP
 region and one where its output leaves it, installed as the model's ``tp_in``/``tp_out`` hooks (:class:`TPRegion`),
-while the model runs q/k/v and gate/up as one GEMM each. Without sequence parallelism that is Megatron's f/g pair:
+while the model runs q/k/v and gate/up as one GEMM each over one fused local storage
+``[wq_shard; wk_shard; wv_shard]`` (``[w1_shard; w3_shard]``) whose row blocks are the named parameters
+(models/llama.py `fuse_storage`). Without sequence parallelism that is Megatron's f/g pair:
 2 all-reduces in forward (after ``wo`` and ``w2``) and 2 in backward (the input gradients of the attention and MLP
 inputs). ``fused=False`` is the unfused baseline, each column-parallel projection all-reducing its own input
 gradient: 2 in forward, 5 in backward (tests/runtime/test_tp_comm.py counts both).
@@ -29,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tidal.core.errors import TidalError
-from tidal.models.llama import upcast
+from tidal.models.llama import fuse_storage, upcast
 from tidal.runtime.comm import (
     all_reduce_,
     copy_to_group,
@@ -186,6 +188,10 @@ def parallelize_tp(model: nn.Module, group, rank: int, *, slots: tuple[int, ...]
         a.fused = f.fused = fused
         if fused:
             a.tp_in, a.tp_out, f.tp_in, f.tp_out = region.enter, region.exit, region.enter, region.exit
+        # this rank's fused storages are [wq_shard; wk_shard; wv_shard] and [w1_shard; w3_shard] (each projection is
+        # still split over TP alone, so names and annotations are per projection; decision 72)
+        fuse_storage(a.fused_params())
+        fuse_storage(f.fused_params())
     if model.tok_embeddings is not None:
         model.tok_embeddings = VocabParallelEmbedding(model.tok_embeddings, group, rank, region)
     if model.output is not None:

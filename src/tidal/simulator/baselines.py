@@ -58,7 +58,8 @@ class Variant:
             mem = replace(mem, act_bytes_per_token_layer=2.0)
         if self.zero3:
             mem = replace(mem, master_bytes_per_param=mem.master_bytes_per_param + mem.model_bytes_per_param,
-                          model_bytes_per_param=0.0)
+                          app_c1_model_bytes_per_param=0.0, param_bytes_per_param=0.0, grad_bytes_per_param=0.0,
+                          pull_cast_bytes_per_param=0.0)
         return replace(self.base, memory=mem).max_len(scheme, device)
 
 
