@@ -231,11 +231,22 @@ class Annotation:
                 out.append(Entry(dev, box, (g, j), g))
         return out
 
-    def local_shape(self, device: int, shape: tuple[int, ...]) -> tuple[int, ...] | None:
-        for e in self.entries(shape):
-            if e.device == device:
-                return tuple(b - a for a, b in e.box)
+    def local_box(self, device: int, shape: tuple[int, ...]) -> Box | None:
+        """The box `device` holds (None if it holds none), without listing every device's entry."""
+        shape = tuple(int(s) for s in shape)
+        for g, (grp, ds) in enumerate(zip(self.groups, self.states)):
+            if device in grp.devices:
+                self.check_shape(shape)
+                c = ds.coords(grp.index(device))
+                box = list(self.region(g, shape))
+                for d in ds.split_dims():
+                    box[d] = split_range(box[d][0], box[d][1], ds.degree(d), c[d])
+                return tuple(box)
         return None
+
+    def local_shape(self, device: int, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+        box = self.local_box(device, shape)
+        return None if box is None else tuple(b - a for a, b in box)
 
     def __str__(self) -> str:
         parts = [f"{list(g.devices)}{ds}" for g, ds in zip(self.groups, self.states)]

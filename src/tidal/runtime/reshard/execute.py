@@ -37,13 +37,12 @@ class _Local:
         self.inputs = inputs
         self.out: list[torch.Tensor | None] = [None] * len(plan.moves)
         self.reduced: dict[Cell, torch.Tensor] = {}
-        for t, mv in enumerate(plan.moves):
-            for e in mv.src.entries(mv.shape):
-                if e.device == rank:
-                    self.src_box[t] = e.box
-            for e in mv.dst.entries(mv.shape):
-                if e.device == rank:
-                    self.dst_box[t] = e.box
+        # this rank's boxes: carried by a per-rank plan, derived once per world plan (never a scan per step)
+        for t, (src, dst) in enumerate(plan.rank_boxes(rank)):
+            if src is not None:
+                self.src_box[t] = src
+            if dst is not None:
+                self.dst_box[t] = dst
             x = inputs[t]
             if t in self.src_box:
                 want = tuple(b - a for a, b in self.src_box[t])

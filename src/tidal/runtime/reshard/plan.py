@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from tidal.core.errors import TidalError
 from tidal.runtime.reshard.annotation import Annotation, Box, box_size
 
 
@@ -113,6 +114,23 @@ class CommPlan:
     messages: tuple[Message, ...]
     copies: tuple[tuple[int, Cell], ...]  # (rank, cell): local copy from its source or reduced data
     stats: dict[int, RankStats]
+    # A per-rank plan (runtime/reshard/local.py) holds only rank `rank`'s parts, and its (source, destination) box
+    # of every tensor; a world plan (rank None) derives a rank's boxes once, on first use (`rank_boxes`).
+    rank: int | None = None
+    boxes: tuple[tuple[Box | None, Box | None], ...] = ()
+    _views: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def rank_boxes(self, rank: int) -> tuple[tuple[Box | None, Box | None], ...]:
+        """Rank `rank`'s (source, destination) box of every tensor (None where it holds none)."""
+        if self.rank is not None:
+            if rank != self.rank:
+                raise TidalError(f"plan was made for rank {self.rank}; rank {rank} cannot execute it")
+            return self.boxes
+        hit = self._views.get(rank)
+        if hit is None:
+            hit = self._views[rank] = tuple((mv.src.local_box(rank, mv.shape), mv.dst.local_box(rank, mv.shape))
+                                            for mv in self.moves)
+        return hit
 
     @property
     def num_messages(self) -> int:

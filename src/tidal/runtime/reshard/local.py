@@ -1,0 +1,496 @@
+"""Per-rank LNK pull / push planning from the closed form of the shard ranges (decision 74). Pure python.
+
+`SwitchPlanner.pull/push` resolve the world's moves and every rank keeps the whole plan: O(N^2) work and memory per
+candidate. Here one rank derives only its own parts. The master layout is dim 0 of every parameter split over all N
+ranks (`shard_range`); a strategy's layout is, per pipeline, the stage(s) holding the parameter (the tied embedding
+on its first and last stage), split over TP on the parameter's TP dim and duplicated (pull) or partial (push) over
+the CP ranks of those stages. Every row has exactly one owner, so every message is forced:
+
+- pull, receive: my destination box cut by the owners of its rows (`owner_range`, arithmetic);
+- pull, send: for my rows, per pipeline, the TP indices whose shard meets them (all of them for a row-parallel
+  weight or a norm) times the CP ranks of the holding stages;
+- push, owner: my rows cut at every pipeline's TP boundaries (the cells over which the set of addend holders is
+  constant); each cell is summed at me from one holder per addend (partial over pipelines and CP ranks): the holder
+  itself when I hold that addend, else the only holder (split weight) or, among a norm's TP duplicates, the one with
+  the best link to me and then the lowest rank - exactly `Resolver`'s choice, so the plan's reductions, reduce
+  messages and bytes equal the global planner's;
+- push, holder: the same cells of every owner my gradient box meets, when I am that addend's chosen holder.
+
+A strategy with a single addend (one pipeline, CP 1, no tied stages) has nothing to reduce: holders send straight to
+owners. A norm there has TP duplicate holders; the global planner balances its sender by cumulative load over the
+world, which no rank can know alone, so the sender is the best-linked duplicate rotated by the owner's rank (same
+bytes, a norm's few elements).
+
+Plans are `CommPlan`s holding only this rank's messages, reductions and copies (`rank` set, `boxes` its source and
+destination box per tensor), executed unchanged by `execute` / `start`. Layers held by the same stages in every
+pipeline share their per-kind pieces (memoised by kind), so planning costs O(own parts). Pulls and pushes are BSR-tier
+(as `SwitchPlanner.pull/push`, `bsr_only`): no collectives, so they need no process groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tidal.core.cluster import ClusterSpec
+from tidal.core.errors import TidalError
+from tidal.core.model import ModelSpec, ParamInfo, param_table
+from tidal.core.strategy import Strategy
+from tidal.runtime.reshard.annotation import (
+    DUPLICATE,
+    PARTIAL,
+    Annotation,
+    Box,
+    DeviceGroup,
+    DistributedStates,
+    box_size,
+    split_range,
+)
+from tidal.runtime.reshard.bsr import Topology
+from tidal.runtime.reshard.deduce import Stage, StageLayout, stages_of
+from tidal.runtime.reshard.plan import CommPlan, Message, RankStats, Reduction, TensorMove
+
+INF = float("inf")
+
+
+@dataclass(frozen=True)
+class Links:
+    """Node of every rank and the bandwidth of a link, in O(N) (no N x N table)."""
+
+    nodes: tuple[int, ...]
+    intra: tuple[float, ...]  # per rank: bandwidth to a peer of its node
+    inter: tuple[float, ...]  # ... to a peer of another node
+    table: tuple[tuple[float, ...], ...] | None = None  # explicit bandwidths (from a Topology) override the above
+
+    def bw(self, a: int, b: int) -> float:
+        if self.table is not None:
+            return self.table[a][b]
+        if a == b:
+            return INF
+        if self.nodes[a] == self.nodes[b]:
+            return min(self.intra[a], self.intra[b])
+        return min(self.inter[a], self.inter[b])
+
+    @staticmethod
+    def from_cluster(cluster: ClusterSpec, ranks: int | None = None) -> Links:
+        """The same nodes and bandwidths as `Topology.from_cluster` (ClusterSpec.bandwidth)."""
+        n = cluster.num_devices if ranks is None else ranks
+        if n > cluster.num_devices:
+            raise TidalError(f"links need {n} ranks but cluster {cluster.name} has {cluster.num_devices} devices")
+        nodes, intra, inter = [], [], []
+        node = 0
+        for g in cluster.groups:
+            for i in range(g.devices):
+                if i and i % g.device.per_node == 0:
+                    node += 1
+                nodes.append(node)
+                intra.append(g.device.intra_bw)
+                inter.append(g.device.inter_bw)
+            node += 1
+        return Links(tuple(nodes[:n]), tuple(intra[:n]), tuple(inter[:n]))
+
+    @staticmethod
+    def from_topology(topo: Topology) -> Links:
+        return Links(topo.nodes, (), (), topo.bw)
+
+
+def owner_range(lo: int, hi: int, rows: int, parts: int) -> range:
+    """Indices i whose `split_range(0, rows, parts, i)` meets [lo, hi): the inverse of the tensor_split formula."""
+    if hi <= lo:
+        return range(0)
+    q, r = divmod(rows, parts)
+    big = r * (q + 1)  # rows of the first r (larger) shards
+
+    def of(x: int) -> int:
+        return x // (q + 1) if x < big else r + (x - big) // q
+
+    return range(of(lo), of(hi - 1) + 1)
+
+
+def _box(shape: tuple[int, ...], dim: int | None, parts: int, index: int) -> Box:
+    box = [(0, s) for s in shape]
+    if dim is not None:
+        box[dim] = split_range(0, shape[dim], parts, index)
+    return tuple(box)
+
+
+def _cuts(n: int, degrees, lo: int, hi: int) -> list[int]:
+    """[lo, hi) cut at every boundary of an even split of n into each of `degrees` parts."""
+    pts = {lo, hi}
+    for d in degrees:
+        for i in owner_range(lo, hi, n, d):
+            a, b = split_range(0, n, d, i)
+            pts.update(x for x in (a, b) if lo < x < hi)
+    return sorted(pts)
+
+
+@dataclass(frozen=True)
+class _Held:
+    """The stages of one pipeline holding a parameter: their devices (CP outer, TP inner, first stage first)."""
+
+    devices: tuple[int, ...]
+    tp: int
+    reps: int  # CP ranks over all holding stages: duplicates (pull) / partial addends (push)
+
+
+class LocalPlanner:
+    """Plans rank `rank`'s part of the pull and push of `strategy` on a world of `world` ranks."""
+
+    def __init__(self, model: ModelSpec, strategy: Strategy | StageLayout, world: int, rank: int, links: Links,
+                 table: Sequence[ParamInfo] | None = None) -> None:
+        if not 0 <= rank < world:
+            raise TidalError(f"rank {rank} is outside the world of {world}")
+        self.model, self.world, self.rank, self.links = model, world, rank, links
+        self.table = tuple(table if table is not None else param_table(model))
+        self.layout = stages_of(strategy, model)
+        if len(links.nodes) < world:
+            raise TidalError(f"links cover {len(links.nodes)} ranks, the world has {world}")
+        used = [d for stages in self.layout for st in stages for d in st.devices]
+        if len(used) != len(set(used)) or (used and (min(used) < 0 or max(used) >= world)):
+            raise TidalError(f"strategy devices must be distinct ranks of the world of {world}")
+        self._holders: dict[tuple, tuple[_Held, ...]] = {}  # (owner key, tied) -> per pipeline
+        self._interned: dict[tuple, tuple[_Held, ...]] = {}
+        self._stage_of = self._index_stages()
+        self._memo: dict[tuple, object] = {}
+        self._ann: dict[tuple, Annotation] = {}
+        self._groups: dict[tuple[int, ...], DeviceGroup] = {}
+        self._fully = Annotation.spmd(range(world), {0: world})
+        me = [(g, st) for g, stages in enumerate(self.layout) for st in stages if rank in st.devices]
+        self.my_pipeline = me[0][0] if me else None
+
+    # ------------------------------------------------------------------------------------------------- layout
+    def _index_stages(self) -> list[dict]:
+        out = []
+        for stages in self.layout:
+            by = {}
+            for s in stages:
+                if s.embed:
+                    by.setdefault("embed", s)
+                if s.head:
+                    by["head"] = s
+                for layer in range(s.first, s.stop):
+                    by[layer] = s
+            out.append(by)
+        return out
+
+    def holders(self, info: ParamInfo) -> tuple[_Held, ...]:
+        """Per pipeline, what holds `info` (deduce.holder_stages); one interned tuple per distinct pattern."""
+        key = (info.owner, info.tied_head)
+        hit = self._holders.get(key)
+        if hit is not None:
+            return hit
+        out = []
+        for by in self._stage_of:
+            own = by.get(info.owner)
+            if own is None:
+                raise TidalError(f"no stage of a pipeline owns {info.name} (owner {info.owner})")
+            held = (own,)
+            if info.tied_head and by["head"] != own:
+                last = by["head"]
+                if last.tp != own.tp:
+                    raise TidalError(f"tied embedding on stages of TP {own.tp} and {last.tp}: give them equal TP")
+                held = (own, last)
+            out.append(_Held(tuple(d for st in held for d in st.devices), held[0].tp, sum(st.cp for st in held)))
+        pattern = tuple(out)
+        pattern = self._interned.setdefault(pattern, pattern)
+        self._holders[key] = pattern
+        return pattern
+
+    def _annotation(self, pattern: tuple[_Held, ...], info: ParamInfo, grad: bool) -> Annotation:
+        """deduce.param_annotation for a holder pattern, with shared device groups."""
+        key = (id(pattern), info.tp_dim, grad)
+        hit = self._ann.get(key)
+        if hit is not None:
+            return hit
+        rep, split = (PARTIAL if grad else DUPLICATE), info.tp_dim
+        groups, states = [], []
+        for h in pattern:
+            if split is None:
+                deg, order = ({rep: h.reps, DUPLICATE: h.tp}, (rep, DUPLICATE)) if grad else \
+                    ({DUPLICATE: h.reps * h.tp}, (DUPLICATE,))
+            else:
+                deg, order = {rep: h.reps, split: h.tp}, (rep, split)
+            groups.append(self._groups.setdefault(h.devices, DeviceGroup(h.devices)))
+            states.append(DistributedStates.make(deg, order))
+        ann = Annotation(tuple(groups), tuple(states), PARTIAL if grad else DUPLICATE)
+        self._ann[key] = ann
+        return ann
+
+    def _mine(self, pattern: tuple[_Held, ...], info: ParamInfo) -> tuple[int, int, int] | None:
+        """(pipeline, partial / duplicate coordinate, TP index) of this rank for a parameter, or None."""
+        g = self.my_pipeline
+        if g is None:
+            return None
+        h = pattern[g]
+        try:
+            k = h.devices.index(self.rank)
+        except ValueError:
+            return None
+        return g, k // h.tp, k % h.tp
+
+    # --------------------------------------------------------------------------------------------------- pull
+    def _pull_sends(self, pattern: tuple[_Held, ...], info: ParamInfo, mine: Box) -> list:
+        """[(receiver, (box,), elems)] of my rows to every holder (memoised per pattern and kind)."""
+        key = ("ps", id(pattern), info.shape, info.tp_dim)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        out = []
+        shape, d = info.shape, info.tp_dim
+        lo, hi = mine[0]
+        for h in pattern:
+            for j in owner_range(lo, hi, shape[0], h.tp) if d == 0 else range(h.tp):
+                b = _box(shape, d, h.tp, j)
+                box = ((max(lo, b[0][0]), min(hi, b[0][1])),) + b[1:]
+                n = box_size(box)
+                if n <= 0:
+                    continue
+                for p in range(h.reps):
+                    dev = h.devices[p * h.tp + j]
+                    if dev != self.rank:
+                        out.append((dev, (box,), n))
+        self._memo[key] = out
+        return out
+
+    def pull(self, indices: Sequence[int] | None = None, itemsize: int = 2) -> CommPlan:
+        """This rank's part of pulling parameters `indices` of the table (default: all) from the master layout."""
+        idx = list(range(len(self.table))) if indices is None else list(indices)
+        sends: dict[int, list] = {}
+        recvs: dict[int, list] = {}
+        copies, moves, boxes = [], [], []
+        n, me = self.world, self.rank
+        for t, i in enumerate(idx):
+            info = self.table[i]
+            shape = info.shape
+            pattern = self.holders(info)
+            moves.append(TensorMove(self._fully, self._annotation(pattern, info, False), shape))
+            r0, r1 = split_range(0, shape[0], n, me)
+            src = ((r0, r1),) + tuple((0, s) for s in shape[1:])
+            pos = self._mine(pattern, info)
+            dst = None
+            if pos is not None:
+                h = pattern[pos[0]]
+                dst = _box(shape, info.tp_dim, h.tp, pos[2])
+                lo, hi = dst[0]
+                for o in owner_range(lo, hi, shape[0], n):
+                    a, b = split_range(0, shape[0], n, o)
+                    box = ((max(a, lo), min(b, hi)),) + dst[1:]
+                    if box_size(box) <= 0:
+                        continue
+                    if o == me:
+                        copies.append((me, (t, box)))
+                    else:
+                        recvs.setdefault(o, []).append((t, (box,), box_size(box)))
+            boxes.append((src, dst))
+            if r1 > r0:
+                for dev, bx, elems in self._pull_sends(pattern, info, src):
+                    sends.setdefault(dev, []).append((t, bx, elems))
+        return self._finish(moves, itemsize, (), (), sends, recvs, copies, boxes)
+
+    # --------------------------------------------------------------------------------------------------- push
+    def _cells(self, degrees: tuple[int, ...], info: ParamInfo, rows: tuple[int, int]) -> tuple[Box, ...]:
+        """An owner's rows cut where the holder of some addend changes: every pipeline's TP boundaries."""
+        shape, d = info.shape, info.tp_dim
+        rest = tuple((0, s) for s in shape[1:])
+        if d == 0:
+            pts = _cuts(shape[0], degrees, rows[0], rows[1])
+            return tuple(((a, b),) + rest for a, b in zip(pts, pts[1:]))
+        if d == 1:
+            key = ("cols", degrees, shape)
+            cols = self._memo.get(key)
+            if cols is None:
+                pts = _cuts(shape[1], degrees, 0, shape[1])
+                cols = self._memo[key] = tuple(zip(pts, pts[1:]))
+            return tuple((rows, c) + rest[1:] for c in cols)
+        return ((rows,) + rest,)
+
+    def _norm_sender(self, group: tuple[int, ...], owner: int) -> int:
+        """Among a norm's TP duplicates, who sends an addend to `owner`: the owner itself if it holds one, else the
+        best link to it, then the lowest rank (Resolver's choice)."""
+        if owner in group:
+            return owner
+        bw = self.links.bw
+        return min(group, key=lambda x: (-bw(x, owner), x))
+
+    def _single_sender(self, group: tuple[int, ...], owner: int) -> int:
+        """One pipeline, one addend, a norm's TP duplicates: the best-linked one, rotated by the owner."""
+        bw = self.links.bw
+        best = max(bw(x, owner) for x in group)
+        cands = sorted(x for x in group if bw(x, owner) == best)
+        return cands[owner % len(cands)]
+
+    def _reduce_here(self, pattern: tuple[_Held, ...], degrees: tuple[int, ...], info: ParamInfo,
+                     rows: tuple[int, int]):
+        """(items, {contributor: cells}) of the reduction of my rows (memoised per pattern and kind)."""
+        key = ("red", id(pattern), info.shape, info.tp_dim)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        me, d = self.rank, info.tp_dim
+        items, per = [], {}
+        for cell in self._cells(degrees, info, rows):
+            ct = []
+            for h in pattern:
+                tp, devs = h.tp, h.devices
+                if d is not None:
+                    j = owner_range(cell[d][0], cell[d][1], info.shape[d], tp)[0]
+                    ct += devs[j::tp]
+                else:
+                    ct += [self._norm_sender(devs[p * tp:(p + 1) * tp], me) for p in range(h.reps)]
+            ct = tuple(sorted(ct))
+            items.append((cell, me, ct))
+            for c in ct:
+                if c != me:
+                    per.setdefault(c, []).append(cell)
+        out = (tuple(items), [(c, tuple(v), sum(box_size(b) for b in v)) for c, v in per.items()])
+        self._memo[key] = out
+        return out
+
+    def _push_sends(self, degrees: tuple[int, ...], info: ParamInfo, group: tuple[int, ...], src: Box) -> list:
+        """[(owner, cells, elems)] of my gradient box, for every owner whose rows it meets (memoised per kind: it
+        depends on my box and TP group only, not on which layer)."""
+        key = ("pushs", degrees, info.shape, info.tp_dim, group, src)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        n, me, shape, d = self.world, self.rank, info.shape, info.tp_dim
+        out = []
+        for o in owner_range(src[0][0], src[0][1], shape[0], n):
+            if o == me:
+                continue
+            rows = split_range(0, shape[0], n, o)
+            if d is None:
+                if self._norm_sender(group, o) != me:
+                    continue
+                cells = self._cells(degrees, info, rows)
+            elif d == 0:
+                cells = self._cells(degrees, info, (max(rows[0], src[0][0]), min(rows[1], src[0][1])))
+            else:
+                lo, hi = src[1]
+                cells = tuple(c for c in self._cells(degrees, info, rows) if lo <= c[1][0] and c[1][1] <= hi)
+            elems = sum(box_size(b) for b in cells)
+            if elems:
+                out.append((o, cells, elems))
+        self._memo[key] = out
+        return out
+
+    def push(self, itemsize: int = 4) -> CommPlan:
+        """This rank's part of pushing every gradient (partial over CP ranks, tied stages and pipelines) to its
+        owner, reduced there."""
+        n, me = self.world, self.rank
+        sends: dict[int, list] = {}
+        recvs: dict[int, list] = {}
+        rsends: dict[int, list] = {}
+        rrecvs: dict[int, list] = {}
+        copies, moves, boxes, reductions = [], [], [], []
+        for t, info in enumerate(self.table):
+            shape, d = info.shape, info.tp_dim
+            pattern = self.holders(info)
+            moves.append(TensorMove(self._annotation(pattern, info, True), self._fully, shape))
+            r0, r1 = split_range(0, shape[0], n, me)
+            dst = ((r0, r1),) + tuple((0, s) for s in shape[1:])
+            pos = self._mine(pattern, info)
+            src = None if pos is None else _box(shape, d, pattern[pos[0]].tp, pos[2])
+            boxes.append((src, dst))
+            if sum(h.reps for h in pattern) == 1:
+                self._push_single(t, info, pattern[0], src, dst, sends, recvs, copies)
+                continue
+            degrees = tuple(sorted({h.tp for h in pattern}))
+            if r1 > r0:  # owner: reduce my rows
+                items, per = self._reduce_here(pattern, degrees, info, (r0, r1))
+                reductions.append(Reduction(t, items))
+                copies += [(me, (t, cell)) for cell, _, _ in items]
+                for c, cells, elems in per:
+                    rrecvs.setdefault(c, []).append((t, cells, elems))
+            if src is None or box_size(src) == 0:
+                continue
+            h = pattern[pos[0]]
+            group = h.devices[pos[1] * h.tp:(pos[1] + 1) * h.tp]
+            for o, cells, elems in self._push_sends(degrees, info, group, src):
+                rsends.setdefault(o, []).append((t, cells, elems))
+        return self._finish(moves, itemsize, reductions, (rsends, rrecvs), sends, recvs, copies, boxes)
+
+    def _push_single(self, t: int, info: ParamInfo, h: _Held, src: Box | None, dst: Box, sends, recvs,
+                     copies) -> None:
+        """One addend: holders send their part of each owner's rows straight to it (no reduction)."""
+        n, me, shape, d = self.world, self.rank, info.shape, info.tp_dim
+        rows = dst[0]
+        if rows[1] > rows[0]:  # owner
+            if d is None:
+                if me in h.devices:
+                    copies.append((me, (t, dst)))
+                else:
+                    s = self._single_sender(h.devices, me)
+                    recvs.setdefault(s, []).append((t, (dst,), box_size(dst)))
+            else:
+                lo, hi = rows if d == 0 else (0, shape[d])
+                for j in owner_range(lo, hi, shape[d], h.tp):
+                    b = _box(shape, d, h.tp, j)
+                    box = ((max(rows[0], b[0][0]), min(rows[1], b[0][1])),) + b[1:]
+                    if box_size(box) <= 0:
+                        continue
+                    if h.devices[j] == me:
+                        copies.append((me, (t, box)))
+                    else:
+                        recvs.setdefault(h.devices[j], []).append((t, (box,), box_size(box)))
+        if src is None or box_size(src) == 0:
+            return
+        for o in owner_range(src[0][0], src[0][1], shape[0], n):
+            if o == me:
+                continue
+            a, b = split_range(0, shape[0], n, o)
+            box = ((max(a, src[0][0]), min(b, src[0][1])),) + src[1:]
+            if box_size(box) <= 0:
+                continue
+            if d is None and (o in h.devices or self._single_sender(h.devices, o) != me):
+                continue
+            sends.setdefault(o, []).append((t, (box,), box_size(box)))
+
+    # ------------------------------------------------------------------------------------------------- output
+    def _finish(self, moves, itemsize, reductions, red, sends, recvs, copies, boxes) -> CommPlan:
+        me, nodes = self.rank, self.links.nodes
+        st = RankStats()
+
+        def book(out: list, pairs: dict, sending: bool, label: str) -> None:
+            for peer in pairs:
+                parts = pairs[peer]
+                elems = sum(e for _, _, e in parts)
+                s, r = (me, peer) if sending else (peer, me)
+                out.append(Message(0, s, r, tuple((t, bx) for t, bx, _ in parts), elems, label))
+                nbytes = elems * itemsize
+                inter = nodes[s] != nodes[r]
+                if sending:
+                    st.messages += 1
+                    if inter:
+                        st.send_inter += nbytes
+                    else:
+                        st.send_intra += nbytes
+                elif inter:
+                    st.recv_inter += nbytes
+                else:
+                    st.recv_intra += nbytes
+
+        red_msgs: list[Message] = []
+        msgs: list[Message] = []
+        if red:
+            book(red_msgs, red[0], True, "reduce-BSR")
+            book(red_msgs, red[1], False, "reduce-BSR")
+        book(msgs, sends, True, "BSR")
+        book(msgs, recvs, False, "BSR")
+        red_msgs.sort(key=lambda m: (m.sender, m.receiver))
+        msgs.sort(key=lambda m: (m.sender, m.receiver))
+        return CommPlan(tuple(moves), itemsize, ("bsr",) * len(moves), tuple(reductions), tuple(red_msgs), (),
+                        tuple(msgs), tuple(copies), {me: st}, rank=me, boxes=tuple(boxes))
+
+
+def local_pull(model: ModelSpec, strategy: Strategy | StageLayout, world: int, rank: int, links: Links,
+               itemsize: int = 2, indices: Sequence[int] | None = None) -> CommPlan:
+    return LocalPlanner(model, strategy, world, rank, links).pull(indices, itemsize)
+
+
+def local_push(model: ModelSpec, strategy: Strategy | StageLayout, world: int, rank: int, links: Links,
+               itemsize: int = 4) -> CommPlan:
+    return LocalPlanner(model, strategy, world, rank, links).push(itemsize)
+
+
+__all__ = ["Links", "LocalPlanner", "Stage", "local_pull", "local_push", "owner_range"]
