@@ -29,8 +29,10 @@ pipeline share their per-kind pieces (memoised by kind), so planning costs O(own
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 from tidal.core.cluster import ClusterSpec
 from tidal.core.errors import TidalError
@@ -43,7 +45,6 @@ from tidal.runtime.reshard.annotation import (
     Box,
     DeviceGroup,
     DistributedStates,
-    box_size,
     split_range,
 )
 from tidal.runtime.reshard.bsr import Topology
@@ -107,6 +108,13 @@ def owner_range(lo: int, hi: int, rows: int, parts: int) -> range:
     return range(of(lo), of(hi - 1) + 1)
 
 
+def box_size(box: Box) -> int:
+    n = 1
+    for a, b in box:
+        n *= b - a
+    return n
+
+
 def _box(shape: tuple[int, ...], dim: int | None, parts: int, index: int) -> Box:
     box = [(0, s) for s in shape]
     if dim is not None:
@@ -131,6 +139,35 @@ class _Held:
     devices: tuple[int, ...]
     tp: int
     reps: int  # CP ranks over all holding stages: duplicates (pull) / partial addends (push)
+
+
+class _Book:
+    """Point-to-point parts of one direction, kept as (memoised piece list, tensors using it): layers of one kind share
+    their pieces [(peer, boxes, elems)], so a part costs one tuple when the messages are built."""
+
+    def __init__(self) -> None:
+        self.uses: dict[int, tuple[list, list[int]]] = {}
+
+    def add(self, pieces: list, t: int) -> None:
+        e = self.uses.get(id(pieces))
+        if e is None:
+            self.uses[id(pieces)] = e = (pieces, [])
+        e[1].append(t)
+
+    def per_peer(self) -> dict[int, tuple[list, int]]:
+        """peer -> (parts in tensor order, elements)."""
+        parts: dict[int, list] = defaultdict(list)
+        elems: dict[int, int] = defaultdict(int)
+        for pieces, ts in self.uses.values():
+            k = len(ts)
+            for peer, bx, n in pieces:
+                parts[peer].extend(zip(ts, repeat(bx)))
+                elems[peer] += n * k
+        out = {}
+        for peer, lst in parts.items():
+            lst.sort()  # runs of tensor indices, one per piece list; a tensor reaches a peer once
+            out[peer] = (lst, elems[peer])
+        return out
 
 
 class LocalPlanner:
@@ -252,11 +289,33 @@ class LocalPlanner:
         self._memo[key] = out
         return out
 
+    def _pull_recvs(self, info: ParamInfo, dst: Box) -> tuple[list, Box | None]:
+        """([(owner, (box,), elems)], the box I copy from my own rows) of my destination box (memoised per kind)."""
+        key = ("pr", info.shape, dst)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        n, me, rows = self.world, self.rank, info.shape[0]
+        lo, hi = dst[0]
+        rest = dst[1:]
+        inner = box_size(((0, 1),) + rest)
+        out, copy = [], None
+        for o in owner_range(lo, hi, rows, n):
+            a, b = split_range(0, rows, n, o)
+            a, b = max(a, lo), min(b, hi)
+            if b <= a or not inner:
+                continue
+            if o == me:
+                copy = ((a, b),) + rest
+            else:
+                out.append((o, (((a, b),) + rest,), (b - a) * inner))
+        self._memo[key] = hit = (out, copy)
+        return hit
+
     def pull(self, indices: Sequence[int] | None = None, itemsize: int = 2) -> CommPlan:
         """This rank's part of pulling parameters `indices` of the table (default: all) from the master layout."""
         idx = list(range(len(self.table))) if indices is None else list(indices)
-        sends: dict[int, list] = {}
-        recvs: dict[int, list] = {}
+        sends, recvs = _Book(), _Book()
         copies, moves, boxes = [], [], []
         n, me = self.world, self.rank
         for t, i in enumerate(idx):
@@ -269,22 +328,14 @@ class LocalPlanner:
             pos = self._mine(pattern, info)
             dst = None
             if pos is not None:
-                h = pattern[pos[0]]
-                dst = _box(shape, info.tp_dim, h.tp, pos[2])
-                lo, hi = dst[0]
-                for o in owner_range(lo, hi, shape[0], n):
-                    a, b = split_range(0, shape[0], n, o)
-                    box = ((max(a, lo), min(b, hi)),) + dst[1:]
-                    if box_size(box) <= 0:
-                        continue
-                    if o == me:
-                        copies.append((me, (t, box)))
-                    else:
-                        recvs.setdefault(o, []).append((t, (box,), box_size(box)))
+                dst = _box(shape, info.tp_dim, pattern[pos[0]].tp, pos[2])
+                pieces, copy = self._pull_recvs(info, dst)
+                if copy is not None:
+                    copies.append((me, (t, copy)))
+                recvs.add(pieces, t)
             boxes.append((src, dst))
             if r1 > r0:
-                for dev, bx, elems in self._pull_sends(pattern, info, src):
-                    sends.setdefault(dev, []).append((t, bx, elems))
+                sends.add(self._pull_sends(pattern, info, src), t)
         return self._finish(moves, itemsize, (), (), sends, recvs, copies, boxes)
 
     # --------------------------------------------------------------------------------------------------- push
@@ -378,10 +429,7 @@ class LocalPlanner:
         """This rank's part of pushing every gradient (partial over CP ranks, tied stages and pipelines) to its
         owner, reduced there."""
         n, me = self.world, self.rank
-        sends: dict[int, list] = {}
-        recvs: dict[int, list] = {}
-        rsends: dict[int, list] = {}
-        rrecvs: dict[int, list] = {}
+        sends, recvs, rsends, rrecvs = _Book(), _Book(), _Book(), _Book()
         copies, moves, boxes, reductions = [], [], [], []
         for t, info in enumerate(self.table):
             shape, d = info.shape, info.tp_dim
@@ -400,28 +448,26 @@ class LocalPlanner:
                 items, per = self._reduce_here(pattern, degrees, info, (r0, r1))
                 reductions.append(Reduction(t, items))
                 copies += [(me, (t, cell)) for cell, _, _ in items]
-                for c, cells, elems in per:
-                    rrecvs.setdefault(c, []).append((t, cells, elems))
+                rrecvs.add(per, t)
             if src is None or box_size(src) == 0:
                 continue
             h = pattern[pos[0]]
             group = h.devices[pos[1] * h.tp:(pos[1] + 1) * h.tp]
-            for o, cells, elems in self._push_sends(degrees, info, group, src):
-                rsends.setdefault(o, []).append((t, cells, elems))
+            rsends.add(self._push_sends(degrees, info, group, src), t)
         return self._finish(moves, itemsize, reductions, (rsends, rrecvs), sends, recvs, copies, boxes)
 
-    def _push_single(self, t: int, info: ParamInfo, h: _Held, src: Box | None, dst: Box, sends, recvs,
-                     copies) -> None:
+    def _push_single(self, t: int, info: ParamInfo, h: _Held, src: Box | None, dst: Box, sends: _Book,
+                     recvs: _Book, copies: list) -> None:
         """One addend: holders send their part of each owner's rows straight to it (no reduction)."""
         n, me, shape, d = self.world, self.rank, info.shape, info.tp_dim
         rows = dst[0]
+        got, out = [], []
         if rows[1] > rows[0]:  # owner
             if d is None:
                 if me in h.devices:
                     copies.append((me, (t, dst)))
                 else:
-                    s = self._single_sender(h.devices, me)
-                    recvs.setdefault(s, []).append((t, (dst,), box_size(dst)))
+                    got.append((self._single_sender(h.devices, me), (dst,), box_size(dst)))
             else:
                 lo, hi = rows if d == 0 else (0, shape[d])
                 for j in owner_range(lo, hi, shape[d], h.tp):
@@ -432,31 +478,30 @@ class LocalPlanner:
                     if h.devices[j] == me:
                         copies.append((me, (t, box)))
                     else:
-                        recvs.setdefault(h.devices[j], []).append((t, (box,), box_size(box)))
-        if src is None or box_size(src) == 0:
-            return
-        for o in owner_range(src[0][0], src[0][1], shape[0], n):
-            if o == me:
-                continue
-            a, b = split_range(0, shape[0], n, o)
-            box = ((max(a, src[0][0]), min(b, src[0][1])),) + src[1:]
-            if box_size(box) <= 0:
-                continue
-            if d is None and (o in h.devices or self._single_sender(h.devices, o) != me):
-                continue
-            sends.setdefault(o, []).append((t, (box,), box_size(box)))
+                        got.append((h.devices[j], (box,), box_size(box)))
+        if src is not None and box_size(src) > 0:
+            for o in owner_range(src[0][0], src[0][1], shape[0], n):
+                if o == me:
+                    continue
+                a, b = split_range(0, shape[0], n, o)
+                box = ((max(a, src[0][0]), min(b, src[0][1])),) + src[1:]
+                if box_size(box) <= 0:
+                    continue
+                if d is None and (o in h.devices or self._single_sender(h.devices, o) != me):
+                    continue
+                out.append((o, (box,), box_size(box)))
+        recvs.add(got, t)
+        sends.add(out, t)
 
     # ------------------------------------------------------------------------------------------------- output
     def _finish(self, moves, itemsize, reductions, red, sends, recvs, copies, boxes) -> CommPlan:
         me, nodes = self.rank, self.links.nodes
         st = RankStats()
 
-        def book(out: list, pairs: dict, sending: bool, label: str) -> None:
-            for peer in pairs:
-                parts = pairs[peer]
-                elems = sum(e for _, _, e in parts)
+        def book(out: list, pairs: _Book, sending: bool, label: str) -> None:
+            for peer, (parts, elems) in pairs.per_peer().items():
                 s, r = (me, peer) if sending else (peer, me)
-                out.append(Message(0, s, r, tuple((t, bx) for t, bx, _ in parts), elems, label))
+                out.append(Message(0, s, r, tuple(parts), elems, label))
                 nbytes = elems * itemsize
                 inter = nodes[s] != nodes[r]
                 if sending:
@@ -477,10 +522,14 @@ class LocalPlanner:
             book(red_msgs, red[1], False, "reduce-BSR")
         book(msgs, sends, True, "BSR")
         book(msgs, recvs, False, "BSR")
-        red_msgs.sort(key=lambda m: (m.sender, m.receiver))
-        msgs.sort(key=lambda m: (m.sender, m.receiver))
+        red_msgs.sort(key=_pair)
+        msgs.sort(key=_pair)
         return CommPlan(tuple(moves), itemsize, ("bsr",) * len(moves), tuple(reductions), tuple(red_msgs), (),
                         tuple(msgs), tuple(copies), {me: st}, rank=me, boxes=tuple(boxes))
+
+
+def _pair(m: Message) -> tuple[int, int]:
+    return m.sender, m.receiver
 
 
 def local_pull(model: ModelSpec, strategy: Strategy | StageLayout, world: int, rank: int, links: Links,
