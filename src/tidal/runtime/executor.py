@@ -1,8 +1,9 @@
 """The executor: heterogeneous strategies in one world, optimization-propagation disaggregation, per-step switching.
 
 One world of N ranks. At start-up every pipeline of every candidate strategy is placed, its process groups created
-(one :class:`GroupCache`), its stage model built, and the pull / push plans of every candidate resolved by the
-resharding engine (so groups for their collectives exist too). Each step (Hydraulis §5.1-5.2):
+(one :class:`GroupCache`), its stage model built, and this rank's part of the pull / push plans of every candidate
+derived from the closed form of the shard ranges (`runtime.reshard.local`: no rank plans the world's messages).
+Each step (Hydraulis §5.1-5.2):
 
 1. **pull**: every rank receives its stage's TP shard of every parameter it holds, from the fully-sharded master
    copy, in the compute dtype (`runtime.reshard` pull plan of the step's strategy);
@@ -38,9 +39,9 @@ from tidal.runtime import checkpoint as ckpt
 from tidal.runtime.groups import GroupCache
 from tidal.runtime.optim import OptimConfig, ShardedAdamW, shard_range
 from tidal.runtime.pipeline import RankGrid, build_stage_model, held_params, run_pipeline
-from tidal.runtime.reshard.bsr import Topology
 from tidal.runtime.reshard.execute import start
-from tidal.runtime.reshard.switch import SwitchPlanner, pull_moves, run
+from tidal.runtime.reshard.local import Links, LocalPlanner
+from tidal.runtime.reshard.switch import run
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -104,10 +105,8 @@ class Executor:
                 raise TidalError(f"{info.name} has {info.shape[0]} rows < {self.world} ranks: cannot shard it")
         self.groups = groups if groups is not None else GroupCache()
         self.groups.create_all([p for s in self.candidates for p in s.pipelines])
-        topo = Topology.from_cluster(cluster, self.world)
-        pull_planner = SwitchPlanner(topo, itemsize=torch.finfo(self.compute_dtype).bits // 8)
-        push_planner = SwitchPlanner(topo, itemsize=torch.finfo(self.master_dtype).bits // 8)
-        devices = tuple(range(self.world))
+        links = Links.from_cluster(cluster, self.world)
+        pull_size, push_size = torch.finfo(self.compute_dtype).bits // 8, torch.finfo(self.master_dtype).bits // 8
         self.pulls, self.pushes, self.grids, self.models = [], [], [], []
         self.group_index, self.module_group = _param_groups(self.table)
         self.pull_groups: list[list[tuple[list[int], object]]] = []  # per candidate: (table indices, plan) per group
@@ -115,15 +114,13 @@ class Executor:
         for k, strategy in enumerate(self.candidates):
             if any(d >= self.world for p in strategy.pipelines for d in p.devices):
                 raise TidalError(f"candidate {k} ({strategy}) uses devices beyond the world of {self.world}")
-            pull = pull_planner.pull(spec, strategy, devices)
-            push = push_planner.push(spec, strategy, devices)
-            self.groups.ensure(pull.group_ranks())
-            self.groups.ensure(push.group_ranks())
+            # this rank's part only (decision 74); LNK pulls / pushes are BSR-tier: no collectives, no groups to make
+            planner = LocalPlanner(spec, strategy, self.world, self.rank, links, self.table)
+            pull = planner.pull(itemsize=pull_size)
+            push = planner.push(itemsize=push_size)
             self.pulls.append(pull)
             self.pushes.append(push)
-            self.pull_groups.append([(idx, pull_planner.plan(pull_moves(spec, strategy, devices,
-                                                                        [self.table[i].name for i in idx]),
-                                                             bsr_only=True)) for idx in self.group_index])
+            self.pull_groups.append([(idx, planner.pull(idx, itemsize=pull_size)) for idx in self.group_index])
             mine = [j for j, p in enumerate(strategy.pipelines) if self.rank in p.devices]
             if not mine:
                 self.grids.append(None)
