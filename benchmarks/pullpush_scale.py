@@ -160,12 +160,91 @@ def old_planner(world: int, cap: float) -> str:
             f"{sc * 1e3:.0f} ms, process max RSS {rss:.0f} MB")
 
 
+def _size(box) -> int:
+    n = 1
+    for a, b in box:
+        n *= max(0, b - a)
+    return n
+
+
+def _meet(a, b):
+    return tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b))
+
+
+def minimum(model, strategy, world: int) -> dict[str, list[int]]:
+    """Per rank, the elements the disaggregation cannot avoid moving, counted from the annotations alone. Pull: a
+    holder receives every element of its shard it does not own, and an owner sends its rows to every other holder
+    of them (each row has one owner). Push: an owner receives, for every addend (pipeline x CP rank x tied stage)
+    of its rows, all of it except what it holds itself; a holder's sends are the same elements seen from the other
+    end (total only: which of a norm's TP duplicates sends is a choice)."""
+    from tidal.runtime.reshard.switch import pull_moves, push_moves
+
+    out = {"pull_recv": [0] * world, "pull_send": [0] * world, "push_recv": [0] * world}
+    for mv in pull_moves(model, strategy, range(world)):
+        shape = mv.shape
+        for e in mv.dst.entries(shape):
+            for o in range(world):
+                own = (_rows(shape[0], world, o),) + tuple((0, x) for x in shape[1:])
+                k = _size(_meet(e.box, own))
+                if k and o != e.device:
+                    out["pull_recv"][e.device] += k
+                    out["pull_send"][o] += k
+    for mv in push_moves(model, strategy, range(world)):
+        shape = mv.shape
+        entries = mv.src.entries(shape)
+        addends = len({e.addend for e in entries})
+        held = {e.device: e.box for e in entries}
+        for o in range(world):
+            own = (_rows(shape[0], world, o),) + tuple((0, x) for x in shape[1:])
+            out["push_recv"][o] += addends * _size(own) - (_size(_meet(held[o], own)) if o in held else 0)
+    return out
+
+
+def _rows(n: int, world: int, r: int) -> tuple[int, int]:
+    q, m = divmod(n, world)
+    lo = r * q + min(r, m)
+    return lo, lo + q + (1 if r < m else 0)
+
+
+def bytes_table(model, world: int, texts) -> None:
+    """Every rank's local pull and push bytes against the minimum (ratios; 1.000 = at the minimum)."""
+    cluster = get_cluster(f"a800x{world}")
+    links = Links.from_cluster(cluster, world)
+    table = param_table(model)
+    for text in texts:
+        strategy = place(parse_strategy(text), cluster, model)
+        mins = minimum(model, strategy, world)
+        pr, ps, qr, qs = [], [], [], []
+        for r in range(world):
+            planner = LocalPlanner(model, strategy, world, r, links, table)
+            a, b = planner.pull(itemsize=1).stats[r], planner.push(itemsize=1).stats[r]
+            pr.append(a.recv)
+            ps.append(a.send)
+            qr.append(b.recv)
+            qs.append(b.send)
+
+        def rng(got, want):
+            rs = [g / w for g, w in zip(got, want) if w] or [1.0]
+            return f"{min(rs):.3f}-{max(rs):.3f}"
+
+        pull = f"{sum(pr) / sum(mins['pull_recv']):.3f}"
+        push = f"{sum(qs) / sum(mins['push_recv']):.3f}"
+        print(f"bytes / minimum, {model.name} on {world} ranks, {text}: pull total {pull} (per rank recv "
+              f"{rng(pr, mins['pull_recv'])}, send {rng(ps, mins['pull_send'])}); push total {push} (per rank recv "
+              f"{rng(qr, mins['push_recv'])})", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worlds", type=int, nargs="+", default=[64, 256, 1024])
     ap.add_argument("--models", nargs="+", default=["llama2-13b", "llama2-70b"])
     ap.add_argument("--old-cap", type=float, default=120.0, help="seconds allowed to the old planner at 64 ranks")
+    ap.add_argument("--bytes", action="store_true", help="only the bytes-vs-minimum table (8 and 64 ranks)")
     args = ap.parse_args()
+    if args.bytes:
+        bytes_table(get_model("llama2-7b"), 8, ["tp2pp2+2*tp1pp2", "tp4+2*tp2", "8*tp1", "tp4pp2", "tp2cp2+2*tp2"])
+        bytes_table(get_model("llama2-13b"), 64, candidates(64, 40)[1:5])
+        return
     models = [LLAMA2_70B if m == "llama2-70b" else get_model(m) for m in args.models]
     print("# per candidate (8 per world and model), worst planned rank: plan = wall s (cpu s) of pull + push + "
           "per-layer pulls; peak = tracemalloc MB; scan / sel = per-step ms; ops = own operations per step")
