@@ -459,13 +459,23 @@ class LocalPlanner:
     def _push_single(self, t: int, info: ParamInfo, h: _Held, src: Box | None, dst: Box, sends: _Book,
                      recvs: _Book, copies: list) -> None:
         """One addend: holders send their part of each owner's rows straight to it (no reduction)."""
+        key = ("single", info.shape, info.tp_dim, h)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self._single_pieces(info, h, src, dst)
+        got, out, mine = hit
+        copies += [(self.rank, (t, box)) for box in mine]
+        recvs.add(got, t)
+        sends.add(out, t)
+
+    def _single_pieces(self, info: ParamInfo, h: _Held, src: Box | None, dst: Box) -> tuple[list, list, list]:
         n, me, shape, d = self.world, self.rank, info.shape, info.tp_dim
         rows = dst[0]
-        got, out = [], []
+        got, out, mine = [], [], []
         if rows[1] > rows[0]:  # owner
             if d is None:
                 if me in h.devices:
-                    copies.append((me, (t, dst)))
+                    mine.append(dst)
                 else:
                     got.append((self._single_sender(h.devices, me), (dst,), box_size(dst)))
             else:
@@ -476,7 +486,7 @@ class LocalPlanner:
                     if box_size(box) <= 0:
                         continue
                     if h.devices[j] == me:
-                        copies.append((me, (t, box)))
+                        mine.append(box)
                     else:
                         got.append((h.devices[j], (box,), box_size(box)))
         if src is not None and box_size(src) > 0:
@@ -490,8 +500,7 @@ class LocalPlanner:
                 if d is None and (o in h.devices or self._single_sender(h.devices, o) != me):
                     continue
                 out.append((o, (box,), box_size(box)))
-        recvs.add(got, t)
-        sends.add(out, t)
+        return got, out, mine
 
     # ------------------------------------------------------------------------------------------------- output
     def _finish(self, moves, itemsize, reductions, red, sends, recvs, copies, boxes) -> CommPlan:
@@ -499,21 +508,26 @@ class LocalPlanner:
         st = RankStats()
 
         def book(out: list, pairs: _Book, sending: bool, label: str) -> None:
-            for peer, (parts, elems) in pairs.per_peer().items():
-                s, r = (me, peer) if sending else (peer, me)
-                out.append(Message(0, s, r, tuple(parts), elems, label))
-                nbytes = elems * itemsize
-                inter = nodes[s] != nodes[r]
-                if sending:
-                    st.messages += 1
-                    if inter:
-                        st.send_inter += nbytes
-                    else:
-                        st.send_intra += nbytes
-                elif inter:
-                    st.recv_inter += nbytes
-                else:
-                    st.recv_intra += nbytes
+            # Every piece list is memoised for the planner's life, so (list, tensors) names the messages: the
+            # per-layer pulls of layers held alike (same local tensor indices) share their Message objects.
+            key = ("book", sending, label, itemsize, tuple((id(p), tuple(ts)) for p, ts in pairs.uses.values()))
+            hit = self._memo.get(key)
+            if hit is None:
+                msgs, delta = [], [0, 0, 0, 0, 0]
+                for peer, (parts, elems) in pairs.per_peer().items():
+                    s, r = (me, peer) if sending else (peer, me)
+                    msgs.append(Message(0, s, r, tuple(parts), elems, label))
+                    inter = nodes[s] != nodes[r]
+                    delta[(0 if sending else 2) + inter] += elems * itemsize
+                    delta[4] += sending
+                hit = self._memo[key] = (msgs, delta)
+            out += hit[0]
+            d = hit[1]
+            st.send_intra += d[0]
+            st.send_inter += d[1]
+            st.recv_intra += d[2]
+            st.recv_inter += d[3]
+            st.messages += d[4]
 
         red_msgs: list[Message] = []
         msgs: list[Message] = []
