@@ -5,9 +5,9 @@ and the per-layer-group pulls the executor posts - for worlds of 64, 256 and 102
     OMP_NUM_THREADS=1 python benchmarks/pullpush_scale.py [--worlds 64 256 1024] [--old-cap 120]
 
 Per candidate the planned ranks are the first device of every distinct pipeline scheme (a tp1 rank, which holds every
-layer with unsplit boxes, is the most work); `plan` is the slowest of them (wall and CPU seconds, planning the three
-plans with a fresh planner), `peak` the largest tracemalloc peak of one such planning (Python allocations of the
-planner and its plans, measured in a second pass because tracing slows planning). `scan` is the per-step bookkeeping
+layer with unsplit boxes, is the most work); `plan` is the slowest of them (CPU and wall seconds, planning the three
+plans with a fresh planner), `peak` the tracemalloc peak of planning the most expensive of them again (Python
+allocations of the planner and its plans; a second pass because tracing slows planning). `scan` is the bookkeeping
 `execute` / `start` do before posting operations, over the step's push and every layer group's pull: this rank's
 boxes and shapes (`CommPlan.rank_view`) and the input checks (CPU time, least of 5); `sel` walks this rank's
 messages, reductions and copies (each becomes an operation: O(own messages), counted in `ops`). `old` is the global
@@ -96,7 +96,7 @@ def measure(model, world: int) -> dict:
         for p in strategy.pipelines:
             firsts.setdefault(p.scheme, p.devices[0])
         worst = [0.0, 0.0, 0.0, 0.0, 0]
-        peak = 0
+        slowest, most = None, -1.0
         for rank in firsts.values():
             w0, c0 = time.perf_counter(), time.process_time()
             pull, push, gp = plan_rank(model, strategy, world, rank, links, table, groups)
@@ -105,11 +105,13 @@ def measure(model, world: int) -> dict:
             runs = [scan([push, *gp], rank, inputs) for _ in range(5)]  # the machine is shared: the least of 5
             s, sel, ops = min(r[0] for r in runs), min(r[1] for r in runs), runs[0][2]
             worst = [max(a, b) for a, b in zip(worst, (wall, cpu, s, sel, ops))]
-            del pull, push, gp
-            tracemalloc.start()
-            plan_rank(model, strategy, world, rank, links, table, groups)
-            peak = max(peak, tracemalloc.get_traced_memory()[1])
-            tracemalloc.stop()
+            if cpu > most:
+                slowest, most = rank, cpu
+            del pull, push, gp, inputs
+        tracemalloc.start()  # the most expensive rank again, traced
+        plan_rank(model, strategy, world, slowest, links, table, groups)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
         rows.append((*worst, peak))
     return {"wall": [r[0] for r in rows], "cpu": [r[1] for r in rows], "scan": [r[2] for r in rows],
             "sel": [r[3] for r in rows], "ops": [r[4] for r in rows], "peak": [r[5] for r in rows]}
@@ -246,14 +248,14 @@ def main() -> None:
         bytes_table(get_model("llama2-13b"), 64, candidates(64, 40)[1:5])
         return
     models = [LLAMA2_70B if m == "llama2-70b" else get_model(m) for m in args.models]
-    print("# per candidate (8 per world and model), worst planned rank: plan = wall s (cpu s) of pull + push + "
-          "per-layer pulls; peak = tracemalloc MB; scan / sel = per-step ms; ops = own operations per step")
+    print("# per candidate (8 per world and model), worst planned rank: plan = CPU s (wall s) of pull + push + "
+          "per-layer pulls; peak = tracemalloc MB; scan / sel = per-step CPU ms; ops = own operations per step")
     for world in args.worlds:
         parts = []
         for model in models:
             r = measure(model, world)
-            parts.append(f"{model.name}: plan max {max(r['wall']):.2f} s (cpu {max(r['cpu']):.2f}) median "
-                         f"{statistics.median(r['wall']):.2f} s, peak max {max(r['peak']) / 1e6:.0f} MB, scan max "
+            parts.append(f"{model.name}: plan cpu max {max(r['cpu']):.2f} s median {statistics.median(r['cpu']):.2f} s "
+                         f"(wall max {max(r['wall']):.2f} s), peak max {max(r['peak']) / 1e6:.0f} MB, scan max "
                          f"{max(r['scan']) * 1e3:.2f} ms, sel max {max(r['sel']) * 1e3:.1f} ms, ops max "
                          f"{max(r['ops'])}")
         print(f"world {world:5d} | " + " | ".join(parts), flush=True)
