@@ -1,7 +1,8 @@
 """Execute a CommPlan on torch.distributed (gloo on CPU, NCCL on GPU).
 
 Every rank of the world calls `execute` with the same plan (ranks not involved return at once after the group cache is
-brought up to date; `new_group` must be called by every rank in the same order). Process groups live in an explicit
+brought up to date; `new_group` must be called by every rank in the same order), or each rank with its own part of it
+(a per-rank plan of `local.py`, which has no collectives). Process groups live in an explicit
 `GroupCache` created once by the caller and passed in.
 """
 
