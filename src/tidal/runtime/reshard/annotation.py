@@ -42,6 +42,19 @@ def split_range(start: int, stop: int, parts: int, index: int) -> tuple[int, int
     return lo, lo + q + (1 if index < r else 0)
 
 
+def owner_range(lo: int, hi: int, rows: int, parts: int) -> range:
+    """Indices i whose `split_range(0, rows, parts, i)` meets [lo, hi): the inverse of the tensor_split formula."""
+    if hi <= lo:
+        return range(0)
+    q, r = divmod(rows, parts)
+    big = r * (q + 1)  # rows of the first r (larger) shards
+
+    def of(x: int) -> int:
+        return x // (q + 1) if x < big else r + (x - big) // q
+
+    return range(of(lo), of(hi - 1) + 1)
+
+
 def weighted_range(start: int, stop: int, weights: tuple[int, ...], index: int) -> tuple[int, int]:
     n, total = stop - start, sum(weights)
     before = sum(weights[:index])

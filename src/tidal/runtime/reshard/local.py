@@ -34,7 +34,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import repeat
 
-from tidal.core.cluster import ClusterSpec
 from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec, ParamInfo, param_table
 from tidal.core.strategy import Strategy
@@ -45,67 +44,12 @@ from tidal.runtime.reshard.annotation import (
     Box,
     DeviceGroup,
     DistributedStates,
+    owner_range,
     split_range,
 )
-from tidal.runtime.reshard.bsr import Topology
-from tidal.runtime.reshard.deduce import Stage, StageLayout, stages_of
+from tidal.runtime.reshard.bsr import Links
+from tidal.runtime.reshard.deduce import StageLayout, stages_of
 from tidal.runtime.reshard.plan import CommPlan, Message, RankStats, Reduction, TensorMove
-
-INF = float("inf")
-
-
-@dataclass(frozen=True)
-class Links:
-    """Node of every rank and the bandwidth of a link, in O(N) (no N x N table)."""
-
-    nodes: tuple[int, ...]
-    intra: tuple[float, ...]  # per rank: bandwidth to a peer of its node
-    inter: tuple[float, ...]  # ... to a peer of another node
-    table: tuple[tuple[float, ...], ...] | None = None  # explicit bandwidths (from a Topology) override the above
-
-    def bw(self, a: int, b: int) -> float:
-        if self.table is not None:
-            return self.table[a][b]
-        if a == b:
-            return INF
-        if self.nodes[a] == self.nodes[b]:
-            return min(self.intra[a], self.intra[b])
-        return min(self.inter[a], self.inter[b])
-
-    @staticmethod
-    def from_cluster(cluster: ClusterSpec, ranks: int | None = None) -> Links:
-        """The same nodes and bandwidths as `Topology.from_cluster` (ClusterSpec.bandwidth)."""
-        n = cluster.num_devices if ranks is None else ranks
-        if n > cluster.num_devices:
-            raise TidalError(f"links need {n} ranks but cluster {cluster.name} has {cluster.num_devices} devices")
-        nodes, intra, inter = [], [], []
-        node = 0
-        for g in cluster.groups:
-            for i in range(g.devices):
-                if i and i % g.device.per_node == 0:
-                    node += 1
-                nodes.append(node)
-                intra.append(g.device.intra_bw)
-                inter.append(g.device.inter_bw)
-            node += 1
-        return Links(tuple(nodes[:n]), tuple(intra[:n]), tuple(inter[:n]))
-
-    @staticmethod
-    def from_topology(topo: Topology) -> Links:
-        return Links(topo.nodes, (), (), topo.bw)
-
-
-def owner_range(lo: int, hi: int, rows: int, parts: int) -> range:
-    """Indices i whose `split_range(0, rows, parts, i)` meets [lo, hi): the inverse of the tensor_split formula."""
-    if hi <= lo:
-        return range(0)
-    q, r = divmod(rows, parts)
-    big = r * (q + 1)  # rows of the first r (larger) shards
-
-    def of(x: int) -> int:
-        return x // (q + 1) if x < big else r + (x - big) // q
-
-    return range(of(lo), of(hi - 1) + 1)
 
 
 def box_size(box: Box) -> int:
@@ -546,14 +490,4 @@ def _pair(m: Message) -> tuple[int, int]:
     return m.sender, m.receiver
 
 
-def local_pull(model: ModelSpec, strategy: Strategy | StageLayout, world: int, rank: int, links: Links,
-               itemsize: int = 2, indices: Sequence[int] | None = None) -> CommPlan:
-    return LocalPlanner(model, strategy, world, rank, links).pull(indices, itemsize)
-
-
-def local_push(model: ModelSpec, strategy: Strategy | StageLayout, world: int, rank: int, links: Links,
-               itemsize: int = 4) -> CommPlan:
-    return LocalPlanner(model, strategy, world, rank, links).push(itemsize)
-
-
-__all__ = ["Links", "LocalPlanner", "Stage", "local_pull", "local_push", "owner_range"]
+__all__ = ["Links", "LocalPlanner", "owner_range"]
