@@ -33,6 +33,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import repeat
+from operator import itemgetter
 
 from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec, ParamInfo, param_table
@@ -76,6 +77,9 @@ def _cuts(n: int, degrees, lo: int, hi: int) -> list[int]:
     return sorted(pts)
 
 
+_first = itemgetter(0)  # a part's tensor index
+
+
 @dataclass(frozen=True)
 class _Held:
     """The stages of one pipeline holding a parameter: their devices (CP outer, TP inner, first stage first)."""
@@ -109,7 +113,7 @@ class _Book:
                 elems[peer] += n * k
         out = {}
         for peer, lst in parts.items():
-            lst.sort()  # runs of tensor indices, one per piece list; a tensor reaches a peer once
+            lst.sort(key=_first)  # runs of tensor indices, one per piece list; a tensor reaches a peer once
             out[peer] = (lst, elems[peer])
         return out
 
