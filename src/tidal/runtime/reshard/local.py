@@ -329,11 +329,12 @@ class LocalPlanner:
         items, per = [], {}
         for cell in self._cells(degrees, info, rows):
             ct = []
+            # the TP index holding the cell, per degree (a cell lies inside one shard of every pipeline)
+            js = {} if d is None else {tp: owner_range(cell[d][0], cell[d][1], info.shape[d], tp)[0] for tp in degrees}
             for h in pattern:
                 tp, devs = h.tp, h.devices
                 if d is not None:
-                    j = owner_range(cell[d][0], cell[d][1], info.shape[d], tp)[0]
-                    ct += devs[j::tp]
+                    ct += devs[js[tp]::tp]
                 else:
                     ct += [self._norm_sender(devs[p * tp:(p + 1) * tp], me) for p in range(h.reps)]
             ct = tuple(sorted(ct))
