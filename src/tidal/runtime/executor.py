@@ -1,8 +1,9 @@
 """The executor: heterogeneous strategies in one world, optimization-propagation disaggregation, per-step switching.
 
 One world of N ranks. At start-up every pipeline of every candidate strategy is placed, its process groups created
-(one :class:`GroupCache`), its stage model built, and the pull / push plans of every candidate resolved by the
-resharding engine (so groups for their collectives exist too). Each step (Hydraulis §5.1-5.2):
+(one :class:`GroupCache`), its stage model built, and this rank's part of the pull / push plans of every candidate
+derived from the closed form of the shard ranges (`runtime.reshard.local`: no rank plans the world's messages).
+Each step (Hydraulis §5.1-5.2):
 
 1. **pull**: every rank receives its stage's TP shard of every parameter it holds, from the fully-sharded master
    copy, in the compute dtype (`runtime.reshard` pull plan of the step's strategy);
@@ -40,9 +41,9 @@ from tidal.runtime.config import compute_dtype_for
 from tidal.runtime.groups import GroupCache
 from tidal.runtime.optim import OptimConfig, ShardedAdamW, shard_range
 from tidal.runtime.pipeline import RankGrid, build_stage_model, held_params, run_pipeline
-from tidal.runtime.reshard.bsr import Topology
 from tidal.runtime.reshard.execute import execute, start
-from tidal.runtime.reshard.switch import SwitchPlanner, pull_moves, push_moves, run
+from tidal.runtime.reshard.local import Links, LocalPlanner
+from tidal.runtime.reshard.switch import run
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -113,9 +114,8 @@ class Executor:
         self.groups = groups if groups is not None else GroupCache()
         self.groups.create_all([p for s in self.candidates for p in s.pipelines])
         self.groups.p2p_group()  # the resharding engine's p2p group, created and initialised at a fixed point
-        topo = Topology.from_cluster(cluster, self.world)
-        self._pull_planner = SwitchPlanner(topo, itemsize=torch.finfo(self.compute_dtype).bits // 8)
-        self._push_planner = SwitchPlanner(topo, itemsize=torch.finfo(self.master_dtype).bits // 8)
+        # each rank plans only its own part of every pull and push (decision 74)
+        self._links = Links.from_cluster(cluster, self.world)
         # gradients accumulate in at least fp32 across micro-batches (a 16-bit compute dtype would lose them)
         self.grad_dtype = self.compute_dtype if torch.finfo(self.compute_dtype).bits >= 32 else torch.float32
         self.group_index, self.module_group = _param_groups(self.table)
@@ -157,21 +157,13 @@ class Executor:
     def _plan_candidate(self, k: int):
         """Candidate k's pull plan (every parameter, for the synchronous pull and the layout check), its pull per
         parameter group (forward order) and its push per parameter group (backward order: the head first, the
-        embedding last), the one order every rank posts them in. Process groups of their collectives are made here,
-        on every rank in the same order."""
-        strategy, devices = self.candidates[k], tuple(range(self.world))
-        pull = self._pull_planner.pull(self.spec, strategy, devices)
-        self.groups.ensure(pull.group_ranks())
-        pulls, pushes = [], []
-        for idx in self.group_index:
-            names = [self.table[i].name for i in idx]
-            pulls.append((idx, self._pull_planner.plan(pull_moves(self.spec, strategy, devices, names),
-                                                       bsr_only=True)))
-        for idx in reversed(self.group_index):
-            names = [self.table[i].name for i in idx]
-            plan = self._push_planner.plan(push_moves(self.spec, strategy, devices, names), bsr_only=True)
-            self.groups.ensure(plan.group_ranks())
-            pushes.append((idx, plan))
+        embedding last), the one order every rank posts them in. This rank's parts only (decision 74): LNK pulls and
+        pushes are point-to-point, so they need no process group beyond the p2p group."""
+        planner = LocalPlanner(self.spec, self.candidates[k], self.world, self.rank, self._links, self.table)
+        pull_size, push_size = torch.finfo(self.compute_dtype).bits // 8, torch.finfo(self.master_dtype).bits // 8
+        pull = planner.pull(itemsize=pull_size)
+        pulls = [(idx, planner.pull(idx, itemsize=pull_size)) for idx in self.group_index]
+        pushes = [(idx, planner.push(idx, itemsize=push_size)) for idx in reversed(self.group_index)]
         return pull, pulls, pushes
 
     def _check_layout(self, model: torch.nn.Module, pull, k: int) -> None:

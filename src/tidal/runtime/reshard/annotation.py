@@ -42,6 +42,19 @@ def split_range(start: int, stop: int, parts: int, index: int) -> tuple[int, int
     return lo, lo + q + (1 if index < r else 0)
 
 
+def owner_range(lo: int, hi: int, rows: int, parts: int) -> range:
+    """Indices i whose `split_range(0, rows, parts, i)` meets [lo, hi): the inverse of the tensor_split formula."""
+    if hi <= lo:
+        return range(0)
+    q, r = divmod(rows, parts)
+    big = r * (q + 1)  # rows of the first r (larger) shards
+
+    def of(x: int) -> int:
+        return x // (q + 1) if x < big else r + (x - big) // q
+
+    return range(of(lo), of(hi - 1) + 1)
+
+
 def weighted_range(start: int, stop: int, weights: tuple[int, ...], index: int) -> tuple[int, int]:
     n, total = stop - start, sum(weights)
     before = sum(weights[:index])
@@ -231,11 +244,22 @@ class Annotation:
                 out.append(Entry(dev, box, (g, j), g))
         return out
 
-    def local_shape(self, device: int, shape: tuple[int, ...]) -> tuple[int, ...] | None:
-        for e in self.entries(shape):
-            if e.device == device:
-                return tuple(b - a for a, b in e.box)
+    def local_box(self, device: int, shape: tuple[int, ...]) -> Box | None:
+        """The box `device` holds (None if it holds none), without listing every device's entry."""
+        shape = tuple(int(s) for s in shape)
+        for g, (grp, ds) in enumerate(zip(self.groups, self.states)):
+            if device in grp.devices:
+                self.check_shape(shape)
+                c = ds.coords(grp.index(device))
+                box = list(self.region(g, shape))
+                for d in ds.split_dims():
+                    box[d] = split_range(box[d][0], box[d][1], ds.degree(d), c[d])
+                return tuple(box)
         return None
+
+    def local_shape(self, device: int, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+        box = self.local_box(device, shape)
+        return None if box is None else tuple(b - a for a, b in box)
 
     def __str__(self) -> str:
         parts = [f"{list(g.devices)}{ds}" for g, ds in zip(self.groups, self.states)]

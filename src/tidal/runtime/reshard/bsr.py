@@ -47,6 +47,47 @@ class Topology:
             raise TidalError(f"devices {sorted(set(bad))} are outside the topology of {self.size} ranks")
 
 
+@dataclass(frozen=True)
+class Links:
+    """Node of every rank and the bandwidth of a link, in O(N) (no N x N table)."""
+
+    nodes: tuple[int, ...]
+    intra: tuple[float, ...]  # per rank: bandwidth to a peer of its node
+    inter: tuple[float, ...]  # ... to a peer of another node
+    table: tuple[tuple[float, ...], ...] | None = None  # explicit bandwidths (from a Topology) override the above
+
+    def bw(self, a: int, b: int) -> float:
+        if self.table is not None:
+            return self.table[a][b]
+        if a == b:
+            return float("inf")
+        if self.nodes[a] == self.nodes[b]:
+            return min(self.intra[a], self.intra[b])
+        return min(self.inter[a], self.inter[b])
+
+    @staticmethod
+    def from_cluster(cluster: ClusterSpec, ranks: int | None = None) -> Links:
+        """The same nodes and bandwidths as `Topology.from_cluster` (ClusterSpec.bandwidth)."""
+        n = cluster.num_devices if ranks is None else ranks
+        if n > cluster.num_devices:
+            raise TidalError(f"links need {n} ranks but cluster {cluster.name} has {cluster.num_devices} devices")
+        nodes, intra, inter = [], [], []
+        node = 0
+        for g in cluster.groups:
+            for i in range(g.devices):
+                if i and i % g.device.per_node == 0:
+                    node += 1
+                nodes.append(node)
+                intra.append(g.device.intra_bw)
+                inter.append(g.device.inter_bw)
+            node += 1
+        return Links(tuple(nodes[:n]), tuple(intra[:n]), tuple(inter[:n]))
+
+    @staticmethod
+    def from_topology(topo: Topology) -> Links:
+        return Links(topo.nodes, (), (), topo.bw)
+
+
 class Load:
     """Cumulative send/recv bytes per rank, shared across the tensors of a fused plan."""
 

@@ -1,7 +1,8 @@
 """Execute a CommPlan on torch.distributed (gloo on CPU, NCCL on GPU).
 
 Every rank of the world calls `execute` with the same plan (ranks not involved return at once after the group cache is
-brought up to date; `new_group` must be called by every rank in the same order). Process groups live in an explicit
+brought up to date; `new_group` must be called by every rank in the same order), or each rank with its own part of it
+(a per-rank plan of `local.py`, which has no collectives). Process groups live in an explicit
 `GroupCache` created once by the caller and passed in.
 """
 
@@ -32,28 +33,22 @@ class _Local:
                  device: torch.device | str = "cpu") -> None:
         if len(inputs) != len(plan.moves):
             raise TidalError(f"plan moves {len(plan.moves)} tensors but {len(inputs)} inputs were given")
-        self.src_box: dict[int, Box] = {}
-        self.dst_box: dict[int, Box] = {}
         self.inputs = inputs
         self.out: list[torch.Tensor | None] = [None] * len(plan.moves)
         self.reduced: dict[Cell, torch.Tensor] = {}
-        for t, mv in enumerate(plan.moves):
-            for e in mv.src.entries(mv.shape):
-                if e.device == rank:
-                    self.src_box[t] = e.box
-            for e in mv.dst.entries(mv.shape):
-                if e.device == rank:
-                    self.dst_box[t] = e.box
+        # this rank's boxes: carried by a per-rank plan, derived once per world plan (never a scan per step)
+        view = plan.rank_view(rank)
+        self.src_box: dict[int, Box] = view.src_box
+        self.dst_box: dict[int, Box] = view.dst_box
+        for t, want in view.src_shape.items():
             x = inputs[t]
-            if t in self.src_box:
-                want = tuple(b - a for a, b in self.src_box[t])
-                if x is None or tuple(x.shape) != want:
-                    got = None if x is None else list(x.shape)
-                    raise TidalError(f"rank {rank}: tensor {t} input should have local shape {list(want)}, got {got}")
-                if x.dtype != dtype:
-                    raise TidalError(f"rank {rank}: tensor {t} has dtype {x.dtype}, plan executes in {dtype}")
-            if t in self.dst_box:
-                self.out[t] = torch.zeros(tuple(b - a for a, b in self.dst_box[t]), dtype=dtype, device=device)
+            if x is None or x.shape != want:
+                got = None if x is None else list(x.shape)
+                raise TidalError(f"rank {rank}: tensor {t} input should have local shape {list(want)}, got {got}")
+            if x.dtype != dtype:
+                raise TidalError(f"rank {rank}: tensor {t} has dtype {x.dtype}, plan executes in {dtype}")
+        for t, shape in view.dst_shape.items():
+            self.out[t] = torch.zeros(shape, dtype=dtype, device=device)
         self.dtype = dtype
         self.device = device
 

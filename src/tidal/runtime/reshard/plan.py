@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from tidal.core.errors import TidalError
 from tidal.runtime.reshard.annotation import Annotation, Box, box_size
 
 
@@ -103,6 +104,20 @@ class RankStats:
 
 
 @dataclass(frozen=True)
+class RankView:
+    """One rank's source / destination box and local shape of every tensor it holds (read-only)."""
+
+    src_box: dict[int, Box]
+    dst_box: dict[int, Box]
+    src_shape: dict[int, tuple[int, ...]]
+    dst_shape: dict[int, tuple[int, ...]]
+
+
+def _shape(box: Box) -> tuple[int, ...]:
+    return tuple(b - a for a, b in box)
+
+
+@dataclass(frozen=True)
 class CommPlan:
     moves: tuple[TensorMove, ...]
     itemsize: int
@@ -113,6 +128,35 @@ class CommPlan:
     messages: tuple[Message, ...]
     copies: tuple[tuple[int, Cell], ...]  # (rank, cell): local copy from its source or reduced data
     stats: dict[int, RankStats]
+    # A per-rank plan (runtime/reshard/local.py) holds only rank `rank`'s parts, and its (source, destination) box
+    # of every tensor; a world plan (rank None) derives a rank's boxes once, on first use (`rank_boxes`).
+    rank: int | None = None
+    boxes: tuple[tuple[Box | None, Box | None], ...] = ()
+    _views: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def rank_boxes(self, rank: int) -> tuple[tuple[Box | None, Box | None], ...]:
+        """Rank `rank`'s (source, destination) box of every tensor (None where it holds none)."""
+        if self.rank is not None:
+            if rank != self.rank:
+                raise TidalError(f"plan was made for rank {self.rank}; rank {rank} cannot execute it")
+            return self.boxes
+        hit = self._views.get(("boxes", rank))
+        if hit is None:
+            hit = self._views[("boxes", rank)] = tuple(
+                (mv.src.local_box(rank, mv.shape), mv.dst.local_box(rank, mv.shape)) for mv in self.moves)
+        return hit
+
+    def rank_view(self, rank: int) -> RankView:
+        """Rank `rank`'s boxes and local shapes by tensor, built once per plan and rank (what execution looks up
+        every step instead of scanning annotations)."""
+        hit = self._views.get(rank)
+        if hit is None:
+            boxes = self.rank_boxes(rank)
+            src = {t: b for t, (b, _) in enumerate(boxes) if b is not None}
+            dst = {t: b for t, (_, b) in enumerate(boxes) if b is not None}
+            hit = self._views[rank] = RankView(src, dst, {t: _shape(b) for t, b in src.items()},
+                                               {t: _shape(b) for t, b in dst.items()})
+        return hit
 
     @property
     def num_messages(self) -> int:
