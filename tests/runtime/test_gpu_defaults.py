@@ -66,3 +66,34 @@ def test_cuda_defaults_turn_tf32_on():
         assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_train_plans_with_the_executors_memory():
+    """`tidal train`'s planner charges what the executor holds (decision 72): bf16 parameters and an fp32 gradient
+    buffer on a GPU cluster under `auto`, fp32 on a CPU one, fp64 under float64 masters; MaxLen follows."""
+    import dataclasses
+
+    from tidal.core import get_cluster, get_model
+    from tidal.core.scheme import ParallelScheme
+    from tidal.costmodel.analytic import AnalyticCostModel
+    from tidal.costmodel.memory import MemoryConfig, executor_memory
+    from tidal.runtime.train import build_cost_model, train_memory
+
+    cfg = load_config("examples/train-tiny.toml")
+    gpu, cpu = get_cluster("a800x16"), get_cluster("cpux4")
+    mem = train_memory(cfg, gpu)
+    assert (mem.mode, mem.param_bytes_per_param, mem.grad_bytes_per_param, mem.master_bytes_per_param) == (
+        "executor", 2, 4, 12)
+    assert train_memory(cfg, cpu).param_bytes_per_param == 4
+    f64 = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, master_dtype="float64"))
+    assert (train_memory(f64, gpu).param_bytes_per_param, train_memory(f64, gpu).master_bytes_per_param) == (8, 24)
+    assert build_cost_model(cfg, get_model(cfg.model.name), cpu).memory == train_memory(cfg, cpu)
+    # the executor's charge is below Hydraulis' App. C.1 one where the fp32 gradient buffer dominates
+    spec, dev = get_model("llama2-13b"), gpu.groups[0].device
+    honest = AnalyticCostModel(spec, gpu, memory=executor_memory("bfloat16", "float32"))
+    assert honest.max_len(ParallelScheme(tp=1), dev) == 0 < AnalyticCostModel(spec, gpu).max_len(
+        ParallelScheme(tp=1), dev)
+    assert 0 < honest.max_len(ParallelScheme(tp=4), dev) < AnalyticCostModel(spec, gpu, memory=MemoryConfig()).max_len(
+        ParallelScheme(tp=4), dev)
+    with pytest.raises(TidalError, match="unknown dtype"):
+        executor_memory("int8", "float32")

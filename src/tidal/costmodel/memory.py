@@ -38,7 +38,7 @@ MaxLen(P) = floor((budget - states) / per_token), 0 when even the states do not 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.optimize import nnls
@@ -83,6 +83,23 @@ class MemoryConfig:
         if self.mode == "app-c1":
             return self.app_c1_model_bytes_per_param
         return self.param_bytes_per_param + self.grad_bytes_per_param
+
+
+DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def executor_memory(compute: str, master: str, base: MemoryConfig | None = None) -> MemoryConfig:
+    """The "executor" charge of a run that computes in `compute` and keeps master weights and Adam moments in
+    `master` (dtype names): parameters in the compute dtype, the gradient buffer in at least fp32, 3 master tensors
+    (weights, m, v) and the push's gradient shards in the master dtype, and the cast of the master shards for the pull
+    unless the two dtypes agree. `tidal train` plans with it (the executor's own bytes)."""
+    for name in (compute, master):
+        if name not in DTYPE_BYTES:
+            raise TidalError(f"unknown dtype {name!r}; one of {', '.join(DTYPE_BYTES)}")
+    cb, mb = DTYPE_BYTES[compute], DTYPE_BYTES[master]
+    return replace(base or MemoryConfig(), mode="executor", param_bytes_per_param=cb, grad_bytes_per_param=max(cb, 4),
+                   master_bytes_per_param=3 * mb, shard_grad_bytes_per_param=mb,
+                   pull_cast_bytes_per_param=0 if compute == master else cb)
 
 
 def stage_params(model: ModelSpec, scheme: ParallelScheme, stage: int) -> tuple[float, float]:

@@ -49,6 +49,7 @@ from tidal.core.model import ModelSpec
 from tidal.core.strategy import Strategy
 from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.costmodel.fitted import load_cost_model
+from tidal.costmodel.memory import MemoryConfig
 from tidal.data.corpus import corpus_from_spec
 from tidal.data.sampler import TokenBudgetSampler
 from tidal.planner.stepper import PlannedStep, PlanningOptions, StepPlanner
@@ -75,6 +76,7 @@ class PlannerSpec:
     cluster: ClusterSpec
     candidates: tuple[Strategy, ...]
     options: PlanningOptions
+    memory: MemoryConfig = MemoryConfig()  # the analytic model's memory charge (tidal train: the executor's)
 
     def corpus(self):
         return corpus_from_spec(self.source, seed=self.data_seed, vocab=self.vocab, tokenizer=self.tokenizer or None,
@@ -87,7 +89,7 @@ class PlannerSpec:
         sampler = TokenBudgetSampler(src, self.tokens_per_step, self.max_len, long_docs=self.long_docs,
                                      seed=self.data_seed, cycle=self.cycle and src.size is not None)
         cm = (load_cost_model(self.cost_model, self.model, self.cluster) if self.cost_model
-              else AnalyticCostModel(self.model, self.cluster))
+              else AnalyticCostModel(self.model, self.cluster, memory=self.memory))
         return StepPlanner(cm, self.candidates, sampler, self.options), corpus
 
     def __call__(self) -> StepPlanner:

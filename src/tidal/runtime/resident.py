@@ -19,8 +19,8 @@ import torch
 
 from tidal.core import get_cluster, get_model, parse_strategy, place
 from tidal.core.plan import PipelinePlan, StepPlan
-from tidal.costmodel.memory import MemoryConfig, resident_bytes
-from tidal.runtime.executor import DTYPES, ExecConfig, Executor
+from tidal.costmodel.memory import executor_memory, resident_bytes
+from tidal.runtime.executor import ExecConfig, Executor
 from tidal.runtime.groups import GroupCache
 from tidal.runtime.optim import OptimConfig
 
@@ -47,10 +47,7 @@ def measure_worker(rank: int, world: int, model_name: str, cases, compute: str, 
     phase the measured bytes on this rank and the model's bytes for this rank's stage."""
     torch.set_num_threads(1)
     spec, cluster = get_model(model_name), get_cluster(f"cpux{world}")
-    cb, mb = (torch.finfo(DTYPES[x]).bits // 8 for x in (compute, master))
-    mem = MemoryConfig(mode="executor", param_bytes_per_param=cb, grad_bytes_per_param=max(cb, 4),
-                       master_bytes_per_param=3 * mb,
-                       shard_grad_bytes_per_param=mb, pull_cast_bytes_per_param=0 if compute == master else cb)
+    mem = executor_memory(compute, master)
     return [_measure(rank, world, spec, cluster, texts, compute, master, mem) for texts in cases]
 
 

@@ -31,6 +31,7 @@ from tidal.core.scheme import parse_strategies
 from tidal.core.strategy import Strategy, place
 from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.costmodel.fitted import load_cost_model
+from tidal.costmodel.memory import MemoryConfig, executor_memory
 from tidal.data.accounting import EpochLedger
 from tidal.data.corpus import corpus_from_spec
 from tidal.models.attention import BACKENDS
@@ -38,7 +39,7 @@ from tidal.planner.select import profile_strategies
 from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates
 from tidal.runtime.calibration import REFIT_MODES, OnlineRefit, calibration_fields
 from tidal.runtime.checkpoint import load_meta
-from tidal.runtime.config import TrainConfig
+from tidal.runtime.config import TrainConfig, compute_dtype_for
 from tidal.runtime.executor import ExecConfig, Executor, fetch_from
 from tidal.runtime.gcsync import StepGC
 from tidal.runtime.groups import GroupCache
@@ -69,10 +70,18 @@ class Prepared:
         return build_cost_model(self.config, self.spec, self.cluster)
 
 
+def train_memory(cfg: TrainConfig, cluster: ClusterSpec) -> MemoryConfig:
+    """What the executor of this job holds (decision 72), for the planner's MaxLen: the compute dtype as the ranks
+    will resolve it (`auto`: bf16 on a GPU cluster, fp32 on a CPU one), the master dtype as configured."""
+    kind = "cpu" if all(g.device.name == "cpu" for g in cluster.groups) else "cuda"
+    return executor_memory(compute_dtype_for(cfg.train.compute_dtype, cfg.train.master_dtype, kind),
+                           cfg.train.master_dtype)
+
+
 def build_cost_model(cfg: TrainConfig, spec: ModelSpec, cluster: ClusterSpec):
     if cfg.planner.cost_model:
         return load_cost_model(cfg.planner.cost_model, spec, cluster)
-    return AnalyticCostModel(spec, cluster)
+    return AnalyticCostModel(spec, cluster, memory=train_memory(cfg, cluster))
 
 
 def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
@@ -148,7 +157,7 @@ def planner_spec(job: Prepared) -> PlannerSpec:
     cfg, d = job.config, job.config.data
     return PlannerSpec(d.source, d.seed, job.spec.vocab, d.tokenizer, d.cache_dir, d.tokens_per_step, d.max_len,
                        d.long_docs, d.cycle, cfg.planner.cost_model, job.spec, job.cluster, job.candidates,
-                       job.options)
+                       job.options, train_memory(cfg, job.cluster))
 
 
 def make_planner(job: Prepared) -> tuple[StepPlanner, object]:
