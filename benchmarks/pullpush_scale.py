@@ -1,20 +1,20 @@
-"""Pull/push planning at scale (issue 23, decision 74): one rank plans its own LNK messages - the whole pull, the push
-and the per-layer-group pulls the executor posts - for worlds of 64, 256 and 1024 ranks, llama2-13b and llama2-70b,
-8 heterogeneous candidates each. Prints one line per world size; asserts nothing.
+"""Pull/push planning at scale (issue 23, decision 74): one rank plans its own LNK messages - the pull and the push of
+every parameter group, what the executor plans and posts - for worlds of 64, 256 and 1024 ranks, llama2-13b and
+llama2-70b, 8 heterogeneous candidates each. Prints one line per world size; asserts nothing.
 
     OMP_NUM_THREADS=1 python benchmarks/pullpush_scale.py [--worlds 64 256 1024] [--old-cap 120]
 
 Per candidate the planned ranks are the first device of every distinct pipeline scheme (a tp1 rank, which holds every
-layer with unsplit boxes, is the most work); `plan` is the slowest of them (CPU and wall seconds, planning the three
-plans with a fresh planner), `peak` the tracemalloc peak of planning the most expensive of them again (Python
-allocations of the planner and its plans; a second pass because tracing slows planning). `scan` is the bookkeeping
-`execute` / `start` do before posting operations, over the step's push and every layer group's pull: this rank's
-boxes and shapes (`CommPlan.rank_view`) and the input checks (CPU time, least of 5); `sel` walks this rank's
-messages, reductions and copies (each becomes an operation: O(own messages), counted in `ops`). `old` is the global
-planner (`SwitchPlanner.pull/push` plus the per-group pulls, what every rank ran before) for one candidate at 64
-ranks, capped, with its per-step scan (every annotation entry and every message of the world, as `_Local` and
-`_p2p` did). llama2-70b is not a preset: its published shape (80 layers, 8192 hidden, 64 heads, 8 KV heads,
-FFN 28672) is built here.
+layer with unsplit boxes, is the most work); `plan` is the slowest of them (CPU and wall seconds, planning every
+group's pull and push with a fresh planner), `peak` the tracemalloc peak of planning the most expensive of them again
+(Python allocations of the planner and its plans; a second pass because tracing slows planning). `scan` is the
+bookkeeping `execute` / `start` do before posting operations, over every parameter group's push and pull: this rank's
+boxes and shapes (`CommPlan.rank_view`) and the input checks (CPU time, least of 5); `sel` walks this rank's messages,
+reductions and copies (each becomes an operation: O(own messages), counted in `ops`). `old` is the global planner
+(`SwitchPlanner.pull/push` plus the per-group pulls, what every rank ran before) for one candidate at 64 ranks,
+capped, with its per-step scan (every annotation entry and every message of the world, as `_Local` and `_p2p` did).
+llama2-70b is not a preset: its published shape (80 layers, 8192 hidden, 64 heads, 8 KV heads, FFN 28672) is built
+here.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def layer_groups(table) -> list[list[int]]:
 
 def plan_rank(model, strategy, world, rank, links, table, groups):
     planner = LocalPlanner(model, strategy, world, rank, links, table)
-    return planner.pull(itemsize=2), planner.push(itemsize=4), [planner.pull(g, itemsize=2) for g in groups]
+    return ([planner.pull(g, itemsize=2) for g in groups],
+            [planner.push(g, itemsize=4) for g in reversed(groups)])
 
 
 def scan(plans, rank, inputs) -> tuple[float, float, int]:
@@ -99,15 +100,15 @@ def measure(model, world: int) -> dict:
         slowest, most = None, -1.0
         for rank in firsts.values():
             w0, c0 = time.perf_counter(), time.process_time()
-            pull, push, gp = plan_rank(model, strategy, world, rank, links, table, groups)
+            gp, gq = plan_rank(model, strategy, world, rank, links, table, groups)
             wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-            inputs = [meta_inputs(p, rank) for p in (push, *gp)]
-            runs = [scan([push, *gp], rank, inputs) for _ in range(5)]  # the machine is shared: the least of 5
+            inputs = [meta_inputs(p, rank) for p in (*gq, *gp)]
+            runs = [scan([*gq, *gp], rank, inputs) for _ in range(5)]  # the machine is shared: the least of 5
             s, sel, ops = min(r[0] for r in runs), min(r[1] for r in runs), runs[0][2]
             worst = [max(a, b) for a, b in zip(worst, (wall, cpu, s, sel, ops))]
             if cpu > most:
                 slowest, most = rank, cpu
-            del pull, push, gp, inputs
+            del gp, gq, inputs
         tracemalloc.start()  # the most expensive rank again, traced
         plan_rank(model, strategy, world, slowest, links, table, groups)
         peak = tracemalloc.get_traced_memory()[1]
@@ -248,8 +249,8 @@ def main() -> None:
         bytes_table(get_model("llama2-13b"), 64, candidates(64, 40)[1:5])
         return
     models = [LLAMA2_70B if m == "llama2-70b" else get_model(m) for m in args.models]
-    print("# per candidate (8 per world and model), worst planned rank: plan = CPU s (wall s) of pull + push + "
-          "per-layer pulls; peak = tracemalloc MB; scan / sel = per-step CPU ms; ops = own operations per step")
+    print("# per candidate (8 per world and model), worst planned rank: plan = CPU s (wall s) of every parameter "
+          "group's pull and push; peak = tracemalloc MB; scan / sel = per-step CPU ms; ops = own operations per step")
     for world in args.worlds:
         parts = []
         for model in models:

@@ -270,10 +270,16 @@ def _exec_worker(rank, world, cases):
         for idx in index:  # every layer group posted at once, completed in order (the executor's overlapped pull)
             plan = planner.pull(idx, itemsize=8)
             xs = [torch.from_numpy(shard(mv.src, values[i], rng)[rank]) for mv, i in zip(plan.moves, idx)]
-            flights.append((idx, plan, start(plan, xs, dtype=torch.float64)))
+            flights.append((idx, plan, start(plan, xs, groups, dtype=torch.float64)))
         outs = [o for _, _, fl in flights for o in fl.wait()]
         gather_check([mv.dst for _, plan, _ in flights for mv in plan.moves],
                      [values[i] for idx, _, _ in flights for i in idx], outs, f"{text} pull groups")
+        for idx in reversed(index):  # the executor's streamed push: one group after the other, head first
+            plan = planner.push(idx, itemsize=8)
+            xs = [torch.from_numpy(sh[rank]) if rank in sh else None
+                  for sh in (shard(mv.src, values[i], rng) for mv, i in zip(plan.moves, idx))]
+            outs = execute(plan, xs, groups, dtype=torch.float64)
+            gather_check([mv.dst for mv in plan.moves], [values[i] for i in idx], outs, f"{text} push group {idx[0]}")
     return failures
 
 

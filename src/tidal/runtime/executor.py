@@ -43,7 +43,6 @@ from tidal.runtime.optim import OptimConfig, ShardedAdamW, shard_range
 from tidal.runtime.pipeline import RankGrid, build_stage_model, held_params, run_pipeline
 from tidal.runtime.reshard.execute import execute, start
 from tidal.runtime.reshard.local import Links, LocalPlanner
-from tidal.runtime.reshard.switch import run
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -119,7 +118,7 @@ class Executor:
         # gradients accumulate in at least fp32 across micro-batches (a 16-bit compute dtype would lose them)
         self.grad_dtype = self.compute_dtype if torch.finfo(self.compute_dtype).bits >= 32 else torch.float32
         self.group_index, self.module_group = _param_groups(self.table)
-        self.pulls, self.grids, self.models = [], [], []
+        self.grids, self.models = [], []
         self.pull_groups: list[list[tuple[list[int], object]]] = []  # per candidate: (table indices, plan) per group
         self.push_groups: list[list[tuple[list[int], object]]] = []  # ... in push order (the pull's, reversed)
         self._flat: list[_Flat | None] = []  # per candidate: this rank's stage parameters and gradients
@@ -128,8 +127,7 @@ class Executor:
         for k, strategy in enumerate(self.candidates):
             if any(d >= self.world for p in strategy.pipelines for d in p.devices):
                 raise TidalError(f"candidate {k} ({strategy}) uses devices beyond the world of {self.world}")
-            pull, pull_groups, push_groups = self._plan_candidate(k)
-            self.pulls.append(pull)
+            pull_groups, push_groups = self._plan_candidate(k)
             self.pull_groups.append(pull_groups)
             self.push_groups.append(push_groups)
             mine = [j for j, p in enumerate(strategy.pipelines) if self.rank in p.devices]
@@ -142,7 +140,7 @@ class Executor:
             model = build_stage_model(spec, grid, seed=cfg.seed, attn_backend=cfg.attn_backend,
                                       dtype=self.compute_dtype, device=self.device, init=False,  # pulled each step
                                       sequence_parallel=cfg.sequence_parallel)
-            self._check_layout(model, pull, k)
+            self._check_layout(model, pull_groups, k)
             self.grids.append((mine[0], grid))
             self.models.append(model)
             self._flat.append(_Flat(model, self.grad_dtype))  # idle until its step: no storage
@@ -155,25 +153,25 @@ class Executor:
         self._init_master()
 
     def _plan_candidate(self, k: int):
-        """Candidate k's pull plan (every parameter, for the synchronous pull and the layout check), its pull per
-        parameter group (forward order) and its push per parameter group (backward order: the head first, the
-        embedding last), the one order every rank posts them in. This rank's parts only (decision 74): LNK pulls and
-        pushes are point-to-point, so they need no process group beyond the p2p group."""
+        """Candidate k's pull per parameter group (forward order) and its push per parameter group (backward order:
+        the head first, the embedding last), the one order every rank posts them in. This rank's parts only (decision
+        74): LNK pulls and pushes are point-to-point, so they need no process group beyond the p2p group."""
         planner = LocalPlanner(self.spec, self.candidates[k], self.world, self.rank, self._links, self.table)
         pull_size, push_size = torch.finfo(self.compute_dtype).bits // 8, torch.finfo(self.master_dtype).bits // 8
-        pull = planner.pull(itemsize=pull_size)
         pulls = [(idx, planner.pull(idx, itemsize=pull_size)) for idx in self.group_index]
         pushes = [(idx, planner.push(idx, itemsize=push_size)) for idx in reversed(self.group_index)]
-        return pull, pulls, pushes
+        return pulls, pushes
 
-    def _check_layout(self, model: torch.nn.Module, pull, k: int) -> None:
+    def _check_layout(self, model: torch.nn.Module, pulls, k: int) -> None:
         """The runtime's module shards and the engine's annotations must agree on every parameter's local shape."""
-        for info, p, mv in zip(self.table, held_params(model, self.spec), pull.moves):
-            want = mv.dst.local_shape(self.rank, info.shape)
-            got = None if p is None else tuple(p.shape)
-            if want != got:
-                raise TidalError(f"candidate {k}: {info.name} on rank {self.rank} is {got} in the model but "
-                                 f"{want} in the resharding plan")
+        held = held_params(model, self.spec)
+        for idx, plan in pulls:
+            for i, mv in zip(idx, plan.moves):
+                want = mv.dst.local_shape(self.rank, self.table[i].shape)
+                got = None if held[i] is None else tuple(held[i].shape)
+                if want != got:
+                    raise TidalError(f"candidate {k}: {self.table[i].name} on rank {self.rank} is {got} in the model "
+                                     f"but {want} in the resharding plan")
 
     def _init_master(self) -> None:
         """Master shards (rows shard_range of every parameter) initialised alone to their slice of the unsharded
@@ -191,18 +189,23 @@ class Executor:
         return self.optim.params
 
     def _pull(self, k: int) -> tuple[float, float, int]:
-        """Synchronous pull of every parameter (overlap_pull=False)."""
+        """Synchronous pull (overlap_pull=False): one parameter group after the other, in the same order on every
+        rank, each copied into the module parameters before the next group's buffers are made."""
         t0, c0 = time.perf_counter(), time.thread_time()
         if self._flat[k] is not None:
             self._flat[k].alloc_params()
-        inputs = [p.to(self.compute_dtype) for p in self.master]
-        outs = run(self.pulls[k], inputs, self.groups, dtype=self.compute_dtype, device=self.device)
-        if self.models[k] is not None:
-            with torch.no_grad():
-                for p, x in zip(held_params(self.models[k], self.spec), outs):
-                    if p is not None:
-                        p.copy_(x)
-        return time.perf_counter() - t0, time.thread_time() - c0, _bytes(self.pulls[k], self.rank)
+        held = held_params(self.models[k], self.spec) if self.models[k] is not None else None
+        nbytes = 0
+        for idx, plan in self.pull_groups[k]:
+            inputs = [self.master[i].to(self.compute_dtype) for i in idx]
+            outs = execute(plan, inputs, self.groups, dtype=self.compute_dtype, device=self.device)
+            if held is not None:
+                with torch.no_grad():
+                    for i, x in zip(idx, outs):
+                        if held[i] is not None:
+                            held[i].copy_(x)
+            nbytes += _bytes(plan, self.rank)
+        return time.perf_counter() - t0, time.thread_time() - c0, nbytes
 
     def _start_pull(self, k: int) -> tuple[float, float, int]:
         """Post every parameter group's pull messages at once (embedding, each layer, head, in that order on every
