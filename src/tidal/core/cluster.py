@@ -102,6 +102,8 @@ DEVICE_TYPES: MappingProxyType[str, DeviceType] = MappingProxyType(
     {
         "a800": DeviceType("a800", 312e12, 80 * GB, 400 * GB, 200 * GB),
         "a100": DeviceType("a100", 312e12, 80 * GB, 600 * GB, 200 * GB),
+        # A100-SXM4-40GB: Hydraulis' 7b_A100 strategy pool (gpu_memory_bound 39.6 GiB)
+        "a100-40": DeviceType("a100-40", 312e12, 40 * GB, 600 * GB, 200 * GB),
         "h100": DeviceType("h100", 989e12, 80 * GB, 900 * GB, 400 * GB),
         "h800": DeviceType("h800", 990e12, 80 * GB, 400 * GB, 200 * GB),
         "h20": DeviceType("h20", 148e12, 96 * GB, 900 * GB, 200 * GB),
@@ -112,7 +114,7 @@ DEVICE_TYPES: MappingProxyType[str, DeviceType] = MappingProxyType(
     }
 )
 
-_TERM = re.compile(r"^([a-z][a-z0-9]*?)x(\d+)$")
+_TERM = re.compile(r"^([a-z][a-z0-9-]*?)x(\d+)$")
 
 
 def get_cluster(name: str) -> ClusterSpec:

@@ -63,6 +63,18 @@ class Variant:
         return replace(self.base, memory=mem).max_len(scheme, device)
 
 
+def on_truth(planned: CostModel, truth: CostModel | None) -> CostModel:
+    """The device model a plan made with `planned` executes on (decision 77): `truth` under the same baseline
+    techniques (a `Variant`'s recomputation and ZeRO-3 carry over), or `planned` itself when there is no truth."""
+    if truth is None:
+        return planned
+    if truth.model != planned.model or truth.cluster != planned.cluster:
+        raise TidalError("the truth cost model is for another model or cluster than the planner's")
+    if isinstance(planned, Variant):
+        return replace(planned, base=truth)
+    return truth
+
+
 @dataclass(frozen=True)
 class StaticConfig:
     strategy: Strategy

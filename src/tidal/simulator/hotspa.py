@@ -65,7 +65,7 @@ def run_hotspa(w, sim_cfg: SimConfig, progress):
     t0 = time.perf_counter()
     edges = bucket_edges(w.max_len)
     sample = _steps_of(w.source_factory(), STATIC_SAMPLE_STEPS)
-    sim = Simulator(w.cost_model, sim_cfg)
+    sim = Simulator(baselines.on_truth(w.cost_model, w.truth), sim_cfg)
     chosen: list[baselines.StaticConfig] = []
     for k, e in enumerate(edges):
         cands = baselines.configs(w.cost_model, e, pack_len=e)

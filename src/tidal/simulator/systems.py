@@ -37,6 +37,9 @@ class Workload:
     seed: int
     source_factory: Callable[[], StepSource]  # a fresh source at the start of the data
     sample_lengths: np.ndarray = field(repr=False)  # document lengths the proposal plans from
+    # The device model plans execute on (decision 77; `tidal simulate --truth`); None: the planner's own cost model.
+    # Planners never see it: they plan with `cost_model` (a baseline's Variant of it); the simulator runs `truth`.
+    truth: CostModel | None = None
 
 
 @dataclass
@@ -88,7 +91,8 @@ def _label(step: StepPlan) -> str:
 
 
 def _simulator(w: Workload, sim: SimConfig, cm: CostModel | None = None, **over) -> Simulator:
-    return Simulator(cm or w.cost_model, replace(sim, **over) if over else sim)
+    """A simulator executing on the workload's truth (under `cm`'s baseline techniques), else on `cm` itself."""
+    return Simulator(baselines.on_truth(cm or w.cost_model, w.truth), replace(sim, **over) if over else sim)
 
 
 def best_static(w: Workload, sim: SimConfig, *, ulysses: bool = False, cp_mode: str = "per-seq"
