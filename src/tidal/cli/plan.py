@@ -13,7 +13,7 @@ from tidal.core.errors import TidalError
 from tidal.core.model import get_model
 from tidal.core.plan import Plan
 from tidal.core.strategy import Strategy
-from tidal.costmodel.analytic import AnalyticCostModel
+from tidal.costmodel.analytic import AnalyticCostModel, analytic_v1
 from tidal.costmodel.base import CostModel
 from tidal.costmodel.fitted import load_cost_model
 from tidal.data.sampler import LONG_DOC_POLICIES, TokenBudgetSampler
@@ -74,12 +74,15 @@ class PlanRun:
     long_doc_stats: dict
 
 
-ANALYTIC_NAMES = ("analytic",)
+ANALYTIC_NAMES = ("analytic", "analytic-v1")
 
 
 def cost_model_from(spec, model, cluster) -> CostModel:
-    """A cost-model spec as `--cost-model` and `--truth` take it: 'analytic' (or None), a fitted model JSON, a
-    profile CSV, or a Hydraulis strategy pool JSON as published (docs/costmodel.md)."""
+    """A cost-model spec as `--cost-model` and `--truth` take it: 'analytic' (or None; calibrated, decision 76),
+    'analytic-v1' (before it), a fitted model JSON, a profile CSV, or a Hydraulis strategy pool JSON as published
+    (docs/costmodel.md)."""
+    if spec is not None and str(spec).strip().lower() == "analytic-v1":
+        return analytic_v1(model, cluster)
     if spec is None or str(spec).strip().lower() in ANALYTIC_NAMES:
         return AnalyticCostModel(model, cluster)
     return load_cost_model(spec, model, cluster)

@@ -55,7 +55,7 @@ class Variant:
         if mem is None:
             raise TidalError("checkpointing and ZeRO-3 need the analytic cost model (it has a memory config)")
         if self.recompute:
-            mem = replace(mem, act_bytes_per_token_layer=2.0)
+            mem = replace(mem, act_bytes_per_token_layer=2.0, act_bytes_tp_replicated=0.0)
         if self.zero3:
             mem = replace(mem, master_bytes_per_param=mem.master_bytes_per_param + mem.model_bytes_per_param,
                           app_c1_model_bytes_per_param=0.0, param_bytes_per_param=0.0, grad_bytes_per_param=0.0,
