@@ -57,11 +57,11 @@ def real_step(model: str, cluster: str, strategy: str, source: str, seed: int, s
     """(profile, lengths) of one step of the benchmark grid on one strategy, with the analytic cost model (max_len
     32,768): the diagnosed steps the planner tests pin."""
     from tidal.core import get_model
-    from tidal.costmodel import default_cost_model
+    from tidal.costmodel.analytic import analytic_v1  # the model the scenario was diagnosed under
     from tidal.data import sample_steps
     from tidal.planner.select import profile_strategies
 
     m, c = get_model(model), get_cluster(cluster)
-    prof = profile_strategies([place(parse_strategy(strategy), c, m)], default_cost_model(m, c))[0]
+    prof = profile_strategies([place(parse_strategy(strategy), c, m)], analytic_v1(m, c))[0]
     l_ = sample_steps(source, seed=seed, tokens_per_step=tokens, max_len=32768, steps=step + 1)[0][step]
     return prof, l_.lengths_array()

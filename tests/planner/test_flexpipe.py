@@ -8,6 +8,7 @@ import pytest
 from tidal.core.cluster import GB, ClusterSpec, DeviceType, NodeGroup
 from tidal.core.model import ModelSpec
 from tidal.costmodel.analytic import AnalyticCostModel
+from tidal.costmodel.memory import MEMORY_V1
 from tidal.planner.flexpipe import FlexPipePlanner, Mapping
 
 pytestmark = pytest.mark.unit
@@ -17,7 +18,8 @@ GPT = ModelSpec("gpt-3.35b", 16, 4096, 32, 32, 16384, 50257)
 
 
 def _planner(gpus=16, model=GPT):
-    return FlexPipePlanner(AnalyticCostModel(model, ClusterSpec("t", (NodeGroup(A100, gpus),))))
+    # MEMORY_V1 (34 B of activations): the scenarios below were sized for it (decision 76: 36 / TP + 1.25)
+    return FlexPipePlanner(AnalyticCostModel(model, ClusterSpec("t", (NodeGroup(A100, gpus),))), memory=MEMORY_V1)
 
 
 def _compositions(total, parts, lo, hi):

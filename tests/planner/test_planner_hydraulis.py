@@ -95,13 +95,13 @@ def test_issue_repro_capacity_aware_dispatch():
     """Issue 9: step 3 of llama2-13b / a800x32 / github / seed 0 on 2*tp8+tp4pp2+2*tp4. The old dispatch balanced
     its objective and overloaded a tp4 pipeline past its MaxLen (5.865 s); Hydraulis' dispatch reached 4.254 s."""
     from tidal.core import get_cluster, get_model, parse_strategy, place
-    from tidal.costmodel import default_cost_model
+    from tidal.costmodel.analytic import analytic_v1  # the model the scenario was diagnosed under
     from tidal.data import sample_steps
     from tidal.planner.select import profile_strategies
 
     model, cluster = get_model("llama2-13b"), get_cluster("a800x32")
     prof = profile_strategies([place(parse_strategy("2*tp8+tp4pp2+2*tp4"), cluster, model)],
-                              default_cost_model(model, cluster))[0]
+                              analytic_v1(model, cluster))[0]
     steps = sample_steps("synthetic:github", seed=0, tokens_per_step=200_000, max_len=32768, steps=8)[0]
     for st_ in steps:
         l_ = st_.lengths_array()

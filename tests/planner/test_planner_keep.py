@@ -77,13 +77,13 @@ def test_diagnosed_steps_gain(strategy, seed, step, before, after):
     with the lowest dispatch objective packs 1.074 and 1.031 x the candidate's bound, one of the next three packs
     1.028 and 1.011 x (measured when this was written; the thresholds leave room)."""
     from tidal.core import get_cluster, get_model, parse_strategy, place
-    from tidal.costmodel import default_cost_model
+    from tidal.costmodel.analytic import analytic_v1  # the model the scenario was diagnosed under
     from tidal.data import sample_steps
     from tidal.planner.bounds import strategy_bound
 
     model, cluster = get_model("llama-32b"), get_cluster("a800x32")
     prof = sel.profile_strategies([place(parse_strategy(strategy), cluster, model)],
-                                  default_cost_model(model, cluster))[0]
+                                  analytic_v1(model, cluster))[0]
     l_ = sample_steps("synthetic:github", seed=seed, tokens_per_step=200_000, max_len=32768,
                       steps=step + 1)[0][step].lengths_array()
     bound = strategy_bound(l_, prof.pipes)

@@ -98,12 +98,12 @@ def test_lumpy_documents_on_pp1_pipelines():
     documents between micro-batches of different pipelines reaches 3.561 s (1.029 x); an exact MILP (HiGHS, 120 s,
     benchmarks/exact_joint.py) finds 3.558 s."""
     from tidal.core import get_cluster, get_model, parse_strategy
-    from tidal.costmodel import default_cost_model
+    from tidal.costmodel.analytic import analytic_v1  # the model the scenario was diagnosed under
     from tidal.data import sample_steps
 
     model, cluster = get_model("llama2-7b"), get_cluster("a800x16")
     prof: StrategyProfile = sel.profile_strategies([place(parse_strategy("tp4+4*tp2+4*tp1"), cluster, model)],
-                                                   default_cost_model(model, cluster))[0]
+                                                   analytic_v1(model, cluster))[0]
     l_ = sample_steps("synthetic:github", seed=0, tokens_per_step=200_000, max_len=32768,
                       steps=1)[0][0].lengths_array()
     bound = strategy_bound(l_, prof.pipes)

@@ -35,13 +35,13 @@ def test_diagnosed_step_gains():
     (4.66 s: a tp4 holding 7,219 tokens in two micro-batches takes 2 (c + w)); the jump-scan greedy keeps six in
     one micro-batch (3.98 s, the candidate's bound is 3.90 s)."""
     from tidal.core import get_cluster, get_model, parse_strategy, place
-    from tidal.costmodel import default_cost_model
+    from tidal.costmodel.analytic import analytic_v1  # the model the scenario was diagnosed under
     from tidal.data import sample_steps
     from tidal.planner import select as sel
 
     model, cluster = get_model("llama-32b"), get_cluster("a800x256")
     prof = sel.profile_strategies([place(parse_strategy("2*tp4cp8+48*tp4"), cluster, model)],
-                                  default_cost_model(model, cluster))[0]
+                                  analytic_v1(model, cluster))[0]
     l_ = sample_steps("synthetic:commoncrawl", seed=0, tokens_per_step=800_000, max_len=32768,
                       steps=3)[0][2].lengths_array()
     first, alts = dispatch_alternatives(l_, prof.pipes, scan=False)

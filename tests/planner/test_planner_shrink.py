@@ -41,13 +41,13 @@ def test_tiny_maxlen_pipelines_that_cannot_be_filled():
     pipeline's time is (PP - 1 + V) x its slowest micro-batch, so the tp1s ran 6.06-6.21 s against 5.93 s for the
     rest. The retry dispatches them as if MaxLen were 5 % smaller: 5.935 s, 1.0125 x the candidate's bound."""
     from tidal.core import get_cluster, get_model, parse_strategy, place
-    from tidal.costmodel import default_cost_model
+    from tidal.costmodel.analytic import analytic_v1  # the model the scenario was diagnosed under
     from tidal.data import sample_steps
     from tidal.planner.select import profile_strategies
 
     model, cluster = get_model("llama2-13b"), get_cluster("a800x16")
     prof = profile_strategies([place(parse_strategy("tp4+4*tp2+4*tp1"), cluster, model)],
-                              default_cost_model(model, cluster))[0]
+                              analytic_v1(model, cluster))[0]
     l_ = sample_steps("synthetic:flanv2", seed=0, tokens_per_step=200_000, max_len=32768, steps=1)[0][0].lengths_array()
     before = assign(l_, prof, shrink=False)[0]
     est, plans = assign(l_, prof)
@@ -106,13 +106,13 @@ def test_late_restarts_on_a_large_step(monkeypatch):
     candidate's bound. The local search only moves documents off the bottleneck, so it cannot undo an early
     greedy choice (decision 59 describes one); two random-order restarts reach 1.010 x."""
     from tidal.core import get_cluster, get_model, parse_strategy, place
-    from tidal.costmodel import default_cost_model
+    from tidal.costmodel.analytic import analytic_v1  # the model the scenario was diagnosed under
     from tidal.data import sample_steps
     from tidal.planner import select as sel
 
     model, cluster = get_model("llama2-13b"), get_cluster("a800x16")
     profs = sel.profile_strategies([place(parse_strategy("tp4+4*tp2+4*tp1"), cluster, model)],
-                                   default_cost_model(model, cluster))
+                                   analytic_v1(model, cluster))
     l_ = sample_steps("synthetic:commoncrawl", seed=0, tokens_per_step=200_000, max_len=32768,
                       steps=4)[0][3].lengths_array()
     assert l_.size * len(profs[0].pipes) > sel.RESTART_MAX
@@ -132,13 +132,13 @@ def test_big_late_restart_on_a_large_step(monkeypatch):
     0 step 2: 1,226 documents x 50 pipelines, above LATE_RESTART_MAX, so no restart ran: 1.0198 x the bound. One
     random-order restart with the dispatch's full local search (20 + D rounds) reaches 1.0065 x (decision 65)."""
     from tidal.core import get_cluster, get_model, parse_strategy, place
-    from tidal.costmodel import default_cost_model
+    from tidal.costmodel.analytic import analytic_v1  # the model the scenario was diagnosed under
     from tidal.data import sample_steps
     from tidal.planner import select as sel
 
     model, cluster = get_model("llama-32b"), get_cluster("a800x256")
     prof = sel.profile_strategies([place(parse_strategy("2*tp4cp8+48*tp4"), cluster, model)],
-                                  default_cost_model(model, cluster))[0]
+                                  analytic_v1(model, cluster))[0]
     l_ = sample_steps("synthetic:commoncrawl", seed=0, tokens_per_step=800_000, max_len=32768,
                       steps=3)[0][2].lengths_array()
     assert l_.size * len(prof.pipes) > sel.LATE_RESTART_MAX

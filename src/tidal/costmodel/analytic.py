@@ -47,6 +47,8 @@ class Efficiency:
     # TP collective (tp_const_per_layer / 8 collectives); not measured (no CP profile is published)
     cp_const_per_layer: float = 1.2e-4
     cp_ring_passes: float = 3.0  # K/V volumes moved per token per layer over the CP ring (fwd K,V + bwd K,V, dK,dV)
+    # x the device's inter-node bandwidth (its share of the node's links); v1 charged the whole node's to each GPU: 8
+    inter_bw_scale: float = 1.0
 
     def __post_init__(self) -> None:
         for f in ("gemm", "attn", "comm"):
@@ -54,6 +56,8 @@ class Efficiency:
                 raise TidalError(f"efficiency {f} must be in (0, 1], got {getattr(self, f)}")
         if not 0 <= self.comm_overlap < 1:
             raise TidalError(f"comm_overlap must be in [0, 1), got {self.comm_overlap}")
+        if not self.inter_bw_scale > 0:
+            raise TidalError(f"inter_bw_scale must be > 0, got {self.inter_bw_scale}")
         for f in ("launch_per_layer", "collective_latency", "gemm_half_flops", "attn_half_width",
                   "tp_const_per_layer", "cp_const_per_layer", "cp_ring_passes"):
             if not getattr(self, f) >= 0:
@@ -69,12 +73,12 @@ class Efficiency:
 # the model before decision 76 (`--cost-model analytic-v1`): flat efficiencies, microsecond constants
 EFFICIENCY_V1 = Efficiency(gemm=0.55, attn=0.45, comm=0.8, launch_per_layer=60e-6, collective_latency=15e-6,
                            gemm_half_flops=0.0, attn_half_width=0.0, tp_const_per_layer=0.0, cp_const_per_layer=0.0,
-                           cp_ring_passes=2.0)
+                           cp_ring_passes=2.0, inter_bw_scale=8.0)
 
 
-def _link_bw(device: DeviceType, span: int) -> float:
+def _link_bw(device: DeviceType, span: int, inter_scale: float = 1.0) -> float:
     """Bandwidth of a group of `span` consecutive devices: intra-node if it fits in a node."""
-    return device.intra_bw if span <= device.per_node else device.inter_bw
+    return device.intra_bw if span <= device.per_node else device.inter_bw * inter_scale
 
 
 @dataclass(frozen=True)
@@ -98,10 +102,10 @@ class AnalyticCostModel:
         if c > 1 and device.attn_cp_rect:  # the busiest rank's chunks {r, 2c-1-r} cost (2c+1) (l/2c)^2 rectangles
             attn_pair *= (2 * c + 1) / (2 * c)
         gemm_tok = 3 * m.linear_flops_per_token() / (t * c * F * e.gemm_eff(m.linear_flops_per_token() / t))
-        tp_tok = 8 * 2 * h * (t - 1) / t / c / (_link_bw(device, t) * e.comm) if t > 1 else 0.0
-        cp_tok = (e.cp_ring_passes * 2 * 2 * m.kv_dim / t * (c - 1) / c / (_link_bw(device, t * c) * e.comm)
-                  if c > 1 else 0.0)
-        pp_tok = 2 * 2 * h / (t * c) / (_link_bw(device, t * c * p) * e.comm) if p > 1 else 0.0
+        tp_tok = 8 * 2 * h * (t - 1) / t / c / (_link_bw(device, t, e.inter_bw_scale) * e.comm) if t > 1 else 0.0
+        cp_bw = _link_bw(device, t * c, e.inter_bw_scale) * e.comm
+        cp_tok = e.cp_ring_passes * 2 * 2 * m.kv_dim / t * (c - 1) / c / cp_bw if c > 1 else 0.0
+        pp_tok = 2 * 2 * h / (t * c) / (_link_bw(device, t * c * p, e.inter_bw_scale) * e.comm) if p > 1 else 0.0
         head_tok = 3 * 2 * h * m.vocab / (t * c * F * e.gemm_eff(2 * h * m.vocab / t))
         n_coll = (8 if t > 1 else 0) + (4 if c > 1 else 0)
         best = LatencyCoeffs(0.0, 0.0, 0.0)
