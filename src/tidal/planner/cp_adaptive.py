@@ -15,8 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tidal.core.cluster import DeviceType
 from tidal.core.errors import TidalError
-from tidal.costmodel.kernel import KernelModel
+from tidal.core.model import ModelSpec
+from tidal.costmodel.base import LatencyCoeffs
+from tidal.costmodel.kernel import KernelModel, kernel_for
 from tidal.planner.cp_sharding import CPShard, segment_pieces
 
 MODES = ("per-seq", "per-doc")
@@ -80,3 +83,47 @@ def choose_for_micro_batches(lengths, micro_batches: Sequence[Sequence[int]], cp
         return tuple(policy for _ in micro_batches)
     arr = np.asarray(lengths, dtype=np.int64)
     return tuple(choose_cp_sharding(arr[list(mb)], cp, kernel).mode for mb in micro_batches)
+
+
+# -- CP kernel imbalance: the one charge the planner's estimates and the simulator share (decision 77) -------------
+
+
+def cp_kernel(model: ModelSpec, tp: int, device: DeviceType) -> KernelModel:
+    """The attention kernel of one layer on one rank of a TP-`tp` group on `device` (forward + backward, 60 % of peak
+    at saturation, the device's tile and half-efficiency query length): what the planner's CP sharding choice and
+    charge and the simulator's both use."""
+    return kernel_for(model, tp=tp, layers=1, peak=device.peak_flops * 0.6, passes=3.0, tile=device.attn_tile,
+                      q_half=device.attn_q_half)
+
+
+def cp_imbalance(doc_lengths, cp: int, kernel: KernelModel, mode: str) -> float:
+    """The factor on a CP micro-batch's attention term: the slowest CP rank's attention time under `mode` (kernel
+    model: tile padding, efficiency by query length) over a perfect 1/CP share of the unsharded documents' time,
+    at least 1. 1 for CP = 1 and for "heads" (Ulysses splits heads: balanced)."""
+    if cp == 1 or mode == "heads":
+        return 1.0
+    arr = np.asarray(doc_lengths, dtype=np.int64)
+    if arr.size == 0:
+        return 1.0
+    rank, qs, ql = segment_pieces(arr, cp, mode if mode in MODES else "per-seq")
+    worst = float(np.bincount(rank, weights=kernel.piece_times(qs, ql), minlength=cp).max())
+    ideal = kernel.rank_time(np.zeros(arr.size, dtype=np.int64), arr) / cp
+    return max(1.0, worst / ideal) if ideal > 0 else 1.0
+
+
+def charged_pipeline_time(lengths, micro_batches: Sequence[Sequence[int]], coeffs: LatencyCoeffs, pp: int, cp: int,
+                          modes: Sequence[str], kernel: KernelModel) -> float:
+    """`packing.pipeline_time` ((PP - 1 + V) x the slowest micro-batch) with every CP micro-batch's attention term
+    charged `cp_imbalance` under its sharding mode, as the simulator charges it."""
+    arr = np.asarray(lengths, dtype=np.int64)
+    mbs = [(m, mb) for m, mb in enumerate(micro_batches) if len(mb)]
+    if not mbs:
+        return 0.0
+    worst = 0.0
+    for m, mb in mbs:
+        ls = arr[list(mb)]
+        f = cp_imbalance(ls, cp, kernel, modes[m] if m < len(modes) else "per-seq") if coeffs.a > 0 else 1.0
+        lf = ls.astype(np.float64)
+        worst = max(worst, coeffs.c + coeffs.a * float(np.sum(lf * lf)) * f + coeffs.b * float(lf.sum())
+                    + coeffs.d * len(mb))
+    return (pp - 1 + len(mbs)) * worst

@@ -24,12 +24,11 @@ import numpy as np
 
 from tidal.core.errors import TidalError
 from tidal.core.plan import StepPlan
-from tidal.core.scheme import parse_strategies
+from tidal.core.scheme import ParallelScheme, parse_strategies
 from tidal.core.strategy import Strategy, place
 from tidal.costmodel.base import CostModel, pipeline_device
-from tidal.costmodel.kernel import kernel_for
 from tidal.planner import packing, wlb
-from tidal.planner.cp_adaptive import choose_for_micro_batches
+from tidal.planner.cp_adaptive import charged_pipeline_time, choose_for_micro_batches, cp_kernel
 from tidal.planner.proposal import propose
 from tidal.planner.select import StepSelection, StrategyProfile, profile_strategies, select_step
 
@@ -117,18 +116,23 @@ def build_candidates(cost_model: CostModel, strategies: str, sample_lengths: np.
 
 
 def with_cp_sharding(step: StepPlan, cost_model: CostModel, policy: str) -> StepPlan:
-    """Fill `cp_sharding` of every CP > 1 pipeline with micro-batches (cp_adaptive under `policy`)."""
+    """Fill `cp_sharding` of every CP > 1 pipeline with micro-batches (cp_adaptive under `policy`) and charge its
+    kernel imbalance in the pipeline's estimate (`cp_adaptive.charged_pipeline_time`, the simulator's charge)."""
     pipes = []
     for p in step.pipelines:
         if p.cp > 1 and p.micro_batches:
-            layers = max(p.layer_split) if p.layer_split else cost_model.model.layers
-            dev = cost_model.cluster.device_type(p.devices[0])
-            kern = kernel_for(cost_model.model, tp=p.tp, layers=layers, peak=dev.peak_flops * 0.6, passes=3.0,
-                              tile=dev.attn_tile, q_half=dev.attn_q_half)
-            p = replace(p, cp_sharding=choose_for_micro_batches(step.seq_lengths, p.micro_batches, p.cp, kern,
-                                                                policy))
+            dev = pipeline_device(cost_model.cluster, p)
+            kern = cp_kernel(cost_model.model, p.tp, dev)
+            modes = choose_for_micro_batches(step.seq_lengths, p.micro_batches, p.cp, kern, policy)
+            scheme = ParallelScheme(p.tp, p.pp, p.cp)
+            if p.layer_split is not None and tuple(p.layer_split) != scheme.stage_layers(cost_model.model.layers):
+                scheme = ParallelScheme(p.tp, p.pp, p.cp, tuple(p.layer_split))
+            k = cost_model.coeffs(scheme, dev)
+            est = charged_pipeline_time(step.seq_lengths, p.micro_batches, k, p.pp, p.cp, modes, kern)
+            p = replace(p, cp_sharding=modes, est_time=max(p.est_time, est))
         pipes.append(p)
-    return replace(step, pipelines=tuple(pipes))
+    est_step = max((p.est_time for p in pipes), default=step.est_step_time)
+    return replace(step, pipelines=tuple(pipes), est_step_time=max(step.est_step_time, est_step))
 
 
 def _embed(sel: StepPlan, now: list[int], ids: tuple[int, ...], lens: tuple[int, ...],

@@ -32,8 +32,7 @@ from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.scheme import ParallelScheme
 from tidal.costmodel.base import CostModel, LatencyCoeffs
 from tidal.costmodel.fitted import FittedCostModel
-from tidal.costmodel.kernel import kernel_for
-from tidal.planner.cp_sharding import segment_pieces
+from tidal.planner.cp_adaptive import cp_imbalance, cp_kernel
 
 SCHEDULES = ("1f1b", "gpipe")
 FWD, BWD = 0, 1
@@ -239,19 +238,14 @@ class Simulator:
         return float(fit.coeffs.d)
 
     def _cp_factor(self, lengths: np.ndarray, cp: int, tp: int, mode: str, dev: DeviceType) -> float:
-        """Slowest CP rank's attention time over a perfect 1/CP share (>= 1 up to kernel efficiency)."""
+        """Slowest CP rank's attention time over a perfect 1/CP share (`cp_adaptive.cp_imbalance`, the charge the
+        planner's estimates use too)."""
         if cp == 1 or mode == "heads" or not self.cfg.cp_imbalance:
             return 1.0
         key = (tp, dev.name)
         if key not in self._kernels:
-            self._kernels[key] = kernel_for(self.model, tp=tp, layers=1, peak=dev.peak_flops * 0.6, passes=3.0,
-                                            tile=dev.attn_tile, q_half=dev.attn_q_half)
-        kern = self._kernels[key]
-        rank, qs, ql = segment_pieces(lengths, cp, mode if mode in ("per-seq", "per-doc") else "per-seq")
-        t = kern.piece_times(qs, ql)
-        worst = float(np.bincount(rank, weights=t, minlength=cp).max())
-        ideal = kern.rank_time(np.zeros(lengths.size, dtype=np.int64), lengths) / cp
-        return worst / ideal if ideal > 0 else 1.0
+            self._kernels[key] = cp_kernel(self.model, tp, dev)
+        return cp_imbalance(lengths, cp, self._kernels[key], mode)
 
     def stage_types(self, p: PipelinePlan) -> list[DeviceType]:
         n = p.tp * p.cp
