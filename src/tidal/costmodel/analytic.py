@@ -76,9 +76,16 @@ EFFICIENCY_V1 = Efficiency(gemm=0.55, attn=0.45, comm=0.8, launch_per_layer=60e-
                            cp_ring_passes=2.0, inter_bw_scale=8.0)
 
 
-def _link_bw(device: DeviceType, span: int, inter_scale: float = 1.0) -> float:
-    """Bandwidth of a group of `span` consecutive devices: intra-node if it fits in a node."""
-    return device.intra_bw if span <= device.per_node else device.inter_bw * inter_scale
+def _link_bw(device: DeviceType, span: int, inter_scale: float = 1.0, ring: bool = False) -> float:
+    """Per-device bandwidth of a group of `span` consecutive devices: intra-node if it fits in a node. Across nodes, a
+    ring collective (TP, CP) runs one ring per NIC, each crossing the node boundary once, so its per-device bandwidth
+    is the node's whole inter-node bandwidth (per-GPU share x per_node; Hydraulis' TP16 profile implies ~160 GB/s per
+    GPU); point-to-point traffic that every device sends at once (PP) gets the per-GPU share (x inter_scale, v1: 8)."""
+    if span <= device.per_node:
+        return device.intra_bw
+    if ring:
+        return min(device.intra_bw, device.inter_bw * device.per_node)
+    return device.inter_bw * inter_scale
 
 
 @dataclass(frozen=True)
@@ -102,8 +109,8 @@ class AnalyticCostModel:
         if c > 1 and device.attn_cp_rect:  # the busiest rank's chunks {r, 2c-1-r} cost (2c+1) (l/2c)^2 rectangles
             attn_pair *= (2 * c + 1) / (2 * c)
         gemm_tok = 3 * m.linear_flops_per_token() / (t * c * F * e.gemm_eff(m.linear_flops_per_token() / t))
-        tp_tok = 8 * 2 * h * (t - 1) / t / c / (_link_bw(device, t, e.inter_bw_scale) * e.comm) if t > 1 else 0.0
-        cp_bw = _link_bw(device, t * c, e.inter_bw_scale) * e.comm
+        tp_tok = 8 * 2 * h * (t - 1) / t / c / (_link_bw(device, t, ring=True) * e.comm) if t > 1 else 0.0
+        cp_bw = _link_bw(device, t * c, ring=True) * e.comm
         cp_tok = e.cp_ring_passes * 2 * 2 * m.kv_dim / t * (c - 1) / c / cp_bw if c > 1 else 0.0
         pp_tok = 2 * 2 * h / (t * c) / (_link_bw(device, t * c * p, e.inter_bw_scale) * e.comm) if p > 1 else 0.0
         head_tok = 3 * 2 * h * m.vocab / (t * c * F * e.gemm_eff(2 * h * m.vocab / t))
