@@ -79,3 +79,22 @@ def test_a_system_that_cannot_run_is_reported_not_fatal(tmp_path, capsys):
     assert set(r["systems"]) == {"flexpipe"} and "megatron" in r["errors"]
     assert "megatron cannot run" in capsys.readouterr().out
     assert r["speedup_vs_best_static"] == {}
+
+
+def test_truth_flag_executes_on_the_profile(tmp_path):
+    """`--truth POOL.json`: the same plans (estimates) as without it, executed on the pool's times; recorded in meta."""
+    from pathlib import Path
+
+    pool = Path("/work/shared/data/hydraulis-profiles/strategy_pool_7b.json")
+    if not pool.exists():
+        pytest.skip("Hydraulis profiles not present")
+    args = ["simulate", "--model", "llama2-7b", "--cluster", "a800x8", "--tokens-per-step", "30000", "--max-len",
+            "8192", "--steps", "1", "--quiet", "--systems", "tidal"]
+    assert main([*args, "--json", str(tmp_path / "a.json")]) == 0
+    assert main([*args, "--truth", str(pool), "--json", str(tmp_path / "b.json")]) == 0
+    a, b = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
+    assert a["meta"]["truth"] == "as planned" and b["meta"]["truth"] == str(pool)
+    ta, tb = a["systems"]["tidal"], b["systems"]["tidal"]
+    assert ta["est_step_times"] == tb["est_step_times"] and ta["strategies"] == tb["strategies"]
+    assert ta["step_times"] != tb["step_times"]
+    assert main([*args, "--truth", str(tmp_path / "missing.json")]) == 2  # a bad truth: one line, exit 2

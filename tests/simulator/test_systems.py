@@ -73,3 +73,24 @@ def test_quality_tidal_beats_static(runs):
     sp = speedups(list(runs.values()))
     assert sp["tidal"] > 1.0 and sp["hydraulis"] > 1.0
     assert max(sp["megatron"], sp["deepspeed"]) == pytest.approx(1.0)
+
+
+def test_truth_runs_the_planners_plans_on_a_model_they_do_not_see():
+    """Workload.truth (decision 77): planners plan with the workload's cost model, the simulator executes on the truth
+    (a baseline's checkpointing / ZeRO-3 carried over), so the estimates are unchanged and the step times are not."""
+    from dataclasses import replace
+
+    from tidal.core import TidalError
+
+    w = _workload(steps=1)
+    slow = AnalyticCostModel(w.cost_model.model, w.cost_model.cluster, replace(w.cost_model.eff, gemm=0.3))
+    wt = replace(w, truth=slow)
+    a, b = run_system("tidal", w), run_system("tidal", wt)
+    assert a.strategies == b.strategies and a.est_times == b.est_times and a.config == b.config
+    assert all(tb > 1.2 * ta for ta, tb in zip(a.step_times, b.step_times))
+    assert all(t > 0 for t in run_system("deepspeed", wt).step_times)
+    assert baselines.on_truth(w.cost_model, None) is w.cost_model
+    v = baselines.Variant(w.cost_model, recompute=True, zero3=True)
+    assert baselines.on_truth(v, slow) == baselines.Variant(slow, recompute=True, zero3=True)
+    with pytest.raises(TidalError, match="another model or cluster"):
+        baselines.on_truth(w.cost_model, AnalyticCostModel(get_model("llama2-13b"), w.cost_model.cluster))

@@ -82,6 +82,12 @@ class HydraulisPool:
     utilization_seqlen: MappingProxyType  # tp -> tokens
     hetero_dp_ms: float
 
+    def __reduce__(self):  # read-only mappings do not pickle; travel as dicts (to a background planner)
+        from dataclasses import fields
+
+        vals = [getattr(self, f.name) for f in fields(self)]
+        return (_rebuild_hpool, tuple(dict(v) if isinstance(v, MappingProxyType) else v for v in vals))
+
     @property
     def device(self) -> str:
         return "a800" if self.memory_bound >= POOL_DEVICE_SPLIT else "a100-40"
@@ -101,6 +107,10 @@ class HydraulisPool:
     def gap_of(self, group: int) -> float:
         key = "gpu1" if group <= 1 else "gpu2" if group <= 2 else "gpu4" if group <= 4 else "node"
         return float(self.gap.get(key, max(self.gap.values())))
+
+
+def _rebuild_hpool(*vals) -> HydraulisPool:
+    return HydraulisPool(*(MappingProxyType(v) if isinstance(v, dict) else v for v in vals))
 
 
 def is_pool(d) -> bool:
