@@ -51,7 +51,10 @@ class Variant:
         return LatencyCoeffs(k.a * f, k.b * f, k.c * f, k.d * f)
 
     def max_len(self, scheme, device) -> int:
-        mem = getattr(self.base, "memory", None)
+        base = self.base
+        if getattr(base, "memory", None) is None and hasattr(base, "fallback"):
+            base = base.fallback  # a fitted or pool model: its analytic fallback's memory model under the technique
+        mem = getattr(base, "memory", None)
         if mem is None:
             raise TidalError("checkpointing and ZeRO-3 need the analytic cost model (it has a memory config)")
         if self.recompute:
@@ -60,7 +63,7 @@ class Variant:
             mem = replace(mem, master_bytes_per_param=mem.master_bytes_per_param + mem.model_bytes_per_param,
                           app_c1_model_bytes_per_param=0.0, param_bytes_per_param=0.0, grad_bytes_per_param=0.0,
                           pull_cast_bytes_per_param=0.0)
-        return replace(self.base, memory=mem).max_len(scheme, device)
+        return replace(base, memory=mem).max_len(scheme, device)
 
 
 def on_truth(planned: CostModel, truth: CostModel | None) -> CostModel:
@@ -102,7 +105,8 @@ def homogeneous(cost_model: CostModel, max_len: int, *, ulysses: bool = False, m
 
     out = []
     if ulysses:
-        if getattr(cost_model, "memory", None) is None:
+        if getattr(cost_model, "memory", None) is None and getattr(getattr(cost_model, "fallback", None), "memory",
+                                                                     None) is None:
             raise TidalError("the deepspeed baseline needs the analytic cost model (ZeRO-3 memory)")
         z3, rc = Variant(cost_model, zero3=True), Variant(cost_model, recompute=True, zero3=True)
         for sp in (1 << i for i in range(0, 12)):
