@@ -44,7 +44,7 @@ def test_mixed_cluster_types_and_links():
     assert c.device_type(15).name == "h800" and c.device_type(16).name == "h20"
     assert c.bandwidth(0, 1) == 400e9  # NVLink inside an H800 node
     assert c.bandwidth(16, 17) == 900e9
-    assert c.bandwidth(0, 16) == 200e9  # across nodes
+    assert c.bandwidth(0, 16) == 25e9  # across nodes: the per-GPU share of 200 GB/s per node (decision 76)
     with pytest.raises(TidalError):
         get_cluster("b300x8")
 
