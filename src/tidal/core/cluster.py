@@ -31,6 +31,7 @@ class DeviceType:
     # True where the analytic model's calibrated efficiencies apply (GPUs; calibrated on A800 profiles, extrapolated to
     # others by peak FLOP/s and link bandwidths); False: the pre-calibration figures (costmodel.analytic.EFFICIENCY_V1)
     calibrated: bool = True
+    hbm_bw: float = 2.0e12  # bytes/s of device memory (vendor spec): the simulator's optimizer step
 
 
 @dataclass(frozen=True)
@@ -106,17 +107,17 @@ DEVICE_TYPES: MappingProxyType[str, DeviceType] = MappingProxyType(
         # inter_bw is per GPU: the node's inter-node bandwidth / 8. Hydraulis §8: 200 GB/s InfiniBand per A800 node
         # (25 GB/s per GPU); A100 nodes the same; H100/H800 nodes 8 x 400 Gb/s NDR (50 GB/s per GPU); H20's is not
         # published with its Hetu cluster (Hetu v2 App. A.1): 200 GB/s per node assumed.
-        "a800": DeviceType("a800", 312e12, 80 * GB, 400 * GB, 25 * GB),
-        "a100": DeviceType("a100", 312e12, 80 * GB, 600 * GB, 25 * GB),
+        "a800": DeviceType("a800", 312e12, 80 * GB, 400 * GB, 25 * GB, hbm_bw=2.039e12),
+        "a100": DeviceType("a100", 312e12, 80 * GB, 600 * GB, 25 * GB, hbm_bw=2.039e12),
         # A100-SXM4-40GB: Hydraulis' 7b_A100 strategy pool (gpu_memory_bound 39.6 GiB)
-        "a100-40": DeviceType("a100-40", 312e12, 40 * GB, 600 * GB, 25 * GB),
-        "h100": DeviceType("h100", 989e12, 80 * GB, 900 * GB, 50 * GB),
-        "h800": DeviceType("h800", 990e12, 80 * GB, 400 * GB, 50 * GB),
-        "h20": DeviceType("h20", 148e12, 96 * GB, 900 * GB, 25 * GB),
+        "a100-40": DeviceType("a100-40", 312e12, 40 * GB, 600 * GB, 25 * GB, hbm_bw=1.555e12),
+        "h100": DeviceType("h100", 989e12, 80 * GB, 900 * GB, 50 * GB, hbm_bw=3.35e12),
+        "h800": DeviceType("h800", 990e12, 80 * GB, 400 * GB, 50 * GB, hbm_bw=3.35e12),
+        "h20": DeviceType("h20", 148e12, 96 * GB, 900 * GB, 25 * GB, hbm_bw=4.0e12),
         # One CPU rank of this class of machine (gloo over shared memory). Figures are nominal: fit a cost model with
         # `tidal profile` for real numbers. Memory is per rank.
         "cpu": DeviceType("cpu", 5e10, 2 * GiB, 5 * GB, 1 * GB, per_node=8, attn_tile=1, attn_q_half=1.0,
-                          attn_cp_rect=True, calibrated=False),
+                          attn_cp_rect=True, calibrated=False, hbm_bw=50 * GB),
     }
 )
 

@@ -48,7 +48,7 @@ class SimConfig:
     pulls_per_step: int = 1  # ZeRO-3 gathers parameters for forward and again for backward: 2
     comm_eff: float = 0.8  # achieved / nominal link bandwidth
     optimizer_bytes_per_param: float = 32.0  # fp32 master, Adam m, v, fp32 gradient: read + write
-    hbm_bw: float = 2.0e12  # bytes/s of device memory for the optimizer update
+    hbm_bw: float | None = None  # bytes/s of device memory for the optimizer update; None: the slowest device type's
     cp_imbalance: bool = True  # charge the slowest CP rank under the kernel model (False: perfect 1/CP split)
 
     def __post_init__(self) -> None:
@@ -56,7 +56,7 @@ class SimConfig:
             raise TidalError(f"unknown schedule {self.schedule!r}; choose {' or '.join(SCHEDULES)}")
         if not 0 < self.fwd_share < 1:
             raise TidalError(f"fwd_share must be in (0, 1), got {self.fwd_share}")
-        if not 0 < self.comm_eff <= 1 or self.hbm_bw <= 0 or self.pulls_per_step < 1:
+        if not 0 < self.comm_eff <= 1 or (self.hbm_bw is not None and self.hbm_bw <= 0) or self.pulls_per_step < 1:
             raise TidalError("comm_eff must be in (0, 1], hbm_bw > 0 and pulls_per_step >= 1")
 
 
@@ -189,6 +189,7 @@ class Simulator:
         self._scales: dict[tuple, tuple[float, float, float] | None] = {}
         self._types = [self.cluster.device_type(d) for d in range(self.n)]
         self._nodes = [self.cluster.node_of(d) for d in range(self.n)]
+        self.hbm_bw = self.cfg.hbm_bw or min(t.hbm_bw for t in self._types)
 
     # -- per-stage costs -----------------------------------------------------------------------------------------
 
@@ -360,6 +361,6 @@ class Simulator:
             traces.append(tr)
             last_end = max(last_end, tr.finish)
             sync_done = max(sync_done, float(sync_end.max()))
-        opt = (self.model.num_params() / self.n * cfg.optimizer_bytes_per_param / cfg.hbm_bw) if optimizer else 0.0
+        opt = (self.model.num_params() / self.n * cfg.optimizer_bytes_per_param / self.hbm_bw) if optimizer else 0.0
         total = switch_time + max(sync_done, last_end) + opt
         return StepResult(total, last_end, switch_time, opt, step.pipelines, tuple(traces), busy)

@@ -61,7 +61,7 @@ def simulate_mapping(sim: Simulator, mp: Mapping, recompute, lengths: np.ndarray
         d, L = end[i] - start[i], mp.layers[s]
         sync_end[s] = start[i] + max(d / L + push, d + push / L) if push > 0 else end[i]
         busy[list(groups[s])] += float(np.sum(end[st == s] - start[st == s]))
-    opt = max(mp.layers) * m.layer_params() * cfg.optimizer_bytes_per_param / cfg.hbm_bw
+    opt = max(mp.layers) * m.layer_params() * cfg.optimizer_bytes_per_param / sim.hbm_bw
     plan = PipelinePlan(1, S, 1, tuple(g[0] for g in groups), 0, tuple(tuple(int(i) for i in mb) for mb in mbs), 0.0,
                         (), mp.layers)
     tr = PipelineTrace(st, mbi, kind, start + switch, end + switch, np.full(S, switch), sync_end + switch)
