@@ -180,3 +180,16 @@ def test_v1_is_the_model_before_calibration():
     assert _link_bw(dev, 16, v1.eff.inter_bw_scale) == pytest.approx(200e9)
     assert _link_bw(dev, 16) == pytest.approx(25e9) and _link_bw(dev, 16, ring=True) == pytest.approx(200e9)
     assert _link_bw(dev, 8) == dev.intra_bw
+
+
+@needs_pools
+def test_simulator_scales_onto_the_pool_only_on_its_device():
+    """A mixed a800 + h800 cluster: a pipeline on A800s runs the pool's fit, one on H800s the analytic model."""
+    from tidal.core.plan import PipelinePlan
+    from tidal.simulator.engine import Simulator
+
+    c = get_cluster("a800x8+h800x8")
+    sim = Simulator(load_cost_model(_pool_path("7b"), get_model("llama2-7b"), c))
+    on_a800 = PipelinePlan(2, 2, 1, (0, 1, 2, 3), 0, ((0,),), 0.0, (), (16, 16))
+    on_h800 = PipelinePlan(2, 2, 1, (8, 9, 10, 11), 0, ((0,),), 0.0, (), (16, 16))
+    assert sim.fit_scale(on_a800) is not None and sim.fit_scale(on_h800) is None

@@ -160,6 +160,11 @@ class FittedCostModel:
         sa, sb, sc = self.term_scale
         return LatencyCoeffs(k.a * sa, k.b * sb, k.c * sc, self.d_times_pp / scheme.pp)
 
+    def fit_for(self, key: str, devices) -> SchemeFit | None:
+        """The measured fit of scheme `key` (str(scheme)) for a pipeline on `devices` (device types), or None. A
+        profile describes the machine it ran on; a subclass that knows its device type refuses others."""
+        return self.fits.get(key)
+
     def max_len(self, scheme: ParallelScheme, device: DeviceType) -> int:
         """The profiled MaxLen of a scheme where the file has one, else the analytic memory model's."""
         fit = self.fits.get(str(scheme))

@@ -186,6 +186,10 @@ class PoolCostModel(FittedCostModel):
     def _on_pool_device(self, device: DeviceType) -> bool:
         return device.name == self.pool.device
 
+    def fit_for(self, key: str, devices) -> SchemeFit | None:
+        """The pool's fit, only for pipelines entirely on the pool's device type."""
+        return self.fits.get(key) if all(self._on_pool_device(d) for d in devices) else None
+
     def anchor(self, scheme: ParallelScheme) -> PoolScheme:
         """The profiled scheme an unprofiled one is extrapolated from: same TP first, then nearest PP, then TP."""
         return min(self.pool.schemes, key=lambda s: (s.tp != scheme.tp, abs(_log2(s.pp) - _log2(scheme.pp)),

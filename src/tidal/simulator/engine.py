@@ -220,7 +220,8 @@ class Simulator:
         split = p.layer_split or even
         key = (p.tp, p.pp, p.cp, tuple(split), tuple(t.name for t in self.stage_types(p)))
         if key not in self._scales:
-            fit = self.cm.fits.get(str(ParallelScheme(p.tp, p.pp, p.cp, None if tuple(split) == even else split)))
+            fit = self.cm.fit_for(str(ParallelScheme(p.tp, p.pp, p.cp, None if tuple(split) == even else split)),
+                                  self.stage_types(p))
             if fit is None:
                 self._scales[key] = None
             else:
