@@ -1,14 +1,17 @@
 """Analytic latency model from ModelSpec, DeviceType and configurable efficiencies (no profiling needed).
 
 Per stage, with L_s layers, TP degree t, CP degree c, peak 16-bit FLOP/s F:
-  attention  a = L_s * 3 * (4h) / 2 / (t c F e_attn)          causal: l(l+1)/2 query-key pairs, fwd+bwd = 3x fwd
-  linear     b = L_s * 3 * 2 P_layer / (t c F e_gemm)        (+ LM head on the last stage)
-             + TP: 8 sequence-parallel collectives/layer of 2h bytes/token * (t-1)/t / (c * bw)
-             + CP: K,V all-gather fwd + reduce-scatter bwd: 2 * 2 * 2 kv_dim/t bytes/token * (c-1)/c / bw
-             + PP: activation + gradient p2p of 2h/(t c) bytes/token each
-  constant   c = L_s * (launch_per_layer + collective latency per layer)
-Communication is charged serially (no overlap) and then scaled by `comm_overlap` (0 = fully exposed).
-The stage coefficients are combined by an elementwise max, an upper envelope of every stage's time.
+  attention  a = L_s * 3 * (4h) / 2 / (t c F e_attn(h/t))    causal: l(l+1)/2 query-key pairs, fwd+bwd = 3x fwd
+  linear     b = L_s * 3 * 2 P_layer / (t c F e_gemm(2 P_layer / t))   (+ LM head on the last stage)
+             + TP: 8 sequence-parallel collectives/layer of 2h bytes/token * (t-1)/t / (c * ring bw)
+             + CP: ring attention, cp_ring_passes * 4 kv_dim/t bytes/token * (c-1)/c / ring bw
+             + PP: activation + gradient p2p of 2h/(t c) bytes/token each (per-GPU share across nodes)
+  constant   c = L_s * (launch_per_layer + collectives * collective_latency + tp_const [t > 1] + cp_const * (c-1))
+Efficiencies saturate with the per-GPU GEMM size and attention width (`Efficiency.gemm_eff`, `attn_eff`); the
+defaults are calibrated on Hydraulis' A800 strategy pools (decision 76, docs/costmodel.md), `EFFICIENCY_V1` /
+`analytic_v1` keep the model before. Communication is charged serially (no overlap) and then scaled by
+`comm_overlap` (0 = fully exposed). The stage coefficients are combined by an elementwise max, an upper envelope of
+every stage's time. CP's kernel imbalance is charged per micro-batch outside the coefficients (planner.cp_adaptive).
 """
 
 from __future__ import annotations
