@@ -47,7 +47,7 @@ class Resume:
     note: str  # one line when the checkpoint `latest` names was not used ("" otherwise)
 
 
-def resolve(directory: str | Path, spec: ModelSpec) -> Resume:
+def resolve(directory: str | Path, spec: ModelSpec | None) -> Resume:
     """The checkpoint to resume from: `latest`'s if it verifies, else the newest that does (see module doc)."""
     d = Path(directory)
     pointer = d / "latest"
@@ -78,7 +78,9 @@ def resolve(directory: str | Path, spec: ModelSpec) -> Resume:
                                       f"complete, verified checkpoint" + \
                                       (f" ({len(skipped) - 1} more skipped)" if len(skipped) > 1 else "")
         return Resume(str(p), meta, note)
-    why = f" ({skipped[0]})" if skipped else ""
+    if not order and named is None:
+        raise TidalError(f"resume: no checkpoint in {directory} (no latest, no step-* directory)")
+    why = f" ({skipped[-1]})" if skipped else ""
     raise TidalError(f"resume: no complete, verified checkpoint in {directory}{why}")
 
 
