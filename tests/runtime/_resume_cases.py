@@ -45,8 +45,8 @@ def chain_worker(rank: int, world: int, segments: list, ckpt_dir: str, before: d
     from tidal.runtime.train import prepare, train_worker
 
     rows, problems, state = [], [], before
-    for strategies, steps in segments:
-        resume = state is not None
+    for k, (strategies, steps) in enumerate(segments):
+        resume = k > 0 or before is not None  # the same on every rank (states are gathered on rank 0 only)
         job = prepare(config(world, strategies, steps, ckpt_dir, resume), world)
         if resume:
             got, opt_steps = loaded_state(job, resolve(ckpt_dir, job.spec).path)
