@@ -45,7 +45,7 @@ def test_resume_under_five_strategy_pairs_and_4_3_4_ranks(tmp_path):
     rows = first["rows"] + second["rows"] + third["rows"]
     assert [r["step"] for r in rows] == list(range(STEPS))
     assert [r["strategy"].replace(" ", "") for r in rows] == [
-        "4*tp1", "tp2+2*tp1", "tp1cp2+tp2", "2*tp2", "tp2+tp1", "2*tp1pp2", "tp2+2*tp1"]
+        "4*tp1", "tp2+2*tp1", "cp2+tp2", "2*tp2", "tp2+tp1", "2*pp2", "tp2+2*tp1"]
     want_docs, want_counters = _uninterrupted()
     assert [sorted(r["docs_run"]) for r in rows] == want_docs
     trained = [tuple(x) for r in rows for x in r["docs_run"]]

@@ -205,6 +205,9 @@ def load_meta(path: str | Path, spec: ModelSpec | None = None) -> dict:
     try:
         meta = json.loads(f.read_text())
     except FileNotFoundError:
+        if (Path(path) / "meta.json").exists():
+            raise TidalError(f"{path}: format tidal-checkpoint/1 (meta.json), no longer read; this version reads "
+                             f"{FORMAT} (decision 82)") from None
         raise TidalError(f"{path}: not a complete checkpoint (no {MANIFEST}: half-written)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise TidalError(f"{f}: unreadable checkpoint manifest ({type(e).__name__})") from None
