@@ -66,6 +66,8 @@ def test_kill_9_of_a_rank_then_resume_is_bit_identical(tmp_path):
     cfg = tmp_path / "train.toml"
     cfg.write_text(CONFIG)
     straight, broken = tmp_path / "straight", tmp_path / "broken"
+    straight.mkdir()
+    broken.mkdir()
     a = _train(cfg, straight)
     b = _train(cfg, broken)
     deadline = time.monotonic() + 600
