@@ -5,7 +5,7 @@ first step trained after the restart; detection, and the restart itself: spawn, 
 trained twice, and per phase the strategies used and the throughput (median and p90 over steps of tokens per step
 wall second; the critical path's CPU seconds beside it). The machine's other load makes every figure noisy.
 
-    python benchmarks/elastic.py [--ranks 8] [--kill-at 10] [--steps 16] [--victim 3]
+    python benchmarks/elastic.py [--ranks 8] [--kill-at 10] [--steps 20] [--victim 3]
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--kill-at", type=int, default=10, help="kill once this step's checkpoint is published")
-    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--victim", type=int, default=3, help="rank to kill")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tidal-elastic-"))
@@ -140,6 +140,7 @@ def main() -> None:
     t_detect = next((t for t, line in lines if line.startswith("elastic:") and t > t_kill), float("nan"))
     t_first = after[0][0] if after else float("nan")
     final = [json.loads(x) for x in text.splitlines() if x.strip()]
+    print(f"cold start (launch -> first step, 8 ranks): {events[0][0] - t_start:.1f} s")
     print(f"downtime {t_first - t_kill:.1f} s (kill -> first step after the restart): detection "
           f"{t_detect - t_kill:.1f} s, restart (spawn, build, warm-up, load, first step) {t_first - t_detect:.1f} s; "
           f"steps trained after the checkpoint and lost: {killed_after + 1 - args.kill_at}")
