@@ -54,6 +54,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--checkpoint-every", type=int, default=None, help="override [train] checkpoint_every (steps)")
     p.add_argument("--resume", action="store_true", default=None,
                    help="continue from <checkpoint_dir>/latest (weights, moments, planner and data state)")
+    p.add_argument("--elastic", action="store_true",
+                   help="when a rank dies, restart on the survivors from the newest verified checkpoint, re-planned "
+                        "for all of them (under torchrun: resume on the world torchrun gives; use its --max-restarts)")
+    p.add_argument("--max-restarts", type=int, default=3, help="with --elastic: restarts before giving up")
     p.add_argument("--timeout", type=argtypes.positive_seconds, default=1800.0,
                    help="seconds before a hung collective fails")
     p.set_defaults(func=run_train)
@@ -148,8 +152,16 @@ def run_train(args) -> int:
     env = _under_torchrun()
     if env is None and args.nproc is None:
         raise TidalError("give --nproc N to spawn ranks, or launch with torchrun")
-    job = prepare(cfg, env[1] if env else args.nproc)
-    results = launch(job, train_entry, cfg.train.progress, False, nproc=args.nproc, timeout_s=args.timeout)
+    if getattr(args, "elastic", False):
+        from tidal.cli.elastic import run_elastic, torchrun_config
+
+        if env is not None:
+            cfg = torchrun_config(cfg, env[1])
+        results = run_elastic(cfg, env[1] if env else args.nproc, 0 if env else args.max_restarts, lambda c, w: launch(
+            prepare(c, w), train_entry, c.train.progress, False, nproc=None if env else w, timeout_s=args.timeout))
+    else:
+        job = prepare(cfg, env[1] if env else args.nproc)
+        results = launch(job, train_entry, cfg.train.progress, False, nproc=args.nproc, timeout_s=args.timeout)
     if results[0].rows:
         render.train_summary(render.console(), results[0].rows, cfg.train.metrics)
     return 0

@@ -284,8 +284,13 @@ class StepPlanner:
             "in_flight": [[sid, *doc] for sid, doc in sorted(self._in_flight.items())],
         }
 
+    def carry_state(self, d: dict) -> tuple[dict, str]:
+        """`carry_state(d, self.options, self.candidates)`."""
+        return carry_state(d, self.options, self.candidates)
+
     def load_state_dict(self, d: dict) -> None:
-        """Resume from `state_dict()` output of a planner with the same options and candidates."""
+        """Resume from `state_dict()` output of a planner with the same options and candidates (`carry_state`
+        adapts another planner's)."""
         try:
             if d["version"] != STATE_VERSION:
                 raise TidalError(f"planner state version {d['version']} is not {STATE_VERSION}")
@@ -302,3 +307,37 @@ class StepPlanner:
             raise TidalError("malformed planner state: in-flight sequences do not match the WLB queues")
         self.source.load_state_dict(source)
         self._wstate, self._in_flight, self._index, self._exhausted = wstate, in_flight, index, exhausted
+
+
+def carry_state(d: dict, options: PlanningOptions, candidates: Sequence[Strategy]) -> tuple[dict, str]:
+    """`d` (a planner's `state_dict()`) made loadable by a planner of `options` and `candidates`, and a one-line
+    note ("" when nothing changed).
+
+    The stream's state (the source's position, WLB queues, in-flight sequences, step counter) is independent of the
+    candidate strategies, so a resume under another strategy list or world size carries it over whole: the same
+    documents come next, none lost or repeated; only the strategy profiles are rebuilt (they always are). Options
+    that change the plans but not the stream (CP sharding, exact, rotate, budget; packing while nothing is queued)
+    rebuild the planner around the carried stream. Options that change the stream itself (max_len,
+    tokens_per_step, seed) cannot continue it exactly once: TidalError, one line."""
+    try:
+        old_opts, old_cands = dict(d["options"]), list(d["candidates"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise TidalError(f"malformed planner state: {type(e).__name__}: {e}") from None
+    mine = {"options": asdict(options), "candidates": [str(s) for s in candidates]}
+    if old_opts == mine["options"] and old_cands == mine["candidates"]:
+        return d, ""
+    changed = {k: (old_opts.get(k), v) for k, v in mine["options"].items() if old_opts.get(k) != v}
+    stream = {k: c for k, c in changed.items() if k in ("max_len", "tokens_per_step", "seed")}
+    if "packing" in changed and d.get("in_flight") and (changed["packing"][0] == "wlb") != (options.packing == "wlb"):
+        stream["packing"] = changed["packing"]
+    if stream:
+        what = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in stream.items())
+        raise TidalError(f"resume: the checkpoint's data stream cannot continue exactly once under changed options "
+                         f"({what}); restore them, or start a new run without --resume")
+    notes = []
+    if old_cands != mine["candidates"]:
+        notes.append(f"candidates {'; '.join(old_cands)} -> {'; '.join(mine['candidates'])}")
+    notes += [f"{k} {a} -> {b}" for k, (a, b) in changed.items()]
+    note = (f"resume: planner rebuilt for {', '.join(notes)}; data position, {len(d.get('in_flight') or [])} queued "
+            f"sequences and step counter carried over")
+    return {**d, **mine}, note

@@ -14,7 +14,8 @@ Sections and keys (all optional except where noted; see docs/training.md for the
     [train]      steps, seed, schedule = "1f1b"|"gpipe", master_dtype = "float32", compute_dtype = "auto",
                  metrics = "" (JSONL path), progress = true, overlap_pull = true, sequence_parallel = false,
                  refit = "off"|"online", refit_every = 5,
-                 plan_ahead = 2, checkpoint_dir = "", checkpoint_every = 0, resume = false, gc_every = 1
+                 plan_ahead = 2, checkpoint_dir = "", checkpoint_every = 0, resume = false, keep_checkpoints = 3,
+                 async_checkpoint = true, gc_every = 1
 
 An unknown section or key, a wrong type, or a config that cannot run (world size vs cluster, a strategy needing
 more devices, a scheme that does not fit memory, TP not dividing the heads) raises TidalError with one line.
@@ -105,6 +106,8 @@ class TrainSection:
     checkpoint_dir: str = ""  # sharded checkpoints go to <dir>/step-NNNNNN, <dir>/latest names the newest
     checkpoint_every: int = 0  # save every N steps (and after the last step); 0 = only after the last step
     resume: bool = False  # continue from <checkpoint_dir>/latest: weights, moments, planner and data state
+    keep_checkpoints: int = 3  # complete checkpoints kept (the newest K); 0 keeps all
+    async_checkpoint: bool = True  # dcp.async_save: write the checkpoint while the next step trains
     gc_every: int = 1  # Python's cyclic GC only between steps, every N steps (runtime/gcsync.py); 0 = automatic
 
     def __post_init__(self) -> None:

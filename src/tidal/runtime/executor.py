@@ -350,32 +350,31 @@ class Executor:
                            time.process_time() - t_proc, time.perf_counter() - t_wall, pull_s, push_s, pull_c,
                            push_c, pull_b, push_b, optim)
 
-    def save_checkpoint(self, path: str, step: int, state: dict | None = None) -> None:
-        """Collective: every rank writes its master and moment rows (runtime/checkpoint.py); rank 0 adds `state`
-        (JSON-safe: the planner's and the data's resumable state) and publishes the directory."""
-        if self.rank == 0:
-            ckpt.create_files(path, self.spec, self.master_dtype)
-        dist.barrier()
-        for i, info in enumerate(self.table):
-            rows = shard_range(info.shape[0], self.world, self.rank)
-            for kind, tensors in (("params", self.optim.params), ("m", self.optim.m), ("v", self.optim.v)):
-                ckpt.write_rows(path, kind, i, rows, tensors[i])
-        dist.barrier()
-        if self.rank == 0:
-            ckpt.finish(path, self.spec, self.master_dtype, step=step, optimizer_steps=self.optim.steps,
-                        world=self.world, state=state or {})
-        dist.barrier()
+    def checkpoint_state(self) -> dict:
+        """This rank's master and moment rows as a DCP state dict (runtime/checkpoint.py: logical full tensors named
+        ``model.<param>``, ``optim.exp_avg.<param>``, ``optim.exp_avg_sq.<param>``; this rank's rows as one chunk)."""
+        ranges = [shard_range(info.shape[0], self.world, self.rank) for info in self.table]
+        return ckpt.row_state(self.spec, {"params": self.optim.params, "m": self.optim.m, "v": self.optim.v}, ranges)
 
-    def load_checkpoint(self, path: str) -> dict:
-        """Every rank reads its rows of the master weights and moments (whatever world size wrote them); returns the
-        checkpoint's metadata (step, state)."""
+    def save_checkpoint(self, path: str, step: int, state: dict | None = None, config: dict | None = None,
+                        group=None) -> None:
+        """Collective, synchronous: every rank writes its master and moment rows (DCP, runtime/checkpoint.py); rank 0
+        adds `state` (JSON-safe: the planner's and the data's resumable state) and publishes the directory."""
+        if self.rank == 0:
+            ckpt.prepare_dir(path)
+        dist.barrier(group=group)
+        ckpt.begin_save(path, self.checkpoint_state(), group=group)
+        ckpt.finish_save(path, self.spec, self.master_dtype, rank=self.rank, world=self.world, step=step,
+                         optimizer_steps=self.optim.steps, state=state or {}, config=config, group=group)
+
+    def load_checkpoint(self, path: str, group=None) -> dict:
+        """Collective: every rank reads its rows of the master weights and moments (whatever world size or strategy
+        wrote them); returns the checkpoint's metadata (step, state)."""
         meta = ckpt.load_meta(path, self.spec)
         ranges = [shard_range(info.shape[0], self.world, self.rank) for info in self.table]
-        got = ckpt.tensors_rows(path, self.spec, ranges, dtype=self.master_dtype, device=self.device)
         with torch.no_grad():
-            for kind, tensors in (("params", self.optim.params), ("m", self.optim.m), ("v", self.optim.v)):
-                for t, g in zip(tensors, got[kind]):
-                    t.copy_(g)
+            ckpt.load_rows(path, self.spec, {"params": self.optim.params, "m": self.optim.m, "v": self.optim.v},
+                           ranges, group=group)
         self.optim.steps = int(meta["optimizer_steps"])
         return meta
 

@@ -36,9 +36,9 @@ from tidal.data.accounting import EpochLedger
 from tidal.data.corpus import corpus_from_spec
 from tidal.models.attention import BACKENDS
 from tidal.planner.select import profile_strategies
-from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates
+from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates, carry_state
+from tidal.runtime import ckptdir
 from tidal.runtime.calibration import REFIT_MODES, OnlineRefit, calibration_fields
-from tidal.runtime.checkpoint import load_meta
 from tidal.runtime.config import TrainConfig, compute_dtype_for
 from tidal.runtime.executor import ExecConfig, Executor, fetch_from
 from tidal.runtime.gcsync import StepGC
@@ -60,6 +60,7 @@ class Prepared:
     candidates: tuple[Strategy, ...]
     options: PlanningOptions
     exec_config: ExecConfig
+    resume_from: str = ""  # the verified checkpoint a resumed run starts from (prepare: ckptdir.resolve)
 
     @property
     def world(self) -> int:
@@ -108,8 +109,17 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
         raise TidalError(f"[train] checkpoint_every must be >= 0, got {cfg.train.checkpoint_every}")
     if (cfg.train.resume or cfg.train.checkpoint_every) and not cfg.train.checkpoint_dir:
         raise TidalError("[train] resume and checkpoint_every need checkpoint_dir")
-    if cfg.train.resume:
-        latest_checkpoint(cfg.train.checkpoint_dir, spec)  # missing or foreign: fails before any rank starts
+    resume_from = ""
+    if cfg.train.resume:  # missing, damaged or foreign: falls back or fails before any rank starts
+        res = ckptdir.resolve(cfg.train.checkpoint_dir, spec)
+        if res.note and os.environ.get("RANK", "0") == "0":
+            ckptdir.say(res.note)
+        if res.meta["step"] >= cfg.train.steps:
+            raise TidalError(f"resume: {res.path} is at step {res.meta['step']} >= [train] steps {cfg.train.steps}: "
+                             f"nothing left to train (raise --steps)")
+        resume_from = res.path
+    if cfg.train.keep_checkpoints < 0:
+        raise TidalError(f"[train] keep_checkpoints must be >= 0 (0 keeps all), got {cfg.train.keep_checkpoints}")
     StepGC(cfg.train.gc_every)  # validates gc_every
     if cfg.train.plan_ahead < 0:
         raise TidalError(f"[train] plan_ahead must be >= 0 (0 plans inline), got {cfg.train.plan_ahead}")
@@ -144,7 +154,7 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
         parent = Path(cfg.train.metrics).parent
         if not parent.is_dir():
             raise TidalError(f"metrics path {cfg.train.metrics}: directory {parent} does not exist")
-    return Prepared(cfg, spec, cluster, candidates, options, ex)
+    return Prepared(cfg, spec, cluster, candidates, options, ex, resume_from)
 
 
 def open_corpus(cfg: TrainConfig, spec: ModelSpec):
@@ -196,19 +206,27 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
     if dist.get_backend() == "nccl":
         cuda_defaults()  # TF32 on (also set by run_distributed's ranks; this covers torchrun's)
     cfg = job.config
-    resume = latest_checkpoint(cfg.train.checkpoint_dir, job.spec) if cfg.train.resume else None
+    resume = None
+    if cfg.train.resume:
+        path = job.resume_from or ckptdir.resolve(cfg.train.checkpoint_dir, job.spec).path
+        resume = (path, ckptdir.ckpt.load_meta(path, job.spec))
     done = 0 if resume is None else int(resume[1]["step"])  # steps trained so far (the checkpoint's)
-    if resume is not None and rank == 0:
-        plan_state = resume[1]["state"]["planner"]
+    if resume is not None and rank == 0:  # another strategy list or world: the stream carries over (one line)
+        plan_state, note = carry_state(resume[1]["state"]["planner"], job.options, job.candidates)
+        if note:
+            ckptdir.say(note)
     plans = (open_plans(plan_factory or planner_spec(job), cfg.train.plan_ahead, plan_state) if rank == 0
              else None)
-    out = None
+    out = saver = None
     try:
         groups = GroupCache()
         executor = Executor(job.spec, job.cluster, job.candidates, job.exec_config, cfg.optimizer, groups)
         executor.warm_up(min(256, cfg.data.max_len))  # first-use costs of each candidate, before any timed step
         if resume is not None:
             executor.load_checkpoint(resume[0])
+        if cfg.train.checkpoint_dir:  # a gloo group of its own, created here on every rank
+            saver = ckptdir.Saver(cfg.train.checkpoint_dir, keep=cfg.train.keep_checkpoints,
+                                  use_async=cfg.train.async_checkpoint, config=cfg.to_dict())
         corpus = open_corpus(cfg, job.spec)
         ledger = make_ledger(job, corpus) if rank == 0 else None
         if ledger is not None and resume is not None and resume[1]["state"].get("ledger") is not None:
@@ -223,7 +241,9 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
                 plans.apply(SetCostModel(refit.current))
                 cost_model, label = refit.current, f"refit-{refit.generation}"
         rows: list[dict] = []
-        mode = "a" if resume is not None else "w"  # a resumed run appends to its metrics
+        mode = "a" if resume is not None else "w"  # a resumed run appends to its metrics, cut back to the checkpoint
+        if rank == 0 and resume is not None and cfg.train.metrics:
+            ckptdir.truncate_metrics(cfg.train.metrics, done)
         out = open(cfg.train.metrics, mode) if (rank == 0 and cfg.train.metrics) else None  # noqa: SIM115
         saved = done
         with StepGC(cfg.train.gc_every) as sgc:  # Python's GC at step boundaries (decision 66)
@@ -259,6 +279,7 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
                         plans.apply(SetCostModel(new))  # later steps are planned with the refitted coefficients
                         cost_model, label = new, f"refit-{refit.generation}"
                     row["attn_backend"] = executor.attn_backend
+                    row["checkpoint_s"] = saver.take_blocked() if saver is not None else 0.0
                     if ledger is not None:
                         row["data"] = ledger.counters()
                     if record:
@@ -270,12 +291,16 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
                     if on_step is not None:
                         on_step(row)
                 done += 1
+                if saver is not None:
+                    saver.step_done(done)  # completes an asynchronous save that overlapped this step
                 every = cfg.train.checkpoint_every
                 if cfg.train.checkpoint_dir and ((every and done % every == 0) or done == cfg.train.steps):
-                    save_checkpoint(executor, cfg.train.checkpoint_dir, done, plans, ledger, refit)
+                    save_checkpoint(executor, cfg.train.checkpoint_dir, done, plans, ledger, refit, saver=saver)
                     saved = done
         if cfg.train.checkpoint_dir and saved != done:  # the corpus ended before `steps`: keep what was trained
-            save_checkpoint(executor, cfg.train.checkpoint_dir, done, plans, ledger, refit)
+            save_checkpoint(executor, cfg.train.checkpoint_dir, done, plans, ledger, refit, saver=saver)
+        if saver is not None:
+            saver.close()
         planner_state = plans.state_dict() if rank == 0 else None
     finally:
         if plans is not None:
@@ -287,32 +312,28 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
 
 
 def save_checkpoint(executor: Executor, directory: str, step: int, plans, ledger,
-                    refit: OnlineRefit | None = None) -> None:
-    """Collective: <directory>/step-NNNNNN with every rank's rows, the planner's state as of the last step trained,
-    the ledger's and the online refit's (rank 0); then rank 0 points <directory>/latest at it."""
-    name = f"step-{step:06d}"
-    state = None
+                    refit: OnlineRefit | None = None, saver: ckptdir.Saver | None = None) -> None:
+    """Collective, at a step boundary: <directory>/step-NNNNNN (DCP, runtime/checkpoint.py) with every rank's rows,
+    the planner's state as of the last step trained, the ledger's and the online refit's (rank 0); rank 0 points
+    <directory>/latest at it once it is complete. With the run's `saver`, asynchronous if it is (finished at the next
+    step boundary or `saver.close()`); without one, synchronous (e.g. a save on SIGTERM)."""
+    state = {}
     if plans is not None:
         state = {"planner": plans.state_dict(), "ledger": ledger.state_dict() if ledger is not None else None,
                  "refit": refit.state_dict() if refit is not None else None}
-    Path(directory).mkdir(parents=True, exist_ok=True)
-    executor.save_checkpoint(str(Path(directory) / name), step, state)
-    if executor.rank == 0:
-        tmp = Path(directory) / "latest.tmp"
-        tmp.write_text(name + "\n")
-        os.replace(tmp, Path(directory) / "latest")
-    dist.barrier()
+    own = saver is None
+    if own:
+        saver = ckptdir.Saver(directory, keep=0, use_async=False, own_group=False)
+    saver.save(executor, step, state)
+    if own:
+        saver.close()
 
 
 def latest_checkpoint(directory: str, spec: ModelSpec) -> tuple[str, dict]:
-    """(path, metadata) of the checkpoint <directory>/latest names; a clear error when there is none."""
-    pointer = Path(directory) / "latest"
-    try:
-        name = pointer.read_text().strip()
-    except OSError:
-        raise TidalError(f"resume: no checkpoint in {directory} ({pointer} is missing)") from None
-    path = str(Path(directory) / name)
-    return path, load_meta(path, spec)
+    """(path, metadata) of the checkpoint to resume from: <directory>/latest's if it verifies, else the newest one
+    that does (ckptdir.resolve); a clear error when there is none."""
+    res = ckptdir.resolve(directory, spec)
+    return res.path, res.meta
 
 
 def _row(index: int, step: StepPlan, job: Prepared, m, per_rank: np.ndarray, plan_s: float, delay: float) -> dict:
