@@ -20,6 +20,7 @@ from tidal.planner.flexpipe import FlexPipePlanner, Mapping
 from tidal.planner.packing import pack_fixed
 from tidal.simulator.baselines import UNIT
 from tidal.simulator.engine import BWD, PipelineTrace, SimConfig, Simulator, StepResult, run_pipeline
+from tidal.simulator.runs import SystemRun, steps_of
 
 MICRO_BATCHES = 8  # a step's documents are packed into about this many micro-batches (at least the longest document)
 
@@ -70,8 +71,6 @@ def simulate_mapping(sim: Simulator, mp: Mapping, recompute, lengths: np.ndarray
 
 
 def run_flexpipe(w, sim_cfg: SimConfig, progress, *, static: bool = False, name: str = "flexpipe"):
-    from tidal.simulator.systems import SystemRun, _steps_of
-
     t0 = time.perf_counter()
     planner = FlexPipePlanner(w.cost_model, fwd_share=sim_cfg.fwd_share)
     sim = Simulator(w.cost_model, sim_cfg)
@@ -86,7 +85,7 @@ def run_flexpipe(w, sim_cfg: SimConfig, progress, *, static: bool = False, name:
     current = fixed
     decisions: list[str] = []
     search_ms: list[float] = []
-    for lens in _steps_of(w.source_factory(), w.steps):
+    for lens in steps_of(w.source_factory(), w.steps):
         t1 = time.perf_counter()
         mu = int(lens.max())
         mbs = pack_fixed(lens, UNIT, 1, max(mu, -(-int(lens.sum()) // MICRO_BATCHES))).micro_batches
