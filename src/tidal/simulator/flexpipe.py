@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from tidal.core.plan import PipelinePlan
-from tidal.planner.flexpipe import FlexPipePlanner, Mapping
+from tidal.planner.flexpipe import FlexPipePlanner, Mapping, WorkloadMemory
 from tidal.planner.packing import pack_fixed
 from tidal.simulator.baselines import UNIT
 from tidal.simulator.engine import BWD, PipelineTrace, SimConfig, Simulator, StepResult, run_pipeline
@@ -70,9 +70,12 @@ def simulate_mapping(sim: Simulator, mp: Mapping, recompute, lengths: np.ndarray
     return StepResult(total, tr.finish, switch, opt, (plan,), (tr,), busy)
 
 
-def run_flexpipe(w, sim_cfg: SimConfig, progress, *, static: bool = False, name: str = "flexpipe"):
+def run_flexpipe(w, sim_cfg: SimConfig, progress, *, static: bool = False, name: str = "flexpipe",
+                 workload_memory: WorkloadMemory | None = None):
+    """`workload_memory`: FlexPipe's own memory model of its workload (`tidal.planner.flexpipe.fit_table2`); None
+    sizes stages with Tidal's memory model."""
     t0 = time.perf_counter()
-    planner = FlexPipePlanner(w.cost_model, fwd_share=sim_cfg.fwd_share)
+    planner = FlexPipePlanner(w.cost_model, fwd_share=sim_cfg.fwd_share, workload_memory=workload_memory)
     sim = Simulator(w.cost_model, sim_cfg)
     fixed = None
     if static:
