@@ -13,7 +13,7 @@ from tidal.core.errors import TidalError
 from tidal.core.model import get_model
 from tidal.core.plan import Plan
 from tidal.core.strategy import Strategy
-from tidal.costmodel.analytic import AnalyticCostModel
+from tidal.costmodel.analytic import AnalyticCostModel, analytic_v1
 from tidal.costmodel.base import CostModel
 from tidal.costmodel.fitted import load_cost_model
 from tidal.data.sampler import LONG_DOC_POLICIES, TokenBudgetSampler
@@ -56,7 +56,8 @@ def add_parser(sub) -> None:
     p.add_argument("--plan-budget-ms", type=float, default=2000.0,
                    help="per-step planning budget: past it the best plan so far is returned (valid, gap reported)")
     p.add_argument("--cost-model", type=Path, default=None,
-                   help="fitted cost model (.json) or profile (.csv); default: analytic from the specs")
+                   help="fitted cost model (.json), profile (.csv) or Hydraulis strategy pool (.json); default: "
+                        "analytic from the specs")
     p.add_argument("--prove-bound", action="store_true",
                    help="raise each step's lower bound with LP-priced certificates after planning (bounds_lp; the "
                         "plan is unchanged; up to ~50 ms median more per step, not in the per-step plan time)")
@@ -73,9 +74,22 @@ class PlanRun:
     long_doc_stats: dict
 
 
+ANALYTIC_NAMES = ("analytic", "analytic-v1")
+
+
+def cost_model_from(spec, model, cluster) -> CostModel:
+    """A cost-model spec as `--cost-model` and `--truth` take it: 'analytic' (or None; calibrated, decision 76),
+    'analytic-v1' (before it), a fitted model JSON, a profile CSV, or a Hydraulis strategy pool JSON as published
+    (docs/costmodel.md)."""
+    if spec is not None and str(spec).strip().lower() == "analytic-v1":
+        return analytic_v1(model, cluster)
+    if spec is None or str(spec).strip().lower() in ANALYTIC_NAMES:
+        return AnalyticCostModel(model, cluster)
+    return load_cost_model(spec, model, cluster)
+
+
 def cost_model_of(args) -> CostModel:
-    model, cluster = get_model(args.model), get_cluster(args.cluster)
-    return load_cost_model(args.cost_model, model, cluster) if args.cost_model else AnalyticCostModel(model, cluster)
+    return cost_model_from(args.cost_model, get_model(args.model), get_cluster(args.cluster))
 
 
 def candidates_of(args, cm: CostModel) -> tuple[Strategy, ...]:

@@ -25,7 +25,11 @@ def add_parser(sub) -> None:
     add_workload_args(p)
     p.add_argument("--seed", type=argtypes.seed, default=0)
     p.add_argument("--cost-model", type=Path, default=None,
-                   help="fitted cost model (.json) or profile (.csv); default: analytic from the specs")
+                   help="the planners' cost model: fitted model (.json), profile (.csv) or Hydraulis strategy pool "
+                        "(.json); default: analytic from the specs")
+    p.add_argument("--truth", default=None,
+                   help="the device model the plans execute on, unseen by the planners (decision 77): 'analytic' or "
+                        "any file --cost-model takes, e.g. a Hydraulis strategy pool; default: the planners' model")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {', '.join(SYSTEMS)}")
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule")
     p.add_argument("--fwd-share", type=float, default=1 / 3, help="forward share of forward+backward (1:2 = 1/3)")
@@ -39,9 +43,10 @@ def add_parser(sub) -> None:
 
 
 def workload_of(args) -> Workload:
-    from tidal.cli.plan import cost_model_of
+    from tidal.cli.plan import cost_model_from, cost_model_of
 
     cm = cost_model_of(args)
+    truth = None if args.truth is None else cost_model_from(args.truth, cm.model, cm.cluster)
     src = length_source(args.data, args.seed)
     sample = src.lengths(0, PROPOSAL_SAMPLE if src.size is None else min(src.size, PROPOSAL_SAMPLE))
 
@@ -49,7 +54,7 @@ def workload_of(args) -> Workload:
         return TokenBudgetSampler(length_source(args.data, args.seed), args.tokens_per_step, args.max_len,
                                   long_docs=args.long_docs, seed=args.seed)
 
-    return Workload(cm, args.max_len, args.tokens_per_step, args.steps, args.seed, factory, sample)
+    return Workload(cm, args.max_len, args.tokens_per_step, args.steps, args.seed, factory, sample, truth)
 
 
 def to_json(runs: list[SystemRun], meta: dict, errors: dict[str, str] | None = None) -> dict:
@@ -102,10 +107,13 @@ def run(args) -> int:
         con.print(f"[bold]{r.name}[/bold]: {r.config}")
     for k, v in errors.items():
         con.print(f"[bold red]{k}[/bold red] cannot run this workload: {v}")
+    con.print(f"planned with {args.cost_model or 'analytic'}; executed on "
+              f"{args.truth + ' (truth unseen by the planners)' if args.truth else 'the same model'}")
     con.print(f"wall {wall:.1f} s, CPU {cpu:.1f} s (planning and simulation of {len(runs)} systems)")
     meta = {"model": args.model, "cluster": args.cluster, "data": args.data, "max_len": args.max_len,
             "tokens_per_step": args.tokens_per_step, "steps": args.steps, "seed": args.seed,
-            "schedule": args.schedule, "fwd_share": args.fwd_share, "overlap_sync": not args.no_overlap}
+            "schedule": args.schedule, "fwd_share": args.fwd_share, "overlap_sync": not args.no_overlap,
+            "cost_model": str(args.cost_model or "analytic"), "truth": str(args.truth or "as planned")}
     if args.json:
         try:
             args.json.write_text(json.dumps(to_json(runs, meta, errors), indent=1))

@@ -18,7 +18,7 @@ class DeviceType:
     peak_flops: float  # dense 16-bit FLOP/s
     memory_bytes: float
     intra_bw: float  # bytes/s per device to a peer in the same node
-    inter_bw: float  # bytes/s per device to a peer in another node
+    inter_bw: float  # bytes/s per device to a peer in another node: its share of the node's NICs (node bw / per_node)
     per_node: int = 8
     # attention kernel shape for the CP sharding choice (costmodel.kernel): query tile rows and the padded query length
     # at which the kernel reaches half its peak. GPU flash kernels: 128 and 174 (WLB-LLM Fig. 10). CPU SDPA has no
@@ -28,6 +28,9 @@ class DeviceType:
     # True where the attention kernel computes a CP piece's whole [Lq, Lk] rectangle instead of skipping masked key
     # blocks (CPU SDPA with a bottom-right mask): per-doc CP then does (2CP+1)/(2CP) times the causal work per rank
     attn_cp_rect: bool = False
+    # True where the analytic model's calibrated efficiencies apply (GPUs; calibrated on A800 profiles, extrapolated to
+    # others by peak FLOP/s and link bandwidths); False: the pre-calibration figures (costmodel.analytic.EFFICIENCY_V1)
+    calibrated: bool = True
 
 
 @dataclass(frozen=True)
@@ -100,19 +103,24 @@ class ClusterSpec:
 
 DEVICE_TYPES: MappingProxyType[str, DeviceType] = MappingProxyType(
     {
-        "a800": DeviceType("a800", 312e12, 80 * GB, 400 * GB, 200 * GB),
-        "a100": DeviceType("a100", 312e12, 80 * GB, 600 * GB, 200 * GB),
-        "h100": DeviceType("h100", 989e12, 80 * GB, 900 * GB, 400 * GB),
-        "h800": DeviceType("h800", 990e12, 80 * GB, 400 * GB, 200 * GB),
-        "h20": DeviceType("h20", 148e12, 96 * GB, 900 * GB, 200 * GB),
+        # inter_bw is per GPU: the node's inter-node bandwidth / 8. Hydraulis §8: 200 GB/s InfiniBand per A800 node
+        # (25 GB/s per GPU); A100 nodes the same; H100/H800 nodes 8 x 400 Gb/s NDR (50 GB/s per GPU); H20's is not
+        # published with its Hetu cluster (Hetu v2 App. A.1): 200 GB/s per node assumed.
+        "a800": DeviceType("a800", 312e12, 80 * GB, 400 * GB, 25 * GB),
+        "a100": DeviceType("a100", 312e12, 80 * GB, 600 * GB, 25 * GB),
+        # A100-SXM4-40GB: Hydraulis' 7b_A100 strategy pool (gpu_memory_bound 39.6 GiB)
+        "a100-40": DeviceType("a100-40", 312e12, 40 * GB, 600 * GB, 25 * GB),
+        "h100": DeviceType("h100", 989e12, 80 * GB, 900 * GB, 50 * GB),
+        "h800": DeviceType("h800", 990e12, 80 * GB, 400 * GB, 50 * GB),
+        "h20": DeviceType("h20", 148e12, 96 * GB, 900 * GB, 25 * GB),
         # One CPU rank of this class of machine (gloo over shared memory). Figures are nominal: fit a cost model with
         # `tidal profile` for real numbers. Memory is per rank.
         "cpu": DeviceType("cpu", 5e10, 2 * GiB, 5 * GB, 1 * GB, per_node=8, attn_tile=1, attn_q_half=1.0,
-                          attn_cp_rect=True),
+                          attn_cp_rect=True, calibrated=False),
     }
 )
 
-_TERM = re.compile(r"^([a-z][a-z0-9]*?)x(\d+)$")
+_TERM = re.compile(r"^([a-z][a-z0-9-]*?)x(\d+)$")
 
 
 def get_cluster(name: str) -> ClusterSpec:

@@ -121,6 +121,9 @@ MODEL_PRESETS: MappingProxyType[str, ModelSpec] = MappingProxyType(
         "llama2-7b": ModelSpec("llama2-7b", 32, 4096, 32, 32, 11008, 32000),
         "llama2-13b": ModelSpec("llama2-13b", 40, 5120, 40, 40, 13824, 32000),
         "llama-32b": ModelSpec("llama-32b", 64, 6144, 64, 64, 18432, 32000),
+        # The "32b" of Hydraulis' strategy pool (model_config H = 6656, L = 60; LLaMA-33B's shape): 64 heads of 104 so
+        # that its pool's TP16 divides them; FFN 17920 as LLaMA-33B.
+        "hydraulis-32b": ModelSpec("hydraulis-32b", 60, 6656, 64, 64, 17920, 32000),
         "llama3-8b": ModelSpec("llama3-8b", 32, 4096, 32, 8, 14336, 128256, rope_theta=500000.0),
         "llama3-70b": ModelSpec("llama3-70b", 80, 8192, 64, 8, 28672, 128256, rope_theta=500000.0),
     }

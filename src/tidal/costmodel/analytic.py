@@ -25,12 +25,28 @@ from tidal.costmodel.memory import MemoryConfig, max_len
 
 @dataclass(frozen=True)
 class Efficiency:
-    gemm: float = 0.55  # achieved / peak FLOPs of large GEMMs
-    attn: float = 0.45  # achieved / peak FLOPs of the varlen attention kernel
-    comm: float = 0.8  # achieved / nominal link bandwidth
+    """Achieved/peak ratios and constants of the analytic model. The defaults are calibrated on Hydraulis' A800
+    strategy pools (docs/costmodel.md, decision 76; `benchmarks/costmodel_profiles.py` refits and reports them);
+    `EFFICIENCY_V1` keeps the model before that (flat GEMM efficiency, microsecond constants)."""
+
+    # Calibrated on Hydraulis' 7b and 13b A800 strategy pools (lengths 512-32K, every profiled <TP, PP>; 32b and
+    # 7b_A100 held out): benchmarks/costmodel_profiles.py --refit prints the fit; docs/costmodel.md the errors.
+    gemm: float = 0.729  # achieved / peak FLOPs of large GEMMs (the saturation value of gemm_eff)
+    attn: float = 0.750  # achieved / peak FLOPs of the varlen attention kernel (the saturation value of attn_eff)
+    comm: float = 0.779  # achieved / nominal link bandwidth
     comm_overlap: float = 0.0  # fraction of communication hidden behind compute
-    launch_per_layer: float = 60e-6  # s of kernel launches per layer per micro-batch (fwd+bwd)
-    collective_latency: float = 15e-6  # s per collective call
+    launch_per_layer: float = 1.49e-3  # s per layer per micro-batch (fwd+bwd): launches, norms, the pool's intercept
+    collective_latency: float = 0.0  # s per collective call (calibrated: inside tp_const_per_layer)
+    # GEMM efficiency by size: gemm * x / (x + gemm_half_flops), x = forward GEMM FLOPs per token of one layer on one
+    # GPU (linear_flops_per_token / TP): TP shrinks every GEMM's N or K dimension. 0: flat (v1).
+    gemm_half_flops: float = 1.42e7
+    # attention efficiency by per-GPU width: attn * y / (y + attn_half_width), y = hidden / TP. 0: flat (v1).
+    attn_half_width: float = 212.0
+    tp_const_per_layer: float = 3.2e-4  # s per layer per micro-batch added when TP > 1 (its collectives' fixed costs)
+    # s per layer per micro-batch per extra CP rank: 3 ring steps (1 forward, 2 backward) at the fitted cost of one
+    # TP collective (tp_const_per_layer / 8 collectives); not measured (no CP profile is published)
+    cp_const_per_layer: float = 1.2e-4
+    cp_ring_passes: float = 3.0  # K/V volumes moved per token per layer over the CP ring (fwd K,V + bwd K,V, dK,dV)
 
     def __post_init__(self) -> None:
         for f in ("gemm", "attn", "comm"):
@@ -38,6 +54,22 @@ class Efficiency:
                 raise TidalError(f"efficiency {f} must be in (0, 1], got {getattr(self, f)}")
         if not 0 <= self.comm_overlap < 1:
             raise TidalError(f"comm_overlap must be in [0, 1), got {self.comm_overlap}")
+        for f in ("launch_per_layer", "collective_latency", "gemm_half_flops", "attn_half_width",
+                  "tp_const_per_layer", "cp_const_per_layer", "cp_ring_passes"):
+            if not getattr(self, f) >= 0:
+                raise TidalError(f"efficiency {f} must be >= 0, got {getattr(self, f)}")
+
+    def gemm_eff(self, flops_per_token: float) -> float:
+        return self.gemm * flops_per_token / (flops_per_token + self.gemm_half_flops)
+
+    def attn_eff(self, width: float) -> float:
+        return self.attn * width / (width + self.attn_half_width)
+
+
+# the model before decision 76 (`--cost-model analytic-v1`): flat efficiencies, microsecond constants
+EFFICIENCY_V1 = Efficiency(gemm=0.55, attn=0.45, comm=0.8, launch_per_layer=60e-6, collective_latency=15e-6,
+                           gemm_half_flops=0.0, attn_half_width=0.0, tp_const_per_layer=0.0, cp_const_per_layer=0.0,
+                           cp_ring_passes=2.0)
 
 
 def _link_bw(device: DeviceType, span: int) -> float:
@@ -51,21 +83,26 @@ class AnalyticCostModel:
     cluster: ClusterSpec
     eff: Efficiency = field(default_factory=Efficiency)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    uncalibrated: Efficiency = EFFICIENCY_V1  # on devices with calibrated=False (CPU ranks): nominal v1 figures
+
+    def eff_for(self, device: DeviceType) -> Efficiency:
+        return self.eff if device.calibrated else self.uncalibrated
 
     def coeffs(self, scheme: ParallelScheme, device: DeviceType) -> LatencyCoeffs:
-        m, e = self.model, self.eff
+        m, e = self.model, self.eff_for(device)
         t, c, p = scheme.tp, scheme.cp, scheme.pp
         F = device.peak_flops
         h = m.hidden
         exposed = 1.0 - e.comm_overlap
-        attn_pair = 3 * m.attn_flops_per_token_pair() / 2 / (t * c * F * e.attn)  # per layer, per l^2
+        attn_pair = 3 * m.attn_flops_per_token_pair() / 2 / (t * c * F * e.attn_eff(h / t))  # per layer, per l^2
         if c > 1 and device.attn_cp_rect:  # the busiest rank's chunks {r, 2c-1-r} cost (2c+1) (l/2c)^2 rectangles
             attn_pair *= (2 * c + 1) / (2 * c)
-        gemm_tok = 3 * m.linear_flops_per_token() / (t * c * F * e.gemm)
+        gemm_tok = 3 * m.linear_flops_per_token() / (t * c * F * e.gemm_eff(m.linear_flops_per_token() / t))
         tp_tok = 8 * 2 * h * (t - 1) / t / c / (_link_bw(device, t) * e.comm) if t > 1 else 0.0
-        cp_tok = 2 * 2 * 2 * m.kv_dim / t * (c - 1) / c / (_link_bw(device, t * c) * e.comm) if c > 1 else 0.0
+        cp_tok = (e.cp_ring_passes * 2 * 2 * m.kv_dim / t * (c - 1) / c / (_link_bw(device, t * c) * e.comm)
+                  if c > 1 else 0.0)
         pp_tok = 2 * 2 * h / (t * c) / (_link_bw(device, t * c * p) * e.comm) if p > 1 else 0.0
-        head_tok = 3 * 2 * h * m.vocab / (t * c * F * e.gemm)
+        head_tok = 3 * 2 * h * m.vocab / (t * c * F * e.gemm_eff(2 * h * m.vocab / t))
         n_coll = (8 if t > 1 else 0) + (4 if c > 1 else 0)
         best = LatencyCoeffs(0.0, 0.0, 0.0)
         stages = scheme.stage_layers(m.layers)
@@ -74,7 +111,8 @@ class AnalyticCostModel:
             b = L * (gemm_tok + attn_pair + exposed * (tp_tok + cp_tok)) + exposed * pp_tok
             if s == len(stages) - 1:
                 b += head_tok
-            const = L * (e.launch_per_layer + n_coll * e.collective_latency)
+            const = L * (e.launch_per_layer + n_coll * e.collective_latency
+                         + (e.tp_const_per_layer if t > 1 else 0.0) + e.cp_const_per_layer * (c - 1))
             best = LatencyCoeffs(max(best.a, a), max(best.b, b), max(best.c, const))
         return best
 
@@ -84,3 +122,11 @@ class AnalyticCostModel:
 
 def default_cost_model(model: ModelSpec, cluster: ClusterSpec) -> AnalyticCostModel:
     return AnalyticCostModel(model, cluster)
+
+
+def analytic_v1(model: ModelSpec, cluster: ClusterSpec) -> AnalyticCostModel:
+    """The analytic model before decision 76 (`--cost-model analytic-v1`): flat 0.55 GEMM efficiency, microsecond
+    constants, 34 B of activations per token per layer per hidden unit."""
+    from tidal.costmodel.memory import MEMORY_V1
+
+    return AnalyticCostModel(model, cluster, EFFICIENCY_V1, MEMORY_V1)

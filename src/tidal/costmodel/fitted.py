@@ -184,7 +184,8 @@ def fitted_from_rows(rows: list[ProfileRow], model: ModelSpec, cluster: ClusterS
 
 
 def load_cost_model(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> FittedCostModel:
-    """Read a fitted model file (JSON) or fit a profile CSV on the fly."""
+    """Read a fitted model file (JSON), a Hydraulis strategy pool (JSON, `costmodel.pool`: a PoolCostModel) or fit
+    a profile CSV on the fly."""
     p = Path(path)
     if p.suffix.lower() == ".csv":
         return fitted_from_rows(read_profile(p), model, cluster)
@@ -194,6 +195,10 @@ def load_cost_model(path: str | Path, model: ModelSpec, cluster: ClusterSpec) ->
         raise TidalError(f"cannot read cost model {path}: {e.strerror}") from None
     except json.JSONDecodeError as e:
         raise TidalError(f"malformed cost model {path}: {e}") from None
+    from tidal.costmodel.pool import is_pool, parse_pool, pool_cost_model
+
+    if is_pool(d):
+        return pool_cost_model(parse_pool(d, p.name), model, cluster)
     if not isinstance(d, dict) or d.get("format") != MODEL_FORMAT:
         raise TidalError(f"{path}: not a Tidal cost model (format must be {MODEL_FORMAT!r})")
     fits = fits_from_json(d.get("schemes"), f"cost model {path}")

@@ -26,7 +26,7 @@ through three peaks in a step (no other candidate holds anything: its buffers ha
                                              (the forward releases each pull group's buffers before that group's
                                              activations exist, so the pull's peak has none; the push follows the
                                              backward)
-  activations = act_bytes_per_token_layer * h * L_s * p * l / (t c)
+  activations = (act_bytes_per_token_layer / t + act_bytes_tp_replicated) * h * L_s * p * l / c
                  every layer of the stage keeps activations for up to p in-flight micro-batches under 1F1B
                  (L_s * p >= layers, Hydraulis' "accumulated PP times" peak)
                + last stage: fp32 logits and their gradient, 8 * vocab / t bytes per local token
@@ -51,9 +51,12 @@ from tidal.core.scheme import ParallelScheme
 
 @dataclass(frozen=True)
 class MemoryConfig:
-    # 34 bytes per token per hidden unit per layer: Korthikanti et al. 2022 with sequence parallelism and a
-    # memory-efficient attention kernel (no l^2 score matrix), 16-bit activations.
-    act_bytes_per_token_layer: float = 34.0
+    # Activation bytes per token per hidden unit per layer: act_bytes_per_token_layer / TP + act_bytes_tp_replicated
+    # (the part TP does not split), both / CP. Fit on Hydraulis' four strategy pools' measured A[tp] (A = 36 + 1.25 tp
+    # within 6 B, docs/costmodel.md); v1 (`MEMORY_V1`): Korthikanti et al. 2022's 34 with sequence parallelism,
+    # nothing replicated.
+    act_bytes_per_token_layer: float = 36.0
+    act_bytes_tp_replicated: float = 1.25
     master_bytes_per_param: float = 12.0  # fp32 master + Adam m, v (sharded over all N)
     shard_grad_bytes_per_param: float = 4.0  # the push's fp32 gradient shards (sharded over all N), until the update
     param_bytes_per_param: float = 2.0  # the running stage's parameters in the compute dtype (bf16)
@@ -83,6 +86,14 @@ class MemoryConfig:
         if self.mode == "app-c1":
             return self.app_c1_model_bytes_per_param
         return self.param_bytes_per_param + self.grad_bytes_per_param
+
+
+MEMORY_V1 = MemoryConfig(act_bytes_per_token_layer=34.0, act_bytes_tp_replicated=0.0)  # before decision 76
+
+
+def act_bytes_per_token(cfg: MemoryConfig, tp: int) -> float:
+    """Activation bytes per token per hidden unit per layer on one device of a TP group of `tp` (before CP)."""
+    return cfg.act_bytes_per_token_layer / tp + cfg.act_bytes_tp_replicated
 
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
@@ -164,7 +175,7 @@ def _phase_lines(model: ModelSpec, scheme: ParallelScheme, n_devices: int, cfg: 
                 params += emb
             if s == len(stages) - 1:
                 params += model.hidden + (0 if model.tie_embeddings else emb)
-            act_per_tok = cfg.act_bytes_per_token_layer * model.hidden * L * p / (t * c)
+            act_per_tok = act_bytes_per_token(cfg, t) * model.hidden * L * p / c
             if s == len(stages) - 1:
                 act_per_tok += 8.0 * model.vocab / (t * c)
             out.append([(master + cfg.model_bytes_per_param * params / t, act_per_tok)])
@@ -174,7 +185,7 @@ def _phase_lines(model: ModelSpec, scheme: ParallelScheme, n_devices: int, cfg: 
         w, _ = stage_params(model, scheme, s)
         # each group held elsewhere: this device's rows of it to its N / (t p) holders
         sends = max(0.0, n_all - w * t) / n_devices * n_devices / (t * p) * cfg.param_bytes_per_param
-        act_per_tok = cfg.act_bytes_per_token_layer * model.hidden * L * p / (t * c)
+        act_per_tok = act_bytes_per_token(cfg, t) * model.hidden * L * p / c
         if s == len(stages) - 1:
             act_per_tok += 8.0 * model.vocab / (t * c)
         out.append([(res["backward"] + sends, act_per_tok), (res["pull"], 0.0), (res["push"], 0.0)])

@@ -52,8 +52,8 @@ class WorkloadMemory:
     + M_buf), linear in the longest sequence mu: M_peak = states_bytes_per_param * P + act_bytes_per_token_layer *
     hidden * layers * batch * mu, P the model's parameters. Every GPU of a stage of n of the L layers holds n / L of
     the states and its n layers' activations of the `batch` sequences of mu tokens (`FlexPipePlanner.tokens`;
-    recomputed layers keep 2 B per token per hidden unit). `fit_table2` fits the two constants to Table 2's M_peak of a model; the device's whole
-    memory is the budget (FlexPipe's M, with M_buf inside M_peak)."""
+    recomputed layers keep 2 B per token per hidden unit). `fit_table2` fits the two constants to Table 2's M_peak of
+    a model; the device's whole memory is the budget (FlexPipe's M, with M_buf inside M_peak)."""
 
     states_bytes_per_param: float
     act_bytes_per_token_layer: float

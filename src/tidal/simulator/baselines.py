@@ -55,12 +55,24 @@ class Variant:
         if mem is None:
             raise TidalError("checkpointing and ZeRO-3 need the analytic cost model (it has a memory config)")
         if self.recompute:
-            mem = replace(mem, act_bytes_per_token_layer=2.0)
+            mem = replace(mem, act_bytes_per_token_layer=2.0, act_bytes_tp_replicated=0.0)
         if self.zero3:
             mem = replace(mem, master_bytes_per_param=mem.master_bytes_per_param + mem.model_bytes_per_param,
                           app_c1_model_bytes_per_param=0.0, param_bytes_per_param=0.0, grad_bytes_per_param=0.0,
                           pull_cast_bytes_per_param=0.0)
         return replace(self.base, memory=mem).max_len(scheme, device)
+
+
+def on_truth(planned: CostModel, truth: CostModel | None) -> CostModel:
+    """The device model a plan made with `planned` executes on (decision 77): `truth` under the same baseline
+    techniques (a `Variant`'s recomputation and ZeRO-3 carry over), or `planned` itself when there is no truth."""
+    if truth is None:
+        return planned
+    if truth.model != planned.model or truth.cluster != planned.cluster:
+        raise TidalError("the truth cost model is for another model or cluster than the planner's")
+    if isinstance(planned, Variant):
+        return replace(planned, base=truth)
+    return truth
 
 
 @dataclass(frozen=True)

@@ -277,10 +277,16 @@ class Simulator:
         return bw * self.cfg.comm_eff
 
     def sync_bw(self, device: int) -> float:
-        """Bandwidth of a device's pull/push to the owners spread over the cluster."""
+        """Bandwidth of a device's pull/push to the owners spread over the cluster: the share of the other devices
+        in its node goes over the intra-node links, the rest over its share of the node's inter-node links, both at
+        once, so the slower part bounds it (one node: intra-node only)."""
         t = self._types[device]
-        one_node = len(set(self._nodes)) == 1
-        return (t.intra_bw if one_node else t.inter_bw) * self.cfg.comm_eff
+        if self.n == 1:
+            return t.intra_bw * self.cfg.comm_eff
+        local = sum(1 for x in self._nodes if x == self._nodes[device]) - 1
+        remote = (self.n - 1 - local) / (self.n - 1)
+        per_byte = max(remote / t.inter_bw, (1 - remote) / t.intra_bw)
+        return self.cfg.comm_eff / per_byte
 
     # -- one pipeline, one step ----------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import numpy as np
 from tidal.core.plan import PipelinePlan
 from tidal.planner.flexpipe import FlexPipePlanner, Mapping, WorkloadMemory
 from tidal.planner.packing import pack_fixed
-from tidal.simulator.baselines import UNIT
+from tidal.simulator.baselines import UNIT, on_truth
 from tidal.simulator.engine import BWD, PipelineTrace, SimConfig, Simulator, StepResult, run_pipeline
 from tidal.simulator.runs import SystemRun, steps_of
 
@@ -76,7 +76,7 @@ def run_flexpipe(w, sim_cfg: SimConfig, progress, *, static: bool = False, name:
     sizes stages with Tidal's memory model."""
     t0 = time.perf_counter()
     planner = FlexPipePlanner(w.cost_model, fwd_share=sim_cfg.fwd_share, workload_memory=workload_memory)
-    sim = Simulator(w.cost_model, sim_cfg)
+    sim = Simulator(on_truth(w.cost_model, w.truth), sim_cfg)
     fixed = None
     if static:
         # the mapping for the worst case: micro-batches of one context-length document

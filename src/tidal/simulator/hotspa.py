@@ -91,7 +91,7 @@ def run_hotspa(w, sim_cfg: SimConfig, progress, *, strategies: tuple[PaperConfig
     `pricing`: the paper's switch pricing; None prices a switch by volume (`switch_time`)."""
     t0 = time.perf_counter()
     edges = bucket_edges(w.max_len)
-    sim = Simulator(w.cost_model, sim_cfg)
+    sim = Simulator(baselines.on_truth(w.cost_model, w.truth), sim_cfg)
     if strategies is not None and len(strategies) != len(edges):
         raise TidalError(f"HotSPa: {len(strategies)} strategies for {len(edges)} length buckets "
                          f"({', '.join(map(str, edges))})")

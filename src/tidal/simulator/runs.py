@@ -31,6 +31,9 @@ class Workload:
     seed: int
     source_factory: Callable[[], StepSource]  # a fresh source at the start of the data
     sample_lengths: np.ndarray = field(repr=False)  # document lengths the proposal plans from
+    # The device model plans execute on (decision 77; `tidal simulate --truth`); None: the planner's own cost model.
+    # Planners never see it: they plan with `cost_model` (a baseline's Variant of it); the simulator runs `truth`.
+    truth: CostModel | None = None
 
 
 @dataclass

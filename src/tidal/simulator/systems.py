@@ -34,7 +34,8 @@ HYDRAULIS_MAX_PP = 8
 
 
 def _simulator(w: Workload, sim: SimConfig, cm: CostModel | None = None, **over) -> Simulator:
-    return Simulator(cm or w.cost_model, replace(sim, **over) if over else sim)
+    """A simulator executing on the workload's truth (under `cm`'s baseline techniques), else on `cm` itself."""
+    return Simulator(baselines.on_truth(cm or w.cost_model, w.truth), replace(sim, **over) if over else sim)
 
 
 def best_static(w: Workload, sim: SimConfig, *, ulysses: bool = False, cp_mode: str = "per-seq"
