@@ -51,16 +51,20 @@ class Variant:
         return LatencyCoeffs(k.a * f, k.b * f, k.c * f, k.d * f)
 
     def max_len(self, scheme, device) -> int:
-        mem = getattr(self.base, "memory", None)
+        """MaxLen under the techniques. A fitted or pool model has no memory config: its analytic fallback's sizes
+        the memory (its timings stay the fit's)."""
+        base = self.base if getattr(self.base, "memory", None) is not None else getattr(self.base, "fallback", None)
+        mem = getattr(base, "memory", None)
         if mem is None:
-            raise TidalError("checkpointing and ZeRO-3 need the analytic cost model (it has a memory config)")
+            raise TidalError("checkpointing and ZeRO-3 need a cost model with a memory config (analytic, or a fitted "
+                             "model with an analytic fallback)")
         if self.recompute:
             mem = replace(mem, act_bytes_per_token_layer=2.0, act_bytes_tp_replicated=0.0)
         if self.zero3:
             mem = replace(mem, master_bytes_per_param=mem.master_bytes_per_param + mem.model_bytes_per_param,
                           app_c1_model_bytes_per_param=0.0, param_bytes_per_param=0.0, grad_bytes_per_param=0.0,
                           pull_cast_bytes_per_param=0.0)
-        return replace(self.base, memory=mem).max_len(scheme, device)
+        return replace(base, memory=mem).max_len(scheme, device)
 
 
 def on_truth(planned: CostModel, truth: CostModel | None) -> CostModel:
