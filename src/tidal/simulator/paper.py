@@ -129,9 +129,9 @@ class HotSPaPricing:
 # Table 4 (App. H): configuration -> (model, GPUs, tokens per iteration, HotSPa switching s, HotSPa iteration s,
 # Hydraulis iteration s); 32K context (§8.1's default)
 TABLE4 = {
-    "(a)": ("7B", 32, 100_000, 1.54, 5.86, 2.21),
-    "(b)": ("32B", 32, 100_000, 2.17, 12.21, 7.21),
-    "(c)": ("32B", 64, 200_000, 2.21, 13.19, 7.22),
+    "(a)": ("llama2-7b", 32, 100_000, 1.54, 5.86, 2.21),
+    "(b)": ("hydraulis-32b", 32, 100_000, 2.17, 12.21, 7.21),
+    "(c)": ("hydraulis-32b", 64, 200_000, 2.21, 13.19, 7.22),
 }
 
 
