@@ -30,7 +30,9 @@ def add_parser(sub) -> None:
     p.add_argument("--truth", default=None,
                    help="the device model the plans execute on, unseen by the planners (decision 77): 'analytic' or "
                         "any file --cost-model takes, e.g. a Hydraulis strategy pool; default: the planners' model")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {', '.join(SYSTEMS)}")
+    p.add_argument("--systems", default=",".join(n for n in SYSTEMS if not n.endswith("-paper")),
+                   help=f"comma-separated, from {', '.join(SYSTEMS)} (default: all but the *-paper ones, which run "
+                        "only the scenarios of Hydraulis Table 3)")
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule")
     p.add_argument("--fwd-share", type=float, default=1 / 3, help="forward share of forward+backward (1:2 = 1/3)")
     p.add_argument("--no-overlap", action="store_true", help="do not overlap gradient pull/push with compute")
