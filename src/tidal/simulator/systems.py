@@ -199,11 +199,11 @@ def run_system(name: str, w: Workload, sim: SimConfig | None = None, progress: P
     return SYSTEMS[name](w, sim or SimConfig(), progress)
 
 
-def speedups(runs: Sequence[SystemRun], baselines_: Sequence[str] = STATIC_SYSTEMS) -> dict[str, float]:
+def speedups(runs: Sequence[SystemRun], baseline_names: Sequence[str] = STATIC_SYSTEMS) -> dict[str, float]:
     """tokens/s of every system over the best baseline's: by default the fastest static one (megatron, deepspeed and
     their Table-3 configurations, whichever ran); Hydraulis Fig. 13 compares to the best of megatron-paper,
     deepspeed-paper and hotspa."""
-    static = [r.tokens_per_s for r in runs if r.name in baselines_]
+    static = [r.tokens_per_s for r in runs if r.name in baseline_names]
     if not static or max(static) <= 0:
         return {}
     best = max(static)
