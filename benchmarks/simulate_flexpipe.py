@@ -103,7 +103,7 @@ def main() -> None:
         stages = sorted({st.count(",") + 1 for st in f.strategies})
         print(f"{c['model']:<10}{c['gpus']:>5}{c['max_len']:>8}{r:>12.3f}{m.tokens_per_s / s.tokens_per_s:>12.3f}"
               f"{rec[-1]:>11.1f}{mo[-1]:>11.1f}{'-'.join(map(str, (stages[0], stages[-1]))):>8}"
-              f"{np.median(f.decision_ms):>12.2f}{np.percentile(f.decision_ms, 90):>7.2f}  "
+              f"{np.median(f.decision_ms):>12.2f}{np.percentile(f.decision_ms, 90):>9.2f}  "
               f"{f.config.split(';')[0]} | {s.strategies[0]}")
     print(f"\nflexpipe / static PP (tokens/s): {summary(ratios)}")
     print(f"reconfigurations (grow/shrink) per 100 steps: {summary(rec)} (paper: {PAPER_RECONF_PER_100:.1f})")
