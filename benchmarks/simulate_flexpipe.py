@@ -91,7 +91,7 @@ def main() -> None:
     print(f"FlexPipe vs static PP, {DATA}, 4 context windows of tokens per step, {a.steps} steps, "
           f"{'Tidal' if a.tidal_memory else 'FlexPipe Table 2'} memory model")
     print(f"{'model':<10}{'GPUs':>5}{'max len':>8}{'flex/static':>12}{'mega/static':>12}{'reconf/100':>11}"
-          f"{'memopt/100':>11}{'stages':>8}{'HBSA ms med':>12}{'p90':>7}  decisions | static mapping")
+          f"{'memopt/100':>11}{'stages':>8}{'HBSA ms med':>12}{'p90':>9}  decisions | static mapping")
     ratios, rec, mo, ms = [], [], [], []
     for c in cells:
         f, s, m = c["flex"], c["static"], c["mega"]
