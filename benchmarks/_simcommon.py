@@ -14,18 +14,16 @@ from tidal.simulator.systems import Workload
 PROPOSAL_SAMPLE = 20000
 
 
-def workload(model: str, cluster: str, data: str, max_len: int, tokens: int, steps: int, seed: int = 0,
+def workload(model: str, cluster: str, data: str, max_len: int, tokens: int, steps: int, seed: int = 0, *,
              cost_model: str | None = None, truth: str | None = None) -> Workload:
-    """`cost_model` (the planners') and `truth` (what the simulator executes on; None: the planners' model) take what
-    `tidal simulate --cost-model / --truth` take: 'analytic', 'analytic-v1', a fitted JSON, a profile CSV or a
-    Hydraulis strategy pool."""
-    m, c = get_model(model), get_cluster(cluster)
-    cm = AnalyticCostModel(m, c) if cost_model is None else cost_model_from(cost_model, m, c)
+    """`cost_model`, `truth`: as `tidal simulate --cost-model / --truth` take them (None: analytic, as planned)."""
+    m, cl = get_model(model), get_cluster(cluster)
+    cm = AnalyticCostModel(m, cl) if cost_model is None else cost_model_from(cost_model, m, cl)
+    tr = None if truth is None else cost_model_from(truth, m, cl)
     src = length_source(data, seed)
     sample = src.lengths(0, PROPOSAL_SAMPLE if src.size is None else min(src.size, PROPOSAL_SAMPLE))
     return Workload(cm, max_len, tokens, steps, seed,
-                    lambda: TokenBudgetSampler(length_source(data, seed), tokens, max_len, seed=seed), sample,
-                    None if truth is None else cost_model_from(truth, m, c))
+                    lambda: TokenBudgetSampler(length_source(data, seed), tokens, max_len, seed=seed), sample, tr)
 
 
 def summary(values) -> str:

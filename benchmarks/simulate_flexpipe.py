@@ -7,10 +7,17 @@ causal decoder by Tidal's cost model, an approximation.) Systems:
   static-pp  the mapping HBSA picks for the context length (even split, TP = 1, data parallel inside stages), held
   flexpipe   HBSA every step: keep / recompute / grow / shrink, reconfiguration (layer migration) costs charged
   megatron   the best static <TP,PP,CP> x DP (reference)
-Reported per cell: tokens/s ratio flexpipe / static-pp and megatron / static-pp, reconfigurations per 100 steps, the
-decisions taken, HBSA time per decision (median, p90) against the paper's 15 ms; then median / p90 / worst over cells.
+Memory: FlexPipe's own model of its workloads (tidal.planner.flexpipe.WorkloadMemory), fitted to its Table 2's peak
+memory of BERT96 and GPT (3.35B); BERT24 takes BERT96's constants and GPT (13B) GPT (3.35B)'s (per parameter and per
+token per layer per hidden unit); --tidal-memory sizes stages with Tidal's memory model instead (under which BERT96 at
+8K fits on one stage).
+Reported per cell: tokens/s ratio flexpipe / static-pp and megatron / static-pp, reconfigurations (grow / shrink)
+and memory optimisations per 100 steps against the paper's (§5.2: GPT-3.5B on 16 A100s grows or shrinks every 37
+iterations, 2.7 per 100, and recomputes every 4, 25 per 100), the stage counts used, the decisions taken, HBSA time
+per decision (median, p90) against the paper's 15 ms; then median / p90 / worst over cells. Then Table 2's stage
+counts beside the ones HBSA's lines 3-6 give under the fitted memory.
 
-Usage: python benchmarks/simulate_flexpipe.py [--steps 100] [--jobs 2]
+Usage: python benchmarks/simulate_flexpipe.py [--steps 100] [--jobs 2] [--quick] [--tidal-memory]
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from tidal.core.model import ModelSpec
 from tidal.costmodel import AnalyticCostModel
 from tidal.data.sampler import TokenBudgetSampler
 from tidal.data.sources import length_source
+from tidal.planner.flexpipe import TABLE2, FlexPipePlanner, fit_table2
 from tidal.simulator.engine import SimConfig
 from tidal.simulator.flexpipe import run_flexpipe
 from tidal.simulator.systems import Workload, run_system
@@ -40,19 +48,32 @@ MODELS = (
 )
 LENGTHS = (2048, 4096, 8192)
 DATA = "synthetic:flanv2"
+FAMILY = {"bert-24": "bert-96", "bert-96": "bert-96", "gpt-3.35b": "gpt-3.35b", "gpt-13b": "gpt-3.35b"}
+PAPER_RECONF_PER_100 = 100 / 37  # §5.2: grow or shrink every 37 iterations on average (GPT-3.5B, 16 A100s)
+PAPER_MEMOPT_PER_100 = 100 / 4  # §5.2: memory optimisation every 4 iterations
+
+
+def _cluster(nodes: int) -> ClusterSpec:
+    return ClusterSpec(f"a100x{4 * nodes}(4/node)", (NodeGroup(A100, 4 * nodes),))
+
+
+def workload_memory(model: ModelSpec):
+    fam = next(m for m, _ in MODELS if m.name == FAMILY[model.name])
+    return fit_table2(fam)
 
 
 def cell(args):
-    (model, nodes), max_len, steps = args
-    cl = ClusterSpec(f"a100x{4 * nodes}(4/node)", (NodeGroup(A100, 4 * nodes),))
+    (model, nodes), max_len, steps, tidal_memory = args
+    cl = _cluster(nodes)
+    wm = None if tidal_memory else workload_memory(model)
     cm = AnalyticCostModel(model, cl)
     tokens = 4 * max_len
     w = Workload(cm, max_len, tokens, steps, 0,
                  lambda: TokenBudgetSampler(length_source(DATA, 0), tokens, max_len, seed=0),
                  length_source(DATA, 0).lengths(0, 5000))
     sim = SimConfig()
-    flex = run_flexpipe(w, sim, None)
-    static = run_flexpipe(w, sim, None, static=True, name="static-pp")
+    flex = run_flexpipe(w, sim, None, workload_memory=wm)
+    static = run_flexpipe(w, sim, None, static=True, name="static-pp", workload_memory=wm)
     mega = run_system("megatron", w, sim)
     return dict(model=model.name, gpus=4 * nodes, max_len=max_len, flex=flex, static=static, mega=mega)
 
@@ -61,26 +82,59 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="BERT96 and GPT (3.35B) only (the models of Table 2)")
+    ap.add_argument("--tidal-memory", action="store_true", help="size stages with Tidal's memory model")
     a = ap.parse_args()
+    models = [m for m in MODELS if m[0].name in TABLE2] if a.quick else list(MODELS)
     with ProcessPoolExecutor(a.jobs) as ex:
-        cells = list(ex.map(cell, [(m, ml, a.steps) for m, ml in itertools.product(MODELS, LENGTHS)]))
-    print(f"FlexPipe vs static PP, {DATA}, 4 context windows of tokens per step, {a.steps} steps")
+        cells = list(ex.map(cell, [(m, ml, a.steps, a.tidal_memory) for m, ml in itertools.product(models, LENGTHS)]))
+    print(f"FlexPipe vs static PP, {DATA}, 4 context windows of tokens per step, {a.steps} steps, "
+          f"{'Tidal' if a.tidal_memory else 'FlexPipe Table 2'} memory model")
     print(f"{'model':<10}{'GPUs':>5}{'max len':>8}{'flex/static':>12}{'mega/static':>12}{'reconf/100':>11}"
-          f"{'HBSA ms med':>12}{'p90':>7}  decisions | static mapping")
-    ratios, rec, ms = [], [], []
+          f"{'memopt/100':>11}{'stages':>8}{'HBSA ms med':>12}{'p90':>9}  decisions | static mapping")
+    ratios, rec, mo, ms = [], [], [], []
     for c in cells:
         f, s, m = c["flex"], c["static"], c["mega"]
         r = f.tokens_per_s / s.tokens_per_s
         ratios.append(r)
         rec.append(100 * f.switches / max(1, len(f.steps)))
+        mo.append(100 * _count(f.config, "memopt") / max(1, len(f.steps)))
         ms += f.decision_ms
+        stages = sorted({st.count(",") + 1 for st in f.strategies})
         print(f"{c['model']:<10}{c['gpus']:>5}{c['max_len']:>8}{r:>12.3f}{m.tokens_per_s / s.tokens_per_s:>12.3f}"
-              f"{rec[-1]:>11.1f}{np.median(f.decision_ms):>12.2f}{np.percentile(f.decision_ms, 90):>7.2f}  "
+              f"{rec[-1]:>11.1f}{mo[-1]:>11.1f}{'-'.join(map(str, (stages[0], stages[-1]))):>8}"
+              f"{np.median(f.decision_ms):>12.2f}{np.percentile(f.decision_ms, 90):>9.2f}  "
               f"{f.config.split(';')[0]} | {s.strategies[0]}")
     print(f"\nflexpipe / static PP (tokens/s): {summary(ratios)}")
-    print(f"reconfigurations per 100 steps: {summary(rec)}")
+    print(f"reconfigurations (grow/shrink) per 100 steps: {summary(rec)} (paper: {PAPER_RECONF_PER_100:.1f})")
+    print(f"memory optimisations per 100 steps: {summary(mo)} (paper: {PAPER_MEMOPT_PER_100:.0f})")
     print(f"HBSA time per decision (ms): median {np.median(ms):.2f}, p90 {np.percentile(ms, 90):.2f}, "
           f"max {np.max(ms):.2f} (paper: 15 ms average)")
+    table2_stages()
+
+
+def _count(config: str, action: str) -> int:
+    """Decisions of one kind in a run's config text ("HBSA keep 90, memopt 4, ...")."""
+    for part in config.split(";")[0].removeprefix("HBSA ").split(", "):
+        name, _, n = part.partition(" ")
+        if name == action:
+            return int(n)
+    return 0
+
+
+def table2_stages() -> None:
+    """FlexPipe Table 2's stage counts beside HBSA's fewest stages (lines 3-6) under the fitted memory."""
+    print("\nFlexPipe Table 2 (flexpipe.txt §7.3.1) vs HBSA lines 3-6 under the fitted memory model "
+          "(paper count: with its O_plan; ours: fewest stages that hold M_peak as is)")
+    print(f"{'model':<10}{'mu':>6}{'paper M_peak':>13}{'fit':>6}{'paper stages':>13}{'O_plan GB':>10}{'ours':>6}")
+    for model, nodes in MODELS:
+        if model.name not in TABLE2:
+            continue
+        wm = fit_table2(model)
+        pl = FlexPipePlanner(AnalyticCostModel(model, _cluster(nodes)), workload_memory=wm)
+        for mu, strat, peak, op in TABLE2[model.name]:
+            print(f"{model.name:<10}{mu:>6}{peak:>13}{wm.peak(model, mu) / 1e9:>6.0f}{len(strat):>13}"
+                  f"{sum(op):>10}{pl.n_stage(mu):>6}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """`tidal simulate` end to end: JSON schema, report files, and index.html rendered by headless Chromium."""
 
+import io
 import json
 import re
 import shutil
@@ -98,3 +99,42 @@ def test_truth_flag_executes_on_the_profile(tmp_path):
     assert ta["est_step_times"] == tb["est_step_times"] and ta["strategies"] == tb["strategies"]
     assert ta["step_times"] != tb["step_times"]
     assert main([*args, "--truth", str(tmp_path / "missing.json")]) == 2  # a bad truth: one line, exit 2
+def _fake_runs():
+    from tidal.simulator.runs import SystemRun
+
+    runs = []
+    for i, name in enumerate(("megatron", "deepspeed-paper", "megatron-paper", "hydraulis", "tidal")):
+        r = SystemRun(name, "candidate-only-a ; candidate-only-b")
+        r.strategies = ["2*tp2cp2"] * (5 + i) + ["tp2+6*tp1"] * 3 + ["tp4+4*tp1"]
+        runs.append(r)
+    return runs
+
+
+@pytest.mark.parametrize("width", [60, 80, 200])
+def test_table_shows_chosen_strategies_and_never_cuts_a_name(width):
+    from rich.console import Console
+
+    from tidal.cli.simulate import sim_tables
+
+    runs = _fake_runs()
+    con = Console(width=width, record=True, file=io.StringIO())
+    for t in sim_tables(runs, {r.name: 1.0 for r in runs}, "simulate: test", width):
+        con.print(t)
+    text = con.export_text()
+    lines = text.splitlines()
+    assert max(len(x) for x in lines) <= width
+    for r in runs:
+        assert any(x.lstrip().startswith(r.name + " ") for x in lines), r.name  # whole, not "deepspeed-p…"
+    flat = "".join(x.strip() for x in lines)
+    assert "2*tp2cp2x9" in flat.replace(" ", "")  # tidal's most used strategy and its step count (folded or not)
+    assert "candidate-only" not in text  # the candidates are not the table's
+    if width >= 200:  # wide: the strategies sit beside the figures
+        assert len([x for x in lines if x.lstrip().startswith("tidal ")]) == 1
+
+
+def test_report_table_shows_strategies_run(out):
+    page = (out / "rep" / "index.html").read_text()
+    assert "strategies run (steps)" in page
+    r = json.loads((out / "r.json").read_text())
+    for s in r["systems"]["tidal"]["strategies"]:
+        assert s in page

@@ -92,7 +92,7 @@ def summary(con: Console, run) -> None:
     t.add_row("est / lower bound (median, p90, max)",
               f"{np.median(ratios):.4f}, {np.percentile(ratios, 90):.4f}, {ratios.max():.4f}")
     t.add_row("plan time per step (median, max)", f"{np.median(ms):.1f} ms, {ms.max():.1f} ms")
-    if plan.meta.get("packing") == "wlb":
+    if str(plan.meta.get("packing", "")).startswith("wlb"):
         t.add_row("mean token delay (steps)", f"{np.mean(run.token_delays):.3f}")
     st = run.long_doc_stats
     if st.get("split_docs") or st.get("truncated_docs"):

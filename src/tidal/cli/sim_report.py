@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import html
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -126,14 +127,22 @@ def chart_strategy(runs, path: Path) -> None:
     plt.close(fig)
 
 
+def chosen(run, top: int = 4) -> str:
+    """The strategies a system ran, most used first, with their step counts ("2*tp2cp2 x12; tp2+6*tp1 x8"); not
+    its candidates (run.config)."""
+    counts = Counter(run.strategies).most_common()
+    text = "; ".join(f"{s} x{n}" for s, n in counts[:top])
+    return text + (f"; +{len(counts) - top} more" if len(counts) > top else "")
+
+
 def table_rows(runs, speedup: dict[str, float]) -> list[tuple[str, ...]]:
     return [(r.name, f"{r.mean_step_time:.4f}", f"{r.tokens_per_s:,.0f}",
              f"{speedup[r.name]:.3f}x" if r.name in speedup else "-", str(len(r.steps)), str(r.switches),
-             f"{r.plan_s:.2f}", f"{r.sim_s:.2f}", r.config) for r in runs]
+             f"{r.plan_s:.2f}", f"{r.sim_s:.2f}", chosen(r), r.config) for r in runs]
 
 
 HEADER = ("system", "mean step (s)", "tokens/s", "vs best static", "steps", "switches", "plan (s)", "sim (s)",
-          "config")
+          "strategies run (steps)", "config (candidates)")
 
 
 def write_report(out: Path, runs, speedup: dict[str, float], title: str, gantt_system: str | None = None,

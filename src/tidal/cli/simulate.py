@@ -30,7 +30,9 @@ def add_parser(sub) -> None:
     p.add_argument("--truth", default=None,
                    help="the device model the plans execute on, unseen by the planners (decision 77): 'analytic' or "
                         "any file --cost-model takes, e.g. a Hydraulis strategy pool; default: the planners' model")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {', '.join(SYSTEMS)}")
+    p.add_argument("--systems", default=",".join(n for n in SYSTEMS if not n.endswith("-paper")),
+                   help=f"comma-separated, from {', '.join(SYSTEMS)} (default: all but the *-paper ones, which run "
+                        "only the scenarios of Hydraulis Table 3)")
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule")
     p.add_argument("--fwd-share", type=float, default=1 / 3, help="forward share of forward+backward (1:2 = 1/3)")
     p.add_argument("--no-overlap", action="store_true", help="do not overlap gradient pull/push with compute")
@@ -70,9 +72,57 @@ def to_json(runs: list[SystemRun], meta: dict, errors: dict[str, str] | None = N
     }
 
 
+STRATEGY_MIN_WIDTH = 30  # narrower than this beside the figures: the strategies get a table of their own
+# sim_report.HEADER's figures, short enough for 80 columns
+SHORT_HEADER = ("system", "step s", "tokens/s", "vs static", "steps", "sw", "plan s", "sim s")
+
+
+def sim_tables(runs: list[SystemRun], sp: dict[str, float], title: str, width: int) -> list:
+    """The results as Rich tables for a console `width` columns wide: the figures per system and the strategies
+    every system ran (not its candidates). A system's name and the figures never wrap or get cut; the strategies
+    fold onto more lines, beside the figures when at least STRATEGY_MIN_WIDTH columns remain, else in a second
+    table (system, strategies) below."""
+    from rich import box
+    from rich.console import Console
+    from rich.measure import Measurement
+    from rich.table import Table
+
+    from tidal.cli import sim_report
+
+    rows = sim_report.table_rows(runs, sp)
+    heads = SHORT_HEADER
+    name_w = max(len(r.name) for r in runs)
+
+    def figures() -> Table:
+        t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        for h in heads:
+            if h == "system":
+                t.add_column(h, justify="left", no_wrap=True, min_width=name_w)
+            else:
+                t.add_column(h, justify="right", no_wrap=True)
+        return t
+
+    t = figures()
+    for row in rows:
+        t.add_row(*row[:len(heads)])
+    con = Console(width=10**4)
+    need = Measurement.get(con, con.options, t).maximum
+    if width - need >= STRATEGY_MIN_WIDTH:
+        t = figures()
+        t.add_column(sim_report.HEADER[-2], justify="left", overflow="fold", min_width=STRATEGY_MIN_WIDTH)
+        for row in rows:
+            t.add_row(*row[:len(heads) + 1])
+        return [t]
+    s = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    s.add_column("system", no_wrap=True, min_width=name_w)
+    s.add_column(sim_report.HEADER[-2], overflow="fold")
+    for row in rows:
+        s.add_row(row[0], row[len(heads)])
+    return [t, s]
+
+
 def run(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
     from tidal.cli import render, sim_report
 
@@ -96,15 +146,11 @@ def run(args) -> int:
     wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
     sp = speedups(runs)
     con = render.console()
-    t = Table(title=f"simulate: {args.model} on {args.cluster}, {args.data}, max-len {args.max_len}, "
-                    f"{args.tokens_per_step:,} tokens/step, {args.schedule}")
-    for h in sim_report.HEADER[:-1]:
-        t.add_column(h, justify="left" if h == "system" else "right")
-    for row in sim_report.table_rows(runs, sp):
-        t.add_row(*row[:-1])
-    con.print(t)
+    for t in sim_tables(runs, sp, f"simulate: {args.model} on {args.cluster}, {args.data}, max-len "
+                        f"{args.max_len}, {args.tokens_per_step:,} tokens/step, {args.schedule}", con.width):
+        con.print(t)
     for r in runs:
-        con.print(f"[bold]{r.name}[/bold]: {r.config}")
+        con.print(f"[bold]{r.name}[/bold] config (candidates): {r.config}", soft_wrap=False, overflow="fold")
     for k, v in errors.items():
         con.print(f"[bold red]{k}[/bold red] cannot run this workload: {v}")
     con.print(f"planned with {args.cost_model or 'analytic'}; executed on "

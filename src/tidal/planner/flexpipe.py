@@ -35,6 +35,48 @@ from tidal.costmodel.memory import MemoryConfig, budget_bytes
 
 ACTIONS = ("keep", "memopt", "grow", "shrink")
 
+# FlexPipe Table 2 (flexpipe.txt §7.3.1): model -> ((mu, parallel strategy as DP degree per stage, M_peak GB,
+# O_plan (recomputed GB, offloaded GB)), ...), as printed; BERT96 on 2 nodes of 4 A100-80GB, GPT (3.35B) on 4
+TABLE2 = {
+    "bert-96": ((512, (4, 4), 140, (0, 0)), (1024, (4, 4), 175, (10, 5)), (2048, (3, 3, 2), 238, (0, 0)),
+                (4096, (2, 2, 2, 2), 352, (20, 12)), (8192, (1, 1, 2, 1, 1, 1, 1), 596, (18, 18))),
+    "gpt-3.35b": ((512, (8, 8), 185, (15, 10)), (2048, (4, 4, 4, 4), 315, (0, 0)), (2560, (4, 4, 4, 4), 358, (25, 13)),
+                  (3072, (3, 3, 3, 4, 3), 397, (0, 0)), (2560, (3, 3, 3, 4, 3), 358, (0, 0))),
+}
+TABLE2_BATCH = 4  # §7.2.1: a global batch size of 4 sequences
+
+
+@dataclass(frozen=True)
+class WorkloadMemory:
+    """FlexPipe's own peak-memory model of its workloads (flexpipe.txt §5.1 Eq. 2: M_peak(L, B, mu) = M_pgo + M_act
+    + M_buf), linear in the longest sequence mu: M_peak = states_bytes_per_param * P + act_bytes_per_token_layer *
+    hidden * layers * batch * mu, P the model's parameters. Every GPU of a stage of n of the L layers holds n / L of
+    the states and its n layers' activations of the `batch` sequences of mu tokens (`FlexPipePlanner.tokens`;
+    recomputed layers keep 2 B per token per hidden unit). `fit_table2` fits the two constants to Table 2's M_peak of
+    a model; the device's whole memory is the budget (FlexPipe's M, with M_buf inside M_peak)."""
+
+    states_bytes_per_param: float
+    act_bytes_per_token_layer: float
+    batch: int = TABLE2_BATCH
+
+    def peak(self, model, mu: float) -> float:
+        return (self.states_bytes_per_param * model.num_params()
+                + self.act_bytes_per_token_layer * model.hidden * model.layers * self.batch * mu)
+
+
+def fit_table2(model) -> WorkloadMemory:
+    """Least-squares fit of `WorkloadMemory` to FlexPipe Table 2's (mu, M_peak) rows of `model` (by name)."""
+    import numpy as np
+
+    if model.name not in TABLE2:
+        raise TidalError(f"FlexPipe Table 2 has no rows for {model.name}; it has {', '.join(TABLE2)}")
+    rows = TABLE2[model.name]
+    mu = np.array([r[0] for r in rows], dtype=np.float64)
+    peak = np.array([r[2] for r in rows], dtype=np.float64) * 1e9
+    A = np.stack([np.full_like(mu, float(model.num_params())), model.hidden * model.layers * TABLE2_BATCH * mu], 1)
+    (s, a), *_ = np.linalg.lstsq(A, peak, rcond=None)
+    return WorkloadMemory(float(s), float(a))
+
 
 @dataclass(frozen=True)
 class Mapping:
@@ -82,6 +124,7 @@ class FlexPipePlanner:
     host_bw: float = 32e9  # bytes/s from the TwinLayer in host memory (PCIe 4.0 x16 achievable)
     fwd_share: float = 1.0 / 3.0
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    workload_memory: WorkloadMemory | None = None  # FlexPipe's own memory model of its workload (else Tidal's)
 
     @property
     def D(self) -> int:
@@ -131,6 +174,11 @@ class FlexPipePlanner:
         and Adam moments: data parallel without sharding), activations of min(stages - stage, in flight) micro-batches
         of `tokens` tokens under 1F1B, fp32 logits on the last stage."""
         m, cfg = self.cost_model.model, self.memory
+        wm = self.workload_memory
+        if wm is not None:  # `tokens` are the stage's in-flight tokens per GPU (`tokens`)
+            per_layer = wm.act_bytes_per_token_layer * (1 - recompute) + 2.0 * recompute
+            return (n_layers / m.layers * wm.states_bytes_per_param * m.num_params()
+                    + per_layer * m.hidden * n_layers * tokens)
         params = n_layers * m.layer_params() + (m.vocab * m.hidden if stage == 0 else 0)
         if stage == stages - 1:
             params += m.hidden + (0 if m.tie_embeddings else m.vocab * m.hidden)
@@ -142,11 +190,17 @@ class FlexPipePlanner:
         return states + act
 
     def budget(self) -> float:
+        if self.workload_memory is not None:
+            return float(self._dev().memory_bytes)
         return budget_bytes(self._dev(), self.memory)
 
-    @staticmethod
-    def tokens(mu: float, s1: float, gpus: int) -> float:
-        """Tokens per GPU of a micro-batch of s1 tokens split over `gpus` replicas (the longest document, mu, whole)."""
+    def tokens(self, mu: float, s1: float, gpus: int) -> float:
+        """Tokens per GPU of a micro-batch of s1 tokens split over `gpus` replicas (the longest document, mu, whole);
+        under `workload_memory`, FlexPipe's accounting: every GPU of a stage holds its layers' share of M_peak, the
+        activations of `batch` sequences of mu tokens (Table 2's stage counts are ceil(M_peak / M) less what O_plan
+        saves, whatever the DP degree inside the stages)."""
+        if self.workload_memory is not None:
+            return float(self.workload_memory.batch * mu)
         return max(float(mu), s1 / gpus)
 
     def fits(self, mp: Mapping, mu: int, s1: float = 0.0) -> bool:

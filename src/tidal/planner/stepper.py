@@ -32,7 +32,11 @@ from tidal.planner.cp_adaptive import charged_pipeline_time, choose_for_micro_ba
 from tidal.planner.proposal import propose
 from tidal.planner.select import StepSelection, StrategyProfile, profile_strategies, select_step
 
-PACKERS = MappingProxyType({"hydraulis": packing.pack, "wlb": wlb.pack, "fixed": packing.pack_fixed})
+# wlb: WLB-LLM's packing, the micro-batch count searched per pipeline; wlb-fixed: as its paper ran it, PP micro-batches
+# per pipeline (PP x DP per step)
+PACKERS = MappingProxyType({"hydraulis": packing.pack, "wlb": wlb.pack, "wlb-fixed": wlb.pack_fixed_count,
+                            "fixed": packing.pack_fixed})
+WLB_PACKINGS = ("wlb", "wlb-fixed")
 CP_SHARDINGS = ("adaptive", "per-seq", "per-doc")
 STATE_VERSION = 1
 
@@ -41,7 +45,7 @@ STATE_VERSION = 1
 class PlanningOptions:
     max_len: int  # longest sequence of a step (the context window)
     tokens_per_step: int
-    packing: str = "hydraulis"  # hydraulis | wlb | fixed
+    packing: str = "hydraulis"  # hydraulis | wlb | wlb-fixed | fixed
     cp_sharding: str = "adaptive"  # adaptive | per-seq | per-doc
     exact: bool = False
     seed: int = 0
@@ -66,7 +70,7 @@ class PlanningOptions:
         for name in ("exact", "rotate"):
             if not isinstance(getattr(self, name), bool):
                 raise TidalError(f"planning option {name} must be true or false, got {getattr(self, name)!r}")
-        if self.packing == "wlb" and self.max_len < 4:
+        if self.packing in WLB_PACKINGS and self.max_len < 4:
             raise TidalError(f"wlb packing needs max_len >= 4 (outlier thresholds max_len/4, max_len/2), got "
                              f"{self.max_len}")
 
@@ -157,7 +161,7 @@ class StepPlanner:
         self.options = options
         self._packer = PACKERS[options.packing]
         self._wcfg: wlb.WLBConfig | None = None
-        if options.packing == "wlb":
+        if options.packing in WLB_PACKINGS:
             # WLB's N: micro-batch slots per step. A pipeline needs >= PP micro-batches to fill, so N = sum of PP
             # degrees over the first (best expected) candidate; for one homogeneous pipeline the paper's PP x DP.
             n_slots = sum(p.scheme.pp for p in self.candidates[0].pipelines)

@@ -284,3 +284,25 @@ def pack(lengths: np.ndarray, coeffs: LatencyCoeffs, pp: int, max_len: int, *, e
     mbs, _ = _best_count(arr, coeffs, pp, max_len)
     out = tuple(sorted((tuple(sorted(mb)) for mb in mbs), key=lambda mb: mb[0]))
     return PackResult(out, pipeline_time(arr, out, coeffs, pp))
+
+
+def pack_fixed_count(lengths: np.ndarray, coeffs: LatencyCoeffs, pp: int, max_len: int, *,
+                     exact: bool = False) -> PackResult:
+    """WLB-LLM's packing as its paper ran it (§6.1: global batch = PP x DP micro-batches): one pipeline's documents
+    into exactly `pp` micro-batches (Algorithm 1's greedy, least workload first, least length when over `max_len`);
+    one more micro-batch only while some document fits nowhere. `exact` is ignored, as in `pack`."""
+    arr = check_lengths(lengths)
+    check_pipe(pp, max_len, coeffs)
+    if arr.size == 0:
+        return PackResult((), 0.0)
+    if int(arr.max()) > max_len:
+        raise TidalError(f"sequence of length {int(arr.max())} exceeds the pipeline's MaxLen {max_len}")
+    order = sorted(range(arr.size), key=lambda i: (-int(arr[i]), i))
+    v = max(pp, math.ceil(int(arr.sum()) / max_len))
+    while True:
+        mbs, left = greedy_pack(arr, order, coeffs, v, max_len)
+        if not left:
+            break
+        v += 1  # terminates: at v = len(arr) every document has a micro-batch of its own
+    out = tuple(sorted((tuple(sorted(mb)) for mb in mbs if mb), key=lambda mb: mb[0]))
+    return PackResult(out, pipeline_time(arr, out, coeffs, pp))

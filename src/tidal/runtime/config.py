@@ -7,7 +7,7 @@ Sections and keys (all optional except where noted; see docs/training.md for the
     [world]      cluster = "cpux4"                  # TYPExN; N must equal the number of ranks
     [data]       source = "stdlib", max_len, tokens_per_step, long_docs = "split", seed, tokenizer = "",
                  cache_dir = "", cycle = false
-    [planner]    strategies = "auto" | "tp2+2*tp1;4*tp1", packing = "hydraulis"|"wlb"|"fixed",
+    [planner]    strategies = "auto" | "tp2+2*tp1;4*tp1", packing = "hydraulis"|"wlb"|"wlb-fixed"|"fixed",
                  cp_sharding = "adaptive", rotate = false, cost_model = "" (path to a fitted model or profile),
                  exact = false
     [optimizer]  lr, beta1, beta2, eps, weight_decay, clip, warmup_steps, decay_steps, min_lr_ratio

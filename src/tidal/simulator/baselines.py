@@ -51,12 +51,13 @@ class Variant:
         return LatencyCoeffs(k.a * f, k.b * f, k.c * f, k.d * f)
 
     def max_len(self, scheme, device) -> int:
-        base = self.base
-        if getattr(base, "memory", None) is None and hasattr(base, "fallback"):
-            base = base.fallback  # a fitted or pool model: its analytic fallback's memory model under the technique
+        """MaxLen under the techniques. A fitted or pool model has no memory config: its analytic fallback's sizes
+        the memory (its timings stay the fit's)."""
+        base = self.base if getattr(self.base, "memory", None) is not None else getattr(self.base, "fallback", None)
         mem = getattr(base, "memory", None)
         if mem is None:
-            raise TidalError("checkpointing and ZeRO-3 need the analytic cost model (it has a memory config)")
+            raise TidalError("checkpointing and ZeRO-3 need a cost model with a memory config (analytic, or a fitted "
+                             "model with an analytic fallback)")
         if self.recompute:
             mem = replace(mem, act_bytes_per_token_layer=2.0, act_bytes_tp_replicated=0.0)
         if self.zero3:
@@ -105,8 +106,7 @@ def homogeneous(cost_model: CostModel, max_len: int, *, ulysses: bool = False, m
 
     out = []
     if ulysses:
-        if getattr(cost_model, "memory", None) is None and getattr(getattr(cost_model, "fallback", None), "memory",
-                                                                     None) is None:
+        if getattr(cost_model, "memory", None) is None:
             raise TidalError("the deepspeed baseline needs the analytic cost model (ZeRO-3 memory)")
         z3, rc = Variant(cost_model, zero3=True), Variant(cost_model, recompute=True, zero3=True)
         for sp in (1 << i for i in range(0, 12)):

@@ -16,10 +16,11 @@ import time
 import numpy as np
 
 from tidal.core.plan import PipelinePlan
-from tidal.planner.flexpipe import FlexPipePlanner, Mapping
+from tidal.planner.flexpipe import FlexPipePlanner, Mapping, WorkloadMemory
 from tidal.planner.packing import pack_fixed
 from tidal.simulator.baselines import UNIT, on_truth
 from tidal.simulator.engine import BWD, PipelineTrace, SimConfig, Simulator, StepResult, run_pipeline
+from tidal.simulator.runs import SystemRun, steps_of
 
 MICRO_BATCHES = 8  # a step's documents are packed into about this many micro-batches (at least the longest document)
 
@@ -69,11 +70,12 @@ def simulate_mapping(sim: Simulator, mp: Mapping, recompute, lengths: np.ndarray
     return StepResult(total, tr.finish, switch, opt, (plan,), (tr,), busy)
 
 
-def run_flexpipe(w, sim_cfg: SimConfig, progress, *, static: bool = False, name: str = "flexpipe"):
-    from tidal.simulator.systems import SystemRun, _steps_of
-
+def run_flexpipe(w, sim_cfg: SimConfig, progress, *, static: bool = False, name: str = "flexpipe",
+                 workload_memory: WorkloadMemory | None = None):
+    """`workload_memory`: FlexPipe's own memory model of its workload (`tidal.planner.flexpipe.fit_table2`); None
+    sizes stages with Tidal's memory model."""
     t0 = time.perf_counter()
-    planner = FlexPipePlanner(w.cost_model, fwd_share=sim_cfg.fwd_share)
+    planner = FlexPipePlanner(w.cost_model, fwd_share=sim_cfg.fwd_share, workload_memory=workload_memory)
     sim = Simulator(on_truth(w.cost_model, w.truth), sim_cfg)
     fixed = None
     if static:
@@ -86,7 +88,7 @@ def run_flexpipe(w, sim_cfg: SimConfig, progress, *, static: bool = False, name:
     current = fixed
     decisions: list[str] = []
     search_ms: list[float] = []
-    for lens in _steps_of(w.source_factory(), w.steps):
+    for lens in steps_of(w.source_factory(), w.steps):
         t1 = time.perf_counter()
         mu = int(lens.max())
         mbs = pack_fixed(lens, UNIT, 1, max(mu, -(-int(lens.sum()) // MICRO_BATCHES))).micro_batches

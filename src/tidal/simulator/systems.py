@@ -9,85 +9,28 @@ import `tidal.data`), so every system sees the same documents in the same steps.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from itertools import chain
 from types import MappingProxyType
 
 import numpy as np
 
 from tidal.core.errors import TidalError
-from tidal.core.plan import StepPlan
 from tidal.costmodel.base import CostModel
 from tidal.planner.proposal import propose, scheme_space
-from tidal.planner.stepper import PlanningOptions, StepPlanner, StepSource, build_candidates
-from tidal.simulator import baselines
-from tidal.simulator.engine import SimConfig, Simulator, StepResult
+from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates
+from tidal.simulator import baselines, paper
+from tidal.simulator.engine import SimConfig, Simulator
+from tidal.simulator.flexpipe import run_flexpipe
+from tidal.simulator.hotspa import run_hotspa
+from tidal.simulator.runs import STATIC_SAMPLE_STEPS, STATIC_SHORTLIST, Progress, SystemRun, Workload, label, steps_of
 
-STATIC_SAMPLE_STEPS = 2  # steps used to pick the best static config
-STATIC_SHORTLIST = 3  # configs (best by planner estimate) that are simulated to pick the best
+__all__ = ["STATIC_SAMPLE_STEPS", "STATIC_SHORTLIST", "SYSTEMS", "SystemRun", "Workload", "best_static",
+           "parse_systems", "run_system", "speedups"]
 
-
-@dataclass(frozen=True)
-class Workload:
-    cost_model: CostModel
-    max_len: int
-    tokens_per_step: int
-    steps: int
-    seed: int
-    source_factory: Callable[[], StepSource]  # a fresh source at the start of the data
-    sample_lengths: np.ndarray = field(repr=False)  # document lengths the proposal plans from
-    # The device model plans execute on (decision 77; `tidal simulate --truth`); None: the planner's own cost model.
-    # Planners never see it: they plan with `cost_model` (a baseline's Variant of it); the simulator runs `truth`.
-    truth: CostModel | None = None
-
-
-@dataclass
-class SystemRun:
-    name: str
-    config: str
-    steps: list[StepResult] = field(default_factory=list)
-    strategies: list[str] = field(default_factory=list)  # strategy label per step (Fig. 15a)
-    tokens: list[int] = field(default_factory=list)  # tokens run per step
-    est_times: list[float] = field(default_factory=list)  # planner estimate per step
-    plan_s: float = 0.0  # planning wall time (proposal/search included)
-    sim_s: float = 0.0  # simulation wall time
-    switches: int = 0  # strategy changes between or inside steps
-    decision_ms: list[float] = field(default_factory=list)  # per-step planning decision time (FlexPipe's HBSA)
-
-    @property
-    def step_times(self) -> list[float]:
-        return [r.step_time for r in self.steps]
-
-    @property
-    def mean_step_time(self) -> float:
-        return float(np.mean(self.step_times)) if self.steps else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        t = float(np.sum(self.step_times))
-        return float(np.sum(self.tokens)) / t if t > 0 else 0.0
-
-
-Progress = Callable[[], None] | None
-
-
-def _steps_of(source: StepSource, n: int) -> list[np.ndarray]:
-    out = []
-    for _ in range(n):
-        st = source.next_step()
-        if st is None:
-            break
-        out.append(np.asarray(st.lengths, dtype=np.int64))
-    if not out:
-        raise TidalError("the data source produced no step")
-    return out
-
-
-def _label(step: StepPlan) -> str:
-    from tidal.core.scheme import ParallelScheme, format_strategy
-
-    return format_strategy(tuple(ParallelScheme(p.tp, p.pp, p.cp) for p in step.pipelines))
+HYDRAULIS_MAX_TP = 16  # Hydraulis' profiled pools (../shared/data/hydraulis-profiles) go to TP16 (7b, 32b)
+HYDRAULIS_MAX_PP = 8
 
 
 def _simulator(w: Workload, sim: SimConfig, cm: CostModel | None = None, **over) -> Simulator:
@@ -100,7 +43,7 @@ def best_static(w: Workload, sim: SimConfig, *, ulysses: bool = False, cp_mode: 
     """The fastest homogeneous config on the first STATIC_SAMPLE_STEPS steps: all feasible configs ranked by the
     planner's estimate, the best STATIC_SHORTLIST simulated."""
     cands = baselines.configs(w.cost_model, w.max_len, ulysses=ulysses, cp_mode=cp_mode)
-    sample = _steps_of(w.source_factory(), STATIC_SAMPLE_STEPS)
+    sample = steps_of(w.source_factory(), STATIC_SAMPLE_STEPS)
     est = [np.mean([baselines.static_plan(s, c).est_step_time for s in sample]) for c in cands]
     short = [cands[i] for i in sorted(range(len(cands)), key=lambda i: (est[i], i))[:STATIC_SHORTLIST]]
     sims = []
@@ -114,7 +57,7 @@ def run_static(name: str, w: Workload, sim: SimConfig, cfg: baselines.StaticConf
                *, ulysses: bool = False, t_plan: float = 0.0) -> SystemRun:
     run = SystemRun(name, cfg.label, plan_s=t_plan)
     s = _simulator(w, sim, cfg.cost_model, pulls_per_step=2 if ulysses else sim.pulls_per_step)
-    for lens in _steps_of(w.source_factory(), w.steps):
+    for lens in steps_of(w.source_factory(), w.steps):
         t0 = time.perf_counter()
         plan = baselines.static_plan(lens, cfg)
         t1 = time.perf_counter()
@@ -143,7 +86,7 @@ def run_planner(name: str, w: Workload, sim: SimConfig, candidates, options: Pla
             continue
         run.steps.append(s.simulate(plan))
         run.sim_s += time.perf_counter() - t1
-        run.strategies.append(_label(plan))
+        run.strategies.append(label(plan))
         run.switches += int(prev is not None and prev != plan.strategy)
         prev = plan.strategy
         run.tokens.append(int(sum(plan.seq_lengths[i] for p in plan.pipelines for mb in p.micro_batches for i in mb)))
@@ -169,19 +112,45 @@ def sys_deepspeed(w, sim, progress):
     return run_static("deepspeed", w, sim, cfg, progress, ulysses=True, t_plan=time.perf_counter() - t0)
 
 
+def _table3(w: Workload):
+    cm = w.cost_model
+    return paper.table3(cm.model, cm.cluster.num_devices, w.max_len)
+
+
+def sys_megatron_paper(w, sim, progress):
+    """Megatron-LM with Hydraulis Table 3's configuration of the scenario (simulator/paper.py)."""
+    cfg = paper.static_config(w.cost_model, _table3(w)[1], w.max_len)
+    return run_static("megatron-paper", w, sim, cfg, progress)
+
+
+def sys_deepspeed_paper(w, sim, progress):
+    """DeepSpeed (Ulysses x DP, ZeRO-3, "+ AC" as listed) with Hydraulis Table 3's configuration of the scenario."""
+    cfg = paper.static_config(w.cost_model, _table3(w)[0], w.max_len)
+    return run_static("deepspeed-paper", w, sim, cfg, progress, ulysses=True)
+
+
 def sys_wlb(w, sim, progress):
+    """WLB-LLM as its paper ran it: one homogeneous 4D strategy (the best static), variable-length packing with
+    outlier delay into a fixed PP x DP micro-batches per step (`wlb-fixed`), adaptive CP sharding."""
     t0 = time.perf_counter()
     cfg = best_static(w, sim, cp_mode="adaptive")
-    return run_planner("wlb", w, sim, [cfg.strategy], _options(w, packing="wlb", cp_sharding="adaptive"), progress,
-                       config=f"{cfg.label}, var-len packing + delay, adaptive CP", t_plan=time.perf_counter() - t0)
+    return run_planner("wlb", w, sim, [cfg.strategy], _options(w, packing="wlb-fixed", cp_sharding="adaptive"),
+                       progress, config=f"{cfg.label}, var-len packing + delay into PP x DP micro-batches, adaptive CP",
+                       t_plan=time.perf_counter() - t0)
+
+
+def hydraulis_schemes(cm: CostModel):
+    """Hydraulis' scheme pool: <TP, PP> with CP = 1, TP up to 16 (across two nodes, as in its profiled pools), PP up
+    to 8."""
+    return scheme_space(cm, cm.cluster.num_devices, max_tp=min(HYDRAULIS_MAX_TP, cm.cluster.num_devices), max_cp=1,
+                        max_pp=HYDRAULIS_MAX_PP)
 
 
 def sys_hydraulis(w, sim, progress):
     t0 = time.perf_counter()
     cm = w.cost_model
-    space = scheme_space(cm, cm.cluster.num_devices, max_cp=1)
     cands = propose(np.minimum(w.sample_lengths, w.max_len), cm, tokens_per_step=w.tokens_per_step,
-                    max_len=w.max_len, schemes=space, seed=w.seed).strategies
+                    max_len=w.max_len, schemes=hydraulis_schemes(cm), seed=w.seed).strategies
     return run_planner("hydraulis", w, sim, cands, _options(w, packing="hydraulis"), progress,
                        config=" ; ".join(str(c) for c in cands), t_plan=time.perf_counter() - t0)
 
@@ -195,21 +164,25 @@ def sys_tidal(w, sim, progress):
 
 
 def sys_flexpipe(w, sim, progress):
-    from tidal.simulator.flexpipe import run_flexpipe
-
     return run_flexpipe(w, sim, progress)
 
 
 def sys_hotspa(w, sim, progress):
-    from tidal.simulator.hotspa import run_hotspa
-
-    return run_hotspa(w, sim, progress)
+    """HotSPa as Hydraulis ran it: Table 3's strategies where the paper lists the scenario (searched otherwise),
+    switching priced as App. H / Table 4 measured it (paper.HotSPaPricing)."""
+    try:
+        listed = _table3(w)[2]
+    except TidalError:
+        listed = None
+    return run_hotspa(w, sim, progress, strategies=listed, pricing=paper.HotSPaPricing())
 
 
 SYSTEMS = MappingProxyType({
-    "megatron": sys_megatron, "deepspeed": sys_deepspeed, "hotspa": sys_hotspa, "wlb": sys_wlb,
-    "hydraulis": sys_hydraulis, "tidal": sys_tidal, "flexpipe": sys_flexpipe,
+    "megatron": sys_megatron, "deepspeed": sys_deepspeed, "megatron-paper": sys_megatron_paper,
+    "deepspeed-paper": sys_deepspeed_paper, "hotspa": sys_hotspa, "wlb": sys_wlb, "hydraulis": sys_hydraulis,
+    "tidal": sys_tidal, "flexpipe": sys_flexpipe,
 })
+STATIC_SYSTEMS = ("megatron", "deepspeed", "megatron-paper", "deepspeed-paper")
 
 
 def parse_systems(text: str) -> tuple[str, ...]:
@@ -226,9 +199,11 @@ def run_system(name: str, w: Workload, sim: SimConfig | None = None, progress: P
     return SYSTEMS[name](w, sim or SimConfig(), progress)
 
 
-def speedups(runs: Sequence[SystemRun]) -> dict[str, float]:
-    """tokens/s of every system over the best static baseline's (the faster of megatron and deepspeed)."""
-    static = [r.tokens_per_s for r in runs if r.name in ("megatron", "deepspeed")]
+def speedups(runs: Sequence[SystemRun], baseline_names: Sequence[str] = STATIC_SYSTEMS) -> dict[str, float]:
+    """tokens/s of every system over the best baseline's: by default the fastest static one (megatron, deepspeed and
+    their Table-3 configurations, whichever ran); Hydraulis Fig. 13 compares to the best of megatron-paper,
+    deepspeed-paper and hotspa."""
+    static = [r.tokens_per_s for r in runs if r.name in baseline_names]
     if not static or max(static) <= 0:
         return {}
     best = max(static)
