@@ -14,7 +14,7 @@ from tidal.core.errors import TidalError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tidal.cli import checkpoint, demo, plan, profile, report, simulate, train
+    from tidal.cli import checkpoint, demo, hf, plan, profile, report, simulate, train
     from tidal.cli import tokenizer as tokenizer_cli
 
     p = argparse.ArgumentParser(prog="tidal", description="Balance work, not tokens, in variable-length training.")
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_parser(sub)
     tokenizer_cli.add_parser(sub)
     checkpoint.add_parser(sub)
+    hf.add_parsers(sub)
     return p
 
 

@@ -64,7 +64,8 @@ def add_parsers(sub) -> None:
 
     v = sub.add_parser("verify", help="train distributed and in one process on the same documents; compare",
                        description="Exit 1 when parameters, Adam moments or losses differ beyond the tolerance.")
-    v.add_argument("--model", default="tiny")
+    v.add_argument("--model", default="tiny",
+                   help="preset name, or a TOML file whose [model] section gives a shape (docs/models.md)")
     v.add_argument("--nproc", type=int, default=4)
     v.add_argument("--strategies", required=True,
                    help="strategies separated by ';' (switched every step), or 'auto' (the planner's choice)")
@@ -179,12 +180,14 @@ def with_cache_dir(cfg):
 
 
 def verify_config(args):
-    from tidal.runtime.config import DataConfig, ModelConfig, PlannerConfig, TrainConfig, TrainSection, WorldConfig
+    import dataclasses
+
+    from tidal.runtime.config import DataConfig, PlannerConfig, TrainConfig, TrainSection, WorldConfig, model_arg
     from tidal.runtime.optim import OptimConfig
 
     auto = args.strategies.strip().lower() == "auto"
     return TrainConfig(
-        model=ModelConfig(args.model, "sdpa"), world=WorldConfig(f"cpux{args.nproc}"),
+        model=dataclasses.replace(model_arg(args.model), attn_backend="sdpa"), world=WorldConfig(f"cpux{args.nproc}"),
         data=DataConfig(args.data, args.max_len, args.tokens_per_step, "split", args.seed),
         planner=PlannerConfig(args.strategies, "hydraulis", "adaptive", rotate=not auto),
         optimizer=OptimConfig(lr=1e-3, warmup_steps=2, decay_steps=max(args.steps, 1)),

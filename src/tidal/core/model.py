@@ -29,6 +29,11 @@ class ModelSpec:
             raise TidalError(f"model {self.name}: hidden {self.hidden} is not divisible by heads {self.heads}")
         if self.heads % self.kv_heads:
             raise TidalError(f"model {self.name}: heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
+        if self.head_dim % 2:
+            raise TidalError(f"model {self.name}: head_dim {self.head_dim} (hidden/heads) must be even for RoPE")
+        if not self.rope_theta > 0 or not self.norm_eps > 0:
+            raise TidalError(f"model {self.name}: rope_theta and norm_eps must be > 0, got {self.rope_theta}, "
+                             f"{self.norm_eps}")
 
     @property
     def head_dim(self) -> int:
@@ -126,6 +131,11 @@ MODEL_PRESETS: MappingProxyType[str, ModelSpec] = MappingProxyType(
         "hydraulis-32b": ModelSpec("hydraulis-32b", 60, 6656, 64, 64, 17920, 32000),
         "llama3-8b": ModelSpec("llama3-8b", 32, 4096, 32, 8, 14336, 128256, rope_theta=500000.0),
         "llama3-70b": ModelSpec("llama3-70b", 80, 8192, 64, 8, 28672, 128256, rope_theta=500000.0),
+        # Published config.json shapes. Mistral-7B-v0.3 (v0.1's 32000 vocabulary and 4096 sliding window aside).
+        "mistral-7b": ModelSpec("mistral-7b", 32, 4096, 32, 8, 14336, 32768, rope_theta=1000000.0),
+        # Qwen2.5-7B: shape only (planning, simulation, training from scratch). Its q/k/v projections have biases,
+        # which this model has not, so `tidal import hf` refuses Qwen2 checkpoints (decision 84).
+        "qwen2.5-7b": ModelSpec("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, rope_theta=1000000.0, norm_eps=1e-6),
     }
 )
 

@@ -3,7 +3,9 @@ group exists (torchtitan's order: parse, validate, then start ranks).
 
 Sections and keys (all optional except where noted; see docs/training.md for the full reference)::
 
-    [model]      name = "tiny", attn_backend = "auto"
+    [model]      name = "tiny", attn_backend = "auto"; a shape (docs/models.md): layers, hidden, heads, kv_heads,
+                 ffn, vocab, rope_theta, norm_eps, tie_embeddings (all shape keys without a preset name; any subset
+                 to change a preset)
     [world]      cluster = "cpux4"                  # TYPExN; N must equal the number of ranks
     [data]       source = "stdlib", max_len, tokens_per_step, long_docs = "split", seed, tokenizer = "",
                  cache_dir = "", cycle = false
@@ -27,9 +29,11 @@ import dataclasses
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from tidal.core.errors import TidalError
+from tidal.core.model import MODEL_PRESETS, ModelSpec, get_model
 from tidal.runtime.optim import OptimConfig
 
 if sys.version_info >= (3, 11):
@@ -56,10 +60,49 @@ def compute_dtype_for(compute: str, master: str, device_type: str) -> str:
     return "bfloat16" if device_type == "cuda" else "float32"
 
 
+SHAPE_KEYS = MappingProxyType({"layers": int, "hidden": int, "heads": int, "kv_heads": int, "ffn": int, "vocab": int,
+                               "rope_theta": float, "norm_eps": float, "tie_embeddings": bool})
+REQUIRED_SHAPE = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
+    """A preset (`name` alone), a preset with some shape keys changed, or a custom Llama-family shape (`name` is not
+    a preset: layers, hidden, heads, kv_heads, ffn and vocab are required; rope_theta 10000, norm_eps 1e-5, untied
+    by default). None = not given."""
+
     name: str = "tiny"
     attn_backend: str = "auto"
+    layers: int | None = None
+    hidden: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    ffn: int | None = None
+    vocab: int | None = None
+    rope_theta: float | None = None
+    norm_eps: float | None = None
+    tie_embeddings: bool | None = None
+
+    key_types = SHAPE_KEYS  # class attribute (no annotation): the TOML types of the keys whose default is None
+
+    def shape(self) -> dict:
+        return {k: getattr(self, k) for k in SHAPE_KEYS if getattr(self, k) is not None}
+
+    def spec(self) -> ModelSpec:
+        """The model this section describes; TidalError with one line when it is incomplete or invalid."""
+        given = self.shape()
+        if self.name in MODEL_PRESETS:  # a changed preset is named by its changes (no preset's profile applies)
+            if not given:
+                return MODEL_PRESETS[self.name]
+            label = ",".join(f"{k}={v}" for k, v in given.items())
+            return dataclasses.replace(MODEL_PRESETS[self.name], name=f"{self.name}({label})", **given)
+        if not given:
+            return get_model(self.name)  # unknown preset: its one-line error names the presets
+        missing = [k for k in REQUIRED_SHAPE if k not in given]
+        if missing:
+            raise TidalError(f"[model] {self.name!r} is not a preset, so its shape needs {', '.join(missing)} "
+                             f"(presets: {', '.join(MODEL_PRESETS)})")
+        return ModelSpec(self.name, **given)
 
 
 @dataclass(frozen=True)
@@ -141,7 +184,8 @@ def _typed(section: str, cls, raw: Any):
     for key, value in raw.items():
         if key not in known:
             raise TidalError(f"config [{section}]: unknown key {key!r}; known: {', '.join(known)}")
-        want = type(getattr(cls(), key)) if key not in ("beta1", "beta2") else float
+        want = getattr(cls, "key_types", {}).get(key) or (
+            type(getattr(cls(), key)) if key not in ("beta1", "beta2") else float)
         if want is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, want) or (want is int and isinstance(value, bool)):
@@ -172,3 +216,23 @@ def load_config(path: str | Path) -> TrainConfig:
     except tomllib.TOMLDecodeError as e:
         raise TidalError(f"{p}: malformed TOML: {e}") from None
     return config_from_dict(d)
+
+
+def model_arg(value: str) -> ModelConfig:
+    """A command line's ``--model``: a preset name, or a TOML file whose ``[model]`` section gives the shape (a
+    training config or a file of that section alone)."""
+    if not value.endswith(".toml"):
+        return ModelConfig(value)
+    p = Path(value)
+    try:
+        d = tomllib.loads(p.read_text())
+    except OSError as e:
+        raise TidalError(f"cannot read model file {p}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise TidalError(f"{p}: malformed TOML: {e}") from None
+    if "model" not in d:
+        raise TidalError(f"{p}: no [model] section")
+    cfg = _typed("model", ModelConfig, d["model"])
+    cfg.spec()  # validate now, one line
+    return cfg
+

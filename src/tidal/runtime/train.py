@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from tidal.core.cluster import ClusterSpec, get_cluster
 from tidal.core.errors import TidalError
-from tidal.core.model import ModelSpec, get_model, param_table
+from tidal.core.model import ModelSpec, param_table
 from tidal.core.plan import StepPlan
 from tidal.core.scheme import parse_strategies
 from tidal.core.strategy import Strategy, place
@@ -87,7 +87,7 @@ def build_cost_model(cfg: TrainConfig, spec: ModelSpec, cluster: ClusterSpec):
 
 def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
     """Everything that can be checked before ranks start; raises TidalError with one line otherwise."""
-    spec = get_model(cfg.model.name)
+    spec = cfg.model.spec()
     cluster = get_cluster(cfg.world.cluster)
     if nproc is not None and nproc != cluster.num_devices:
         raise TidalError(f"world size {nproc} does not match cluster {cluster.name} ({cluster.num_devices} devices); "
@@ -211,7 +211,8 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
         path = job.resume_from or ckptdir.resolve(cfg.train.checkpoint_dir, job.spec).path
         resume = (path, ckptdir.ckpt.load_meta(path, job.spec))
     done = 0 if resume is None else int(resume[1]["step"])  # steps trained so far (the checkpoint's)
-    if resume is not None and rank == 0:  # another strategy list or world: the stream carries over (one line)
+    if resume is not None and rank == 0 and resume[1]["state"].get("planner") is not None:  # (none: HF import)
+        # another strategy list or world: the stream carries over (one line)
         plan_state, note = carry_state(resume[1]["state"]["planner"], job.options, job.candidates)
         if note:
             ckptdir.say(note)
