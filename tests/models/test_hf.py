@@ -30,10 +30,10 @@ def make_hf(path, tied: bool, dtype=torch.float32, seed: int = 0):
 
 
 def load_tidal(ckpt_dir):
-    from tidal.models.llama import Llama
-    from tidal.runtime.hfckpt import checkpoint_path
-    from tidal.runtime.checkpoint import load_meta, read_slice
     from tidal.core.model import ModelSpec, param_table
+    from tidal.models.llama import Llama
+    from tidal.runtime.checkpoint import load_meta, read_slice
+    from tidal.runtime.hfckpt import checkpoint_path
 
     p = checkpoint_path(ckpt_dir)
     spec = ModelSpec(**load_meta(p)["model"])
