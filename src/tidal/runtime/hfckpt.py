@@ -101,9 +101,14 @@ def import_hf(src: str | Path, out: str | Path, *, name: str = "", master_dtype:
 def checkpoint_path(path: str | Path) -> Path:
     """A checkpoint (a directory with manifest.json), or the one a checkpoint directory's ``latest`` names."""
     p = Path(path)
-    if (p / ckpt.MANIFEST).is_file() or not (p / "latest").is_file():
-        return p
-    return Path(ckptdir.resolve(p, None).path)
+    if (p / ckpt.MANIFEST).is_file() or not p.is_dir() or p.name.startswith("step-"):
+        return p  # verify names what is wrong with it
+    if not (p / "latest").is_file() and not ckptdir.checkpoints(p):
+        raise TidalError(f"{p}: not a checkpoint (no manifest.json) nor a checkpoint directory (no latest, no step-*)")
+    res = ckptdir.resolve(p, None)
+    if res.note:
+        ckptdir.say(res.note)
+    return Path(res.path)
 
 
 def export_hf(path: str | Path, out: str | Path, *, dtype: str = "") -> dict:
