@@ -115,11 +115,15 @@ def launch(job, entry, *args, nproc: int | None, timeout_s: float) -> list:
 
 
 def train_entry(rank: int, world: int, job, show: bool, record: bool):
-    """A rank's body: the training loop, with a rich progress bar on rank 0 when `show`."""
+    """A rank's body: the training loop, with a rich progress bar on rank 0 when `show` (one plain line per step
+    instead when stdout is not a terminal: cli/steplog.py)."""
+    from tidal.cli import steplog
     from tidal.runtime.train import train_worker
 
     if rank != 0 or not show:
         return train_worker(rank, world, job, record=record)
+    if steplog.plain_output():
+        return train_worker(rank, world, job, on_step=steplog.printer(job.config.train.steps), record=record)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     bar = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
