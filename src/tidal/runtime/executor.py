@@ -59,6 +59,7 @@ class ExecConfig:
     overlap_pull: bool = True  # pull layer by layer in the background; each module waits for its own parameters
     pull_window: int = 2  # parameter groups this rank receives into, in flight at once (decision 75)
     push_window: int = 2  # parameter groups' pushes in flight at once, posted from the backward (decision 75)
+    overlap_push: bool = True  # post each group's push from the backward once its gradients are final; False: after
     device: str = "auto"  # auto: the current CUDA device under NCCL, else CPU; or "cpu" / "cuda"
     sequence_parallel: bool = False  # Megatron-style SP in every TP group (runtime/tp.py)
 
@@ -97,6 +98,7 @@ class StepMetrics:
     pull_bytes: int  # sent + received by this rank
     push_bytes: int
     optim: dict
+    push_overlapped: int = 0  # parameter groups whose push was posted before the backward ended (overlap_push)
 
 
 class Executor:
@@ -287,7 +289,7 @@ class Executor:
     def _grad_hook(self, k: int, g: int) -> None:
         """A gradient hook of group g fired (one per parameter per micro-batch's backward); after the last one the
         group's gradients are final and its push may be posted (never blocking: PushStream.advance)."""
-        if self._active != k or self._pushing is None:
+        if self._active != k or self._pushing is None or not self.cfg.overlap_push:
             return
         left = self._hooks_left[g] - 1
         self._hooks_left[g] = left
@@ -421,6 +423,7 @@ class Executor:
             return StepMetrics(0.0, tokens, len(running), 0.0, compute, 0.0, 0.0, pull_s, 0.0, pull_c, 0.0, pull_b,
                                0, {})
         grads, push_s, push_c, push_b = self._push(k)
+        overlapped = self._pushing.posted_in_backward
         if flat is not None:
             flat.free_grads()
         optim = {}
@@ -430,7 +433,7 @@ class Executor:
         dist.all_reduce(loss)
         return StepMetrics(float(loss), tokens, len(running), time.thread_time() - t_busy, compute,
                            time.process_time() - t_proc, time.perf_counter() - t_wall, pull_s, push_s, pull_c,
-                           push_c, pull_b, push_b, optim)
+                           push_c, pull_b, push_b, optim, overlapped)
 
     def save_checkpoint(self, path: str, step: int, state: dict | None = None) -> None:
         """Collective: every rank writes its master and moment rows (runtime/checkpoint.py); rank 0 adds `state`
