@@ -130,6 +130,7 @@ class Executor:
         self.grids, self.models = [], []
         self.pull_groups: list[list[tuple[list[int], object]]] = []  # per candidate: (table indices, plan) per group
         self.push_groups: list[list[tuple[list[int], object]]] = []  # ... in push order (the pull's, reversed)
+        self.pull_receives: list[list[bool]] = []  # per candidate and pull group: whether this rank receives into it
         self._flat: list[_Flat | None] = []  # per candidate: this rank's stage parameters and gradients
         self._pulling: PullStream | None = None
         self._pushing: PushStream | None = None
@@ -143,6 +144,7 @@ class Executor:
             pull_groups, push_groups = self._plan_candidate(k)
             self.pull_groups.append(pull_groups)
             self.push_groups.append(push_groups)
+            self.pull_receives.append([bool(plan.rank_view(self.rank).dst_box) for _, plan in pull_groups])
             mine = [j for j, p in enumerate(strategy.pipelines) if self.rank in p.devices]
             if not mine:
                 self._check_layout(None, pull_groups, push_groups, k)
@@ -262,8 +264,7 @@ class Executor:
                         if held[i] is not None:
                             held[i].copy_(x)
 
-        receives = [bool(plan.rank_view(self.rank).dst_box) for _, plan in groups]
-        self._pulling = PullStream(receives, self.cfg.pull_window, post, land)
+        self._pulling = PullStream(self.pull_receives[k], self.cfg.pull_window, post, land)
         nbytes = sum(_bytes(plan, self.rank) for _, plan in groups)
         return time.perf_counter() - t0, time.thread_time() - c0, nbytes
 

@@ -50,6 +50,18 @@ class PullStream:
         self._open = 0  # groups this rank receives into, posted and not complete
         self.fill()
 
+    @staticmethod
+    def initial(receives: Sequence[bool], window: int) -> int:
+        """How many groups are posted when the stream starts: every group up to the `window`-th one received into,
+        and the send-only groups after it up to the next one received into."""
+        count = 0
+        for g, r in enumerate(receives):
+            if r:
+                if count == window:
+                    return g
+                count += 1
+        return len(receives)
+
     def fill(self) -> None:
         n = len(self._receives)
         while self._next < n:
