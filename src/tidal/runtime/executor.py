@@ -35,15 +35,15 @@ from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.strategy import Strategy
 from tidal.models.attention import describe_backend
 from tidal.models.init import derive_seed, init_slice
-from tidal.models.llama import fuse_storage, storage_blocks
 from tidal.runtime import checkpoint as ckpt
 from tidal.runtime.config import compute_dtype_for
+from tidal.runtime.flat import FlatStage
 from tidal.runtime.groups import GroupCache
 from tidal.runtime.optim import OptimConfig, ShardedAdamW, shard_range
 from tidal.runtime.pipeline import RankGrid, build_stage_model, held_params, run_pipeline
 from tidal.runtime.reshard.execute import execute, start
 from tidal.runtime.reshard.local import Links, LocalPlanner
-from tidal.runtime.streams import PullStream, PushStream
+from tidal.runtime.streams import PullStream, PushStream, check_layout
 from tidal.runtime.tp import sequence_parallel_partials
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -131,7 +131,7 @@ class Executor:
         self.pull_groups: list[list[tuple[list[int], object]]] = []  # per candidate: (table indices, plan) per group
         self.push_groups: list[list[tuple[list[int], object]]] = []  # ... in push order (the pull's, reversed)
         self.pull_receives: list[list[bool]] = []  # per candidate and pull group: whether this rank receives into it
-        self._flat: list[_Flat | None] = []  # per candidate: this rank's stage parameters and gradients
+        self._flat: list[FlatStage | None] = []  # per candidate: this rank's stage parameters and gradients
         self._pulling: PullStream | None = None
         self._pushing: PushStream | None = None
         self._hooks_left: list[int] = []  # per group: gradient hooks still to come before its gradients are final
@@ -161,7 +161,7 @@ class Executor:
             self.models.append(model)
             held = held_params(model, spec)
             group_of = {id(held[i]): g for g, idx in enumerate(self.group_index) for i in idx if held[i] is not None}
-            self._flat.append(_Flat(model, self.grad_dtype, group_of,  # idle until its step: no storage
+            self._flat.append(FlatStage(model, self.grad_dtype, group_of,  # idle until its step: no storage
                                     on_grad=lambda g, k=k: self._grad_hook(k, g)))
             if cfg.overlap_pull:
                 self._install_hooks(model, k)
@@ -181,31 +181,9 @@ class Executor:
         pushes = [(idx, planner.push(idx, itemsize=push_size)) for idx in reversed(self.group_index)]
         return pulls, pushes
 
-    def _check_layout(self, model: torch.nn.Module, pulls, pushes, k: int) -> None:
-        """The runtime's module shards and the engine's annotations must agree on every parameter's local shape. The
-        pull reads the master shards and the push the gradient buffers, whose shapes never change: checked here once
-        per candidate, so the plans run with `checked=True` (no per-tensor check per step)."""
+    def _check_layout(self, model: torch.nn.Module | None, pulls, pushes, k: int) -> None:
         held = held_params(model, self.spec) if model is not None else [None] * len(self.table)
-        for idx, plan in pulls:
-            view = plan.rank_view(self.rank)
-            for t, (i, mv) in enumerate(zip(idx, plan.moves)):
-                want = mv.dst.local_shape(self.rank, self.table[i].shape)
-                got = None if held[i] is None else tuple(held[i].shape)
-                if want != got:
-                    raise TidalError(f"candidate {k}: {self.table[i].name} on rank {self.rank} is {got} in the model "
-                                     f"but {want} in the resharding plan")
-                shape = self.table[i].shape
-                lo, hi = shard_range(shape[0], self.world, self.rank)
-                if view.want[t] != (hi - lo, *shape[1:]):
-                    raise TidalError(f"candidate {k}: master rows of {self.table[i].name} on rank {self.rank} do not "
-                                     f"match the pull plan's source box {view.want[t]}")
-        for idx, plan in pushes:
-            view = plan.rank_view(self.rank)
-            for t, i in enumerate(idx):
-                got = None if held[i] is None else tuple(held[i].shape)
-                if view.want[t] != got:
-                    raise TidalError(f"candidate {k}: {self.table[i].name} on rank {self.rank} is {got} in the model "
-                                     f"but {view.want[t]} in the push plan")
+        check_layout(self.rank, self.world, self.table, held, pulls, pushes, k)
 
     def _init_master(self) -> None:
         """Master shards (rows shard_range of every parameter) initialised alone to their slice of the unsharded
@@ -474,77 +452,6 @@ class Executor:
             for i, info in enumerate(self.table):
                 out[key][info.name] = np.concatenate([parts[r][i] for r in range(self.world)])
         return out if self.rank == 0 else None
-
-
-class _Flat:
-    """One candidate's stage on this rank: its parameters (compute dtype) are views of one flat buffer, and their
-    gradients (`main_grad`, at least fp32) views of one flat buffer per parameter group (`group_of`: parameter id ->
-    group; default one group), so each group's gradients can be freed as soon as its push is posted. Each buffer
-    holds storage only while the candidate's step needs it (storage resized to zero otherwise), so idle candidates
-    hold nothing. Fused blocks (q/k/v, gate/up) are adjacent, so their GEMM reads one tensor without a copy and their
-    gradient blocks are views of one fused gradient. A post-accumulate hook adds each micro-batch's `.grad` into
-    `main_grad`, drops it and tells `on_grad(group)`."""
-
-    ALIGN = 64  # elements: every block starts at a multiple (aligned GEMM operands)
-
-    def __init__(self, model: torch.nn.Module, grad_dtype: torch.dtype, group_of: dict[int, int] | None = None,
-                 on_grad: Callable[[int], None] | None = None) -> None:
-        blocks = storage_blocks(model)
-        group_of = group_of or {}
-        offsets, goffsets, off, goff = [], [], 0, {}
-        for b in blocks:
-            n = sum(p.numel() for p in b)
-            g = group_of.get(id(b[0]), 0)
-            offsets.append(off)
-            goffsets.append((g, goff.get(g, 0)))
-            off = -(-(off + n) // self.ALIGN) * self.ALIGN
-            goff[g] = -(-(goff.get(g, 0) + n) // self.ALIGN) * self.ALIGN
-        p0 = blocks[0][0]
-        self.params = torch.empty(off, dtype=p0.dtype, device=p0.device)
-        self.grads = {g: torch.empty(n, dtype=grad_dtype, device=p0.device) for g, n in goff.items()}
-        self._group: dict[int, int] = {}
-        for b, o, (g, go) in zip(blocks, offsets, goffsets):
-            n = sum(p.numel() for p in b)
-            fuse_storage(b, self.params[o:o + n])
-            for p in b:
-                p.main_grad = self.grads[g][go:go + p.numel()].view_as(p)
-                p.register_post_accumulate_grad_hook(self._accumulate)
-                self._group[id(p)] = g
-                go += p.numel()
-        self.on_grad = on_grad
-        self._live = set(self.grads)
-        self.free_params()
-        self.free_grads()
-
-    def _accumulate(self, p: torch.nn.Parameter) -> None:
-        g = self._group[id(p)]
-        self.alloc_grads(g)
-        p.main_grad.add_(p.grad)
-        p.grad = None
-        if self.on_grad is not None:
-            self.on_grad(g)
-
-    def alloc_params(self) -> None:
-        st = self.params.untyped_storage()
-        if st.nbytes() == 0:
-            st.resize_(self.params.numel() * self.params.element_size())
-
-    def free_params(self) -> None:
-        self.params.untyped_storage().resize_(0)
-
-    def alloc_grads(self, g: int | None = None) -> None:
-        """Storage (zeroed) for group g's gradients, or every group's; a no-op where it is live."""
-        for h in (self.grads if g is None else (g,)):
-            if h not in self._live:
-                buf = self.grads[h]
-                buf.untyped_storage().resize_(buf.numel() * buf.element_size())
-                buf.zero_()
-                self._live.add(h)
-
-    def free_grads(self, g: int | None = None) -> None:
-        for h in (list(self.grads) if g is None else (g,)):
-            self.grads[h].untyped_storage().resize_(0)
-            self._live.discard(h)
 
 
 def resolve_device(name: str) -> torch.device:

@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from tidal.core.errors import TidalError
+from tidal.runtime.optim import shard_range
 from tidal.runtime.reshard.execute import InFlight
 
 
@@ -147,4 +148,31 @@ class PushStream:
             raise TidalError("push stream ended with groups never posted")
 
 
-__all__ = ["PullStream", "PushStream"]
+def check_layout(rank: int, world: int, table, held, pulls, pushes, k: int) -> None:
+    """The runtime's module shards and the engine's annotations must agree on every parameter's local shape (`held`:
+    this rank's parameter per table entry, None where its stage holds none). The pull reads the master shards (rows
+    `shard_range` of every parameter) and the push the gradient buffers, whose shapes never change: checked here once
+    per candidate, so the executor starts its plans with `checked=True` (no per-tensor check per step)."""
+    for idx, plan in pulls:
+        view = plan.rank_view(rank)
+        for t, (i, mv) in enumerate(zip(idx, plan.moves)):
+            want = mv.dst.local_shape(rank, table[i].shape)
+            got = None if held[i] is None else tuple(held[i].shape)
+            if want != got:
+                raise TidalError(f"candidate {k}: {table[i].name} on rank {rank} is {got} in the model but {want} "
+                                 f"in the resharding plan")
+            shape = table[i].shape
+            lo, hi = shard_range(shape[0], world, rank)
+            if view.want[t] != (hi - lo, *shape[1:]):
+                raise TidalError(f"candidate {k}: master rows of {table[i].name} on rank {rank} do not match the pull "
+                                 f"plan's source box {view.want[t]}")
+    for idx, plan in pushes:
+        view = plan.rank_view(rank)
+        for t, i in enumerate(idx):
+            got = None if held[i] is None else tuple(held[i].shape)
+            if view.want[t] != got:
+                raise TidalError(f"candidate {k}: {table[i].name} on rank {rank} is {got} in the model but "
+                                 f"{view.want[t]} in the push plan")
+
+
+__all__ = ["PullStream", "PushStream", "check_layout"]
