@@ -18,15 +18,18 @@ through three peaks in a step (no other candidate holds anything: its buffers ha
             + P_W / N * cast_B              the posted groups' master shards cast to the compute dtype
   backward  = w * (param_B + grad_B) + P_all / N * master_B + fly
                                              parameters + the fp32 gradient accumulation buffers (main_grad), and
-  fly       = G_W * shard_grad_B * (R + 2) / N   (2 / N with R = 1)
-                                             the push's window (decision 75): its first W groups in push order (G_W:
-                                             their parameters; the head, then the last layers) are posted from the
-                                             backward, each swapping its gradients for its packed sends and adding
-                                             the receive, reduction and output buffers of the rows this device owns
-  push      = P_all / N * master_B + max(w * grad_B, P_all / N * shard_grad_B) + fly
-                                             parameters freed; the gradients of groups not yet posted, or later the
-                                             gradient shards (the push's output, held until the optimizer step),
-                                             and W groups in flight
+  fly       = sum over the push's first W groups (in push order: the head, then the last layers) of
+              G_j * shard_grad_B * (R + 2) / N   (R = 1: 2 / N, or 0 in the backward for a group held here)
+                                             the push's window (decision 75), posted from the backward: each group
+                                             swaps its gradients for its packed sends and adds the receive, reduction
+                                             and output buffers of the rows this device owns
+  push      = P_all / N * master_B + fly
+            + max over q >= W of (grad_B * own local parameters of push groups >= q
+                                  + shard_grad_B * parameters of push groups < q / N)
+                                             parameters freed; after the backward the push walks the remaining groups
+                                             in order: the gradients of this device's groups not yet posted, and the
+                                             gradient shards (its output, held until the optimizer step) of those
+                                             before them (a first stage's own groups come last)
   peak      = max(backward + pull sends of groups not held here + activations, pull, push)
                                              (the forward releases each pull group's buffers before that group's
                                              activations exist, so the pull's peak has none; the push follows the
@@ -176,12 +179,22 @@ def resident_bytes(model: ModelSpec, scheme: ParallelScheme, n_devices: int, sta
     master = cfg.master_bytes_per_param * n_all / n_devices
     pb, gb = cfg.param_bytes_per_param, cfg.grad_bytes_per_param
     r = n_devices / (scheme.tp * scheme.pp) if replicas is None else replicas
-    # the push's window, posted from the backward (decision 75): the first groups in push order (the head, then the
-    # last layers), each swapping its gradients for its packed sends and adding its receive, reduction and output
-    # buffers for the rows this device owns: (r + 2) / N of the group with r > 1 addends, 2 / N with one
-    groups = [full for full, _ in pull_groups(model, scheme, stage)][::-1][:cfg.push_window]
-    fly = cfg.push_buffer_factor * cfg.shard_grad_bytes_per_param * sum(groups) * ((r + 2.0) if r > 1 else 2.0) \
-        / n_devices
+    # the push's window (decision 75): its first W groups in push order (the head, then the last layers) are posted
+    # from the backward; each swaps its gradients for its packed sends and adds the receive, reduction and output
+    # buffers of the rows this device owns: (r + 2) / N of the group with r > 1 addends, 2 / N with one (none in the
+    # backward for a group held here: its sends replace its gradients), in the master dtype
+    order = pull_groups(model, scheme, stage)[::-1]
+    mb, win = cfg.shard_grad_bytes_per_param, cfg.push_window
+
+    def fly(after_backward: bool) -> float:
+        share = [(r + 2.0) if r > 1 else (2.0 if after_backward or local is None else 0.0) for _, local in order[:win]]
+        return cfg.push_buffer_factor * mb * sum(f * k for (f, _), k in zip(order, share)) / n_devices
+
+    # after the backward the push walks the rest in order: this device still holds the gradients of its groups not
+    # yet posted while the shards of the groups before them have landed (a first stage's own groups come last)
+    held = [local or 0.0 for _, local in order]
+    walk = max(gb * sum(held[q:]) + mb * sum(f for f, _ in order[:q]) / n_devices
+               for q in range(min(win, len(order)), len(order) + 1))
     # the pull starts with the groups up to the window's last (pull_posted): their outputs, receives and sends
     posted, got = pull_posted(model, scheme, stage, cfg.pull_window)
     recv = got * (1.0 - 1.0 / n_devices)  # the rows of the posted groups that other devices own
@@ -189,8 +202,8 @@ def resident_bytes(model: ModelSpec, scheme: ParallelScheme, n_devices: int, sta
     return {
         "pull": (w + got) * pb + master + cfg.pull_cast_bytes_per_param * posted / n_devices
         + ((recv + send) * pb if pull_wire_bytes is None else pull_wire_bytes),
-        "backward": w * (pb + gb) + master + fly,
-        "push": master + max(w * gb, cfg.shard_grad_bytes_per_param * n_all / n_devices) + fly,
+        "backward": w * (pb + gb) + master + fly(False),
+        "push": master + walk + fly(True),
     }
 
 

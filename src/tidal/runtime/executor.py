@@ -308,7 +308,7 @@ class Executor:
         def land(q: int, outs) -> None:
             for i, x in zip(groups[q][0], outs):
                 self._push_grads[i] = x
-            if self.probe is not None:
+            if self.probe is not None and not self._pushing.in_backward:  # never while an autograd graph lives
                 self.probe("push")
 
         self._pushing = PushStream([per_group[n_groups - 1 - q] > 0 for q in range(n_groups)],

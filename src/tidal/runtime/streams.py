@@ -114,6 +114,7 @@ class PushStream:
         self._inflight: deque[tuple[int, InFlight]] = deque()
         self._next = 0
         self.posted_in_backward = 0  # groups posted before finish(): what overlapped the backward
+        self.in_backward = True  # until finish()
 
     def final(self, q: int) -> None:
         """Group q's gradients are final on this rank (no later backward adds to them)."""
@@ -135,6 +136,7 @@ class PushStream:
     def finish(self) -> None:
         """After the backward: every group is final; post and wait the rest in order, `window` in flight."""
         self.posted_in_backward = self._next
+        self.in_backward = False
         self._ready = [True] * len(self._ready)
         if not self._gate():
             raise TidalError("push finished before the pull was posted")
