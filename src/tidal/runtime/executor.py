@@ -161,6 +161,8 @@ class Executor:
             self.models.append(model)
             held = held_params(model, spec)
             group_of = {id(held[i]): g for g, idx in enumerate(self.group_index) for i in idx if held[i] is not None}
+            if set(group_of) != {id(p) for p in model.parameters()}:  # each hook must count toward its own group
+                raise TidalError(f"candidate {k}: the stage's parameters and the parameter table's groups disagree")
             self._flat.append(FlatStage(model, self.grad_dtype, group_of,  # idle until its step: no storage
                                     on_grad=lambda g, k=k: self._grad_hook(k, g)))
             if cfg.overlap_pull:
