@@ -15,7 +15,8 @@ through three peaks in a step (no other candidate holds anything: its buffers ha
             + (P_W R - w_W) / N * param_B   packed sends of this device's rows to the R copies' other holders
                                              (R = copies of the model in the strategy, N / (t p) when all is P)
             + P_all / N * master_B          fp32 master weights + Adam m, v, fully sharded over all N devices
-            + P_W / N * cast_B              the posted groups' master shards cast to the compute dtype
+            + G_max / N * cast_B            one group's master rows cast to the compute dtype while it is posted
+                                             (released once its sends are packed; G_max: the largest group)
   backward  = w * (param_B + grad_B) + P_all / N * master_B + fly
                                              parameters + the fp32 gradient accumulation buffers (main_grad), and
   fly       = sum over the push's first W groups (in push order: the head, then the last layers) of
@@ -67,7 +68,7 @@ class MemoryConfig:
     param_bytes_per_param: float = 2.0  # the running stage's parameters in the compute dtype (bf16)
     grad_bytes_per_param: float = 4.0  # its gradient accumulation buffer (fp32 for a 16-bit compute dtype)
     pull_window: int = 2  # the pull's parameter groups this device receives into, in flight at once (decision 75)
-    pull_cast_bytes_per_param: float = 2.0  # the master shards cast to the compute dtype for the pull (0: same dtype)
+    pull_cast_bytes_per_param: float = 2.0  # a group's master rows cast to the compute dtype while posted (0: same)
     push_buffer_factor: float = 1.0  # x the push's buffers of one parameter group (sends + receives, module docstring)
     push_window: int = 2  # the push's parameter groups in flight at once (decision 75)
     # "app-c1": the planner's charge so far (Hydraulis App. C.1: 12 B/param master states / N + 4 B/param 16-bit
@@ -197,10 +198,11 @@ def resident_bytes(model: ModelSpec, scheme: ParallelScheme, n_devices: int, sta
                for q in range(min(win, len(order)), len(order) + 1))
     # the pull starts with the groups up to the window's last (pull_posted): their outputs, receives and sends
     posted, got = pull_posted(model, scheme, stage, cfg.pull_window)
+    cast = max(full for full, _ in pull_groups(model, scheme, stage))  # one group's master rows cast while posting
     recv = got * (1.0 - 1.0 / n_devices)  # the rows of the posted groups that other devices own
     send = max(0.0, posted * r - got) / n_devices  # this device's rows of them to every other holder
     return {
-        "pull": (w + got) * pb + master + cfg.pull_cast_bytes_per_param * posted / n_devices
+        "pull": (w + got) * pb + master + cfg.pull_cast_bytes_per_param * cast / n_devices
         + ((recv + send) * pb if pull_wire_bytes is None else pull_wire_bytes),
         "backward": w * (pb + gb) + master + fly(False),
         "push": master + walk + fly(True),
