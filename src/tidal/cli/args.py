@@ -26,11 +26,11 @@ def seed(text: str) -> int:
 
 
 def positive_seconds(text: str) -> float:
-    """A duration in seconds > 0 (timeouts)."""
+    """A finite duration in seconds > 0 (timeouts; `inf` and `nan` are refused)."""
     try:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}") from None
-    if not v > 0:
+    if not 0 < v < float("inf"):
         raise argparse.ArgumentTypeError(f"expected seconds > 0, got {v:g}")
     return v
