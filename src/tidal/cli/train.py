@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -126,6 +127,12 @@ def launch(job, entry, *args, nproc: int | None, timeout_s: float | None, collec
     from tidal.runtime.guard import HangMonitor, Progress
 
     backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= job.world else "gloo"
+    # ranks killed on purpose (a hang, a signal) leave semaphores registered with multiprocessing's resource
+    # tracker, which then warns over several lines; the user has the one line that says why (sys.warnoptions is
+    # what the tracker process is started with)
+    quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
+    if quiet not in sys.warnoptions:
+        sys.warnoptions.append(quiet)
     monitor = None
     if watch:
         progress = Progress(job.world, multiprocessing.get_context("spawn"))

@@ -114,8 +114,10 @@ class HangMonitor:
         if stopped:
             m = stopped[0]
             ahead = max(marks, key=lambda x: x.position)
-            return (f"rank {m.rank} is stopped (SIGSTOP or a debugger) at {m.where()} and did not arrive at "
-                    f"{ahead.where()} within {self.timeout_s:g} s (collective timeout)")
+            there = (f"did not arrive at {ahead.where()}" if ahead.position > m.position
+                     else "did not arrive at its peers' next collective")
+            return (f"rank {m.rank} is stopped (SIGSTOP or a debugger) at {m.where()} and {there} within "
+                    f"{self.timeout_s:g} s (collective timeout)")
         if any(now - m.at < stale_s for m in marks):
             return None  # someone moved within the timeout: no collective has waited that long
         lo, hi = min(m.position for m in marks), max(m.position for m in marks)

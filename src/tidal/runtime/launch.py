@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -59,6 +60,14 @@ def _worker(rank: int, world_size: int, store_path: str, backend: str, timeout_s
             dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - reported to the parent
         queue.put((rank, False, traceback.format_exc()))
+        return
+    # Reported: leave now. The interpreter's own shutdown (finalisers of torch and gloo objects) takes seconds on a
+    # loaded machine, which would hold a stopping run's processes alive past the launcher's wait for no purpose.
+    queue.close()
+    queue.join_thread()  # the result is in the pipe
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _died(procs, r: int) -> str:

@@ -10,8 +10,8 @@ run at the next step boundary with a checkpoint (docs/training.md, "Lifecycle"; 
   rank's flag and all take the same decision at the same step boundary: save a checkpoint, return, exit 128 + signal.
   A grace timer bounds the wait: a rank that does not reach a step boundary within ``grace_s`` after the signal exits
   on its own (128 + signal, one line on stderr), without a checkpoint.
-- :class:`LauncherSignals` (the spawning launcher): the first SIGTERM / SIGINT is forwarded to every rank as SIGTERM
-  and starts the grace period; a second signal, or the end of the grace period, kills the ranks with SIGKILL.
+- :class:`LauncherSignals` (the spawning launcher): the first SIGTERM / SIGINT is forwarded to every rank as
+  received and starts the grace period; a second signal, or the end of the grace period, kills the ranks (SIGKILL).
 
 Under torchrun the agent is the launcher: it sends SIGTERM to its workers and SIGKILL after its own timeout; the
 workers here behave the same way (checkpoint at the next boundary within the grace period, exit 143, never 0).
@@ -172,10 +172,10 @@ class LauncherSignals:
         return self.requested and (self.count > 1 or time.monotonic() - (self.at or 0.0) > self.grace_s)
 
     def forward(self, pids: list[int]) -> None:
-        """Send SIGTERM to every live rank, once."""
+        """Send the signal the launcher got to every live rank, once (the ranks treat SIGTERM and SIGINT alike)."""
         if self.forwarded:
             return
         self.forwarded = True
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+                os.kill(pid, self.signum)
