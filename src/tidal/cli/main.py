@@ -19,11 +19,18 @@ from tidal import __version__
 from tidal.core.errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM, RunFailure, TidalError
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with a one-line usage error (exit 2, like every other bad input); --help is unchanged."""
+
+    def error(self, message: str):
+        self.exit(EXIT_INPUT, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from tidal.cli import demo, plan, profile, report, simulate, train
     from tidal.cli import tokenizer as tokenizer_cli
 
-    p = argparse.ArgumentParser(prog="tidal", description="Balance work, not tokens, in variable-length training.")
+    p = OneLineParser(prog="tidal", description="Balance work, not tokens, in variable-length training.")
     p.add_argument("--version", action="version", version=f"tidal {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     plan.add_parser(sub)

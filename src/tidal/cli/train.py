@@ -72,8 +72,8 @@ def add_parsers(sub) -> None:
     v.add_argument("--dtype", choices=tuple(VERIFY_TOL), default="float64",
                    help="float64 / float32: master and compute in that dtype; bfloat16: bf16 compute, fp32 master")
     v.add_argument("--data", default="stdlib:defs", help="corpus: stdlib, stdlib:defs, random:synthetic:NAME, ...")
-    v.add_argument("--max-len", type=int, default=256)
-    v.add_argument("--tokens-per-step", type=int, default=1024)
+    v.add_argument("--max-len", type=argtypes.max_len, default=256)
+    v.add_argument("--tokens-per-step", type=argtypes.tokens_per_step, default=1024)
     v.add_argument("--seed", type=argtypes.seed, default=0)
     v.set_defaults(func=run_verify)
 

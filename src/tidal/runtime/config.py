@@ -31,6 +31,7 @@ from typing import Any
 
 from tidal.core.errors import TidalError
 from tidal.core.limits import check_finite, check_lengths
+from tidal.data.sampler import LONG_DOC_POLICIES
 from tidal.runtime.optim import OptimConfig
 
 if sys.version_info >= (3, 11):
@@ -81,6 +82,8 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_lengths(self.max_len, self.tokens_per_step, "[data]")
+        if self.long_docs not in LONG_DOC_POLICIES:
+            raise TidalError(f"[data] long_docs must be one of {', '.join(LONG_DOC_POLICIES)}, got {self.long_docs!r}")
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,8 @@ def load_config(path: str | Path) -> TrainConfig:
         text = p.read_text()
     except OSError as e:
         raise TidalError(f"cannot read config {p}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise TidalError(f"config {p} is not a UTF-8 TOML file") from None
     try:
         d = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

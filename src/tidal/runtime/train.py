@@ -147,6 +147,8 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
         parent = Path(cfg.train.metrics).parent
         if not parent.is_dir():
             raise TidalError(f"metrics path {cfg.train.metrics}: directory {parent} does not exist")
+        if Path(cfg.train.metrics).is_dir():
+            raise TidalError(f"metrics path {cfg.train.metrics} is a directory, not a file")
     return Prepared(cfg, spec, cluster, candidates, options, ex)
 
 
@@ -377,6 +379,8 @@ def latest_checkpoint(directory: str, spec: ModelSpec) -> tuple[str, dict]:
         name = pointer.read_text().strip()
     except OSError:
         raise TidalError(f"resume: no checkpoint in {directory} ({pointer} is missing)") from None
+    except UnicodeDecodeError:
+        raise TidalError(f"resume: {pointer} is damaged (not a checkpoint name)") from None
     path = str(Path(directory) / name)
     return path, load_meta(path, spec)
 
