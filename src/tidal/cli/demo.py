@@ -135,7 +135,8 @@ def run(args) -> int:
     runs = {}
     for name, job in (("tidal", tidal_job), ("static", static_job)):
         con.print(f"training: {name} ...")
-        runs[name] = launch(job, train_entry, True, False, nproc=args.nproc, timeout_s=1200.0)[0].rows
+        runs[name] = launch(job, train_entry, True, False, nproc=args.nproc, timeout_s=None,
+                            collective_timeout_s=job.config.train.collective_timeout_s, watch=True)[0].rows
     summary = compare(runs["tidal"], runs["static"])
     render.demo_table(con, summary, static)
     png = args.out / "demo.png"

@@ -259,7 +259,8 @@ def run_verify(args) -> int:
     if args.steps < 1 or args.nproc < 1:
         raise TidalError("--steps and --nproc must be >= 1")
     job = prepare(verify_config(args), args.nproc)
-    res = launch(job, train_entry, False, True, nproc=args.nproc, timeout_s=600.0)[0]
+    res = launch(job, train_entry, False, True, nproc=args.nproc, timeout_s=None,
+                 collective_timeout_s=job.config.train.collective_timeout_s, watch=True)[0]
     ref_losses, ref_state = replay_reference(job, res.rows)
     rep = verify_report(res.rows, ref_losses, res.state, ref_state)
     tol = VERIFY_TOL[args.dtype]
