@@ -65,8 +65,9 @@ def main() -> None:
     t = args.stop_timeout
     outs = [rc.sigstop_scenario(root / f"stop-{i}", timeout=t) for i in range(args.repeats)]
     print(f"SIGSTOP rank 1 after 2 steps, collective timeout {t:g} s (bound: 2x = {2 * t:g} s):")
-    print(f"  named after {_fmt([x['named_s'] for x in outs])} (SIGSTOP to the launcher's exit); exit "
-          f"{sorted({x['exit'] for x in outs})}; processes gone {_fmt([x['gone_s'] for x in outs])} after that")
+    print(f"  named after {_fmt([x['named_s'] for x in outs])} (SIGSTOP to the line naming it on stderr); exit "
+          f"{sorted({x['exit'] for x in outs})}; all processes gone {_fmt([x['gone_s'] for x in outs])} after "
+          f"the launcher's exit")
     print(f"  stderr: {outs[-1]['stderr']}")
     print(f"  load average {_load()}")
     print()

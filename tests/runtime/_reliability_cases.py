@@ -185,8 +185,16 @@ def sigstop_scenario(workdir: Path, timeout: float = 3.0, stop_rank: int = 1, af
         ranks = rank_pids(run.proc.pid)
         t0 = time.monotonic()
         os.kill(ranks[stop_rank], signal.SIGSTOP)
-        code = run.proc.wait(timeout=max(60.0, 10 * timeout))
-        named = time.monotonic() - t0
+        end, named = t0 + max(60.0, 10 * timeout), None
+        while time.monotonic() < end:  # the user's view: when the line naming the rank is printed
+            done = run.proc.poll() is not None
+            if run.stderr().strip():
+                named = time.monotonic() - t0
+                break
+            if done:
+                break
+            time.sleep(0.02)
+        code = run.proc.wait(timeout=60)
         gone = wait_gone(run, 10.0)
         return {"timeout_s": timeout, "named_s": named, "exit": code, "stderr": run.stderr().strip(),
                 "gone_s": gone, "ranks": ranks, "rows": len(run.rows())}

@@ -237,8 +237,8 @@ def test_a_stopped_rank_is_named_within_twice_the_collective_timeout(tmp_path):
     lines = out["stderr"].splitlines()
     assert len(lines) == 1 and "rank 1 is stopped (SIGSTOP" in lines[0] and "within 3 s" in lines[0], out
     assert out["gone_s"] is not None, out
-    # the bound (2x the timeout), on the launcher's wall clock from SIGSTOP to its exit
-    assert out["named_s"] <= 2 * out["timeout_s"] + 1.0, out
+    # the bound: named within 2x the collective timeout of the SIGSTOP (when the line is printed)
+    assert out["named_s"] is not None and out["named_s"] <= 2 * out["timeout_s"], out
 
 
 @pytest.mark.distributed

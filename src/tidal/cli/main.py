@@ -87,5 +87,15 @@ def _keep(detail: str, command: str) -> str:
     return f" (traceback: {path})"
 
 
+def entry() -> None:
+    """The console script: `main`, then leave at once. Everything is written and flushed by then; the interpreter's
+    own shutdown (finalisers of torch objects) takes seconds on a loaded machine and would keep a stopped run's
+    launcher alive for nothing (decision 80)."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry()
