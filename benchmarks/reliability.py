@@ -46,6 +46,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--stop-timeout", type=float, default=3.0, help="collective timeout of the SIGSTOP scenario")
+    ap.add_argument("--no-healthy", action="store_true", help="skip the healthy long run (minutes on a loaded machine)")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="tidal-reliability-"))
     print(f"tidal train, tiny Llama, 2 gloo ranks + planner process; load average {_load()}")
@@ -77,6 +78,8 @@ def main() -> None:
         f"{r['step']}: {r['skipped']}, {r['nonfinite_ranks']}, {r['grad_norm']:.3g}" for r in o["rows"]))
     print(f"  exit {o['exit']}; latest {o['latest']} (newest complete {o['newest']})")
     print(f"  stderr: {o['stderr']}")
+    if args.no_healthy:
+        return
     print()
     t0 = time.monotonic()
     run = rc.start(root / "healthy", steps=30, timeout=3.0)

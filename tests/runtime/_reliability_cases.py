@@ -118,7 +118,7 @@ def rank_pids(launcher: int) -> list[int]:
     return [pid for _, pid in sorted(kids)]
 
 
-def wait_rows(run: Run, n: int, timeout_s: float = 240.0) -> None:
+def wait_rows(run: Run, n: int, timeout_s: float = 600.0) -> None:
     end = time.monotonic() + timeout_s
     while len(run.rows()) < n:
         if run.proc.poll() is not None:
