@@ -20,6 +20,7 @@ receives (the caller decides who plans; `tidal train` plans on rank 0 and broadc
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -341,10 +342,13 @@ class Executor:
             toks = torch.randint(0, self.spec.vocab, (length + 1,), generator=g)
             self.train_step(plan, lambda _j, t=toks: t, update=False)
 
-    def train_step(self, step: StepPlan, fetch: Callable[[int], torch.Tensor], update: bool = True) -> StepMetrics:
+    def train_step(self, step: StepPlan, fetch: Callable[[int], torch.Tensor], update: bool = True,
+                   poison: bool = False) -> StepMetrics:
         """One optimizer step on `step`. `fetch(j)` returns the ``seq_lengths[j] + 1`` token ids of sequence j; it
         is called only for the sequences this rank's pipeline runs. `update=False` stops after the backward (warm-up):
-        no push, no optimizer step, gradients dropped."""
+        no push, no optimizer step, gradients dropped. A non-finite loss or gradient on any rank skips the update on
+        every rank (``optim["skipped"]``; decision 81). `poison` (a test hook, `[train] inject_nan`) makes this rank's
+        gradient shards NaN before the optimizer sees them."""
         t_wall, t_busy, t_proc = time.perf_counter(), time.thread_time(), time.process_time()
         k = step.strategy
         if not 0 <= k < len(self.candidates):
@@ -409,7 +413,9 @@ class Executor:
             flat.free_grads()
         optim = {}
         if tokens > 0:  # a step with nothing to train leaves parameters and moments untouched
-            optim = self.optim.step(grads)
+            if poison:
+                grads = [g * float("nan") for g in grads]
+            optim = self.optim.step(grads, bad=not math.isfinite(loss_part))
         loss = torch.tensor([loss_part], dtype=torch.float64, device=self.device)
         dist.all_reduce(loss)
         return StepMetrics(float(loss), tokens, len(running), time.thread_time() - t_busy, compute,
