@@ -361,11 +361,12 @@ class Executor:
         tokens = sum(step.seq_lengths[i] for i in running)
         self._active, self._pull_wait_cpu = k, 0.0
         try:
-            return self._step(step, fetch, update, k, tokens, running, (t_wall, t_busy, t_proc))
+            return self._step(step, fetch, update, k, tokens, running, (t_wall, t_busy, t_proc), poison)
         finally:  # also when the step raises: no stream outlives its step
             self._active, self._pulling, self._pushing = None, None, None
 
-    def _step(self, step: StepPlan, fetch, update: bool, k: int, tokens: int, running, t_start) -> StepMetrics:
+    def _step(self, step: StepPlan, fetch, update: bool, k: int, tokens: int, running, t_start,
+              poison: bool = False) -> StepMetrics:
         t_wall, t_busy, t_proc = t_start
         if self.cfg.overlap_pull:
             pull_s, pull_c, pull_b = self._start_pull(k)
