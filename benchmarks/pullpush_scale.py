@@ -8,10 +8,12 @@ Per candidate the planned ranks are the first device of every distinct pipeline 
 layer with unsplit boxes, is the most work); `plan` is the slowest of them (CPU and wall seconds, planning every
 group's pull and push with a fresh planner), `peak` the tracemalloc peak of planning the most expensive of them again
 (Python allocations of the planner and its plans; a second pass because tracing slows planning). `scan` is the
-bookkeeping `execute` / `start` do before posting operations, over every parameter group's push and pull: this rank's
-boxes and shapes (`CommPlan.rank_view`) and the input checks (CPU time, least of 5); `sel` walks this rank's messages,
-reductions and copies (each becomes an operation: O(own messages), counted in `ops`). `old` is the global planner
-(`SwitchPlanner.pull/push` plus the per-group pulls, what every rank ran before) for one candidate at 64 ranks,
+bookkeeping `start` does before posting operations as the executor calls it, over every parameter group's push and
+pull: this rank's boxes and shapes (`CommPlan.rank_view`; the executor checks its inputs' shapes once per candidate,
+decision 75) (CPU time, least of 5); `check` is the vectorised input check `execute` / `start` run per step for
+callers that did not (`check_inputs`: one list comparison of shapes, one pass over dtypes); `sel` walks this rank's
+messages, reductions and copies (each becomes an operation: O(own messages), counted in `ops`). `old` is the global
+planner (`SwitchPlanner.pull/push` plus the per-group pulls, what every rank ran before) for one candidate at 64 ranks,
 capped, with its per-step scan (every annotation entry and every message of the world, as `_Local` and `_p2p` did).
 llama2-70b is not a preset: its published shape (80 layers, 8192 hidden, 64 heads, 8 KV heads, FFN 28672) is built
 here.
@@ -31,6 +33,7 @@ import torch
 
 from tidal.core import get_cluster, get_model, parse_strategy, place
 from tidal.core.model import ModelSpec, param_table
+from tidal.runtime.reshard.execute import check_inputs
 from tidal.runtime.reshard.local import Links, LocalPlanner
 
 LLAMA2_70B = ModelSpec("llama2-70b", 80, 8192, 64, 8, 28672, 32000)
@@ -60,23 +63,27 @@ def plan_rank(model, strategy, world, rank, links, table, groups):
             [planner.push(g, itemsize=4) for g in reversed(groups)])
 
 
-def scan(plans, rank, inputs) -> tuple[float, float, int]:
-    """(bookkeeping seconds, selection seconds, own operations) of one step over `plans`: `_Local`'s look-up of this
-    rank's boxes and its input checks (`inputs`: meta tensors of the right shapes), then the walk over own parts."""
+def scan(plans, rank, inputs) -> tuple[float, float, float, int]:
+    """(bookkeeping seconds, check seconds, selection seconds, own operations) of one step over `plans`.
+    Bookkeeping is what `start` does per plan before posting, as the executor calls it (`checked=True`: it validated
+    its inputs' shapes once per candidate, decision 75): this rank's boxes and shapes (`rank_view`, cached on the
+    plan). Check is `check_inputs`, which `execute` / `start` run per step for a caller that has not (`inputs`: meta
+    tensors of the right shapes). Selection walks this rank's own parts (each becomes an operation)."""
     t0 = time.process_time()
-    for plan, xs in zip(plans, inputs):
+    for plan in plans:
         view = plan.rank_view(rank)
-        for t, want in view.src_shape.items():
-            x = xs[t]
-            if x is None or x.shape != want or x.dtype != torch.float32:
-                raise AssertionError("bad input")
+        if view is None:
+            raise AssertionError("no view")
     t1 = time.process_time()
+    for plan, xs in zip(plans, inputs):
+        check_inputs(plan.rank_view(rank), xs, torch.float32, rank)
+    t2 = time.process_time()
     ops = 0
     for plan in plans:
         ops += sum(1 for m in itertools.chain(plan.reduce_msgs, plan.messages) if rank in (m.sender, m.receiver))
         ops += sum(1 for red in plan.reductions for it in red.items if it[1] == rank)
         ops += sum(1 for r, _ in plan.copies if r == rank)
-    return t1 - t0, time.process_time() - t1, ops
+    return t1 - t0, t2 - t1, time.process_time() - t2, ops
 
 
 def meta_inputs(plan, rank) -> list:
@@ -96,7 +103,7 @@ def measure(model, world: int) -> dict:
         firsts = {}
         for p in strategy.pipelines:
             firsts.setdefault(p.scheme, p.devices[0])
-        worst = [0.0, 0.0, 0.0, 0.0, 0]
+        worst = [0.0, 0.0, 0.0, 0.0, 0, 0.0]
         slowest, most = None, -1.0
         for rank in firsts.values():
             w0, c0 = time.perf_counter(), time.process_time()
@@ -104,8 +111,9 @@ def measure(model, world: int) -> dict:
             wall, cpu = time.perf_counter() - w0, time.process_time() - c0
             inputs = [meta_inputs(p, rank) for p in (*gq, *gp)]
             runs = [scan([*gq, *gp], rank, inputs) for _ in range(5)]  # the machine is shared: the least of 5
-            s, sel, ops = min(r[0] for r in runs), min(r[1] for r in runs), runs[0][2]
-            worst = [max(a, b) for a, b in zip(worst, (wall, cpu, s, sel, ops))]
+            s, chk, sel, ops = (min(r[0] for r in runs), min(r[1] for r in runs), min(r[2] for r in runs),
+                                runs[0][3])
+            worst = [max(a, b) for a, b in zip(worst, (wall, cpu, s, sel, ops, chk))]
             if cpu > most:
                 slowest, most = rank, cpu
             del gp, gq, inputs
@@ -115,7 +123,8 @@ def measure(model, world: int) -> dict:
         tracemalloc.stop()
         rows.append((*worst, peak))
     return {"wall": [r[0] for r in rows], "cpu": [r[1] for r in rows], "scan": [r[2] for r in rows],
-            "sel": [r[3] for r in rows], "ops": [r[4] for r in rows], "peak": [r[5] for r in rows]}
+            "sel": [r[3] for r in rows], "ops": [r[4] for r in rows], "check": [r[5] for r in rows],
+            "peak": [r[6] for r in rows]}
 
 
 def _old_worker(model_name, world, text, out):
@@ -250,14 +259,16 @@ def main() -> None:
         return
     models = [LLAMA2_70B if m == "llama2-70b" else get_model(m) for m in args.models]
     print("# per candidate (8 per world and model), worst planned rank: plan = CPU s (wall s) of every parameter "
-          "group's pull and push; peak = tracemalloc MB; scan / sel = per-step CPU ms; ops = own operations per step")
+          "group's pull and push; peak = tracemalloc MB; scan / sel = per-step CPU ms (check: input checks, which the "
+          "executor does once per candidate instead); ops = own operations per step")
     for world in args.worlds:
         parts = []
         for model in models:
             r = measure(model, world)
             parts.append(f"{model.name}: plan cpu max {max(r['cpu']):.2f} s median {statistics.median(r['cpu']):.2f} s "
                          f"(wall max {max(r['wall']):.2f} s), peak max {max(r['peak']) / 1e6:.0f} MB, scan max "
-                         f"{max(r['scan']) * 1e3:.2f} ms, sel max {max(r['sel']) * 1e3:.1f} ms, ops max "
+                         f"{max(r['scan']) * 1e3:.2f} ms (check {max(r['check']) * 1e3:.2f} ms), "
+                         f"sel max {max(r['sel']) * 1e3:.1f} ms, ops max "
                          f"{max(r['ops'])}")
         print(f"world {world:5d} | " + " | ".join(parts), flush=True)
     if args.old_cap > 0:

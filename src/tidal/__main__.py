@@ -1,3 +1,3 @@
-from tidal.cli.main import main
+from tidal.cli.main import entry
 
-raise SystemExit(main())
+entry()

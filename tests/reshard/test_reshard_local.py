@@ -231,8 +231,9 @@ def test_links_match_the_topology():
 
 
 def _exec_worker(rank, world, cases):
-    """Every rank plans only its own pull, per-layer pulls and push, executes them (execute / start) and checks the
-    gathered result against the reference layout exactly."""
+    """Every rank plans only its own pull, per-layer pulls and pushes, executes them (execute; start for the
+    per-group pulls and pushes, all posted before any is waited) and checks the gathered result against the
+    reference layout exactly."""
     import torch
     import torch.distributed as dist
 
@@ -274,12 +275,16 @@ def _exec_worker(rank, world, cases):
         outs = [o for _, _, fl in flights for o in fl.wait()]
         gather_check([mv.dst for _, plan, _ in flights for mv in plan.moves],
                      [values[i] for idx, _, _ in flights for i in idx], outs, f"{text} pull groups")
-        for idx in reversed(index):  # the executor's streamed push: one group after the other, head first
+        pushes = []
+        for idx in reversed(index):  # the executor's push stream: every group posted (start), head first, then waited
             plan = planner.push(idx, itemsize=8)
             xs = [torch.from_numpy(sh[rank]) if rank in sh else None
                   for sh in (shard(mv.src, values[i], rng) for mv, i in zip(plan.moves, idx))]
-            outs = execute(plan, xs, groups, dtype=torch.float64)
-            gather_check([mv.dst for mv in plan.moves], [values[i] for i in idx], outs, f"{text} push group {idx[0]}")
+            pushes.append((idx, plan, start(plan, xs, groups, dtype=torch.float64)))
+            del xs  # start() no longer needs its inputs
+        for idx, plan, fl in pushes:
+            gather_check([mv.dst for mv in plan.moves], [values[i] for i in idx], fl.wait(),
+                         f"{text} push group {idx[0]}")
     return failures
 
 

@@ -33,10 +33,10 @@ DEMO_LOSS_RTOL = 1e-3  # float32 runs of the same documents under different stra
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="train Tidal vs the best static strategy on 4 CPU ranks; table + PNG",
                        description=__doc__)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--nproc", type=int, default=4)
-    p.add_argument("--max-len", type=int, default=4096)
-    p.add_argument("--tokens-per-step", type=int, default=16384)
+    p.add_argument("--steps", type=argtypes.positive, default=10)
+    p.add_argument("--nproc", type=argtypes.positive, default=4)
+    p.add_argument("--max-len", type=argtypes.max_len, default=4096)
+    p.add_argument("--tokens-per-step", type=argtypes.tokens_per_step, default=16384)
     p.add_argument("--data", default="stdlib:defs")
     p.add_argument("--out", type=Path, default=Path("tidal-demo"), help="directory for metrics and demo.png")
     p.add_argument("--seed", type=argtypes.seed, default=0)
@@ -135,7 +135,8 @@ def run(args) -> int:
     runs = {}
     for name, job in (("tidal", tidal_job), ("static", static_job)):
         con.print(f"training: {name} ...")
-        runs[name] = launch(job, train_entry, True, False, nproc=args.nproc, timeout_s=1200.0)[0].rows
+        runs[name] = launch(job, train_entry, True, False, nproc=args.nproc, timeout_s=None,
+                            collective_timeout_s=job.config.train.collective_timeout_s, watch=True)[0].rows
     summary = compare(runs["tidal"], runs["static"])
     render.demo_table(con, summary, static)
     png = args.out / "demo.png"

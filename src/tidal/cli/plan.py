@@ -33,11 +33,11 @@ def add_workload_args(p) -> None:
     p.add_argument("--cluster", default="a800x64", help="cluster, TYPExN[+TYPExM] e.g. a800x64, h800x16+h20x32")
     p.add_argument("--data", default="synthetic:commoncrawl",
                    help="synthetic:commoncrawl|github|flanv2 or lengths:FILE (.npy or one integer per line)")
-    p.add_argument("--max-len", type=argtypes.positive, default=32768,
+    p.add_argument("--max-len", type=argtypes.max_len, default=32768,
                    help="context length: longest sequence in a step")
     p.add_argument("--long-docs", choices=LONG_DOC_POLICIES, default="split",
                    help="documents above --max-len: split into chunks (default), truncate, or error")
-    p.add_argument("--tokens-per-step", type=argtypes.positive, default=200_000)
+    p.add_argument("--tokens-per-step", type=argtypes.tokens_per_step, default=200_000)
     p.add_argument("--steps", type=argtypes.positive, default=10)
 
 
@@ -53,7 +53,7 @@ def add_parser(sub) -> None:
                         "fixed: token-count first-fit (baseline)")
     p.add_argument("--cp-sharding", choices=CP_SHARDINGS, default="adaptive")
     p.add_argument("--exact", action="store_true", help="exact MILP dispatch and packing (small instances only)")
-    p.add_argument("--plan-budget-ms", type=float, default=2000.0,
+    p.add_argument("--plan-budget-ms", type=argtypes.finite_float(0.0), default=2000.0,
                    help="per-step planning budget: past it the best plan so far is returned (valid, gap reported)")
     p.add_argument("--cost-model", type=Path, default=None,
                    help="fitted cost model (.json), profile (.csv) or Hydraulis strategy pool (.json); default: "
@@ -134,6 +134,8 @@ def plan_run(args, progress=None) -> PlanRun:
 def run(args) -> int:
     from tidal.cli import render
 
+    if args.json is not None and not args.json.parent.is_dir():  # before planning, not after
+        raise TidalError(f"--json {args.json}: directory {args.json.parent} does not exist")
     console = render.console(stderr=False)
     with render.progress(args.steps, quiet=args.quiet) as advance:
         def on_step(step, sel):

@@ -34,12 +34,14 @@ def add_parser(sub) -> None:
                    help=f"comma-separated, from {', '.join(SYSTEMS)} (default: all but the *-paper ones, which run "
                         "only the scenarios of Hydraulis Table 3)")
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule")
-    p.add_argument("--fwd-share", type=float, default=1 / 3, help="forward share of forward+backward (1:2 = 1/3)")
+    p.add_argument("--fwd-share", type=argtypes.finite_float(0.0, 1.0, low_open=True, high_open=True), default=1 / 3,
+                   help="forward share of forward+backward (1:2 = 1/3)")
     p.add_argument("--no-overlap", action="store_true", help="do not overlap gradient pull/push with compute")
     p.add_argument("--json", type=Path, default=None, help="write per-system step times here")
     p.add_argument("--report", type=Path, default=None, help="write index.html and PNG charts into this directory")
     p.add_argument("--gantt-system", default=None, help="system of the Gantt chart (default tidal, else the last)")
-    p.add_argument("--gantt-step", type=int, default=None, help="step of the Gantt chart (default the slowest)")
+    p.add_argument("--gantt-step", type=argtypes.seed, default=None,
+                   help="step of the Gantt chart (default the slowest)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -127,6 +129,12 @@ def run(args) -> int:
     from tidal.cli import render, sim_report
 
     names = parse_systems(args.systems)
+    if args.gantt_system is not None and args.gantt_system not in names:  # checked before minutes of simulation
+        raise TidalError(f"--gantt-system {args.gantt_system!r} is not among --systems ({', '.join(names)})")
+    if args.json is not None and not args.json.parent.is_dir():
+        raise TidalError(f"--json {args.json}: directory {args.json.parent} does not exist")
+    if args.report is not None and args.report.exists() and not args.report.is_dir():
+        raise TidalError(f"--report {args.report} is a file, not a directory")
     sim = SimConfig(schedule=args.schedule, fwd_share=args.fwd_share, overlap_sync=not args.no_overlap)
     w = workload_of(args)
     runs: list[SystemRun] = []

@@ -82,6 +82,8 @@ def run_train(args) -> int:
 
     if args.max_bytes < 0:
         raise TidalError(f"--max-bytes must be >= 0, got {args.max_bytes}")
+    if args.out.is_dir():
+        raise TidalError(f"--out {args.out} is a directory; give the tokenizer.json file to write")
     cache = args.cache_dir or user_cache_dir()
     seen = [0]
     t0 = time.perf_counter()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -58,8 +59,11 @@ def add_parsers(sub) -> None:
                    help="when a rank dies, restart on the survivors from the newest verified checkpoint, re-planned "
                         "for all of them (under torchrun: resume on the world torchrun gives; use its --max-restarts)")
     p.add_argument("--max-restarts", type=int, default=3, help="with --elastic: restarts before giving up")
-    p.add_argument("--timeout", type=argtypes.positive_seconds, default=1800.0,
-                   help="seconds before a hung collective fails")
+    p.add_argument("--collective-timeout", type=argtypes.positive_seconds, default=None,
+                   help="override [train] collective_timeout_s: the longest a rank may wait for another at a "
+                        "collective before the one that did not arrive is named (exit 5)")
+    p.add_argument("--timeout", type=argtypes.positive_seconds, default=None,
+                   help="optional deadline for the whole run in seconds (off by default; exit 5)")
     p.set_defaults(func=run_train)
 
     v = sub.add_parser("verify", help="train distributed and in one process on the same documents; compare",
@@ -73,8 +77,8 @@ def add_parsers(sub) -> None:
     v.add_argument("--dtype", choices=tuple(VERIFY_TOL), default="float64",
                    help="float64 / float32: master and compute in that dtype; bfloat16: bf16 compute, fp32 master")
     v.add_argument("--data", default="stdlib:defs", help="corpus: stdlib, stdlib:defs, random:synthetic:NAME, ...")
-    v.add_argument("--max-len", type=int, default=256)
-    v.add_argument("--tokens-per-step", type=int, default=1024)
+    v.add_argument("--max-len", type=argtypes.max_len, default=256)
+    v.add_argument("--tokens-per-step", type=argtypes.tokens_per_step, default=1024)
     v.add_argument("--seed", type=argtypes.seed, default=0)
     v.set_defaults(func=run_verify)
 
@@ -85,12 +89,17 @@ def _under_torchrun() -> tuple[int, int] | None:
     return None
 
 
-def launch(job, entry, *args, nproc: int | None, timeout_s: float) -> list:
+def launch(job, entry, *args, nproc: int | None, timeout_s: float | None, collective_timeout_s: float | None = None,
+           grace_s: float | None = None, watch: bool = False) -> list:
     """Run `entry(rank, world, job, *args)` on every rank: this process under torchrun, else `nproc` spawned ranks.
-    Returns the results of the ranks this process ran."""
+    Returns the results of the ranks this process ran. `timeout_s`: an optional whole-run deadline;
+    `collective_timeout_s`: the per-collective timeout; `grace_s`: handle SIGTERM/SIGINT (runtime/lifecycle.py);
+    `watch`: pass a `progress` table as the entry's last argument and name a rank that does not arrive at a
+    collective (runtime/guard.py)."""
     import torch.distributed as dist
 
     from tidal.runtime.launch import run_distributed
+    from tidal.runtime.lifecycle import die_with_parent
 
     env = _under_torchrun()
     if env is not None:
@@ -103,27 +112,55 @@ def launch(job, entry, *args, nproc: int | None, timeout_s: float) -> list:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        die_with_parent()  # never outlive the torchrun agent (kill -9 included)
+        dist.init_process_group(backend, timeout=timedelta(seconds=collective_timeout_s or timeout_s or 1800.0))
         try:
-            return [entry(rank, world, job, *args)]
+            return [entry(rank, world, job, *args, *((None,) if watch else ()))]
+        except Exception as e:  # noqa: BLE001 - one line for the user, the traceback in the detail
+            import traceback
+
+            from tidal.core.errors import RunFailure
+
+            raise RunFailure(f"rank {rank} raised {type(e).__name__}: {' '.join(str(e).split())}",
+                             traceback.format_exc()) from None
         finally:
             dist.destroy_process_group()
+    import multiprocessing
+
     import torch
 
+    from tidal.runtime.guard import HangMonitor, Progress
+
     backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= job.world else "gloo"
-    return run_distributed(entry, job.world, job, *args, backend=backend, timeout_s=timeout_s)
+    # ranks killed on purpose (a hang, a signal) leave semaphores registered with multiprocessing's resource
+    # tracker, which then warns over several lines; the user has the one line that says why (sys.warnoptions is
+    # what the tracker process is started with)
+    quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
+    if quiet not in sys.warnoptions:
+        sys.warnoptions.append(quiet)
+    monitor = None
+    if watch:
+        progress = Progress(job.world, multiprocessing.get_context("spawn"))
+        args = (*args, progress)
+        monitor = HangMonitor(progress, collective_timeout_s)
+    # spawned ranks: the launcher's monitor names a missing rank after collective_timeout_s; the process group's own
+    # timeout is a backstop at twice that (and never shorter than start-up on a loaded machine)
+    pg = max(2 * collective_timeout_s, 300.0) if collective_timeout_s else None
+    return run_distributed(entry, job.world, job, *args, backend=backend, timeout_s=timeout_s,
+                           collective_timeout_s=pg, monitor=monitor, grace_s=grace_s)
 
 
-def train_entry(rank: int, world: int, job, show: bool, record: bool):
+def train_entry(rank: int, world: int, job, show: bool, record: bool, progress=None):
     """A rank's body: the training loop, with a rich progress bar on rank 0 when `show` (one plain line per step
     instead when stdout is not a terminal: cli/steplog.py)."""
     from tidal.cli import steplog
     from tidal.runtime.train import train_worker
 
     if rank != 0 or not show:
-        return train_worker(rank, world, job, record=record)
+        return train_worker(rank, world, job, record=record, progress=progress)
     if steplog.plain_output():
-        return train_worker(rank, world, job, on_step=steplog.printer(job.config.train.steps), record=record)
+        return train_worker(rank, world, job, on_step=steplog.printer(job.config.train.steps), record=record,
+                            progress=progress)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     bar = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
@@ -135,7 +172,7 @@ def train_entry(rank: int, world: int, job, show: bool, record: bool):
             bar.update(task, advance=1, info=f"loss {row['loss']:.4f} | {row['tokens_per_s']:,.0f} tok/s | "
                                              f"{row['strategy']}")
 
-        return train_worker(rank, world, job, on_step=on_step, record=record)
+        return train_worker(rank, world, job, on_step=on_step, record=record, progress=progress)
 
 
 def run_train(args) -> int:
@@ -149,7 +186,8 @@ def run_train(args) -> int:
     over = {k: v for k, v in (("steps", args.steps), ("metrics", args.metrics and str(args.metrics)),
                               ("refit", args.refit),
                               ("checkpoint_dir", args.checkpoint_dir and str(args.checkpoint_dir)),
-                              ("checkpoint_every", args.checkpoint_every), ("resume", args.resume))
+                              ("checkpoint_every", args.checkpoint_every), ("resume", args.resume),
+                              ("collective_timeout_s", args.collective_timeout))
             if v is not None}
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **over))
     if args.cost_model is not None:
@@ -157,18 +195,26 @@ def run_train(args) -> int:
     env = _under_torchrun()
     if env is None and args.nproc is None:
         raise TidalError("give --nproc N to spawn ranks, or launch with torchrun")
+    def go(c, w):
+        return launch(prepare(c, w), train_entry, c.train.progress, False, nproc=None if env else w,
+                      timeout_s=args.timeout, collective_timeout_s=c.train.collective_timeout_s,
+                      grace_s=c.train.stop_grace_s, watch=True)
+
     if getattr(args, "elastic", False):
         from tidal.cli.elastic import run_elastic, torchrun_config
 
         if env is not None:
             cfg = torchrun_config(cfg, env[1])
-        results = run_elastic(cfg, env[1] if env else args.nproc, 0 if env else args.max_restarts, lambda c, w: launch(
-            prepare(c, w), train_entry, c.train.progress, False, nproc=None if env else w, timeout_s=args.timeout))
+        results = run_elastic(cfg, env[1] if env else args.nproc, 0 if env else args.max_restarts, go)
     else:
-        job = prepare(cfg, env[1] if env else args.nproc)
-        results = launch(job, train_entry, cfg.train.progress, False, nproc=args.nproc, timeout_s=args.timeout)
+        results = go(cfg, env[1] if env else args.nproc)
     if results[0].rows:
         render.train_summary(render.console(), results[0].rows, cfg.train.metrics)
+    if results[0].stop is not None:  # SIGTERM/SIGINT, or too many non-finite steps: exit code and one line
+        from tidal.core.errors import RunFailure
+
+        code, line = results[0].stop
+        raise RunFailure(line, exit_code=code)
     return 0
 
 
@@ -235,7 +281,8 @@ def run_verify(args) -> int:
     if args.steps < 1 or args.nproc < 1:
         raise TidalError("--steps and --nproc must be >= 1")
     job = prepare(verify_config(args), args.nproc)
-    res = launch(job, train_entry, False, True, nproc=args.nproc, timeout_s=600.0)[0]
+    res = launch(job, train_entry, False, True, nproc=args.nproc, timeout_s=None,
+                 collective_timeout_s=job.config.train.collective_timeout_s, watch=True)[0]
     ref_losses, ref_state = replay_reference(job, res.rows)
     rep = verify_report(res.rows, ref_losses, res.state, ref_state)
     tol = VERIFY_TOL[args.dtype]

@@ -68,6 +68,8 @@ def read_profile(path: str | Path) -> list[ProfileRow]:
         text = Path(path).read_text()
     except OSError as e:
         raise TidalError(f"cannot read profile {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise TidalError(f"profile {path} is not a UTF-8 text file") from None
     return parse_profile(text, str(path))
 
 
@@ -198,6 +200,8 @@ def load_cost_model(path: str | Path, model: ModelSpec, cluster: ClusterSpec) ->
         d = json.loads(p.read_text())
     except OSError as e:
         raise TidalError(f"cannot read cost model {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise TidalError(f"cost model {path} is not a UTF-8 JSON file") from None
     except json.JSONDecodeError as e:
         raise TidalError(f"malformed cost model {path}: {e}") from None
     from tidal.costmodel.pool import is_pool, parse_pool, pool_cost_model

@@ -7,21 +7,30 @@ Per device of stage s of scheme P = <t, p, c> in a job of N devices, with w = th
 embedding and head, split by TP; norm weights replicated) and P_all the model's parameters, the executor's states go
 through three peaks in a step (no other candidate holds anything: its buffers have no storage while idle):
   pull      = w * param_B                   the running stage's parameters (compute dtype, one flat buffer)
-            + w * param_B * pull_factor     every parameter group's pull posted at once: output buffers,
-            + w (1 - 1/N) * param_B         receive buffers of the rows others own,
-            + P_all / N (R - w / P_all) * param_B
-                                             packed sends of this device's rows to the R copies' other holders
+            + w_W * param_B                 the pull's window (decision 75): the groups posted when it starts, every
+                                             group up to the W-th this device receives into (`pull_posted`; w_W: the
+                                             local parameters of those it receives, P_W: all their parameters):
+                                             output buffers,
+            + w_W (1 - 1/N) * param_B       receive buffers of the rows others own,
+            + (P_W R - w_W) / N * param_B   packed sends of this device's rows to the R copies' other holders
                                              (R = copies of the model in the strategy, N / (t p) when all is P)
             + P_all / N * master_B          fp32 master weights + Adam m, v, fully sharded over all N devices
-            + P_all / N * cast_B            the master shards cast to the compute dtype for the pull
-  backward  = w * (param_B + grad_B) + P_all / N * master_B
-                                             parameters + the fp32 gradient accumulation buffer (main_grad)
-  push      = w * grad_B + P_all / N * (master_B + shard_grad_B)
-            + g * grad_B * ((1 - 1/N) + t R / N)
-                                             parameters freed; gradient shards (the push's output) held until the
-                                             optimizer step; one parameter group g (a layer, or the embedding; local
-                                             size) in flight: its packed sends to the other owners, and the R
-                                             addends of the rows this device owns (received and reduced)
+            + G_max / N * cast_B            one group's master rows cast to the compute dtype while it is posted
+                                             (released once its sends are packed; G_max: the largest group)
+  backward  = w * (param_B + grad_B) + P_all / N * master_B + fly
+                                             parameters + the fp32 gradient accumulation buffers (main_grad), and
+  fly       = sum over the push's first W groups (in push order: the head, then the last layers) of
+              G_j * shard_grad_B * (R + 2) / N   (R = 1: 2 / N, or 0 in the backward for a group held here)
+                                             the push's window (decision 75), posted from the backward: each group
+                                             swaps its gradients for its packed sends and adds the receive, reduction
+                                             and output buffers of the rows this device owns
+  push      = P_all / N * master_B + fly
+            + max over q >= W of (grad_B * own local parameters of push groups >= q
+                                  + shard_grad_B * parameters of push groups < q / N)
+                                             parameters freed; after the backward the push walks the remaining groups
+                                             in order: the gradients of this device's groups not yet posted, and the
+                                             gradient shards (its output, held until the optimizer step) of those
+                                             before them (a first stage's own groups come last)
   peak      = max(backward + pull sends of groups not held here + activations, pull, push)
                                              (the forward releases each pull group's buffers before that group's
                                              activations exist, so the pull's peak has none; the push follows the
@@ -61,9 +70,10 @@ class MemoryConfig:
     shard_grad_bytes_per_param: float = 4.0  # the push's fp32 gradient shards (sharded over all N), until the update
     param_bytes_per_param: float = 2.0  # the running stage's parameters in the compute dtype (bf16)
     grad_bytes_per_param: float = 4.0  # its gradient accumulation buffer (fp32 for a 16-bit compute dtype)
-    pull_buffer_factor: float = 1.0  # the pull's output buffers, all groups posted at once, x the stage's parameters
-    pull_cast_bytes_per_param: float = 2.0  # the master shards cast to the compute dtype for the pull (0: same dtype)
+    pull_window: int = 2  # the pull's parameter groups this device receives into, in flight at once (decision 75)
+    pull_cast_bytes_per_param: float = 2.0  # a group's master rows cast to the compute dtype while posted (0: same)
     push_buffer_factor: float = 1.0  # x the push's buffers of one parameter group (sends + receives, module docstring)
+    push_window: int = 2  # the push's parameter groups in flight at once (decision 75)
     # "app-c1": the planner's charge so far (Hydraulis App. C.1: 12 B/param master states / N + 4 B/param 16-bit
     # parameters and gradients of the stage / t, activations beside); "executor": what the executor holds, by phase
     # (`resident_bytes`; measured within 10 %). The default stays "app-c1" until the planner's pinned figures are
@@ -77,6 +87,9 @@ class MemoryConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.margin_frac < 1:
             raise TidalError(f"memory margin_frac must be in [0, 1), got {self.margin_frac}")
+        if self.pull_window < 1 or self.push_window < 1:
+            raise TidalError(f"memory pull_window and push_window must be at least 1, got {self.pull_window}, "
+                             f"{self.push_window}")
         if self.mode not in ("app-c1", "executor"):
             raise TidalError(f"memory mode must be app-c1 or executor, got {self.mode!r}")
 
@@ -132,6 +145,39 @@ def stage_params(model: ModelSpec, scheme: ParallelScheme, stage: int) -> tuple[
     return total, group
 
 
+def pull_groups(model: ModelSpec, scheme: ParallelScheme, stage: int) -> list[tuple[float, float | None]]:
+    """The model's parameter groups in the executor's forward order (embedding, each layer, final norm + head): per
+    group (its parameters, its local parameters on a device of `stage`, None where the stage holds none). A tied
+    embedding's head is the embedding's group (held by the first and, under PP, the last stage)."""
+    t, h, emb = scheme.tp, model.hidden, model.vocab * model.hidden
+    stages = scheme.stage_layers(model.layers)
+    last = stage == len(stages) - 1
+    layer = model.layer_params()
+    layer_local = (layer - 2 * h) / t + 2 * h
+    first = sum(stages[:stage])
+    out: list[tuple[float, float | None]] = [(emb, emb / t if stage == 0 or (last and model.tie_embeddings) else None)]
+    out += [(layer, layer_local if first <= i < first + stages[stage] else None) for i in range(model.layers)]
+    head = 0.0 if model.tie_embeddings else emb
+    out.append((h + head, h + head / t if last else None))
+    return out
+
+
+def pull_posted(model: ModelSpec, scheme: ParallelScheme, stage: int, window: int) -> tuple[float, float]:
+    """(parameters of the groups posted when the pull starts, the local parameters of those this device receives):
+    every group up to the `window`-th one it receives into, and the groups it only sends from after that one until
+    its next (runtime/streams.py PullStream)."""
+    posted = received = 0.0
+    count = 0
+    for full, local in pull_groups(model, scheme, stage):
+        if local is not None:
+            if count == window:
+                break
+            count += 1
+            received += local
+        posted += full
+    return posted, received
+
+
 def resident_bytes(model: ModelSpec, scheme: ParallelScheme, n_devices: int, stage: int, cfg: MemoryConfig,
                    replicas: float | None = None, pull_wire_bytes: float | None = None) -> dict[str, float]:
     """Bytes one device of `stage` holds at each of the step's three peaks (module docstring), activations aside.
@@ -140,19 +186,37 @@ def resident_bytes(model: ModelSpec, scheme: ParallelScheme, n_devices: int, sta
     alone. `pull_wire_bytes`: this device's pull bytes sent + received as the pull plans give them (the executor
     knows them at start-up), instead of the closed form, which cannot know which rows a placement keeps local (TP's
     row split can coincide with the owners' split: tp4 on 4 devices copies its row-split weights locally)."""
-    w, g = stage_params(model, scheme, stage)
+    w, _ = stage_params(model, scheme, stage)
     n_all = model.num_params()
     master = cfg.master_bytes_per_param * n_all / n_devices
     pb, gb = cfg.param_bytes_per_param, cfg.grad_bytes_per_param
     r = n_devices / (scheme.tp * scheme.pp) if replicas is None else replicas
-    recv = w * (1.0 - 1.0 / n_devices)  # the rows of w that other devices own
-    send = n_all / n_devices * max(0.0, r - w / n_all)  # this device's rows to every other holder
+    # the push's window (decision 75): its first W groups in push order (the head, then the last layers) are posted
+    # from the backward; each swaps its gradients for its packed sends and adds the receive, reduction and output
+    # buffers of the rows this device owns: (r + 2) / N of the group with r > 1 addends, 2 / N with one (none in the
+    # backward for a group held here: its sends replace its gradients), in the master dtype
+    order = pull_groups(model, scheme, stage)[::-1]
+    mb, win = cfg.shard_grad_bytes_per_param, cfg.push_window
+
+    def fly(after_backward: bool) -> float:
+        share = [(r + 2.0) if r > 1 else (2.0 if after_backward or local is None else 0.0) for _, local in order[:win]]
+        return cfg.push_buffer_factor * mb * sum(f * k for (f, _), k in zip(order, share)) / n_devices
+
+    # after the backward the push walks the rest in order: this device still holds the gradients of its groups not
+    # yet posted while the shards of the groups before them have landed (a first stage's own groups come last)
+    held = [local or 0.0 for _, local in order]
+    walk = max(gb * sum(held[q:]) + mb * sum(f for f, _ in order[:q]) / n_devices
+               for q in range(min(win, len(order)), len(order) + 1))
+    # the pull starts with the groups up to the window's last (pull_posted): their outputs, receives and sends
+    posted, got = pull_posted(model, scheme, stage, cfg.pull_window)
+    cast = max(full for full, _ in pull_groups(model, scheme, stage))  # one group's master rows cast while posting
+    recv = got * (1.0 - 1.0 / n_devices)  # the rows of the posted groups that other devices own
+    send = max(0.0, posted * r - got) / n_devices  # this device's rows of them to every other holder
     return {
-        "pull": w * pb * (1.0 + cfg.pull_buffer_factor) + master + cfg.pull_cast_bytes_per_param * n_all / n_devices
+        "pull": (w + got) * pb + master + cfg.pull_cast_bytes_per_param * cast / n_devices
         + ((recv + send) * pb if pull_wire_bytes is None else pull_wire_bytes),
-        "backward": w * (pb + gb) + master,
-        "push": w * gb + master + cfg.shard_grad_bytes_per_param * model.num_params() / n_devices
-        + cfg.push_buffer_factor * gb * g * ((1.0 - 1.0 / n_devices) + scheme.tp * r / n_devices),
+        "backward": w * (pb + gb) + master + fly(False),
+        "push": master + walk + fly(True),
     }
 
 

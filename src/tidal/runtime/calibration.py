@@ -132,6 +132,8 @@ def read_metrics(path: str | Path) -> list[dict]:
         text = p.read_text()
     except OSError as e:
         raise TidalError(f"cannot read metrics {p}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise TidalError(f"metrics {p} is not a UTF-8 JSONL file") from None
     rows = []
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():

@@ -17,7 +17,8 @@ Sections and keys (all optional except where noted; see docs/training.md for the
                  metrics = "" (JSONL path), progress = true, overlap_pull = true, sequence_parallel = false,
                  refit = "off"|"online", refit_every = 5,
                  plan_ahead = 2, checkpoint_dir = "", checkpoint_every = 0, resume = false, keep_checkpoints = 3,
-                 async_checkpoint = true, gc_every = 1
+                 async_checkpoint = true, gc_every = 1,
+                 collective_timeout_s = 600, stop_grace_s = 60, max_consecutive_skips = 3, inject_nan = ""
 
 An unknown section or key, a wrong type, or a config that cannot run (world size vs cluster, a strategy needing
 more devices, a scheme that does not fit memory, TP not dividing the heads) raises TidalError with one line.
@@ -33,7 +34,9 @@ from types import MappingProxyType
 from typing import Any
 
 from tidal.core.errors import TidalError
+from tidal.core.limits import check_finite, check_lengths
 from tidal.core.model import MODEL_PRESETS, ModelSpec, get_model
+from tidal.data.sampler import LONG_DOC_POLICIES
 from tidal.runtime.optim import OptimConfig
 
 if sys.version_info >= (3, 11):
@@ -121,6 +124,11 @@ class DataConfig:
     cache_dir: str = ""  # where real corpora keep their token index (default: ~/.cache/tidal/corpora)
     cycle: bool = False  # start a new epoch at the end of a finite corpus instead of stopping
 
+    def __post_init__(self) -> None:
+        check_lengths(self.max_len, self.tokens_per_step, "[data]")
+        if self.long_docs not in LONG_DOC_POLICIES:
+            raise TidalError(f"[data] long_docs must be one of {', '.join(LONG_DOC_POLICIES)}, got {self.long_docs!r}")
+
 
 @dataclass(frozen=True)
 class PlannerConfig:
@@ -152,6 +160,11 @@ class TrainSection:
     keep_checkpoints: int = 3  # complete checkpoints kept (the newest K); 0 keeps all
     async_checkpoint: bool = True  # dcp.async_save: write the checkpoint while the next step trains
     gc_every: int = 1  # Python's cyclic GC only between steps, every N steps (runtime/gcsync.py); 0 = automatic
+    # reliability (docs/training.md "Lifecycle", "Timeouts", "Non-finite steps"; decisions 80-81)
+    collective_timeout_s: float = 600.0  # longest one rank may wait for another at a collective; then it is named
+    stop_grace_s: float = 60.0  # after SIGTERM/SIGINT: reach a step boundary and checkpoint within this, else killed
+    max_consecutive_skips: int = 3  # non-finite steps (skipped on every rank) in a row before the run stops (exit 4)
+    inject_nan: str = ""  # test hook: "RANK@STEP" or "RANK@FIRST-LAST" makes that rank's gradients NaN at those steps
 
     def __post_init__(self) -> None:
         if self.master_dtype not in MASTER_DTYPES:
@@ -161,6 +174,26 @@ class TrainSection:
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise TidalError(f"[train] compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}, got "
                              f"{self.compute_dtype!r}")
+        check_finite(self.collective_timeout_s, "[train] collective_timeout_s", low=0.0, low_open=True)
+        check_finite(self.stop_grace_s, "[train] stop_grace_s", low=0.0, low_open=True)
+        if self.max_consecutive_skips < 1:
+            raise TidalError(f"[train] max_consecutive_skips must be >= 1, got {self.max_consecutive_skips}")
+        nan_steps(self.inject_nan)  # validates the hook's syntax
+
+
+def nan_steps(spec: str) -> tuple[int, int, int] | None:
+    """`[train] inject_nan` parsed: (rank, first step, last step), 1-based steps; None when empty."""
+    if not spec:
+        return None
+    try:
+        rank, steps = spec.split("@")
+        first, _, last = steps.partition("-")
+        out = int(rank), int(first), int(last or first)
+    except ValueError:
+        raise TidalError(f"[train] inject_nan must be RANK@STEP or RANK@FIRST-LAST, got {spec!r}") from None
+    if out[0] < 0 or out[1] < 1 or out[2] < out[1]:
+        raise TidalError(f"[train] inject_nan must be RANK@STEP or RANK@FIRST-LAST, got {spec!r}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -211,6 +244,8 @@ def load_config(path: str | Path) -> TrainConfig:
         text = p.read_text()
     except OSError as e:
         raise TidalError(f"cannot read config {p}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise TidalError(f"config {p} is not a UTF-8 TOML file") from None
     try:
         d = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

@@ -20,6 +20,7 @@ receives (the caller decides who plans; `tidal train` plans on rank 0 and broadc
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,14 +36,16 @@ from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.strategy import Strategy
 from tidal.models.attention import describe_backend
 from tidal.models.init import derive_seed, init_slice
-from tidal.models.llama import fuse_storage, storage_blocks
 from tidal.runtime import checkpoint as ckpt
 from tidal.runtime.config import compute_dtype_for
+from tidal.runtime.flat import FlatStage
 from tidal.runtime.groups import GroupCache
 from tidal.runtime.optim import OptimConfig, ShardedAdamW, shard_range
 from tidal.runtime.pipeline import RankGrid, build_stage_model, held_params, run_pipeline
 from tidal.runtime.reshard.execute import execute, start
 from tidal.runtime.reshard.local import Links, LocalPlanner
+from tidal.runtime.streams import PullStream, PushStream, check_layout
+from tidal.runtime.tp import sequence_parallel_partials
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -55,6 +58,9 @@ class ExecConfig:
     schedule: str = "1f1b"
     attn_backend: str = "auto"
     overlap_pull: bool = True  # pull layer by layer in the background; each module waits for its own parameters
+    pull_window: int = 2  # parameter groups this rank receives into, in flight at once (decision 75)
+    push_window: int = 2  # parameter groups' pushes in flight at once, posted from the backward (decision 75)
+    overlap_push: bool = True  # post each group's push from the backward once its gradients are final; False: after
     device: str = "auto"  # auto: the current CUDA device under NCCL, else CPU; or "cpu" / "cuda"
     sequence_parallel: bool = False  # Megatron-style SP in every TP group (runtime/tp.py)
 
@@ -65,6 +71,9 @@ class ExecConfig:
             raise TidalError(f"compute_dtype must be one of auto, {', '.join(DTYPES)}, got {self.compute_dtype!r}")
         if self.master_dtype == "bfloat16":
             raise TidalError("master_dtype must be float32 or float64 (bf16 master weights lose updates)")
+        if self.pull_window < 1 or self.push_window < 1:
+            raise TidalError(f"pull_window and push_window must be at least 1, got {self.pull_window}, "
+                             f"{self.push_window}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise TidalError(f"device must be auto, cpu or cuda, got {self.device!r}")
 
@@ -90,6 +99,7 @@ class StepMetrics:
     pull_bytes: int  # sent + received by this rank
     push_bytes: int
     optim: dict
+    push_overlapped: int = 0  # parameter groups whose push was posted before the backward ended (overlap_push)
 
 
 class Executor:
@@ -121,8 +131,13 @@ class Executor:
         self.grids, self.models = [], []
         self.pull_groups: list[list[tuple[list[int], object]]] = []  # per candidate: (table indices, plan) per group
         self.push_groups: list[list[tuple[list[int], object]]] = []  # ... in push order (the pull's, reversed)
-        self._flat: list[_Flat | None] = []  # per candidate: this rank's stage parameters and gradients
-        self._inflight: list = []
+        self.pull_receives: list[list[bool]] = []  # per candidate and pull group: whether this rank receives into it
+        self._flat: list[FlatStage | None] = []  # per candidate: this rank's stage parameters and gradients
+        self._pulling: PullStream | None = None
+        self._pushing: PushStream | None = None
+        self._hooks_left: list[int] = []  # per group: gradient hooks still to come before its gradients are final
+        self._late: set[int] = set()  # groups whose gradients change after the backward (sequence parallelism)
+        self._push_grads: list = []
         self.probe: Callable[[str], None] | None = None  # memory accounting: called at the pull's and push's peaks
         for k, strategy in enumerate(self.candidates):
             if any(d >= self.world for p in strategy.pipelines for d in p.devices):
@@ -130,8 +145,10 @@ class Executor:
             pull_groups, push_groups = self._plan_candidate(k)
             self.pull_groups.append(pull_groups)
             self.push_groups.append(push_groups)
+            self.pull_receives.append([bool(plan.rank_view(self.rank).dst_box) for _, plan in pull_groups])
             mine = [j for j, p in enumerate(strategy.pipelines) if self.rank in p.devices]
             if not mine:
+                self._check_layout(None, pull_groups, push_groups, k)
                 self.grids.append(None)
                 self.models.append(None)
                 self._flat.append(None)
@@ -140,10 +157,15 @@ class Executor:
             model = build_stage_model(spec, grid, seed=cfg.seed, attn_backend=cfg.attn_backend,
                                       dtype=self.compute_dtype, device=self.device, init=False,  # pulled each step
                                       sequence_parallel=cfg.sequence_parallel)
-            self._check_layout(model, pull_groups, k)
+            self._check_layout(model, pull_groups, push_groups, k)
             self.grids.append((mine[0], grid))
             self.models.append(model)
-            self._flat.append(_Flat(model, self.grad_dtype))  # idle until its step: no storage
+            held = held_params(model, spec)
+            group_of = {id(held[i]): g for g, idx in enumerate(self.group_index) for i in idx if held[i] is not None}
+            if set(group_of) != {id(p) for p in model.parameters()}:  # each hook must count toward its own group
+                raise TidalError(f"candidate {k}: the stage's parameters and the parameter table's groups disagree")
+            self._flat.append(FlatStage(model, self.grad_dtype, group_of,  # idle until its step: no storage
+                                    on_grad=lambda g, k=k: self._grad_hook(k, g)))
             if cfg.overlap_pull:
                 self._install_hooks(model, k)
         # the attention kernel every stage runs, with why faster ones were passed over (reported in the step rows)
@@ -162,16 +184,9 @@ class Executor:
         pushes = [(idx, planner.push(idx, itemsize=push_size)) for idx in reversed(self.group_index)]
         return pulls, pushes
 
-    def _check_layout(self, model: torch.nn.Module, pulls, k: int) -> None:
-        """The runtime's module shards and the engine's annotations must agree on every parameter's local shape."""
-        held = held_params(model, self.spec)
-        for idx, plan in pulls:
-            for i, mv in zip(idx, plan.moves):
-                want = mv.dst.local_shape(self.rank, self.table[i].shape)
-                got = None if held[i] is None else tuple(held[i].shape)
-                if want != got:
-                    raise TidalError(f"candidate {k}: {self.table[i].name} on rank {self.rank} is {got} in the model "
-                                     f"but {want} in the resharding plan")
+    def _check_layout(self, model: torch.nn.Module | None, pulls, pushes, k: int) -> None:
+        held = held_params(model, self.spec) if model is not None else [None] * len(self.table)
+        check_layout(self.rank, self.world, self.table, held, pulls, pushes, k)
 
     def _init_master(self) -> None:
         """Master shards (rows shard_range of every parameter) initialised alone to their slice of the unsharded
@@ -208,34 +223,36 @@ class Executor:
         return time.perf_counter() - t0, time.thread_time() - c0, nbytes
 
     def _start_pull(self, k: int) -> tuple[float, float, int]:
-        """Post every parameter group's pull messages at once (embedding, each layer, head, in that order on every
-        rank); the forward pre-hook of each module completes its group just before the module first runs, so later
-        layers' parameters travel while earlier layers compute (Hydraulis Fig. 11)."""
+        """Start the step's pull stream (runtime/streams.py): groups in forward order (embedding, each layer, head) on
+        every rank, at most `pull_window` groups this rank receives into in flight; the forward pre-hook of each
+        module completes the groups up to its own, so later layers' parameters travel while earlier layers compute
+        (Hydraulis Fig. 11) and the buffers in flight stay bounded."""
         t0, c0 = time.perf_counter(), time.thread_time()
         if self._flat[k] is not None:
             self._flat[k].alloc_params()
         held = held_params(self.models[k], self.spec) if self.models[k] is not None else None
-        self._inflight = []
-        for idx, plan in self.pull_groups[k]:
+        groups = self.pull_groups[k]
+
+        def post(g: int):
+            idx, plan = groups[g]
             inputs = [self.master[i].to(self.compute_dtype) for i in idx]
-            fl = start(plan, inputs, self.groups, dtype=self.compute_dtype, device=self.device)
-            self._inflight.append((idx, fl, held))
-        nbytes = sum(_bytes(plan, self.rank) for _, plan in self.pull_groups[k])
+            return start(plan, inputs, self.groups, dtype=self.compute_dtype, device=self.device, checked=True)
+
+        def land(g: int, outs) -> None:
+            if held is not None:
+                with torch.no_grad():
+                    for i, x in zip(groups[g][0], outs):
+                        if held[i] is not None:
+                            held[i].copy_(x)
+
+        self._pulling = PullStream(self.pull_receives[k], self.cfg.pull_window, post, land)
+        nbytes = sum(_bytes(plan, self.rank) for _, plan in groups)
         return time.perf_counter() - t0, time.thread_time() - c0, nbytes
 
     def _complete(self, g: int) -> float:
-        """Finish group g's pull (if still in flight) and copy it into the module parameters; returns CPU seconds."""
-        if g >= len(self._inflight) or self._inflight[g] is None:
-            return 0.0
-        idx, fl, held = self._inflight[g]
+        """Complete the pull up to group g (blocking, in order); returns CPU seconds."""
         c0 = time.thread_time()
-        outs = fl.wait()
-        if held is not None:
-            with torch.no_grad():
-                for i, x in zip(idx, outs):
-                    if held[i] is not None:
-                        held[i].copy_(x)
-        self._inflight[g] = None  # its buffers go now, not at the end of the step
+        self._pulling.need(g)
         return time.thread_time() - c0
 
     def _install_hooks(self, model: torch.nn.Module, k: int) -> None:
@@ -248,26 +265,67 @@ class Executor:
             mod.register_forward_pre_hook(lambda _m, _a, g=g, k=k: self._hook(k, g))
 
     def _hook(self, k: int, g: int) -> None:
-        if self._active == k:
+        if self._active == k and self._pulling is not None:
             self._pull_wait_cpu += self._complete(g)
 
-    def _push(self, k: int) -> tuple[list[torch.Tensor], float, float, int]:
-        """Gradients to their owner shards, one parameter group at a time in the fixed push order (head first, the
-        embedding last), each group's buffers gone before the next group's are made. Gradients travel and are summed
-        in the master dtype (fp32 reduction; decision 73): the fp32 accumulation buffers are the inputs, no copy."""
-        t0, c0 = time.perf_counter(), time.thread_time()
-        held = held_params(self.models[k], self.spec) if self.models[k] is not None else [None] * len(self.table)
-        grads: list = [None] * len(self.table)
-        nbytes = 0
-        for idx, plan in self.push_groups[k]:
+    def _grad_hook(self, k: int, g: int) -> None:
+        """A gradient hook of group g fired (one per parameter per micro-batch's backward); after the last one the
+        group's gradients are final and its push may be posted (never blocking: PushStream.advance)."""
+        if self._active != k or self._pushing is None or not self.cfg.overlap_push:
+            return
+        left = self._hooks_left[g] - 1
+        self._hooks_left[g] = left
+        if left == 0 and g not in self._late:
+            self._pushing.final(len(self.group_index) - 1 - g)  # push order is the pull's reversed
+        else:
+            self._pushing.advance()
+
+    def _start_push(self, k: int, micro_batches: int) -> None:
+        """Arm the push stream for the step's backward: group q (push order) is final on this rank after
+        `micro_batches` hooks of each of its parameters here; groups holding no gradient here are ready at once."""
+        flat, model = self._flat[k], self.models[k]
+        self._push_grads = [None] * len(self.table)
+        groups = self.push_groups[k]
+        held = held_params(model, self.spec) if model is not None else [None] * len(self.table)
+        n_groups = len(self.group_index)
+        per_group = [0] * n_groups
+        for g, idx in enumerate(self.group_index):
+            per_group[g] = len({id(held[i]) for i in idx if held[i] is not None})
+        # sequence parallelism all-reduces norm-weight gradients over TP after the schedule: those groups wait
+        ids = {id(p) for p in sequence_parallel_partials(model)} if model is not None else set()
+        self._late = {g for g, idx in enumerate(self.group_index) if any(id(held[i]) in ids for i in idx)}
+        self._hooks_left = [n * micro_batches if micro_batches else -1 for n in per_group]
+
+        def post(q: int):
+            idx, plan = groups[q]
+            g = n_groups - 1 - q
+            if flat is not None and g in flat.grads:
+                flat.alloc_grads(g)  # zeros where no backward reached it (a pipeline without sequences)
             inputs = [None if held[i] is None else held[i].main_grad.to(self.master_dtype) for i in idx]
-            outs = execute(plan, inputs, self.groups, dtype=self.master_dtype, device=self.device)
-            for i, g in zip(idx, outs):
-                grads[i] = g
-            del inputs, outs
-            nbytes += _bytes(plan, self.rank)
-            if self.probe is not None:
+            fl = start(plan, inputs, self.groups, dtype=self.master_dtype, device=self.device, checked=True)
+            del inputs
+            if flat is not None and g in flat.grads:
+                flat.free_grads(g)  # posted: sends are packed and a root's own addend copied
+            return fl
+
+        def land(q: int, outs) -> None:
+            for i, x in zip(groups[q][0], outs):
+                self._push_grads[i] = x
+            if self.probe is not None and not self._pushing.in_backward:  # never while an autograd graph lives
                 self.probe("push")
+
+        self._pushing = PushStream([per_group[n_groups - 1 - q] > 0 for q in range(n_groups)],
+                                   self.cfg.push_window, post, land,
+                                   gate=lambda: self._pulling is None or self._pulling.all_posted)
+
+    def _push(self, k: int) -> tuple[list[torch.Tensor], float, float, int]:
+        """Finish the push stream after the backward: post the groups the backward did not (window full, or final only
+        now) and wait every group in the fixed push order (head first). Gradients travel and are summed in the master
+        dtype (fp32 reduction; decision 73)."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        self._pushing.finish()
+        grads, self._push_grads = self._push_grads, []
+        nbytes = sum(_bytes(plan, self.rank) for _, plan in self.push_groups[k])
         return grads, time.perf_counter() - t0, time.thread_time() - c0, nbytes
 
     def warm_up(self, length: int = 256) -> None:
@@ -284,10 +342,13 @@ class Executor:
             toks = torch.randint(0, self.spec.vocab, (length + 1,), generator=g)
             self.train_step(plan, lambda _j, t=toks: t, update=False)
 
-    def train_step(self, step: StepPlan, fetch: Callable[[int], torch.Tensor], update: bool = True) -> StepMetrics:
+    def train_step(self, step: StepPlan, fetch: Callable[[int], torch.Tensor], update: bool = True,
+                   poison: bool = False) -> StepMetrics:
         """One optimizer step on `step`. `fetch(j)` returns the ``seq_lengths[j] + 1`` token ids of sequence j; it
         is called only for the sequences this rank's pipeline runs. `update=False` stops after the backward (warm-up):
-        no push, no optimizer step, gradients dropped."""
+        no push, no optimizer step, gradients dropped. A non-finite loss or gradient on any rank skips the update on
+        every rank (``optim["skipped"]``; decision 81). `poison` (a test hook, `[train] inject_nan`) makes this rank's
+        gradient shards NaN before the optimizer sees them."""
         t_wall, t_busy, t_proc = time.perf_counter(), time.thread_time(), time.process_time()
         k = step.strategy
         if not 0 <= k < len(self.candidates):
@@ -298,8 +359,16 @@ class Executor:
                              f"{len(strategy.pipelines)}")
         running = sorted(i for p in step.pipelines for mb in p.micro_batches for i in mb)
         tokens = sum(step.seq_lengths[i] for i in running)
+        self._active, self._pull_wait_cpu = k, 0.0
+        try:
+            return self._step(step, fetch, update, k, tokens, running, (t_wall, t_busy, t_proc), poison)
+        finally:  # also when the step raises: no stream outlives its step
+            self._active, self._pulling, self._pushing = None, None, None
+
+    def _step(self, step: StepPlan, fetch, update: bool, k: int, tokens: int, running, t_start,
+              poison: bool = False) -> StepMetrics:
+        t_wall, t_busy, t_proc = t_start
         if self.cfg.overlap_pull:
-            self._active, self._pull_wait_cpu = k, 0.0
             pull_s, pull_c, pull_b = self._start_pull(k)
         else:
             pull_s, pull_c, pull_b = self._pull(k)
@@ -307,9 +376,11 @@ class Executor:
             self.probe("pull")
         loss_part, compute = 0.0, 0.0
         model = self.models[k]
+        pplan = step.pipelines[self.grids[k][0]] if model is not None else None
+        if update:  # gradient hooks post each group's push once its gradients are final (never blocking)
+            self._start_push(k, len(pplan.micro_batches) if pplan is not None and tokens > 0 else 0)
         if model is not None:
             j, grid = self.grids[k]
-            pplan = step.pipelines[j]
             for p in model.parameters():
                 p.grad = None
             if pplan.micro_batches and tokens > 0:
@@ -322,14 +393,13 @@ class Executor:
                     loss_part = res.loss
         if self.cfg.overlap_pull:  # groups this rank only sends, or a pipeline with nothing to run
             t0 = time.perf_counter()
-            rest = sum(self._complete(g) for g in range(len(self._inflight)))
+            rest = self._complete(len(self.group_index) - 1)
             pull_c += rest + self._pull_wait_cpu
             compute -= self._pull_wait_cpu  # the hooks ran inside forward; count their copies as pull
             pull_s += time.perf_counter() - t0
-            self._active, self._inflight = None, []
+            self._pulling = None
         flat = self._flat[k]
         if flat is not None:
-            flat.alloc_grads()  # (a no-op where the backward already made them)
             if self.probe is not None:
                 self.probe("backward")
             flat.free_params()  # the push needs gradients only; the next step pulls again
@@ -339,16 +409,19 @@ class Executor:
             return StepMetrics(0.0, tokens, len(running), 0.0, compute, 0.0, 0.0, pull_s, 0.0, pull_c, 0.0, pull_b,
                                0, {})
         grads, push_s, push_c, push_b = self._push(k)
+        overlapped = self._pushing.posted_in_backward
         if flat is not None:
             flat.free_grads()
         optim = {}
         if tokens > 0:  # a step with nothing to train leaves parameters and moments untouched
-            optim = self.optim.step(grads)
+            if poison:
+                grads = [g * float("nan") for g in grads]
+            optim = self.optim.step(grads, bad=not math.isfinite(loss_part))
         loss = torch.tensor([loss_part], dtype=torch.float64, device=self.device)
         dist.all_reduce(loss)
         return StepMetrics(float(loss), tokens, len(running), time.thread_time() - t_busy, compute,
                            time.process_time() - t_proc, time.perf_counter() - t_wall, pull_s, push_s, pull_c,
-                           push_c, pull_b, push_b, optim)
+                           push_c, pull_b, push_b, optim, overlapped)
 
     def checkpoint_state(self) -> dict:
         """This rank's master and moment rows as a DCP state dict (runtime/checkpoint.py: logical full tensors named
@@ -387,60 +460,6 @@ class Executor:
             for i, info in enumerate(self.table):
                 out[key][info.name] = np.concatenate([parts[r][i] for r in range(self.world)])
         return out if self.rank == 0 else None
-
-
-class _Flat:
-    """One candidate's stage on this rank: its parameters (compute dtype) are views of one flat buffer and their
-    gradients (`main_grad`, at least fp32) views of another at the same offsets. Each buffer holds storage only while
-    the candidate's step needs it (storage resized to zero otherwise), so idle candidates hold nothing. Fused blocks
-    (q/k/v, gate/up) are adjacent, so their GEMM reads one tensor without a copy and their gradient blocks are views
-    of one fused gradient. A post-accumulate hook adds each micro-batch's `.grad` into `main_grad` and drops it."""
-
-    ALIGN = 64  # elements: every block starts at a multiple (aligned GEMM operands)
-
-    def __init__(self, model: torch.nn.Module, grad_dtype: torch.dtype) -> None:
-        blocks = storage_blocks(model)
-        offsets, off = [], 0
-        for b in blocks:
-            offsets.append(off)
-            off += sum(p.numel() for p in b)
-            off = -(-off // self.ALIGN) * self.ALIGN
-        p0 = blocks[0][0]
-        self.params = torch.empty(off, dtype=p0.dtype, device=p0.device)
-        self.grads = torch.empty(off, dtype=grad_dtype, device=p0.device)
-        for b, o in zip(blocks, offsets):
-            n = sum(p.numel() for p in b)
-            fuse_storage(b, self.params[o:o + n])
-            for p in b:
-                p.main_grad = self.grads[o:o + p.numel()].view_as(p)
-                p.register_post_accumulate_grad_hook(self._accumulate)
-                o += p.numel()
-        self._grads_live = True
-        self.free_params()
-        self.free_grads()
-
-    def _accumulate(self, p: torch.nn.Parameter) -> None:
-        self.alloc_grads()
-        p.main_grad.add_(p.grad)
-        p.grad = None
-
-    def alloc_params(self) -> None:
-        st = self.params.untyped_storage()
-        if st.nbytes() == 0:
-            st.resize_(self.params.numel() * self.params.element_size())
-
-    def free_params(self) -> None:
-        self.params.untyped_storage().resize_(0)
-
-    def alloc_grads(self) -> None:
-        if not self._grads_live:
-            self.grads.untyped_storage().resize_(self.grads.numel() * self.grads.element_size())
-            self.grads.zero_()
-            self._grads_live = True
-
-    def free_grads(self) -> None:
-        self.grads.untyped_storage().resize_(0)
-        self._grads_live = False
 
 
 def resolve_device(name: str) -> torch.device:

@@ -2,12 +2,20 @@
 
 A FileStore in a fresh temporary directory avoids TCP port races between concurrent tests. Each worker runs
 `fn(rank, world_size, *args)`; its return value is pickled back to the parent, and any worker exception is re-raised
-in the parent with the worker's traceback in the message.
+in the parent (:class:`RunFailure`: one line naming the rank, the worker's traceback in ``.detail``).
+
+Lifecycle (runtime/lifecycle.py, decision 80): every rank dies with the launcher (PR_SET_PDEATHSIG and a watchdog on
+the launcher's pid), so no rank outlives a ``kill -9`` of the launcher. With `grace_s`, the launcher's SIGTERM/SIGINT
+is forwarded to the ranks as SIGTERM (they checkpoint at the next step boundary and return); a second signal or the
+end of the grace period kills them. With a `monitor` (runtime/guard.py) a rank that does not arrive at a collective
+within the collective timeout is named; the whole-run deadline `timeout_s` is optional (None: none).
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -18,6 +26,9 @@ from typing import Any
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from tidal.core.errors import EXIT_RANK, EXIT_TIMEOUT, RunFailure
+from tidal.runtime.lifecycle import LauncherSignals, die_with_parent, exit_code_for
 
 
 def cuda_defaults() -> None:
@@ -31,7 +42,8 @@ def cuda_defaults() -> None:
 
 
 def _worker(rank: int, world_size: int, store_path: str, backend: str, timeout_s: float, fn: Callable, args: tuple,
-            queue: Any) -> None:
+            queue: Any, launcher: int) -> None:
+    die_with_parent(launcher)  # never outlive the launcher, whatever ends it (kill -9 included)
     try:
         if backend == "nccl":  # one GPU per rank (round robin over the visible devices)
             import torch
@@ -48,10 +60,26 @@ def _worker(rank: int, world_size: int, store_path: str, backend: str, timeout_s
             dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - reported to the parent
         queue.put((rank, False, traceback.format_exc()))
+        return
+    # Reported: leave now. The interpreter's own shutdown (finalisers of torch and gloo objects) takes seconds on a
+    # loaded machine, which would hold a stopping run's processes alive past the launcher's wait for no purpose.
+    queue.close()
+    queue.join_thread()  # the result is in the pipe
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _died(procs, r: int) -> str:
     return f"rank {r} died with exit code {procs[r].exitcode} before reporting (crashed at start-up or was killed)"
+
+
+def _last_line(tb: str) -> str:
+    """The exception line of a traceback text, without the module path of its type."""
+    lines = [ln for ln in tb.strip().splitlines() if ln.strip()]
+    last = lines[-1].strip() if lines else "an exception"
+    head, sep, rest = last.partition(": ")
+    return (head.rsplit(".", 1)[-1] + sep + rest) if sep else last.rsplit(".", 1)[-1]
 
 
 def _dead_unreported(procs, results: dict, reporter: int, wait_s: float) -> int | None:
@@ -65,28 +93,45 @@ def _dead_unreported(procs, results: dict, reporter: int, wait_s: float) -> int 
 
 
 def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
-                    timeout_s: float = 120.0) -> list[Any]:
+                    timeout_s: float | None = 120.0, collective_timeout_s: float | None = None, monitor: Any = None,
+                    grace_s: float | None = None) -> list[Any]:
     """Run fn on `world_size` spawned ranks; return the per-rank results in rank order.
 
-    Fails (RuntimeError naming the rank and carrying its traceback) as soon as a rank raises or dies without a
-    result (e.g. at import), and after `timeout_s` seconds overall, naming the ranks that had not finished."""
+    Fails (:class:`RunFailure`, a RuntimeError: one line naming the rank, its traceback in the message and in
+    ``.detail``) as soon as a rank raises or dies without a result (e.g. at import); when `monitor`
+    (guard.HangMonitor) names a rank that did not arrive at a collective; and, if `timeout_s` is not None, after
+    `timeout_s` seconds overall, naming the ranks that had not finished. `collective_timeout_s` is the process
+    group's timeout (default: `timeout_s`, else 1800 s). With `grace_s`, SIGTERM/SIGINT are handled (module doc)."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
+    pg_timeout = collective_timeout_s or timeout_s or 1800.0
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="tidal-store-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="tidal-store-") as tmp, \
+            LauncherSignals(grace_s or 0.0, enabled=grace_s is not None) as sig:
         store_path = os.path.join(tmp, "store")
         procs = [
-            ctx.Process(target=_worker, args=(r, world_size, store_path, backend, timeout_s, fn, args, queue),
-                        daemon=False)
+            ctx.Process(target=_worker, args=(r, world_size, store_path, backend, pg_timeout, fn, args, queue,
+                                              os.getpid()), daemon=False)
             for r in range(world_size)
         ]
         for p in procs:
             p.start()
+        pids = [p.pid for p in procs]
         results: dict[int, Any] = {}
         error: str | None = None
-        deadline = time.monotonic() + timeout_s
+        detail, code = "", EXIT_RANK
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while len(results) < world_size and error is None:
+            if sig.requested:
+                sig.forward([p.pid for p in procs if p.is_alive()])
+                if sig.escalate():
+                    missing = [r for r in range(world_size) if r not in results]
+                    name = signal.Signals(sig.signum).name
+                    why = "a second signal" if sig.count > 1 else f"no step boundary within {sig.grace_s:g} s"
+                    error, code = f"interrupted by {name}: ranks {missing} killed ({why}); no checkpoint at this " \
+                                  f"step", exit_code_for(sig.signum)
+                    continue
             try:
                 rank, ok, payload = queue.get(timeout=0.5)
             except Empty:
@@ -96,22 +141,30 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, backend
                         rank, ok, payload = queue.get(timeout=2.0)
                     except Empty:
                         error = _died(procs, dead[0])
+                        if sig.requested:
+                            code = exit_code_for(sig.signum)
                         continue
-                elif time.monotonic() > deadline:
+                elif monitor is not None and (hang := monitor.check(pids)) is not None:
+                    error, code = hang, EXIT_TIMEOUT
+                    continue
+                elif deadline is not None and time.monotonic() > deadline:
                     missing = [r for r in range(world_size) if r not in results]
-                    error = f"timed out after {timeout_s:.0f} s waiting for ranks {missing}"
+                    error, code = f"timed out after {timeout_s:.0f} s waiting for ranks {missing}", EXIT_TIMEOUT
                     continue
                 else:
                     continue
             if ok:
                 results[rank] = payload
             else:
-                error = f"rank {rank} raised:\n{payload}"
+                error, detail = f"rank {rank} raised {_last_line(payload)}", payload
                 # A rank that died without reporting is the likelier cause (its peers then fail in their collectives,
                 # e.g. gloo's "Connection closed by peer"), and its death can reach us after their reports: name it.
                 dead = _dead_unreported(procs, results, rank, wait_s=1.0)
                 if dead is not None:
                     error = f"{_died(procs, dead)}; then {error}"
+                elif monitor is not None and (why := monitor.explain(pids)) is not None \
+                        and not why.startswith(f"rank {rank} "):
+                    error, code = f"{why}; then {error}", EXIT_TIMEOUT  # the peer it waited for, named first
         if error is not None:
             for p in procs:
                 if p.is_alive():
@@ -128,8 +181,8 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, backend
                 p.join(timeout=5)
                 killed.add(r)
         if error is not None:
-            raise RuntimeError("distributed worker failed: " + error)
+            raise RunFailure("distributed worker failed: " + error, detail, exit_code=code)
         bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (0, None) and r not in killed]
         if bad:
-            raise RuntimeError(f"distributed workers exited with codes {bad}")
+            raise RunFailure(f"distributed workers exited with codes {bad}")
     return [results[r] for r in range(world_size)]

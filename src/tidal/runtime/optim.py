@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from tidal.core.errors import TidalError
+from tidal.core.limits import MAX_LR, check_finite
 from tidal.runtime.reshard.annotation import split_range
 
 
@@ -35,15 +36,16 @@ class OptimConfig:
     min_lr_ratio: float = 0.1
 
     def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise TidalError(f"optimizer.lr must be > 0, got {self.lr}")
+        # non-finite or absurd values are refused here, before any rank starts (decision 81)
+        check_finite(self.lr, "optimizer.lr", low=0.0, high=MAX_LR, low_open=True)
         for k in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, k) < 1.0:
-                raise TidalError(f"optimizer.{k} must be in [0, 1), got {getattr(self, k)}")
-        if self.eps <= 0 or self.weight_decay < 0 or self.clip < 0:
-            raise TidalError("optimizer.eps must be > 0, weight_decay and clip >= 0")
-        if self.warmup_steps < 0 or self.decay_steps < 1 or not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise TidalError("optimizer: warmup_steps >= 0, decay_steps >= 1, 0 <= min_lr_ratio <= 1")
+            check_finite(getattr(self, k), f"optimizer.{k}", low=0.0, high=1.0, high_open=True)
+        check_finite(self.eps, "optimizer.eps", low=0.0, high=1.0, low_open=True)
+        check_finite(self.weight_decay, "optimizer.weight_decay", low=0.0, high=1.0)
+        check_finite(self.clip, "optimizer.clip", low=0.0)
+        check_finite(self.min_lr_ratio, "optimizer.min_lr_ratio", low=0.0, high=1.0)
+        if self.warmup_steps < 0 or self.decay_steps < 1:
+            raise TidalError("optimizer: warmup_steps >= 0, decay_steps >= 1")
 
 
 def lr_at(step: int, cfg: OptimConfig) -> float:
@@ -92,22 +94,36 @@ class ShardedAdamW:
         self.v = [torch.zeros_like(p) for p in shards]
         self.steps = 0
 
-    def step(self, grads: list[torch.Tensor]) -> dict:
-        """Clip by the global norm, then update. Returns {"grad_norm", "lr", "clip_scale"}."""
+    def step(self, grads: list[torch.Tensor], bad: bool = False) -> dict:
+        """Clip by the global norm, then update. Returns {"grad_norm", "lr", "clip_scale", "skipped", "local_bad"}.
+
+        Non-finite guard (decision 81): `bad` says this rank saw a non-finite value of its own (its loss); it travels
+        in the same all-reduce as the squared norm (one collective, as before), so every rank learns that some rank
+        had a non-finite loss or gradient and all skip the update together: parameters, moments and the step count
+        (hence the learning-rate schedule) stay as they were."""
         if len(grads) != len(self.params):
             raise TidalError(f"{len(grads)} gradient shards for {len(self.params)} parameters")
-        sq = torch.zeros(1, dtype=torch.float64, device=self.params[0].device if self.params else "cpu")
+        acc = torch.zeros(2, dtype=torch.float64, device=self.params[0].device if self.params else "cpu")
         for g in grads:
-            sq += g.double().pow(2).sum()
+            acc[0] += g.double().pow(2).sum()
+        acc[1] = (~torch.isfinite(acc[0])).double() + (1.0 if bad else 0.0)  # on the device: no extra host sync
+        local = acc[1:].clone()
         if dist.is_initialized():
-            dist.all_reduce(sq, group=self.group)
-        norm = float(sq.sqrt())
-        scale = clip_scale(norm, self.cfg.clip)
+            dist.all_reduce(acc, group=self.group)
+        sq, flags, mine = torch.cat([acc, local]).tolist()
+        norm, local_bad = math.sqrt(sq) if sq >= 0 else math.nan, mine > 0
         lr = lr_at(self.steps, self.cfg)
+        if flags > 0 or not math.isfinite(norm):
+            return {"grad_norm": norm, "lr": lr, "clip_scale": 0.0, "skipped": 1.0, "local_bad": float(local_bad)}
+        scale = clip_scale(norm, self.cfg.clip)
         self.steps += 1
         for p, g, m, v, d in zip(self.params, grads, self.m, self.v, self.decay):
             adamw_update(p, g.to(p.dtype) * scale, m, v, step=self.steps, lr=lr, cfg=self.cfg, decay=d)
-        return {"grad_norm": norm, "lr": lr, "clip_scale": scale}
+        return {"grad_norm": norm, "lr": lr, "clip_scale": scale, "skipped": 0.0, "local_bad": 0.0}
+
+    def finite(self) -> bool:
+        """Whether this rank's parameters and moments are all finite (checked before every checkpoint)."""
+        return all(bool(torch.isfinite(t).all()) for ts in (self.params, self.m, self.v) for t in ts)
 
     def state_dict(self) -> dict:
         return {"steps": self.steps, "params": self.params, "m": self.m, "v": self.v}

@@ -220,7 +220,7 @@ def run_pipeline(model: nn.Module, grid: RankGrid, plan: PipelinePlan, seq_lengt
     of the resharding engine, whose gradient annotations are partial over CP, over the tied pair and over pipelines
     (:func:`tidal.runtime.reshard.deduce.param_annotation`), so no partial is summed twice.
 
-    Parameters with a ``main_grad`` buffer (the executor's, runtime/executor.py ``_Flat``) accumulate there instead
+    Parameters with a ``main_grad`` buffer (the executor's, runtime/flat.py ``FlatStage``) accumulate there instead
     of in ``.grad`` (their hooks add every micro-batch's gradient and drop it); the reductions above then act on the
     whole buffer, so the caller hands it in zeroed (the executor calls this once per step).
     """

@@ -28,7 +28,8 @@ the last consumed step; training's online refit sends ``apply(SetCostModel(refit
 affects, and is raised there as :class:`BackgroundPlannerError`: one line with the exception and where it was raised,
 the full traceback text in ``.traceback``. A process that dies without a word, or a plan that does not arrive within
 ``timeout_s``, is an error too, never a hang. ``close()`` (also on exceptions, via ``with``) stops the process, joins
-it and terminates it if it does not stop; the process also exits by itself when its parent is gone.
+it and terminates it if it does not stop; the process also dies with its parent (runtime/lifecycle.py), ``kill -9``
+included, and ignores SIGINT (a terminal's Ctrl-C reaches the whole process group: the rank handles it).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import pickle
 import queue
+import signal
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -53,6 +55,7 @@ from tidal.costmodel.memory import MemoryConfig
 from tidal.data.corpus import corpus_from_spec
 from tidal.data.sampler import TokenBudgetSampler
 from tidal.planner.stepper import PlannedStep, PlanningOptions, StepPlanner
+from tidal.runtime.lifecycle import die_with_parent
 
 POLL_S = 0.1  # how often a waiting side checks that the other one is still alive
 JOIN_S = 5.0  # how long close() waits for the process to stop before terminating it
@@ -202,6 +205,9 @@ def _put(out, item, parent) -> bool:
 def _serve(factory: Callable[[], Any], state: dict | None, requests, out) -> None:
     """The background process: plan in order into `out`; obey `requests` ("stop", ("rewind", gen, state, update))."""
     parent = mp.parent_process()
+    # dies with its rank whatever kills the rank (decision 80); a terminal's Ctrl-C is the rank's to handle
+    die_with_parent(parent.pid if parent is not None else None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     gen = 0
     stopped = False
     try:

@@ -2,9 +2,10 @@
 tensor storage of the process, found by walking the garbage collector's objects and deduplicated by storage, at the
 step's three peaks, against the memory model's `resident_bytes` for this rank's stage.
 
-Phases: "pull" (every parameter group's pull posted), "backward" (after the last micro-batch's backward: parameters
-and the gradient buffer) and "push" (after each parameter group's push, and whenever the push or the optimizer calls
-a torch.distributed collective or batch_isend_irecv, so the packed buffers inside reshard.execute are counted; the
+Phases: "pull" (the groups posted when the pull starts: its window, decision 75), "backward" (after the last
+micro-batch's backward: parameters, the gradient buffers of groups whose push is not yet posted and the pushes in
+flight) and "push" (after each parameter group's push completes, and whenever the push or the optimizer calls a
+torch.distributed collective or batch_isend_irecv, so the packed buffers inside reshard.execute are counted; the
 worst). Activations are left out on both sides: no probe runs while an autograd graph is alive (saved activations are
 measured apart, pp.ExecStats.peak_saved_bytes). Storages that existed before the executor was built are not counted.
 """
@@ -23,6 +24,7 @@ from tidal.costmodel.memory import executor_memory, resident_bytes
 from tidal.runtime.executor import ExecConfig, Executor
 from tidal.runtime.groups import GroupCache
 from tidal.runtime.optim import OptimConfig
+from tidal.runtime.streams import PullStream
 
 
 def live_bytes() -> dict[int, int]:
@@ -88,7 +90,9 @@ def _measure(rank: int, world: int, spec, cluster, texts, compute: str, master: 
     stage = pipe.devices.index(rank) // (pipe.scheme.tp * pipe.scheme.cp)
     # the pull's wire bytes on this rank (sent + received) as its plans give them: the closed form `resident_bytes`
     # uses without them cannot know which rows a placement keeps local
-    wire = sum(st.send + st.recv for _, plan in ex.pull_groups[0] if (st := plan.stats.get(rank)) is not None)
+    # (of the groups posted when the pull starts: its window, decision 75)
+    posted = ex.pull_groups[0][:PullStream.initial(ex.pull_receives[0], ex.cfg.pull_window)]
+    wire = sum(st.send + st.recv for _, plan in posted if (st := plan.stats.get(rank)) is not None)
     model = resident_bytes(spec, pipe.scheme, world, stage, mem, pull_wire_bytes=wire)
     closed = resident_bytes(spec, pipe.scheme, world, stage, mem, replicas=sum(p.scheme.cp for p in strategy.pipelines))
     return {"rank": rank, "scheme": str(pipe.scheme), "stage": stage, "measured": peaks, "model": model,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from tidal.core.cluster import ClusterSpec, get_cluster
-from tidal.core.errors import TidalError
+from tidal.core.errors import EXIT_NONFINITE, TidalError
 from tidal.core.model import ModelSpec, param_table
 from tidal.core.plan import StepPlan
 from tidal.core.scheme import parse_strategies
@@ -39,11 +40,13 @@ from tidal.planner.select import profile_strategies
 from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates, carry_state
 from tidal.runtime import ckptdir
 from tidal.runtime.calibration import REFIT_MODES, OnlineRefit, calibration_fields
-from tidal.runtime.config import TrainConfig, compute_dtype_for
+from tidal.runtime.config import TrainConfig, compute_dtype_for, nan_steps
 from tidal.runtime.executor import ExecConfig, Executor, fetch_from
 from tidal.runtime.gcsync import StepGC
 from tidal.runtime.groups import GroupCache
+from tidal.runtime.guard import Progress, RankMarks
 from tidal.runtime.launch import cuda_defaults
+from tidal.runtime.lifecycle import StopRequest, exit_code_for
 from tidal.runtime.planahead import PlannerSpec, SetCostModel, open_plans
 from tidal.runtime.pp import SCHEDULES
 
@@ -154,6 +157,8 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
         parent = Path(cfg.train.metrics).parent
         if not parent.is_dir():
             raise TidalError(f"metrics path {cfg.train.metrics}: directory {parent} does not exist")
+        if Path(cfg.train.metrics).is_dir():
+            raise TidalError(f"metrics path {cfg.train.metrics} is a directory, not a file")
     return Prepared(cfg, spec, cluster, candidates, options, ex, resume_from)
 
 
@@ -192,17 +197,25 @@ class RunResult:
     rows: list[dict]  # one per step (rank 0; empty elsewhere)
     state: dict | None  # with record=True: full master params and Adam moments on rank 0 (Executor.gather_state)
     planner_state: dict | None = None  # rank 0: the planner's state as of the last step trained (resumes the stream)
+    stop: tuple[int, str] | None = None  # why the run stopped early: (exit code, one line); None = it ran to the end
 
 
 def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict], None] | None = None,
                  record: bool = False, plan_factory: Callable[[], object] | None = None,
-                 plan_state: dict | None = None) -> RunResult:
+                 plan_state: dict | None = None, progress: Progress | None = None) -> RunResult:
     """One rank's training loop. With `record`, each row also lists the (doc_id, start, length) of every sequence
     trained that step (`docs_run`), and the final optimizer state is gathered, for replay by a reference.
 
     Rank 0 plans with `plan_factory()` (picklable; default: the job's `PlannerSpec`) resumed from `plan_state`, inline
-    or `[train] plan_ahead` steps ahead in a background process started before the warm-up."""
+    or `[train] plan_ahead` steps ahead in a background process started before the warm-up.
+
+    Reliability (decisions 80-81): SIGTERM/SIGINT stop every rank at the same step boundary with a checkpoint (the
+    flag travels in the per-step all-gather); a step with a non-finite loss or gradient on any rank is skipped on all
+    ranks, and `[train] max_consecutive_skips` in a row stop the run (no checkpoint from such a streak). Each rank
+    marks where it is in `progress` (the launcher names a rank that does not arrive at a collective)."""
     torch.set_num_threads(1)  # ranks share the machine's cores; one intra-op thread each
+    marks = RankMarks(progress, rank)
+    stop = StopRequest(job.config.train.stop_grace_s, f"rank {rank}").install()
     if dist.get_backend() == "nccl":
         cuda_defaults()  # TF32 on (also set by run_distributed's ranks; this covers torchrun's)
     cfg = job.config
@@ -219,6 +232,9 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
     plans = (open_plans(plan_factory or planner_spec(job), cfg.train.plan_ahead, plan_state) if rank == 0
              else None)
     out = saver = None
+    inject = nan_steps(cfg.train.inject_nan)
+    skips = consecutive = 0
+    halt: tuple[int, str] | None = None
     try:
         groups = GroupCache()
         executor = Executor(job.spec, job.cluster, job.candidates, job.exec_config, cfg.optimizer, groups)
@@ -250,6 +266,7 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
         with StepGC(cfg.train.gc_every) as sgc:  # Python's GC at step boundaries (decision 66)
             for _ in range(cfg.train.steps - done):
                 t_loop = time.perf_counter()
+                marks(done + 1, "plan broadcast")
                 box = [None]
                 if rank == 0:
                     ps = plans.next()
@@ -263,14 +280,24 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
                     break
                 index, plan_d, docs, delay = box[0]
                 step = StepPlan.from_dict(plan_d)
-                m = executor.train_step(step, fetch_from(docs, corpus))
+                marks(done + 1, "train step")
+                executor.probe = marks.probe(done + 1) or executor.probe
+                poison = inject is not None and rank == inject[0] and inject[1] <= done + 1 <= inject[2]
+                m = executor.train_step(step, fetch_from(docs, corpus), poison=poison)
                 gc_s = sgc.after_step(done + 1)  # between steps on every rank, outside the timed regions
-                mine = torch.tensor([gc_s if f == "gc_s" else getattr(m, f) for f in _RANK_FIELDS],
+                marks(done + 1, "metrics all-gather")
+                # per-rank figures, then this rank's stop request and non-finite flag (every rank reads every rank's)
+                mine = torch.tensor([gc_s if f == "gc_s" else getattr(m, f) for f in _RANK_FIELDS]
+                                    + [stop.signum, m.optim.get("local_bad", 0.0)],
                                     dtype=torch.float64, device=executor.device)
                 every = [torch.zeros_like(mine) for _ in range(world)]
                 dist.all_gather(every, mine)
+                gathered = torch.stack(every).cpu().numpy()
+                per_rank, signum = gathered[:, :len(_RANK_FIELDS)], int(gathered[:, -2].max())
+                bad_ranks = [int(r) for r in np.flatnonzero(gathered[:, -1] > 0)]
+                skipped = m.optim.get("skipped", 0.0) > 0  # the same on every rank (one all-reduce decided it)
+                skips, consecutive = skips + skipped, (consecutive + 1 if skipped else 0)
                 if rank == 0:
-                    per_rank = torch.stack(every).cpu().numpy()
                     row = _row(index, step, job, m, per_rank, plans.plan_s, delay)
                     row.update(plan_cpu_s=plans.plan_cpu_s, plan_wait_s=plan_wait_s,
                                loop_s=time.perf_counter() - t_loop)
@@ -281,6 +308,8 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
                         cost_model, label = new, f"refit-{refit.generation}"
                     row["attn_backend"] = executor.attn_backend
                     row["checkpoint_s"] = saver.take_blocked() if saver is not None else 0.0
+                    row.update(skipped=bool(skipped), skips=skips, consecutive_skips=consecutive,
+                               nonfinite_ranks=bad_ranks)
                     if ledger is not None:
                         row["data"] = ledger.counters()
                     if record:
@@ -294,30 +323,69 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
                 done += 1
                 if saver is not None:
                     saver.step_done(done)  # completes an asynchronous save that overlapped this step
+                if consecutive >= cfg.train.max_consecutive_skips:  # every rank: the same counts, the same decision
+                    halt = (EXIT_NONFINITE, f"step {done}: {consecutive} non-finite steps in a row (loss or gradient "
+                                            f"non-finite on rank(s) {bad_ranks}), max_consecutive_skips "
+                                            f"{cfg.train.max_consecutive_skips}; stopped without a checkpoint"
+                                            + _latest_note(cfg.train.checkpoint_dir))
+                    break
                 every = cfg.train.checkpoint_every
-                if cfg.train.checkpoint_dir and ((every and done % every == 0) or done == cfg.train.steps):
-                    save_checkpoint(executor, cfg.train.checkpoint_dir, done, plans, ledger, refit, saver=saver)
+                due = (every and done % every == 0) or done == cfg.train.steps or signum
+                if cfg.train.checkpoint_dir and due and consecutive == 0:  # never in a non-finite streak
+                    marks(done, "checkpoint")
+                    if not save_checkpoint(executor, cfg.train.checkpoint_dir, done, plans, ledger, refit,
+                                           saver=saver):
+                        halt = (EXIT_NONFINITE, f"step {done}: non-finite parameters or moments; checkpoint refused"
+                                + _latest_note(cfg.train.checkpoint_dir))
+                        break
                     saved = done
-        if cfg.train.checkpoint_dir and saved != done:  # the corpus ended before `steps`: keep what was trained
-            save_checkpoint(executor, cfg.train.checkpoint_dir, done, plans, ledger, refit, saver=saver)
+                if signum and done < cfg.train.steps:  # SIGTERM/SIGINT on a rank: every rank stops after this step
+                    stop.finished()
+                    what = (f"checkpoint {Path(cfg.train.checkpoint_dir) / f'step-{saved:06d}'} saved"
+                            if cfg.train.checkpoint_dir and saved == done else "no checkpoint (no checkpoint_dir)"
+                            if not cfg.train.checkpoint_dir else "no checkpoint (non-finite streak)")
+                    halt = (exit_code_for(signum), f"stopped by {signal.Signals(signum).name} after step {done}: "
+                                                   f"{what}")
+                    break
+        if halt is None and cfg.train.checkpoint_dir and saved != done:  # the corpus ended before `steps`
+            marks(done, "checkpoint")
+            if not save_checkpoint(executor, cfg.train.checkpoint_dir, done, plans, ledger, refit, saver=saver):
+                halt = (EXIT_NONFINITE, f"step {done}: non-finite parameters or moments; checkpoint refused"
+                        + _latest_note(cfg.train.checkpoint_dir))
         if saver is not None:
-            saver.close()
+            saver.close()  # an asynchronous save in flight is completed (and `latest` moved) before the run ends
         planner_state = plans.state_dict() if rank == 0 else None
+        marks(done, "finished")
     finally:
+        stop.restore()
         if plans is not None:
             plans.close()
         if out is not None:
             out.close()
     state = executor.gather_state() if record else None
-    return RunResult(rows, state, planner_state)
+    return RunResult(rows, state, planner_state, halt)
+
+
+def _latest_note(directory: str) -> str:
+    if not directory:
+        return ""
+    try:
+        return f"; latest is still {(Path(directory) / 'latest').read_text().strip()}"
+    except OSError:
+        return "; no checkpoint was written"
 
 
 def save_checkpoint(executor: Executor, directory: str, step: int, plans, ledger,
-                    refit: OnlineRefit | None = None, saver: ckptdir.Saver | None = None) -> None:
+                    refit: OnlineRefit | None = None, saver: ckptdir.Saver | None = None) -> bool:
     """Collective, at a step boundary: <directory>/step-NNNNNN (DCP, runtime/checkpoint.py) with every rank's rows,
     the planner's state as of the last step trained, the ledger's and the online refit's (rank 0); rank 0 points
     <directory>/latest at it once it is complete. With the run's `saver`, asynchronous if it is (finished at the next
-    step boundary or `saver.close()`); without one, synchronous (e.g. a save on SIGTERM)."""
+    step boundary or `saver.close()`); without one, synchronous. Returns False, having written nothing, when any
+    rank's parameters or moments are non-finite (one all-reduce decides it for all)."""
+    finite = torch.tensor([1.0 if executor.optim.finite() else 0.0], dtype=torch.float64, device=executor.device)
+    dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+    if float(finite) < 1.0:
+        return False
     state = {}
     if plans is not None:
         state = {"planner": plans.state_dict(), "ledger": ledger.state_dict() if ledger is not None else None,
@@ -328,13 +396,8 @@ def save_checkpoint(executor: Executor, directory: str, step: int, plans, ledger
     saver.save(executor, step, state)
     if own:
         saver.close()
+    return True
 
-
-def latest_checkpoint(directory: str, spec: ModelSpec) -> tuple[str, dict]:
-    """(path, metadata) of the checkpoint to resume from: <directory>/latest's if it verifies, else the newest one
-    that does (ckptdir.resolve); a clear error when there is none."""
-    res = ckptdir.resolve(directory, spec)
-    return res.path, res.meta
 
 
 def _row(index: int, step: StepPlan, job: Prepared, m, per_rank: np.ndarray, plan_s: float, delay: float) -> dict:

@@ -17,36 +17,46 @@ import torch.distributed as dist
 from tidal.core.errors import TidalError
 from tidal.runtime.groups import GroupCache
 from tidal.runtime.reshard.annotation import Box, box_size, local_box
-from tidal.runtime.reshard.plan import Cell, CommPlan
+from tidal.runtime.reshard.plan import Cell, CommPlan, RankView
 
-__all__ = ["GroupCache", "InFlight", "execute", "start"]
+__all__ = ["GroupCache", "InFlight", "check_inputs", "execute", "start"]
 
 
 def _slices(box: Box) -> tuple[slice, ...]:
     return tuple(slice(a, b) for a, b in box)
 
 
+def check_inputs(view: RankView, inputs: Sequence[torch.Tensor | None], dtype: torch.dtype, rank: int) -> None:
+    """Every input this rank's part of a plan reads has its local shape and the plan's dtype (one TidalError line
+    otherwise). One list comparison in the common case (`RankView.want`), the per-tensor walk only to name a fault."""
+    if len(inputs) != len(view.want):
+        raise TidalError(f"plan moves {len(view.want)} tensors but {len(inputs)} inputs were given")
+    if [None if x is None else x.shape for x in inputs] == view.want and \
+            all(x.dtype == dtype for x in inputs if x is not None):
+        return
+    for t, want in view.src_shape.items():
+        x = inputs[t]
+        if x is None or x.shape != want:
+            got = None if x is None else list(x.shape)
+            raise TidalError(f"rank {rank}: tensor {t} input should have local shape {list(want)}, got {got}")
+        if x.dtype != dtype:
+            raise TidalError(f"rank {rank}: tensor {t} has dtype {x.dtype}, plan executes in {dtype}")
+
+
 class _Local:
     """One rank's view of a plan: its source and destination boxes, reduced cells and outputs."""
 
     def __init__(self, plan: CommPlan, rank: int, inputs: Sequence[torch.Tensor | None], dtype: torch.dtype,
-                 device: torch.device | str = "cpu") -> None:
-        if len(inputs) != len(plan.moves):
-            raise TidalError(f"plan moves {len(plan.moves)} tensors but {len(inputs)} inputs were given")
+                 device: torch.device | str = "cpu", checked: bool = False) -> None:
+        # this rank's boxes: carried by a per-rank plan, derived once per world plan (never a scan per step)
+        view = plan.rank_view(rank)
+        if not checked:  # `checked`: the caller validated these inputs' shapes and dtype once (the executor does)
+            check_inputs(view, inputs, dtype, rank)
         self.inputs = inputs
         self.out: list[torch.Tensor | None] = [None] * len(plan.moves)
         self.reduced: dict[Cell, torch.Tensor] = {}
-        # this rank's boxes: carried by a per-rank plan, derived once per world plan (never a scan per step)
-        view = plan.rank_view(rank)
         self.src_box: dict[int, Box] = view.src_box
         self.dst_box: dict[int, Box] = view.dst_box
-        for t, want in view.src_shape.items():
-            x = inputs[t]
-            if x is None or x.shape != want:
-                got = None if x is None else list(x.shape)
-                raise TidalError(f"rank {rank}: tensor {t} input should have local shape {list(want)}, got {got}")
-            if x.dtype != dtype:
-                raise TidalError(f"rank {rank}: tensor {t} has dtype {x.dtype}, plan executes in {dtype}")
         for t, shape in view.dst_shape.items():
             self.out[t] = torch.zeros(shape, dtype=dtype, device=device)
         self.dtype = dtype
@@ -164,51 +174,91 @@ def execute(plan: CommPlan, inputs: Sequence[torch.Tensor | None], groups: Group
 
 
 class InFlight:
-    """A plan whose point-to-point messages have been posted; :meth:`wait` completes it and returns the outputs."""
+    """A plan whose point-to-point messages have been posted (one `batch_isend_irecv`): :meth:`poll` says without
+    blocking whether they completed, :meth:`wait` completes them and returns the outputs. The inputs are no longer
+    referenced once posted (sends are packed, a root's own addend is copied, copies from inputs are done), so the
+    caller may free them at once."""
 
-    def __init__(self, local: _Local, works: list, recvs: list, copies, rank: int) -> None:
-        self._local, self._works, self._recvs, self._copies, self._rank = local, works, recvs, copies, rank
+    def __init__(self, local: _Local, works: list, recvs: list, copies: list) -> None:
+        self._local, self._works, self._recvs, self._copies = local, works, recvs, copies
         self._out: list[torch.Tensor | None] | None = None
 
     @property
     def done(self) -> bool:
         return self._out is not None
 
+    def poll(self) -> bool:
+        """True when every posted operation has completed (no wait, no host sync: a query of each work handle)."""
+        return self._out is not None or all(w.is_completed() for w in self._works)
+
     def wait(self) -> list[torch.Tensor | None]:
         if self._out is None:
             for w in self._works:
                 w.wait()
-            for buf, m in self._recvs:
-                self._local.unpack(buf, m.cells)
-            for r, cell in self._copies:
-                if r == self._rank:
-                    self._local.write(cell, self._local.read(cell))
-            self._out = self._local.out
-            self._works, self._recvs = [], []
+            self._finish()
         return self._out
+
+    def finish_polled(self) -> list[torch.Tensor | None]:
+        """The outputs of a plan :meth:`poll` found complete, without calling ``wait`` on its handles (a wait after
+        completion would add nothing, and a wait recorded at a point the rank never blocks would mislead the order
+        checker)."""
+        if self._out is None:
+            if not self.poll():
+                raise TidalError("finish_polled() on a plan whose operations have not completed")
+            self._finish()
+        return self._out
+
+    def _finish(self) -> None:
+        local = self._local
+        for buf, cells, add in self._recvs:  # plan order: a root sums its addends in the same order as execute()
+            local.unpack(buf, cells, add=add)
+        for cell in self._copies:
+            local.write(cell, local.read(cell))
+        self._out = local.out
+        self._works, self._recvs, self._copies, self._local = [], [], [], None
 
 
 def start(plan: CommPlan, inputs: Sequence[torch.Tensor | None], groups: GroupCache,
-          dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> InFlight:
-    """Post this rank's messages of a plan made of point-to-point messages and local copies only (a pull: BSR from
-    the fully-sharded layout) without waiting, so the caller can compute while they travel. They travel on the
-    engine's p2p group (`groups.p2p_group()`), a communicator of their own, so they never mix with the pipeline's
-    activations or any collective whatever their timing. Every rank must start the same plans in the same order.
-    Plans with reductions or collectives are refused (use `execute`)."""
-    if plan.reductions or plan.reduce_msgs or plan.collectives:
-        raise TidalError("start() takes plans of point-to-point messages and copies only; use execute()")
+          dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+          checked: bool = False) -> InFlight:
+    """Post this rank's messages of a plan made of point-to-point messages, root reductions and local copies (a pull
+    or a push of `local.py`) in ONE `batch_isend_irecv`, without waiting, so the caller can compute while they travel.
+    They travel on the engine's p2p group (`groups.p2p_group()`), a communicator of their own, so they never mix with
+    the pipeline's activations or any collective whatever their timing. Every rank must start the same plans in the
+    same order (messages between two ranks match in posting order). Plans with collectives, or whose messages send a
+    cell this rank reduces (a world plan's phase 3 after its phase 1), are refused (use `execute`). `checked`: the
+    caller has validated the inputs' shapes and dtype for this plan once (see `check_inputs`)."""
+    if plan.collectives:
+        raise TidalError("start() takes plans of point-to-point messages, reductions and copies only; use execute()")
     rank = dist.get_rank()
     group = groups.p2p_group()
     if device is None:
         device = next((x.device for x in inputs if x is not None), torch.device("cpu"))
-    local = _Local(plan, rank, inputs, dtype, device)
+    local = _Local(plan, rank, inputs, dtype, device, checked=checked)
+    for red in plan.reductions:  # roots start from their own addend (a copy) or zeros, as in execute()
+        for box, root, ct in red.items:
+            if root == rank:
+                cell = (red.tensor, box)
+                local.reduced[cell] = (local.read(cell).clone() if rank in ct else
+                                       torch.zeros([b - a for a, b in box], dtype=dtype, device=device))
     ops, recvs = [], []
-    for m in sorted((m for m in plan.messages if rank in (m.sender, m.receiver)), key=lambda m: m.batch):
-        if m.sender == rank:
-            ops.append(dist.P2POp(dist.isend, local.pack(m.cells).contiguous(), m.receiver, group=group))
-        else:
-            buf = torch.empty(m.elems, dtype=dtype, device=device)
-            ops.append(dist.P2POp(dist.irecv, buf, m.sender, group=group))
-            recvs.append((buf, m))
+    for add, msgs in ((True, plan.reduce_msgs), (False, plan.messages)):
+        for m in sorted((m for m in msgs if rank in (m.sender, m.receiver)), key=lambda m: m.batch):
+            if m.sender == rank:
+                if not add and local.reduced and any(c in local.reduced for c in m.cells):
+                    raise TidalError("start() cannot send a cell before its reduction completes; use execute()")
+                ops.append(dist.P2POp(dist.isend, local.pack(m.cells).contiguous(), m.receiver, group=group))
+            else:
+                buf = torch.empty(m.elems, dtype=dtype, device=device)
+                ops.append(dist.P2POp(dist.irecv, buf, m.sender, group=group))
+                recvs.append((buf, m.cells, add))
+    later = []
+    for r, cell in plan.copies:  # copies from the inputs now (then the inputs can go); from reduced cells at the end
+        if r == rank:
+            if cell in local.reduced:
+                later.append(cell)
+            else:
+                local.write(cell, local.read(cell))
+    local.inputs = ()
     works = dist.batch_isend_irecv(ops) if ops else []
-    return InFlight(local, list(works), recvs, plan.copies, rank)
+    return InFlight(local, list(works), recvs, later)

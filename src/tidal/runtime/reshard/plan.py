@@ -111,6 +111,7 @@ class RankView:
     dst_box: dict[int, Box]
     src_shape: dict[int, tuple[int, ...]]
     dst_shape: dict[int, tuple[int, ...]]
+    want: list = field(default_factory=list)  # per tensor: its input's local shape, None where none is read
 
 
 def _shape(box: Box) -> tuple[int, ...]:
@@ -154,8 +155,9 @@ class CommPlan:
             boxes = self.rank_boxes(rank)
             src = {t: b for t, (b, _) in enumerate(boxes) if b is not None}
             dst = {t: b for t, (_, b) in enumerate(boxes) if b is not None}
-            hit = self._views[rank] = RankView(src, dst, {t: _shape(b) for t, b in src.items()},
-                                               {t: _shape(b) for t, b in dst.items()})
+            src_shape = {t: _shape(b) for t, b in src.items()}
+            want = [src_shape.get(t) for t in range(len(self.moves))]
+            hit = self._views[rank] = RankView(src, dst, src_shape, {t: _shape(b) for t, b in dst.items()}, want)
         return hit
 
     @property
