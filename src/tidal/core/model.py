@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from types import MappingProxyType
 
 from tidal.core.errors import TidalError
+from tidal.core.limits import check_finite
 
 
 @dataclass(frozen=True)
@@ -31,9 +32,8 @@ class ModelSpec:
             raise TidalError(f"model {self.name}: heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
         if self.head_dim % 2:
             raise TidalError(f"model {self.name}: head_dim {self.head_dim} (hidden/heads) must be even for RoPE")
-        if not self.rope_theta > 0 or not self.norm_eps > 0:
-            raise TidalError(f"model {self.name}: rope_theta and norm_eps must be > 0, got {self.rope_theta}, "
-                             f"{self.norm_eps}")
+        check_finite(self.rope_theta, f"model {self.name}: rope_theta", low=0.0, low_open=True)
+        check_finite(self.norm_eps, f"model {self.name}: norm_eps", low=0.0, low_open=True)
 
     @property
     def head_dim(self) -> int:
