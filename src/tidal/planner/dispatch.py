@@ -19,15 +19,9 @@ import numpy as np
 
 from tidal.core.errors import TidalError
 from tidal.planner.bounds import PipeCost, check_lengths
+from tidal.planner.config import DEFAULT, PlannerConfig
 from tidal.planner.greedy import _greedy, _greedy_prep
 from tidal.planner.hydraulis import _alg1_trial_loop, _alg1_trial_numpy
-
-# Instances with B sequences x D pipelines up to this get `restarts` random-order restarts (decision in
-# docs/decisions.md: with the compiled local search they cost a few ms per step at 16-64 GPUs).
-RESTART_MAX = 1024
-# ... of which the best RESTART_KEEP (by objective) are packed by select.assign: the objective only bounds the
-# packed time (decision 64).
-RESTART_KEEP = 4
 
 
 @dataclass(frozen=True)
@@ -271,12 +265,13 @@ def evaluate(lengths, pipes: Sequence[PipeCost], groups: Sequence[Sequence[int]]
 
 def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: int = 0,
              max_rounds: int | None = None, restarts: int = 4, target: float = 0.0,
-             time_limit: float = 10.0, deadline: float | None = None) -> DispatchResult:
+             time_limit: float = 10.0, deadline: float | None = None,
+             config: PlannerConfig = DEFAULT) -> DispatchResult:
     """Dispatch sequences to pipelines minimising max_j of the capacity-aware pipeline cost (`_cost`): the better of
     dispatch_alternatives' results (the lowest objective, ties to the first). exact=True also solves the MILP (of
     the linear objective D_j, bounds.eq2_bound) and keeps the better of the two."""
     first, alts = dispatch_alternatives(lengths, pipes, seed=seed, max_rounds=max_rounds, restarts=restarts,
-                                        target=target, deadline=deadline)
+                                        target=target, deadline=deadline, config=config)
     res = min((first, *alts), key=lambda r: r.objective)
     if exact and any(res.groups):
         from tidal.planner.exact import dispatch_milp
@@ -293,18 +288,18 @@ def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: i
 def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, max_rounds: int | None = None,
                           restarts: int = 4, target: float = 0.0, deadline: float | None = None,
                           scan: bool = True, extra: list[DispatchResult] | None = None,
-                          ) -> tuple[DispatchResult, tuple[DispatchResult, ...]]:
+                          config: PlannerConfig = DEFAULT) -> tuple[DispatchResult, tuple[DispatchResult, ...]]:
     """The greedy dispatch and its local search, and alternatives, each only if its objective is lower: the best of
     `restarts` seeded random-order restarts, each followed by the same local search, on small instances (B x D <=
-    RESTART_MAX), and the jump-scan greedy below.
+    config.restart_max, decision 64), and the jump-scan greedy below.
     The objective is a lower bound on the packed time, not the packed time, so the caller packs both (select.assign).
     Deterministic for a given `seed` (used only by the restarts). The local search stops early once the objective is
     <= `target` (e.g. a lower bound: nothing better is possible), and at `deadline` (a time.perf_counter value: the
     greedy dispatch always completes, so the result is always valid). `scan`: when the first dispatch's bottleneck is
     set by its longest document (_lumpy), also the greedy with its jump scan (_greedy), an alternative when its
     objective is below the first's (then after the same local search). `extra`, when given, receives the next-best
-    restarts (up to RESTART_KEEP - 1, best first), which are not in the alternatives: select.assign packs them last,
-    so what it did with the alternatives is unchanged (decision 64)."""
+    restarts (up to config.restart_keep - 1, best first), which are not in the alternatives: select.assign packs them
+    last, so what it did with the alternatives is unchanged (decision 64)."""
     l_ = check_lengths(lengths)
     check_pipes(pipes)
     top = max(p.max_len for p in pipes)
@@ -319,10 +314,10 @@ def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, 
     done = _local_search(st, rounds, pairs=small, target=target, deadline=deadline)
     first = float(st.load.max())
     alts: list[DispatchResult] = []
-    if l_.size * len(pipes) <= RESTART_MAX and restarts and done and first > target:
+    if l_.size * len(pipes) <= config.restart_max and restarts and done and first > target:
         # Small instances: a few seeded random-order restarts (they escape LPT's worst cases and the local search's
         # local optima).
-        found = restart_dispatches(l_, pipes, restarts, keep=1 if extra is None else RESTART_KEEP, seed=seed,
+        found = restart_dispatches(l_, pipes, restarts, keep=1 if extra is None else config.restart_keep, seed=seed,
                                    max_rounds=rounds, below=first, target=target, deadline=deadline, prep=prep)
         alts = found[:1]
         if extra is not None:
