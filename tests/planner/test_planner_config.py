@@ -27,7 +27,7 @@ def test_bad_knobs_are_one_line_errors(bad):
 def test_frozen_and_presets():
     with pytest.raises(dataclasses.FrozenInstanceError):
         DEFAULT.fill = False  # type: ignore[misc]
-    assert DEFAULT == PlannerConfig()
+    assert PlannerConfig() == DEFAULT
     assert PROPOSAL == PlannerConfig.cheap() == PlannerConfig(improve=False, scan=False)
 
 
