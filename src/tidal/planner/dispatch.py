@@ -20,7 +20,7 @@ import numpy as np
 from tidal.core.errors import TidalError
 from tidal.planner.bounds import PipeCost, check_lengths
 from tidal.planner.config import DEFAULT, PlannerConfig
-from tidal.planner.greedy import _greedy, _greedy_prep
+from tidal.planner.greedy import greedy_owner, greedy_prep
 from tidal.planner.hydraulis import _alg1_trial_loop, _alg1_trial_numpy
 
 
@@ -296,7 +296,7 @@ def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, 
     Deterministic for a given `seed` (used only by the restarts). The local search stops early once the objective is
     <= `target` (e.g. a lower bound: nothing better is possible), and at `deadline` (a time.perf_counter value: the
     greedy dispatch always completes, so the result is always valid). `scan`: when the first dispatch's bottleneck is
-    set by its longest document (_lumpy), also the greedy with its jump scan (_greedy), an alternative when its
+    set by its longest document (_lumpy), also the greedy with its jump scan (greedy_owner), an alternative when its
     objective is below the first's (then after the same local search). `extra`, when given, receives the next-best
     restarts (up to config.restart_keep - 1, best first), which are not in the alternatives: select.assign packs them
     last, so what it did with the alternatives is unchanged (decision 64)."""
@@ -309,8 +309,8 @@ def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, 
         return DispatchResult(tuple(() for _ in pipes), 0.0, tuple(0.0 for _ in pipes)), ()
     small = l_.size * len(pipes) <= 512
     rounds = max_rounds if max_rounds is not None else 20 + len(pipes) + (l_.size if small else 0)
-    prep = _greedy_prep(pipes)
-    st = _State(pipes, l_, _greedy(l_, pipes, prep=prep, scan=False))
+    prep = greedy_prep(pipes)
+    st = _State(pipes, l_, greedy_owner(l_, pipes, prep=prep, scan=False))
     done = _local_search(st, rounds, pairs=small, target=target, deadline=deadline)
     first = float(st.load.max())
     alts: list[DispatchResult] = []
@@ -324,7 +324,7 @@ def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, 
             extra.extend(found[1:])
     if scan and done and first > target and _lumpy(st):
         # the bottleneck costs V (c + w_max): its longest document, not its work, sets it (decision 63)
-        sc = _State(pipes, l_, _greedy(l_, pipes, prep=prep, scan=True))
+        sc = _State(pipes, l_, greedy_owner(l_, pipes, prep=prep, scan=True))
         if float(sc.load.max()) < first:  # the scan greedy alone beats the first's local optimum: search from it
             _local_search(sc, rounds, pairs=small, target=target, deadline=deadline)
             return _result(st, len(pipes)), (*alts, _result(sc, len(pipes)))
@@ -363,11 +363,11 @@ def restart_dispatches(lengths: np.ndarray, pipes: Sequence[PipeCost], restarts:
     l_ = lengths
     small = l_.size * len(pipes) <= 512
     rounds = max_rounds if max_rounds is not None else 20 + len(pipes) + (l_.size if small else 0)
-    prep = _greedy_prep(pipes) if prep is None else prep
+    prep = greedy_prep(pipes) if prep is None else prep
     rng = np.random.default_rng(seed)
     found: list[tuple[float, int, _State]] = []
     for r in range(restarts):
-        cand = _State(pipes, l_, _greedy(l_, pipes, rng.permutation(l_.size), prep=prep, scan=scan))
+        cand = _State(pipes, l_, greedy_owner(l_, pipes, rng.permutation(l_.size), prep=prep, scan=scan))
         done = _local_search(cand, rounds, pairs=small, target=target, deadline=deadline)
         obj = float(cand.load.max())
         if obj < below:
@@ -375,6 +375,16 @@ def restart_dispatches(lengths: np.ndarray, pipes: Sequence[PipeCost], restarts:
         if not done or (found and found[0][0] <= target):
             break
     return [_result(st, len(pipes)) for _, _, st in found]
+
+
+def search_from(lengths: np.ndarray, pipes: Sequence[PipeCost], owner: np.ndarray, rounds: int, *,
+                deadline: float | None = None) -> DispatchResult:
+    """The dispatch's local search (moves and swaps off the bottleneck, no pair swaps) from the assignment `owner`
+    (a pipeline index per document, every one set), for `rounds` rounds or until `deadline`: fill.fill_dispatch's
+    finish."""
+    st = _State(pipes, lengths, owner)
+    _local_search(st, rounds, deadline=deadline)
+    return _result(st, len(pipes))
 
 
 def dispatch_hydraulis(lengths, pipes: Sequence[PipeCost], *, trials: int = 100, seed: int = 0,

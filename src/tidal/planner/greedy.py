@@ -1,5 +1,5 @@
 """The dispatch's greedy start (list scheduling, longest first) with its jump scan, in Python; `kernels.greedy` is
-the compiled loop that makes the same choices. `dispatch.py` uses `_greedy` and `_greedy_prep`."""
+the compiled loop that makes the same choices. `dispatch.py` uses `greedy_owner` and `greedy_prep`."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from tidal.planner.bounds import PipeCost, group_pipes
 from tidal.planner.pipecost import add_cost
 
 
-def _greedy_prep(pipes: Sequence[PipeCost]) -> tuple:
-    """What _greedy needs of the pipelines alone: classes of identical pipelines, their members (ascending), and the
-    compiled loop's arrays of them. Computed once per dispatch, shared by its restarts."""
+def greedy_prep(pipes: Sequence[PipeCost]) -> tuple:
+    """What greedy_owner needs of the pipelines alone: classes of identical pipelines, their members (ascending), and
+    the compiled loop's arrays of them. Computed once per dispatch, shared by its restarts."""
     classes, _ = group_pipes(pipes)
     members: list[list[int]] = [[] for _ in classes]
     cls_of = {p: k for k, p in enumerate(classes)}
@@ -32,7 +32,7 @@ def _greedy_prep(pipes: Sequence[PipeCost]) -> tuple:
     return classes, members, arrays
 
 
-def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | None = None,
+def greedy_owner(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | None = None,
             compiled: bool = True, prep: tuple | None = None, scan: bool = True) -> np.ndarray:
     """List scheduling: each sequence (longest first unless `order`) to the eligible pipeline with the least resulting
     cost. Per class of identical pipelines two are tried: the first empty one and the least-loaded used one, or every
@@ -40,10 +40,10 @@ def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | 
     micro-batch constant (a PP = 1 pipeline over its MaxLen with a long document jumps to 2 (c + w(l_max)); a fuller
     pipeline with room is then cheaper).
     Runs the compiled loop (kernels.greedy, same choices) when numba is there and `compiled`. `prep`:
-    _greedy_prep(pipes), when the caller has it."""
+    greedy_prep(pipes), when the caller has it."""
     from tidal.planner import kernels
 
-    classes, members, arrays = _greedy_prep(pipes) if prep is None else prep
+    classes, members, arrays = greedy_prep(pipes) if prep is None else prep
     if order is None:
         order = np.argsort(-lengths, kind="stable")
     if compiled and kernels.AVAILABLE:

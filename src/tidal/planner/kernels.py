@@ -109,7 +109,7 @@ def _sift_up(key, ids, off, pos):
 
 
 def _greedy(lengths, order, ca, cb, cc, cd, cq, cm, members, moff, mcount, pmax, scan):
-    """dispatch._greedy compiled: each sequence (in `order`) to the eligible pipeline with the least resulting cost,
+    """greedy.greedy_owner compiled: each sequence (in `order`) to the eligible pipeline with the least resulting cost,
     trying per class its first empty pipeline and its least-loaded used one (heap top by (cost, index)), or every
     used one (if `scan`) when adding to the least-loaded one costs more than the document's work plus one
     micro-batch.
