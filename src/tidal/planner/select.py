@@ -148,7 +148,7 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
         if cfg.polish_rounds and shrink and target * (1 + cfg.shrink_done) < est and target < shrink_below \
                 and (deadline is None or time.perf_counter() < deadline):
             est, plans = polish(l_, prof.pipes, plans, est, target=target, rounds=cfg.polish_rounds,
-                                   light=cfg.polish_light)
+                                light=cfg.polish_light)
         # the next-best restarts last, so everything above is as without them (decision 64)
         for alt in extra:
             if (deadline is not None and time.perf_counter() >= deadline) or alt.objective >= est:
@@ -158,7 +158,7 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
                 est, plans = est2, plans2
                 if cfg.polish_rounds and shrink and target * (1 + cfg.shrink_done) < est:
                     est, plans = polish(l_, prof.pipes, plans, est, target=target, rounds=cfg.polish_rounds,
-                                   light=cfg.polish_light)
+                                        light=cfg.polish_light)
         if cfg.fill and shrink and target > 0 and target * (1 + cfg.fill_gap) < est and target < shrink_below \
                 and (shrink_left is None or shrink_left[2] > 0) \
                 and (deadline is None or time.perf_counter() < deadline):
@@ -252,7 +252,7 @@ def _fill_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, target: fl
     if est2 < est and cfg.polish_rounds and target * (1 + cfg.shrink_done) < est2 \
             and (deadline is None or time.perf_counter() < deadline):
         est2, plans2 = polish(l_, prof.pipes, plans2, est2, target=target, rounds=cfg.polish_rounds,
-                                   light=cfg.polish_light)
+                              light=cfg.polish_light)
     return (est2, plans2) if est2 < est else (est, plans)
 
 
