@@ -29,6 +29,7 @@ from tidal.data import sample_steps
 from tidal.planner import select as sel
 from tidal.planner.bounds import StrategyBound
 from tidal.planner.bounds_modes import mode_bound
+from tidal.planner.config import PlannerConfig
 
 
 def solve(l_: np.ndarray, pipes, max_mbs: int, lo: float, hi: float, time_limit: float):
@@ -106,12 +107,7 @@ def main() -> None:
     sb = StrategyBound(l_, prof.pipes)
     rb = sb.refined()
     mb = mode_bound(sb, rb, 10 * rb)
-    saved = sel.POLISH_ROUNDS
-    try:
-        sel.POLISH_ROUNDS = 0
-        plain = sel.assign(l_, prof, target=rb)[0]
-    finally:
-        sel.POLISH_ROUNDS = saved
+    plain = sel.assign(l_, prof, target=rb, config=PlannerConfig(polish_rounds=0))[0]
     polished = sel.assign(l_, prof, target=rb)[0]
     print(f"# {args.model} {args.cluster} {args.strategy} {args.data} seed {args.seed} step {args.step}: "
           f"{l_.size} documents, {len(prof.pipes)} pipelines")

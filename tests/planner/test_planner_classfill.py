@@ -2,7 +2,6 @@
 and work caps, the compiled fill makes the same choices as the Python one, the plans it yields are valid, `assign`
 keeps one only when faster (never slower with it), and on the diagnosed step it closes most of the gap."""
 
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -15,9 +14,12 @@ from tidal.planner import classfill as cf
 from tidal.planner import kernels_pack
 from tidal.planner import select as sel
 from tidal.planner.bounds import PipeCost, strategy_bound
+from tidal.planner.config import PlannerConfig
 from tidal.planner.packing import pipeline_time
 
 pytestmark = pytest.mark.unit
+NO_CLASS_FILL = PlannerConfig(class_fill=False)
+BARE = PlannerConfig(improve=False)  # no improvement passes (the jump scan stays)
 SETTINGS = dict(derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                          HealthCheck.data_too_large])
 
@@ -97,7 +99,7 @@ def test_pick_class_takes_the_pp1_class_with_the_most_micro_batches():
     plans = [_plan(3, big), _plan(12, small), _plan(11, small), _plan(13, small), _plan(20, pp2), _plan(20, pp2)]
     assert cf.pick_class(pipes, plans) == ([1, 2, 3], 12)  # PP = 2 pipelines never form one
     few = [_plan(3, big)] + [_plan(3, small)] * 3 + plans[4:]
-    assert cf.pick_class(pipes, few) is None  # median 3 < CLASS_MIN_V: packing balances them
+    assert cf.pick_class(pipes, few) is None  # median 3 < class_min_v: packing balances them
     assert cf.pick_class([small, small], [_plan(12, small)] * 2) is None  # nothing else to take the rest
 
 
@@ -128,8 +130,7 @@ def _valid(l_, prof, est, plans) -> None:
 def test_assign_is_never_slower_with_the_class_fill(case, seed):
     prof, l_ = case
     bound = strategy_bound(l_, prof.pipes)
-    with mock.patch.object(sel, "CLASS_FILL", False):
-        est0, _ = sel.assign(l_, prof, seed=seed, target=bound)
+    est0, _ = sel.assign(l_, prof, seed=seed, target=bound, config=NO_CLASS_FILL)
     est, plans = sel.assign(l_, prof, seed=seed, target=bound)
     assert est <= est0
     _valid(l_, prof, est, plans)
@@ -140,10 +141,10 @@ def test_assign_is_never_slower_with_the_class_fill(case, seed):
 def test_class_plan_is_valid(case, slack):
     """class_plan directly, at several targets (whatever it keeps, and whatever the screening picks)."""
     prof, l_ = case
-    est, plans = sel.assign(l_, prof, shrink=False)
+    est, plans = sel.assign(l_, prof, config=BARE)
     target = strategy_bound(l_, prof.pipes) * (1 + slack)
     e2, p2 = cf.class_plan(l_, prof, plans, est * 10, target,
-                           lambda x, sub, T: sel.assign(x, sub, target=T, shrink=False))
+                           lambda x, sub, T: sel.assign(x, sub, target=T, config=BARE))
     if p2 is not plans:
         _valid(l_, prof, e2, p2)
 
@@ -156,8 +157,7 @@ def test_diagnosed_step_gains():
     threshold leaves room)."""
     prof, l_ = real_step("llama2-13b", "a800x16", "tp2cp2+3*tp2+6*tp1", "synthetic:commoncrawl", 0, 5, 200_000)
     bound = strategy_bound(l_, prof.pipes)
-    with mock.patch.object(sel, "CLASS_FILL", False):
-        est0, _ = sel.assign(l_, prof, target=bound)
+    est0, _ = sel.assign(l_, prof, target=bound, config=NO_CLASS_FILL)
     est, plans = sel.assign(l_, prof, target=bound)
     _valid(l_, prof, est, plans)
     assert est0 > 1.02 * bound

@@ -3,7 +3,6 @@ two micro-batches holds at most MaxLen tokens, so it should hold the documents w
 re-dispatch is valid, `assign` keeps it only when faster (never slower with it), and on the diagnosed step it closes
 most of the gap to the bound."""
 
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -14,9 +13,11 @@ from planner_synth import profile, profile_steps, real_step
 from tidal.core.plan import PipelinePlan
 from tidal.planner import select as sel
 from tidal.planner.bounds import PipeCost, strategy_bound
+from tidal.planner.config import PlannerConfig
 from tidal.planner.fill import fill_dispatch, single_pipes
 
 pytestmark = pytest.mark.unit
+NO_FILL = PlannerConfig(fill=False)
 SETTINGS = dict(derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                          HealthCheck.data_too_large])
 
@@ -74,8 +75,7 @@ def test_fill_dispatch_is_a_valid_dispatch(case, slack):
 
 def _never_slower(prof, l_, seed: int) -> None:
     bound = strategy_bound(l_, prof.pipes)
-    with mock.patch.object(sel, "FILL", False):
-        est0, _ = sel.assign(l_, prof, seed=seed, target=bound)
+    est0, _ = sel.assign(l_, prof, seed=seed, target=bound, config=NO_FILL)
     est, plans = sel.assign(l_, prof, seed=seed, target=bound)
     assert est <= est0
     assert sorted(i for p in plans for mb in p.micro_batches for i in mb) == list(range(l_.size))
@@ -120,8 +120,7 @@ def test_diagnosed_step_gains():
     micro-batch with 12-14K-token ones: 1.0065 x when this was written (the thresholds leave room)."""
     prof, l_ = real_step("llama-32b", "a800x256", "16*tp4cp4", "synthetic:github", 0, 2, 800_000)
     bound = strategy_bound(l_, prof.pipes)
-    with mock.patch.object(sel, "FILL", False):
-        est0, _ = sel.assign(l_, prof, target=bound)
+    est0, _ = sel.assign(l_, prof, target=bound, config=NO_FILL)
     est, _ = sel.assign(l_, prof, target=bound)
     assert est0 > 1.02 * bound
     assert est < 1.01 * bound

@@ -8,9 +8,10 @@ from hypothesis import strategies as st
 from planner_synth import PROFILES
 
 from tidal.planner.bounds import PipeCost, strategy_bound
+from tidal.planner.config import DEFAULT
 from tidal.planner.dispatch import dispatch_hydraulis
 from tidal.planner.packing import pack, pack_fixed
-from tidal.planner.select import HYDRAULIS_TRIALS, assign
+from tidal.planner.select import assign
 
 pytestmark = pytest.mark.unit
 
@@ -67,7 +68,7 @@ def test_vectorised_alg1_matches_the_paper_loop():
 
 
 def _hydraulis_then(packer, l_, prof, seed):
-    d = dispatch_hydraulis(l_, prof.pipes, trials=HYDRAULIS_TRIALS, seed=seed)
+    d = dispatch_hydraulis(l_, prof.pipes, trials=DEFAULT.hydraulis_trials, seed=seed)
     return max((packer(l_[list(g)], p.coeffs, p.pp, p.max_len).est_time for g, p in zip(d.groups, prof.pipes) if g),
                default=0.0)
 

@@ -2,15 +2,14 @@
 time, so the restart with the lowest objective is not always the fastest plan. What assign did before is unchanged
 (they are packed last), so its plan is never slower; on the diagnosed steps it is much faster."""
 
-from contextlib import contextmanager
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planner_synth import profile_steps
 
-from tidal.planner import dispatch
 from tidal.planner import select as sel
+from tidal.planner.config import PlannerConfig
 from tidal.planner.dispatch import dispatch_alternatives, restart_dispatch, restart_dispatches
 
 pytestmark = pytest.mark.unit
@@ -18,14 +17,7 @@ SETTINGS = dict(derandomize=True, deadline=None, suppress_health_check=[HealthCh
                                                                          HealthCheck.data_too_large])
 
 
-@contextmanager
-def _keep(n: int):
-    saved = dispatch.RESTART_KEEP
-    dispatch.RESTART_KEEP = n
-    try:
-        yield
-    finally:
-        dispatch.RESTART_KEEP = saved
+KEEP1 = PlannerConfig(restart_keep=1)  # only the best restart packed
 
 
 @settings(max_examples=150, **SETTINGS)
@@ -50,7 +42,7 @@ def test_extra_leaves_the_alternatives_unchanged(case):
     extra: list = []
     first, alts = dispatch_alternatives(l_, prof.pipes, extra=extra)
     assert (first, alts) == dispatch_alternatives(l_, prof.pipes)
-    assert len(extra) <= dispatch.RESTART_KEEP - 1
+    assert len(extra) <= PlannerConfig().restart_keep - 1
     if extra:  # the next-best restarts, after the best (the restart alternative)
         assert alts and extra[0].objective >= alts[0].objective
         assert [r.objective for r in extra] == sorted(r.objective for r in extra)
@@ -60,8 +52,7 @@ def test_extra_leaves_the_alternatives_unchanged(case):
 @given(case=profile_steps(60), seed=st.integers(0, 2))
 def test_assign_is_never_slower_with_them(case, seed):
     prof, l_ = case
-    with _keep(1):
-        est1, _ = sel.assign(l_, prof, seed=seed)
+    est1, _ = sel.assign(l_, prof, seed=seed, config=KEEP1)
     est, plans = sel.assign(l_, prof, seed=seed)
     assert est <= est1
     assert sorted(i for p in plans for mb in p.micro_batches for i in mb) == list(range(l_.size))
@@ -87,8 +78,7 @@ def test_diagnosed_steps_gain(strategy, seed, step, before, after):
     l_ = sample_steps("synthetic:github", seed=seed, tokens_per_step=200_000, max_len=32768,
                       steps=step + 1)[0][step].lengths_array()
     bound = strategy_bound(l_, prof.pipes)
-    with _keep(1):
-        est1, _ = sel.assign(l_, prof, target=bound)
+    est1, _ = sel.assign(l_, prof, target=bound, config=KEEP1)
     est, _ = sel.assign(l_, prof, target=bound)
     assert est1 > before * bound
     assert est < after * bound

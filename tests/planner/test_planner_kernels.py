@@ -29,9 +29,10 @@ def test_compiled_greedy_matches_python():
         pipes, l_ = _case(rng)
         order = None if t % 2 else rng.permutation(l_.size)
         for scan in (False, True):  # with and without the jump scan (decision 63)
-            np.testing.assert_array_equal(d._greedy(l_, pipes, order, compiled=True, scan=scan),
-                                          d._greedy(l_, pipes, order, compiled=False, scan=scan))
-        scanned += not np.array_equal(d._greedy(l_, pipes, order, scan=True), d._greedy(l_, pipes, order, scan=False))
+            np.testing.assert_array_equal(d.greedy_owner(l_, pipes, order, compiled=True, scan=scan),
+                                          d.greedy_owner(l_, pipes, order, compiled=False, scan=scan))
+        scanned += not np.array_equal(d.greedy_owner(l_, pipes, order, scan=True),
+                                      d.greedy_owner(l_, pipes, order, scan=False))
     assert scanned >= 10  # the jump scan changes choices on some of these cases, so both of its paths are compared
 
 
@@ -47,7 +48,7 @@ def test_compiled_alg1_matches_python():
 def test_compiled_dispatch_errors_like_python():
     pipes = [PipeCost(1e-3, 1.0, 0.5, 1, 64)]
     with pytest.raises(Exception, match="exceeds the MaxLen"):
-        d._greedy(np.array([10, 65]), pipes, compiled=True)
+        d.greedy_owner(np.array([10, 65]), pipes, compiled=True)
 
 
 def test_compiled_packing_rounds_match_python():
@@ -82,7 +83,7 @@ def test_compiled_local_search_matches_python():
             l_ = rng.choice(l_[:4], size=l_.size)  # ties: equal lengths and equal loads
         if t % 5 == 0:
             l_ = np.concatenate([l_, rng.integers(1, 40, size=300)]).astype(np.int64)  # > 256 documents
-        owner = d._greedy(l_, pipes, rng.permutation(l_.size) if t % 2 else None)
+        owner = d.greedy_owner(l_, pipes, rng.permutation(l_.size) if t % 2 else None)
         small = l_.size * len(pipes) <= 512
         rounds = 20 + len(pipes) + (l_.size if small else 0)
         target = 0.0 if t % 3 else float(rng.uniform(0, 1)) * float(d._State(pipes, l_, owner.copy()).load.max())

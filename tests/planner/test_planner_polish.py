@@ -1,7 +1,6 @@
 """polish(): micro-batch-level moves and swaps between pipelines after packing (decision 60). Its plans are valid,
 re-timed exactly, never slower than its input, and above the bound."""
 
-from contextlib import contextmanager
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -11,24 +10,16 @@ from planner_synth import CLUSTER, profile, profile_steps
 from tidal.core import place
 from tidal.core.plan import PipelinePlan
 from tidal.core.scheme import ParallelScheme
-from tidal.planner import dispatch
 from tidal.planner import select as sel
 from tidal.planner.bounds import PipeCost, strategy_bound
+from tidal.planner.config import PlannerConfig
 from tidal.planner.packing import pipeline_time
 from tidal.planner.polish import polish
 from tidal.planner.select import StrategyProfile, assign
 
-
-@contextmanager
-def _no_polish():
-    """assign without polish, and without the next-best restarts packed after it (decision 64), which can reach
-    what polish reaches on their own."""
-    saved = sel.POLISH_ROUNDS, dispatch.RESTART_KEEP
-    sel.POLISH_ROUNDS, dispatch.RESTART_KEEP = 0, 1
-    try:
-        yield
-    finally:
-        sel.POLISH_ROUNDS, dispatch.RESTART_KEEP = saved
+# assign without polish, and without the next-best restarts packed after it (decision 64), which can reach what
+# polish reaches on their own
+NO_POLISH = PlannerConfig(polish_rounds=0, restart_keep=1)
 
 
 SETTINGS = dict(derandomize=True, deadline=None,
@@ -49,8 +40,7 @@ def _check(l_, pipes, plans, est):
 @given(case=profile_steps(60), seed=st.integers(0, 2))
 def test_polish_is_valid_and_never_worse(case, seed):
     prof, l_ = case
-    with _no_polish():
-        est0, plans0 = assign(l_, prof, seed=seed, fallback=False)
+    est0, plans0 = assign(l_, prof, seed=seed, fallback=False, config=NO_POLISH)
     est, plans = polish(l_, prof.pipes, plans0, est0, rounds=60)
     _check(l_, prof.pipes, plans, est)
     assert est <= est0
@@ -62,12 +52,11 @@ def test_polish_is_valid_and_never_worse(case, seed):
 @settings(max_examples=25, **SETTINGS)
 @given(gen=st.integers(0, 2**32 - 1), n=st.integers(260, 400))
 def test_polish_on_large_steps(gen, n):
-    """More than 256 documents on more than polish.LIGHT pipelines: swap partners come from the least-loaded
-    pipelines only. Same checks."""
+    """More than 256 documents on more than PlannerConfig.polish_light pipelines: swap partners come from the
+    least-loaded pipelines only. Same checks."""
     prof = profile("2*tp2+8*tp1")
     l_ = np.minimum(np.ceil(np.random.default_rng(gen).lognormal(3.0, 0.9, n)), 80).astype(np.int64)
-    with _no_polish():
-        est0, plans0 = assign(l_, prof, fallback=False)
+    est0, plans0 = assign(l_, prof, fallback=False, config=NO_POLISH)
     est, plans = polish(l_, prof.pipes, plans0, est0)
     _check(l_, prof.pipes, plans, est)
     assert strategy_bound(l_, prof.pipes) <= est <= est0
@@ -107,8 +96,7 @@ def test_lumpy_documents_on_pp1_pipelines():
     l_ = sample_steps("synthetic:github", seed=0, tokens_per_step=200_000, max_len=32768,
                       steps=1)[0][0].lengths_array()
     bound = strategy_bound(l_, prof.pipes)
-    with _no_polish():
-        before = assign(l_, prof, target=bound)[0]
+    before = assign(l_, prof, target=bound, config=NO_POLISH)[0]
     est, plans = assign(l_, prof, target=bound)
     _check(l_, prof.pipes, plans, est)
     assert before > 1.07 * bound

@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planner_synth import PROFILES
 
+from tidal.planner.config import PlannerConfig
 from tidal.planner.dispatch import dispatch_alternatives
 
 pytestmark = pytest.mark.unit
@@ -48,4 +49,4 @@ def test_diagnosed_step_gains():
     assert first.objective > 4.6 and not alts
     first, alts = dispatch_alternatives(l_, prof.pipes)
     assert alts and alts[-1].objective < 4.0
-    assert sel.assign(l_, prof)[0] < 4.0 < 4.6 < sel.assign(l_, prof, scan=False, shrink=False)[0]
+    assert sel.assign(l_, prof)[0] < 4.0 < 4.6 < sel.assign(l_, prof, config=PlannerConfig.cheap())[0]

@@ -9,9 +9,10 @@ from hypothesis import strategies as st
 from planner_synth import PROFILES, profile_steps
 
 from tidal.planner.bounds import strategy_bound
-from tidal.planner.dispatch import RESTART_MAX
+from tidal.planner.config import PlannerConfig
 from tidal.planner.select import assign
 
+BARE = PlannerConfig(improve=False)  # the first dispatch alone
 SETTINGS = dict(derandomize=True, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -30,7 +31,7 @@ def test_retry_is_valid_and_never_worse(case, seed):
     prof, l_ = case
     est, plans = assign(l_, prof, seed=seed)
     _check_plan(l_, plans)
-    assert est <= assign(l_, prof, seed=seed, shrink=False)[0]
+    assert est <= assign(l_, prof, seed=seed, config=BARE)[0]
     assert est == max(p.est_time for p in plans)
     assert est >= strategy_bound(l_, prof.pipes)
 
@@ -49,7 +50,7 @@ def test_tiny_maxlen_pipelines_that_cannot_be_filled():
     prof = profile_strategies([place(parse_strategy("tp4+4*tp2+4*tp1"), cluster, model)],
                               analytic_v1(model, cluster))[0]
     l_ = sample_steps("synthetic:flanv2", seed=0, tokens_per_step=200_000, max_len=32768, steps=1)[0][0].lengths_array()
-    before = assign(l_, prof, shrink=False)[0]
+    before = assign(l_, prof, config=BARE)[0]
     est, plans = assign(l_, prof)
     _check_plan(l_, plans)
     bound = strategy_bound(l_, prof.pipes)
@@ -62,47 +63,33 @@ def test_tiny_maxlen_pipelines_that_cannot_be_filled():
 @settings(max_examples=25, **SETTINGS)
 @given(gen=st.integers(0, 2**32 - 1), n=st.integers(260, 400), k=st.sampled_from([3, 4]), seed=st.integers(0, 2))
 def test_late_restarts_are_valid_and_never_worse(tier, gen, n, k, seed):
-    """Steps with B x D > RESTART_MAX (where dispatch_alternatives runs no restarts) get select.LATE_RESTARTS
+    """Steps with B x D > restart_max (where dispatch_alternatives runs no restarts) get late_restarts
     random-order restarts before the retry when the packed plan is above the bound (decision 59), and steps with
-    B x D > LATE_RESTART_MAX one restart with the dispatch's full local search (decision 65; "big": every step here
-    is made one). The plan is valid and never worse than the first dispatch alone (shrink=False). It is not
+    B x D > late_restart_max one restart with the dispatch's full local search (decision 65; "big": every step here
+    is made one). The plan is valid and never worse than the first dispatch alone (improve=False). It is not
     compared with the retry without the restarts: the retry starts from whichever plan won, so either can end lower
     on a given step; the grid measures the net (docs/planner.md, "Sixth round")."""
-    from tidal.planner import select as sel
-
+    cfg = PlannerConfig()
     if tier == "big":
-        saved = sel.LATE_RESTART_MAX, sel.LATE_GAP_BIG
-        sel.LATE_RESTART_MAX, sel.LATE_GAP_BIG = RESTART_MAX, 0.0
-    try:
-        _late_restarts_case(sel, gen, n, k, seed)
-    finally:
-        if tier == "big":
-            sel.LATE_RESTART_MAX, sel.LATE_GAP_BIG = saved
-
-
-def _late_restarts_case(sel, gen, n, k, seed):
+        cfg = PlannerConfig(late_restart_max=cfg.restart_max, late_gap_big=0.0)
 
     prof = PROFILES[k]  # tp2cp2+4*tp1 (5 pipelines) and 4*pp2 (4): B x D from 1,040 to 2,000
     rng = np.random.default_rng(gen)
     l_ = np.minimum(np.ceil(rng.lognormal(3.0, 0.9, n)), prof.max_len).astype(np.int64)
-    assert l_.size * len(prof.pipes) > RESTART_MAX
-    calls = []
-    real = sel._restart_plan
-    try:
-        sel._restart_plan = lambda *a: calls.append(1) or real(*a)
-        est, plans = assign(l_, prof, seed=seed)
-    finally:
-        sel._restart_plan = real
-    assert calls  # the restarts ran (a bare assign has target 0, so every plan is above it)
+    assert l_.size * len(prof.pipes) > cfg.restart_max
+    # allowances as good as unlimited, but one candidate with late restarts: its use shows the restarts ran
+    left = [10**9, 1, 10**9, 10**9]
+    est, plans = assign(l_, prof, seed=seed, shrink_left=left, config=cfg)
+    assert left[1] == 0  # the restarts ran (a bare assign has target 0, so every plan is above it)
     _check_plan(l_, plans)
     assert est == max(p.est_time for p in plans)
     assert est >= strategy_bound(l_, prof.pipes)
-    assert est <= assign(l_, prof, seed=seed, shrink=False)[0]
+    assert est <= assign(l_, prof, seed=seed, config=BARE)[0]
 
 
-def test_late_restarts_on_a_large_step(monkeypatch):
+def test_late_restarts_on_a_large_step():
     """llama2-13b a800x16, tp4+4*tp2+4*tp1, synthetic:commoncrawl seed 0 step 3: 286 documents x 9 pipelines, above
-    RESTART_MAX, so the greedy start, its local search and the MaxLen retry were all there was: 1.048 x the
+    restart_max, so the greedy start, its local search and the MaxLen retry were all there was: 1.048 x the
     candidate's bound. The local search only moves documents off the bottleneck, so it cannot undo an early
     greedy choice (decision 59 describes one); two random-order restarts reach 1.010 x."""
     from tidal.core import get_cluster, get_model, parse_strategy, place
@@ -115,21 +102,21 @@ def test_late_restarts_on_a_large_step(monkeypatch):
                                    analytic_v1(model, cluster))
     l_ = sample_steps("synthetic:commoncrawl", seed=0, tokens_per_step=200_000, max_len=32768,
                       steps=4)[0][3].lengths_array()
-    assert l_.size * len(profs[0].pipes) > sel.RESTART_MAX
-    monkeypatch.setattr(sel, "POLISH_ROUNDS", 0)  # the restarts alone (polish, decision 60, gains on this step too)
-    monkeypatch.setattr(sel, "CLASS_FILL", False)  # and the class fill (decision 69: 1.006 x on this step alone)
+    # the restarts alone (polish, decision 60, gains on this step too; the class fill, decision 69: 1.006 x)
+    cfg = PlannerConfig(polish_rounds=0, class_fill=False)
+    assert l_.size * len(profs[0].pipes) > cfg.restart_max
     bound = strategy_bound(l_, profs[0].pipes)
-    plan = sel.select_step(l_, profs).plan
+    plan = sel.select_step(l_, profs, config=cfg).plan
     _check_plan(l_, plan.pipelines)
-    monkeypatch.setattr(sel, "LATE_RESTARTS", 0)
-    before = sel.select_step(l_, profs).plan.est_step_time
+    before = sel.select_step(l_, profs, config=PlannerConfig(polish_rounds=0, class_fill=False,
+                                                             late_restarts=0)).plan.est_step_time
     assert before > 1.04 * bound
     assert plan.est_step_time < 1.015 * bound
 
 
-def test_big_late_restart_on_a_large_step(monkeypatch):
+def test_big_late_restart_on_a_large_step():
     """llama-32b a800x256, 2*tp4cp8+48*tp4 (the bound-setting candidate of the proposal), synthetic:commoncrawl seed
-    0 step 2: 1,226 documents x 50 pipelines, above LATE_RESTART_MAX, so no restart ran: 1.0198 x the bound. One
+    0 step 2: 1,226 documents x 50 pipelines, above late_restart_max, so no restart ran: 1.0198 x the bound. One
     random-order restart with the dispatch's full local search (20 + D rounds) reaches 1.0065 x (decision 65)."""
     from tidal.core import get_cluster, get_model, parse_strategy, place
     from tidal.costmodel.analytic import analytic_v1  # the model the scenario was diagnosed under
@@ -141,11 +128,12 @@ def test_big_late_restart_on_a_large_step(monkeypatch):
                                   analytic_v1(model, cluster))[0]
     l_ = sample_steps("synthetic:commoncrawl", seed=0, tokens_per_step=800_000, max_len=32768,
                       steps=3)[0][2].lengths_array()
-    assert l_.size * len(prof.pipes) > sel.LATE_RESTART_MAX
+    cfg = PlannerConfig()
+    assert l_.size * len(prof.pipes) > cfg.late_restart_max
     bound = strategy_bound(l_, prof.pipes)
     est, plans = assign(l_, prof, target=bound)
     _check_plan(l_, plans)
-    monkeypatch.setattr(sel, "LATE_RESTART_MAX_BIG", sel.LATE_RESTART_MAX)  # no restart on steps this large
-    before = assign(l_, prof, target=bound)[0]
+    # no restart on steps this large
+    before = assign(l_, prof, target=bound, config=PlannerConfig(late_restart_max_big=cfg.late_restart_max))[0]
     assert before > 1.015 * bound
     assert est < 1.01 * bound

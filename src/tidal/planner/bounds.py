@@ -15,6 +15,7 @@ import numpy as np
 
 from tidal.core.errors import TidalError
 from tidal.costmodel.base import LatencyCoeffs
+from tidal.planner.pipecost import best_v, bound_value
 
 # Bounds are scaled by (1 - SLACK) so float rounding never lets a bound exceed an estimate computed another way.
 SLACK = 1e-9
@@ -81,24 +82,6 @@ def eq2_bound(work_sum: float, tokens: int, wmax: float, count: int, p: PipeCost
     return work_sum + p.c * vmin + (p.pp - 1) * (p.c + wmax)
 
 
-def _best_v_value(w: float, wmax: float, p: PipeCost, vmin: int, vmax: int) -> tuple[int, float]:
-    """min over integer V in [vmin, vmax] of f(V) = (PP-1+V) * max(W/V + c, c + wmax); f is convex in V."""
-    q = p.pp - 1
-    v_star = math.sqrt(q * w / p.c) if q > 0 and p.c > 0 else (0.0 if q == 0 else float("inf"))
-    v_cross = w / wmax if wmax > 0 else float("inf")
-    v0 = min(v_star, v_cross)
-    cands = {vmin, vmax}
-    if math.isfinite(v0):
-        cands |= {min(vmax, max(vmin, int(math.floor(v0)))), min(vmax, max(vmin, int(math.ceil(v0))))}
-    best = None
-    for v in sorted(cands):
-        val = (q + v) * max(w / v + p.c, p.c + wmax)
-        if best is None or val < best[1]:
-            best = (v, val)
-    assert best is not None
-    return best
-
-
 def pipeline_bound(lengths: np.ndarray, p: PipeCost) -> float:
     """Lower bound on the packed latency of a fixed set of documents on one pipeline:
     min over V in [V_min, U] of (PP - 1 + V) * max(W/V + c, c + w(l_max)), V_min = ceil(tokens / MaxLen)."""
@@ -109,7 +92,7 @@ def pipeline_bound(lengths: np.ndarray, p: PipeCost) -> float:
     w = float(wk.sum())
     vmin = max(1, -(-int(l_.sum()) // p.max_len))
     vmax = max(vmin, int(l_.size))
-    return _best_v_value(w, float(wk.max()), p, vmin, vmax)[1] * (1 - SLACK)
+    return best_v(p.pp - 1, p.c, w, float(wk.max()), vmin, vmax)[1] * (1 - SLACK)
 
 
 def work_capacity(t: np.ndarray, c: np.ndarray, pp: np.ndarray) -> np.ndarray:
@@ -258,8 +241,7 @@ def _top_search(top: list[int], classes: tuple[PipeCost, ...], cnt: np.ndarray, 
     open_: list[list] = []  # [class, W, tokens, wmax, count] of every opened pipeline
 
     def f(p: PipeCost, w: float, tok: int, wmax: float, cnt: int) -> float:
-        vmin = max(1, -(-tok // p.max_len))
-        return _best_v_value(w, wmax, p, vmin, max(vmin, cnt))[1]
+        return bound_value(p.pp - 1, p.c, p.max_len, w, tok, wmax, cnt)
 
     def rec(t: int, cur: float) -> None:
         nodes[0] += 1

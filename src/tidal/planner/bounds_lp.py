@@ -42,7 +42,8 @@ from scipy.sparse import coo_matrix
 
 from tidal.core.errors import TidalError
 from tidal.planner.bounds import SLACK, StrategyBound, check_lengths, prepare_lengths
-from tidal.planner.bounds_modes import MIN_GAIN, MODE_GAP, VB, mode_arrays
+from tidal.planner.bounds_modes import MIN_GAIN, VB, mode_arrays
+from tidal.planner.config import DEFAULT, PlannerConfig
 
 if TYPE_CHECKING:
     from tidal.planner.select import StepSelection, StrategyProfile
@@ -169,9 +170,9 @@ def lp_bound(sb: StrategyBound, lo: float, hi: float, solves: int = LP_SOLVES, n
 
 
 def prove_selection(lengths, profiles: Sequence[StrategyProfile], sel: StepSelection,
-                    solves: int = LP_SOLVES) -> StepSelection:
+                    solves: int = LP_SOLVES, config: PlannerConfig = DEFAULT) -> StepSelection:
     """`sel` (select_step(lengths, profiles)) with every candidate's bound raised by `lp_bound` where it is more than
-    a factor 1 + MODE_GAP under min(step bound so far, the plan's estimate), in order of bound; the step's bound
+    a factor 1 + config.mode_gap under min(step bound so far, the plan's estimate), in order of bound; the step's bound
     (plan.lower_bound) is the least of them. The plan itself is unchanged. Deterministic."""
     l_ = check_lengths(lengths)
     if len(sel.strategies) != len(profiles):
@@ -186,7 +187,7 @@ def prove_selection(lengths, profiles: Sequence[StrategyProfile], sel: StepSelec
         b = reports[i].lower_bound
         if b >= lb:
             break
-        if b * (1 + MODE_GAP) < min(lb, est) and int(l_.max()) <= profiles[i].max_len:
+        if b * (1 + config.mode_gap) < min(lb, est) and int(l_.max()) <= profiles[i].max_len:
             p = profiles[i]
             sb = StrategyBound(l_, p.pipes, grouped=p.grouped, arrays=p.class_arrays, prep=prep)
             b = max(b, lp_bound(sb, b, min(lb, est), solves))

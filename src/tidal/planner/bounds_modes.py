@@ -39,7 +39,6 @@ from tidal.planner.bounds import SLACK, StrategyBound
 
 VB = 12  # modes 1 .. VB - 1 explicit, v >= VB merged
 MIN_GAIN = 1e-3  # mode_bound gives up at once when it cannot raise the bound by this factor
-MODE_GAP = 2e-3  # select_step (and bounds_lp.prove_selection) try it on candidates this far under the estimate
 
 
 def mode_arrays(T: float, C: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

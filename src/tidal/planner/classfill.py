@@ -24,22 +24,24 @@ import numpy as np
 
 from tidal.core.plan import PipelinePlan
 from tidal.planner.bounds import PipeCost
+from tidal.planner.config import DEFAULT, PlannerConfig
 from tidal.planner.dispatch import dispatch_alternatives
 from tidal.planner.packing import pipeline_time
 from tidal.planner.profiles import StrategyProfile
 
-CLASS_MIN_V = 4  # the class's median micro-batch count must be at least this (fewer: packing balances them)
-CLASS_SLACKS = (0.007, 0.01)  # step times tried: the candidate's bound times 1 + each
-CLASS_ROUNDS = 0  # local-search rounds of the rest's screening dispatch (its greedy alone ranks them as well)
-CLASS_V = (0,)  # micro-batch counts tried: the class's median plus each (0 and 1: the same cell medians, more time)
-CLASS_MAX_WORK = 2**22  # skipped when documents x bins exceeds this (the fill is O(documents x bins))
-CLASS_MIN_GAIN = 2e-3  # the rest is planned only when the screening promises at least this factor under the plan
+# Knobs (PlannerConfig.class_*): class_min_v (the class's median micro-batch count must be at least this; fewer:
+# packing balances them), class_slacks (step times tried: the candidate's bound times 1 + each), class_rounds
+# (local-search rounds of the rest's screening dispatch; its greedy alone ranks them as well), class_v (micro-batch
+# counts tried: the class's median plus each; 0 and 1: the same cell medians, more time), class_max_work (skipped
+# when documents x bins exceeds this: the fill is O(documents x bins)), class_min_gain (the rest is planned only when
+# the screening promises at least this factor under the plan).
 
 
-def pick_class(pipes: Sequence[PipeCost], plans: Sequence[PipelinePlan]) -> tuple[list[int], int] | None:
+def pick_class(pipes: Sequence[PipeCost], plans: Sequence[PipelinePlan],
+               cfg: PlannerConfig = DEFAULT) -> tuple[list[int], int] | None:
     """(pipeline indices, median micro-batch count) of the class of identical PP = 1 pipelines (two or more, with
     at least one other pipeline beside them) that runs the most micro-batches in `plans`, if its median count is at
-    least CLASS_MIN_V; else None. Ties go to the class of the lowest pipeline index."""
+    least cfg.class_min_v; else None. Ties go to the class of the lowest pipeline index."""
     classes: dict[PipeCost, list[int]] = {}
     for j, pc in enumerate(pipes):
         if pc.pp == 1:
@@ -54,7 +56,7 @@ def pick_class(pipes: Sequence[PipeCost], plans: Sequence[PipelinePlan]) -> tupl
     if best is None:
         return None
     vm = int(np.median([len(plans[j].micro_batches) for j in best[1]]))
-    return (best[1], vm) if vm >= CLASS_MIN_V else None
+    return (best[1], vm) if vm >= cfg.class_min_v else None
 
 
 def token_cap(pc: PipeCost, work: float) -> int:
@@ -140,16 +142,17 @@ def class_micro_batches(bins: np.ndarray, n: int, V: int) -> list[tuple[tuple[in
 
 def class_plan(lengths: np.ndarray, prof: StrategyProfile, plans: tuple[PipelinePlan, ...], est: float, target: float,
                plan_rest: Callable, deadline: float | None = None,
-               pick: tuple[list[int], int] | None = None) -> tuple[float, tuple[PipelinePlan, ...]]:
+               pick: tuple[list[int], int] | None = None,
+               cfg: PlannerConfig = DEFAULT) -> tuple[float, tuple[PipelinePlan, ...]]:
     """The plan with its many-micro-batch class filled bin by bin (module doc), if faster than `est`; else (est,
     plans). `prof` is the candidate's profile, `pick` pick_class's answer if the caller has it. `plan_rest(lengths,
     profile, T)` plans the other pipelines (a profile of them alone) and returns (estimate, plans) (select.assign).
-    Of the (V, T) pairs, V the class's median micro-batch count (+ each of CLASS_V) and T = `target` (1 +
-    CLASS_SLACKS), the one with the least max(slowest class pipeline, the rest's greedy dispatch objective) is
-    planned fully, if that is at least a factor CLASS_MIN_GAIN under `est` (the screening is close: below that the
+    Of the (V, T) pairs, V the class's median micro-batch count (+ each of cfg.class_v) and T = `target` (1 +
+    cfg.class_slacks), the one with the least max(slowest class pipeline, the rest's greedy dispatch objective) is
+    planned fully, if that is at least a factor cfg.class_min_gain under `est` (the screening is close: below that the
     rest planned fully gained at most 0.1 %)."""
     if pick is None:
-        pick = pick_class(prof.pipes, plans)
+        pick = pick_class(prof.pipes, plans, cfg)
     if pick is None:
         return est, plans
     js, vm = pick
@@ -161,24 +164,24 @@ def class_plan(lengths: np.ndarray, prof: StrategyProfile, plans: tuple[Pipeline
     l_ = np.asarray(lengths, dtype=np.int64)
     order = np.argsort(-l_, kind="stable")
     best = None
-    for V in (vm + dv for dv in CLASS_V):
-        if l_.size * n * V > CLASS_MAX_WORK:
+    for V in (vm + dv for dv in cfg.class_v):
+        if l_.size * n * V > cfg.class_max_work:
             continue
-        for s in CLASS_SLACKS:
+        for s in cfg.class_slacks:
             T = target * (1 + s)
             bins = class_bins(l_, pc, n, V, T, order)
             if bins is None:
                 continue
             t_cls = float(class_times(l_, pc, n, V, bins).max())
             free = np.flatnonzero(bins < 0)
-            if t_cls >= est * (1 - CLASS_MIN_GAIN) or (free.size and int(l_[free].max()) > top):
+            if t_cls >= est * (1 - cfg.class_min_gain) or (free.size and int(l_[free].max()) > top):
                 continue
             score = t_cls
             if free.size:
-                first, _ = dispatch_alternatives(l_[free], rpipes, restarts=0, max_rounds=CLASS_ROUNDS, scan=False,
+                first, _ = dispatch_alternatives(l_[free], rpipes, restarts=0, max_rounds=cfg.class_rounds, scan=False,
                                                  deadline=deadline)
                 score = max(score, first.objective)
-            if score < est * (1 - CLASS_MIN_GAIN) and (best is None or score < best[0]):
+            if score < est * (1 - cfg.class_min_gain) and (best is None or score < best[0]):
                 best = (score, V, T, bins, free)
     if best is None:
         return est, plans

@@ -19,15 +19,9 @@ import numpy as np
 
 from tidal.core.errors import TidalError
 from tidal.planner.bounds import PipeCost, check_lengths
-from tidal.planner.greedy import _greedy, _greedy_prep
+from tidal.planner.config import DEFAULT, PlannerConfig
+from tidal.planner.greedy import greedy_owner, greedy_prep
 from tidal.planner.hydraulis import _alg1_trial_loop, _alg1_trial_numpy
-
-# Instances with B sequences x D pipelines up to this get `restarts` random-order restarts (decision in
-# docs/decisions.md: with the compiled local search they cost a few ms per step at 16-64 GPUs).
-RESTART_MAX = 1024
-# ... of which the best RESTART_KEEP (by objective) are packed by select.assign: the objective only bounds the
-# packed time (decision 64).
-RESTART_KEEP = 4
 
 
 @dataclass(frozen=True)
@@ -271,12 +265,13 @@ def evaluate(lengths, pipes: Sequence[PipeCost], groups: Sequence[Sequence[int]]
 
 def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: int = 0,
              max_rounds: int | None = None, restarts: int = 4, target: float = 0.0,
-             time_limit: float = 10.0, deadline: float | None = None) -> DispatchResult:
+             time_limit: float = 10.0, deadline: float | None = None,
+             config: PlannerConfig = DEFAULT) -> DispatchResult:
     """Dispatch sequences to pipelines minimising max_j of the capacity-aware pipeline cost (`_cost`): the better of
     dispatch_alternatives' results (the lowest objective, ties to the first). exact=True also solves the MILP (of
     the linear objective D_j, bounds.eq2_bound) and keeps the better of the two."""
     first, alts = dispatch_alternatives(lengths, pipes, seed=seed, max_rounds=max_rounds, restarts=restarts,
-                                        target=target, deadline=deadline)
+                                        target=target, deadline=deadline, config=config)
     res = min((first, *alts), key=lambda r: r.objective)
     if exact and any(res.groups):
         from tidal.planner.exact import dispatch_milp
@@ -293,18 +288,18 @@ def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: i
 def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, max_rounds: int | None = None,
                           restarts: int = 4, target: float = 0.0, deadline: float | None = None,
                           scan: bool = True, extra: list[DispatchResult] | None = None,
-                          ) -> tuple[DispatchResult, tuple[DispatchResult, ...]]:
+                          config: PlannerConfig = DEFAULT) -> tuple[DispatchResult, tuple[DispatchResult, ...]]:
     """The greedy dispatch and its local search, and alternatives, each only if its objective is lower: the best of
     `restarts` seeded random-order restarts, each followed by the same local search, on small instances (B x D <=
-    RESTART_MAX), and the jump-scan greedy below.
+    config.restart_max, decision 64), and the jump-scan greedy below.
     The objective is a lower bound on the packed time, not the packed time, so the caller packs both (select.assign).
     Deterministic for a given `seed` (used only by the restarts). The local search stops early once the objective is
     <= `target` (e.g. a lower bound: nothing better is possible), and at `deadline` (a time.perf_counter value: the
     greedy dispatch always completes, so the result is always valid). `scan`: when the first dispatch's bottleneck is
-    set by its longest document (_lumpy), also the greedy with its jump scan (_greedy), an alternative when its
+    set by its longest document (_lumpy), also the greedy with its jump scan (greedy_owner), an alternative when its
     objective is below the first's (then after the same local search). `extra`, when given, receives the next-best
-    restarts (up to RESTART_KEEP - 1, best first), which are not in the alternatives: select.assign packs them last,
-    so what it did with the alternatives is unchanged (decision 64)."""
+    restarts (up to config.restart_keep - 1, best first), which are not in the alternatives: select.assign packs them
+    last, so what it did with the alternatives is unchanged (decision 64)."""
     l_ = check_lengths(lengths)
     check_pipes(pipes)
     top = max(p.max_len for p in pipes)
@@ -314,22 +309,22 @@ def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, 
         return DispatchResult(tuple(() for _ in pipes), 0.0, tuple(0.0 for _ in pipes)), ()
     small = l_.size * len(pipes) <= 512
     rounds = max_rounds if max_rounds is not None else 20 + len(pipes) + (l_.size if small else 0)
-    prep = _greedy_prep(pipes)
-    st = _State(pipes, l_, _greedy(l_, pipes, prep=prep, scan=False))
+    prep = greedy_prep(pipes)
+    st = _State(pipes, l_, greedy_owner(l_, pipes, prep=prep, scan=False))
     done = _local_search(st, rounds, pairs=small, target=target, deadline=deadline)
     first = float(st.load.max())
     alts: list[DispatchResult] = []
-    if l_.size * len(pipes) <= RESTART_MAX and restarts and done and first > target:
+    if l_.size * len(pipes) <= config.restart_max and restarts and done and first > target:
         # Small instances: a few seeded random-order restarts (they escape LPT's worst cases and the local search's
         # local optima).
-        found = restart_dispatches(l_, pipes, restarts, keep=1 if extra is None else RESTART_KEEP, seed=seed,
+        found = restart_dispatches(l_, pipes, restarts, keep=1 if extra is None else config.restart_keep, seed=seed,
                                    max_rounds=rounds, below=first, target=target, deadline=deadline, prep=prep)
         alts = found[:1]
         if extra is not None:
             extra.extend(found[1:])
     if scan and done and first > target and _lumpy(st):
         # the bottleneck costs V (c + w_max): its longest document, not its work, sets it (decision 63)
-        sc = _State(pipes, l_, _greedy(l_, pipes, prep=prep, scan=True))
+        sc = _State(pipes, l_, greedy_owner(l_, pipes, prep=prep, scan=True))
         if float(sc.load.max()) < first:  # the scan greedy alone beats the first's local optimum: search from it
             _local_search(sc, rounds, pairs=small, target=target, deadline=deadline)
             return _result(st, len(pipes)), (*alts, _result(sc, len(pipes)))
@@ -368,11 +363,11 @@ def restart_dispatches(lengths: np.ndarray, pipes: Sequence[PipeCost], restarts:
     l_ = lengths
     small = l_.size * len(pipes) <= 512
     rounds = max_rounds if max_rounds is not None else 20 + len(pipes) + (l_.size if small else 0)
-    prep = _greedy_prep(pipes) if prep is None else prep
+    prep = greedy_prep(pipes) if prep is None else prep
     rng = np.random.default_rng(seed)
     found: list[tuple[float, int, _State]] = []
     for r in range(restarts):
-        cand = _State(pipes, l_, _greedy(l_, pipes, rng.permutation(l_.size), prep=prep, scan=scan))
+        cand = _State(pipes, l_, greedy_owner(l_, pipes, rng.permutation(l_.size), prep=prep, scan=scan))
         done = _local_search(cand, rounds, pairs=small, target=target, deadline=deadline)
         obj = float(cand.load.max())
         if obj < below:
@@ -380,6 +375,16 @@ def restart_dispatches(lengths: np.ndarray, pipes: Sequence[PipeCost], restarts:
         if not done or (found and found[0][0] <= target):
             break
     return [_result(st, len(pipes)) for _, _, st in found]
+
+
+def search_from(lengths: np.ndarray, pipes: Sequence[PipeCost], owner: np.ndarray, rounds: int, *,
+                deadline: float | None = None) -> DispatchResult:
+    """The dispatch's local search (moves and swaps off the bottleneck, no pair swaps) from the assignment `owner`
+    (a pipeline index per document, every one set), for `rounds` rounds or until `deadline`: fill.fill_dispatch's
+    finish."""
+    st = _State(pipes, lengths, owner)
+    _local_search(st, rounds, deadline=deadline)
+    return _result(st, len(pipes))
 
 
 def dispatch_hydraulis(lengths, pipes: Sequence[PipeCost], *, trials: int = 100, seed: int = 0,

@@ -22,8 +22,8 @@ import numpy as np
 from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan
 from tidal.planner.bounds import PipeCost
-from tidal.planner.dispatch import _local_search, _result, _State
-from tidal.planner.greedy import _greedy
+from tidal.planner.dispatch import search_from
+from tidal.planner.greedy import greedy_owner
 
 
 def _too_heavy(pc: PipeCost, x: float, cap: float) -> bool:
@@ -106,9 +106,7 @@ def fill_dispatch(lengths: np.ndarray, pipes: Sequence[PipeCost], plans: Sequenc
             return None
         sub = lengths[free]
         try:
-            owner[free] = rest[_greedy(sub, [pipes[j] for j in rest], np.argsort(-sub, kind="stable"))]
+            owner[free] = rest[greedy_owner(sub, [pipes[j] for j in rest], np.argsort(-sub, kind="stable"))]
         except TidalError:  # a document longer than every other pipeline's MaxLen
             return None
-    st = _State(pipes, lengths, owner)
-    _local_search(st, 20 + n if rounds is None else rounds, deadline=deadline)
-    return _result(st, n).groups
+    return search_from(lengths, pipes, owner, 20 + n if rounds is None else rounds, deadline=deadline).groups

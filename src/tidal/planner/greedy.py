@@ -1,49 +1,21 @@
 """The dispatch's greedy start (list scheduling, longest first) with its jump scan, in Python; `kernels.greedy` is
-the compiled loop that makes the same choices. `dispatch.py` uses `_greedy` and `_greedy_prep`."""
+the compiled loop that makes the same choices. `dispatch.py` uses `greedy_owner` and `greedy_prep`."""
 
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from tidal.core.errors import TidalError
 from tidal.planner.bounds import PipeCost, group_pipes
+from tidal.planner.pipecost import add_cost
 
 
-def _f1(a: float, b: float, c: float, q: int, M: int, W: float, tok: int, wm: float, cnt: int, g: int) -> float:
-    """Scalar `_cost` for the greedy (same formula, Python floats)."""
-    vmin = max(1, -(-tok // M), g)
-    if q == 0:
-        return max(vmin * c + W, vmin * (c + wm))
-    vmax = max(vmin, cnt)
-    v0 = math.sqrt(q * W / c) if c > 0 else math.inf
-    if wm > 0:
-        v0 = min(v0, W / wm)
-    cands = {vmin, vmax}
-    if math.isfinite(v0):
-        cands |= {min(vmax, max(vmin, math.floor(v0))), min(vmax, max(vmin, math.ceil(v0)))}
-    return min((q + v) * max(W / v + c, c + wm) for v in cands)
-
-
-def _add_cost(a: float, b: float, c: float, q: int, M: int, Wj: float, Tj: int, Lj: float, Uj: int, Gj: int, x: int,
-              wx: float, big: bool) -> float:
-    """The greedy's cost of pipeline j (sums Wj, Tj, longest work Lj, count Uj, long documents Gj) with one more
-    document of length x and work wx (big: x > M / 2)."""
-    tok = Tj + x
-    wm = Lj if Lj > wx else wx
-    g = Gj + big
-    if q == 0:  # _f1 inlined for PP = 1: V = V_min
-        vm = max(1, -(-tok // M), g)
-        return max(vm * c + Wj + wx, vm * (c + wm))
-    return _f1(a, b, c, q, M, Wj + wx, tok, wm, Uj + 1, g)
-
-
-def _greedy_prep(pipes: Sequence[PipeCost]) -> tuple:
-    """What _greedy needs of the pipelines alone: classes of identical pipelines, their members (ascending), and the
-    compiled loop's arrays of them. Computed once per dispatch, shared by its restarts."""
+def greedy_prep(pipes: Sequence[PipeCost]) -> tuple:
+    """What greedy_owner needs of the pipelines alone: classes of identical pipelines, their members (ascending), and
+    the compiled loop's arrays of them. Computed once per dispatch, shared by its restarts."""
     classes, _ = group_pipes(pipes)
     members: list[list[int]] = [[] for _ in classes]
     cls_of = {p: k for k, p in enumerate(classes)}
@@ -60,7 +32,7 @@ def _greedy_prep(pipes: Sequence[PipeCost]) -> tuple:
     return classes, members, arrays
 
 
-def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | None = None,
+def greedy_owner(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | None = None,
             compiled: bool = True, prep: tuple | None = None, scan: bool = True) -> np.ndarray:
     """List scheduling: each sequence (longest first unless `order`) to the eligible pipeline with the least resulting
     cost. Per class of identical pipelines two are tried: the first empty one and the least-loaded used one, or every
@@ -68,10 +40,10 @@ def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | 
     micro-batch constant (a PP = 1 pipeline over its MaxLen with a long document jumps to 2 (c + w(l_max)); a fuller
     pipeline with room is then cheaper).
     Runs the compiled loop (kernels.greedy, same choices) when numba is there and `compiled`. `prep`:
-    _greedy_prep(pipes), when the caller has it."""
+    greedy_prep(pipes), when the caller has it."""
     from tidal.planner import kernels
 
-    classes, members, arrays = _greedy_prep(pipes) if prep is None else prep
+    classes, members, arrays = greedy_prep(pipes) if prep is None else prep
     if order is None:
         order = np.argsort(-lengths, kind="stable")
     if compiled and kernels.AVAILABLE:
@@ -100,12 +72,12 @@ def _greedy(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | 
             if h:
                 j = h[0][1]
                 big = 2 * x > M
-                v = _add_cost(a, b, c, q, M, W[j], T[j], L[j], U[j], G[j], x, wx, big)
+                v = add_cost(c, q, M, W[j], T[j], L[j], U[j], G[j], x, wx, big)
                 if scan and v > (h[0][0] + wx + c) * (1 + 1e-9):
                     # on the least-loaded pipeline x would cost more than its work and one micro-batch (a V_min jump
                     # with a long document: (V + 1)(c + w_max)): try every used pipeline of the class
                     for _, jj in h[1:]:
-                        vv = _add_cost(a, b, c, q, M, W[jj], T[jj], L[jj], U[jj], G[jj], x, wx, big)
+                        vv = add_cost(c, q, M, W[jj], T[jj], L[jj], U[jj], G[jj], x, wx, big)
                         if (vv, jj) < (v, j):
                             v, j = vv, jj
                 if best_key is None or (v, j) < best_key:

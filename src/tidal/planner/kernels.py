@@ -13,9 +13,14 @@ reference implementations. Import this module lazily (importing numba takes abou
 
 from __future__ import annotations
 
+import functools
 import math
+import types
 
 import numpy as np
+
+from tidal.planner import pipecost
+from tidal.planner.pipecost import add_cost, cost1
 
 try:
     from numba import njit
@@ -74,35 +79,6 @@ def _alg1_trial(l_, perm, A, B, C, Q, M):
     return owner, obj
 
 
-def _f1(a, b, c, q, M, W, tok, wm, cnt, g):
-    """dispatch._f1 (capacity-aware pipeline cost of one pipeline), same operation order."""
-    vmin = max(1, -(-tok // M), g)
-    if q == 0:
-        return max(vmin * c + W, vmin * (c + wm))
-    vmax = max(vmin, cnt)
-    v0 = math.sqrt(q * W / c) if c > 0 else math.inf
-    if wm > 0:
-        v0 = min(v0, W / wm)
-    best = min((q + vmin) * max(W / vmin + c, c + wm), (q + vmax) * max(W / vmax + c, c + wm))
-    if math.isfinite(v0):
-        lo = min(vmax, max(vmin, math.floor(v0)))
-        hi = min(vmax, max(vmin, math.ceil(v0)))
-        best = min(best, (q + lo) * max(W / lo + c, c + wm), (q + hi) * max(W / hi + c, c + wm))
-    return best
-
-
-def _add_cost(a, b, c, q, M, Wj, Tj, Lj, Uj, Gj, x, wx, big):
-    """Cost of pipeline j (sums Wj, Tj, longest work Lj, count Uj, long documents Gj) with one more document of
-    length x and work wx (big: x > M / 2): dispatch._add_cost, same operation order."""
-    tok = Tj + x
-    wm = Lj if Lj > wx else wx
-    g = Gj + big
-    if q == 0:  # _f1 inlined for PP = 1: V = V_min
-        vm = max(1, -(-tok // M), g)
-        return max(vm * c + Wj + wx, vm * (c + wm))
-    return _f1(a, b, c, q, M, Wj + wx, tok, wm, Uj + 1, g)
-
-
 def _sift_down(key, ids, off, n, pos):
     """Restore the min-heap on key/ids[off:off + n] (ordered by (key, id)) from position pos downwards."""
     while True:
@@ -133,7 +109,7 @@ def _sift_up(key, ids, off, pos):
 
 
 def _greedy(lengths, order, ca, cb, cc, cd, cq, cm, members, moff, mcount, pmax, scan):
-    """dispatch._greedy compiled: each sequence (in `order`) to the eligible pipeline with the least resulting cost,
+    """greedy.greedy_owner compiled: each sequence (in `order`) to the eligible pipeline with the least resulting cost,
     trying per class its first empty pipeline and its least-loaded used one (heap top by (cost, index)), or every
     used one (if `scan`) when adding to the least-loaded one costs more than the document's work plus one
     micro-batch.
@@ -168,13 +144,13 @@ def _greedy(lengths, order, ca, cb, cc, cd, cq, cm, members, moff, mcount, pmax,
             if hsize[k] > 0:
                 j = hid[moff[k]]
                 big = 1 if 2 * x > M else 0
-                v = _add_cost(a, b, c, q, M, W[j], T[j], L[j], U[j], G[j], x, wx, big)
+                v = add_cost(c, q, M, W[j], T[j], L[j], U[j], G[j], x, wx, big)
                 if scan and v > (hkey[moff[k]] + wx + c) * (1 + 1e-9):
                     # on the least-loaded pipeline x would cost more than its work and one micro-batch (a V_min jump
                     # with a long document: (V + 1)(c + w_max)): try every used pipeline of the class
                     for p in range(1, hsize[k]):
                         jj = hid[moff[k] + p]
-                        vv = _add_cost(a, b, c, q, M, W[jj], T[jj], L[jj], U[jj], G[jj], x, wx, big)
+                        vv = add_cost(c, q, M, W[jj], T[jj], L[jj], U[jj], G[jj], x, wx, big)
                         if vv < v or (vv == v and jj < j):
                             v, j = vv, jj
                 if not have or v < best_v or (v == best_v and j < best_j):
@@ -212,22 +188,6 @@ def _greedy(lengths, order, ca, cb, cc, cd, cq, cm, members, moff, mcount, pmax,
     return owner, -1
 
 
-def _cost1(a, b, c, d, q1, m, r, Q, S, N, lmax, G):
-    """dispatch._cost for one pipeline (same operation order): capacity-aware cost of a share with sum l^2 = Q,
-    sum l = S, count N, longest lmax and G documents longer than MaxLen / 2; 0 when empty."""
-    if not N > 0:
-        return 0.0
-    W = a * Q + b * S + d * N
-    wm = a * lmax * lmax + b * lmax + d
-    vmin = max(max(1.0, np.ceil(S / m)), G)
-    vmax = max(vmin, N)
-    v0 = min(np.sqrt(W) * r, W / max(wm, 1e-300))
-    lo = min(max(np.floor(v0), vmin), vmax)
-    hi = min(max(np.ceil(v0), vmin), vmax)
-    cw = c + wm
-    return min((q1 + lo) * max(W / lo + c, cw), (q1 + hi) * max(W / hi + c, cw))
-
-
 def _ls_refresh(j, owner, lf, A, B, C, D, Q1, M, R, S, Q, N, G, top1, cnt1, top2, load):
     m = 0.0
     cnt = 0
@@ -245,7 +205,7 @@ def _ls_refresh(j, owner, lf, A, B, C, D, Q1, M, R, S, Q, N, G, top1, cnt1, top2
     top1[j] = m
     cnt1[j] = cnt
     top2[j] = m2
-    load[j] = _cost1(A[j], B[j], C[j], D[j], Q1[j], M[j], R[j], Q[j], S[j], N[j], m, G[j])
+    load[j] = cost1(A[j], B[j], C[j], D[j], Q1[j], M[j], R[j], Q[j], S[j], N[j], m, G[j])
 
 
 def _ls_move(i, k, owner, lf, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load):
@@ -313,13 +273,13 @@ def _local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1
             x = lf[sel[u]]
             x2 = x * x
             lj = top2[j] if (x == top1[j] and cnt1[j] == 1) else top1[j]
-            nj = _cost1(aj, bj, cj, dj, qj, mj, rj, Q[j] - x2, S[j] - x, N[j] - 1, lj, G[j] - (1.0 if x > hj else 0.0))
+            nj = cost1(aj, bj, cj, dj, qj, mj, rj, Q[j] - x2, S[j] - x, N[j] - 1, lj, G[j] - (1.0 if x > hj else 0.0))
             if not nj < best:
                 continue
             for k in range(n_p):
                 if k == j or not x <= M[k]:
                     continue
-                nk = _cost1(A[k], B[k], C[k], D[k], Q1[k], M[k], R[k], Q[k] + x2, S[k] + x, N[k] + 1, max(top1[k], x),
+                nk = cost1(A[k], B[k], C[k], D[k], Q1[k], M[k], R[k], Q[k] + x2, S[k] + x, N[k] + 1, max(top1[k], x),
                             G[k] + (1.0 if x > H[k] else 0.0))
                 v = max(nj, nk)
                 if v < best:
@@ -364,13 +324,13 @@ def _local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1
                     ke = owner[e]
                     if not (le <= mj and x <= M[ke] and le != x):
                         continue
-                    nj = _cost1(aj, bj, cj, dj, qj, mj, rj, Q[j] - x2 + le * le, S[j] - x + le, N[j], max(lj, le),
+                    nj = cost1(aj, bj, cj, dj, qj, mj, rj, Q[j] - x2 + le * le, S[j] - x + le, N[j], max(lj, le),
                                 gx + (1.0 if le > hj else 0.0))
                     if not nj < best:
                         continue
                     lk = top2[ke] if (le == top1[ke] and cnt1[ke] == 1) else top1[ke]
                     hk = H[ke]
-                    nk = _cost1(A[ke], B[ke], C[ke], D[ke], Q1[ke], M[ke], R[ke], Q[ke] - le * le + x2, S[ke] - le + x,
+                    nk = cost1(A[ke], B[ke], C[ke], D[ke], Q1[ke], M[ke], R[ke], Q[ke] - le * le + x2, S[ke] - le + x,
                                 N[ke],
                                 max(lk, x), G[ke] - (1.0 if le > hk else 0.0) + (1.0 if x > hk else 0.0))
                     v = max(nj, nk)
@@ -424,13 +384,13 @@ def _pair_swap(j, mine, eidx, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, to
                 ke = owner[e]
                 if not (le <= mj and xm <= M[ke]):
                     continue
-                nj = _cost1(aj, bj, cj, dj, qj, mj, rj, Q[j] - q + le * le, S[j] - s + le, N[j] - 1, max(rest, le),
+                nj = cost1(aj, bj, cj, dj, qj, mj, rj, Q[j] - q + le * le, S[j] - s + le, N[j] - 1, max(rest, le),
                             gj + (1.0 if le > hj else 0.0))
                 if not nj < best:
                     continue
                 hk = H[ke]
                 lk = top2[ke] if (le == top1[ke] and cnt1[ke] == 1) else top1[ke]
-                nk = _cost1(A[ke], B[ke], C[ke], D[ke], Q1[ke], M[ke], R[ke], Q[ke] - le * le + q, S[ke] - le + s,
+                nk = cost1(A[ke], B[ke], C[ke], D[ke], Q1[ke], M[ke], R[ke], Q[ke] - le * le + q, S[ke] - le + s,
                             N[ke] + 1,
                             max(lk, xm), G[ke] - (1.0 if le > hk else 0.0) + (1.0 if x1 > hk else 0.0)
                             + (1.0 if x2 > hk else 0.0))
@@ -440,14 +400,27 @@ def _pair_swap(j, mine, eidx, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, to
     return bi, bk, be, bp
 
 
+@functools.cache
+def compile_pipecost() -> dict:
+    """pipecost's functions compiled (numba.njit, inlined into the loops that call them), in a namespace of their
+    own so that each calls the compiled others: {name: dispatcher}. The same source runs as plain Python elsewhere.
+    Not cached on disk themselves (numba cannot reload functions of a namespace that is no module); the cached loops
+    inline them. A cached loop is keyed on its own file only: after editing pipecost.py, delete the planner's
+    __pycache__/*.nbi (or touch kernels.py and kernels_pack.py)."""
+    ns: dict = {"math": math, "np": np}
+    for name in ("pipe_value", "v_opt", "best_v", "bound_value", "greedy_cost", "add_cost", "cost1"):
+        f = getattr(pipecost, name)
+        ns[name] = njit(inline="always")(types.FunctionType(f.__code__, ns, name, f.__defaults__))
+    return ns
+
+
 if AVAILABLE:
+    _pc = compile_pipecost()
+    add_cost, cost1 = _pc["add_cost"], _pc["cost1"]
     alg1_trial = njit(cache=True)(_alg1_trial)
-    _f1 = njit(cache=True, inline="always")(_f1)
-    _add_cost = njit(cache=True, inline="always")(_add_cost)
     _sift_down = njit(cache=True)(_sift_down)
     _sift_up = njit(cache=True)(_sift_up)
     greedy = njit(cache=True)(_greedy)
-    _cost1 = njit(cache=True, inline="always")(_cost1)
     _ls_refresh = njit(cache=True)(_ls_refresh)
     _ls_move = njit(cache=True)(_ls_move)
     _pair_swap = njit(cache=True)(_pair_swap)

@@ -14,7 +14,8 @@ import math
 
 import numpy as np
 
-from tidal.planner.kernels import AVAILABLE, njit
+from tidal.planner.kernels import AVAILABLE, compile_pipecost, njit
+from tidal.planner.pipecost import bound_value
 
 
 def _lpt(l_, w, order, V, M, c):
@@ -257,27 +258,6 @@ def _pack_search(l_, w, order, M, c, pp, W, wmax, vmin, v_opt, v_hi, rounds):
     return best_bins, best
 
 
-def _ts_f(a, b, c, q, M, w, tok, wmax, cnt):
-    """bounds.pipeline_bound's value for sums (W = w, tokens, w_max, count), as bounds._top_search's f computes it
-    with bounds._best_v_value (its value: the least over the candidate V)."""
-    vmin = max(1, -(-tok // M))
-    vmax = max(vmin, cnt)
-    if q > 0 and c > 0:
-        v_star = math.sqrt(q * w / c)
-    elif q == 0:
-        v_star = 0.0
-    else:
-        v_star = math.inf
-    v_cross = w / wmax if wmax > 0 else math.inf
-    v0 = min(v_star, v_cross)
-    best = min((q + vmin) * max(w / vmin + c, c + wmax), (q + vmax) * max(w / vmax + c, c + wmax))
-    if math.isfinite(v0):
-        lo = min(vmax, max(vmin, math.floor(v0)))
-        hi = min(vmax, max(vmin, math.ceil(v0)))
-        best = min(best, (q + lo) * max(w / lo + c, c + wmax), (q + hi) * max(w / hi + c, c + wmax))
-    return best
-
-
 def _ts_expand(t, x, A, B, D, C, Q, M, cnt, used, ocls, oW, otok, owm, ocnt, n_o, fd, fw):
     """The options of bounds._top_search's rec for document x at depth t, into fd[t] / fw[t] sorted by bound (stable):
     each distinct open pipeline (identical open ones are one branch), then a new pipeline of each class with one left.
@@ -298,13 +278,13 @@ def _ts_expand(t, x, A, B, D, C, Q, M, cnt, used, ocls, oW, otok, owm, ocnt, n_o
         if dup:
             continue
         wx = A[k] * x * x + B[k] * x + D[k]
-        d[no] = _ts_f(A[k], B[k], C[k], Q[k], M[k], oW[o] + wx, otok[o] + x, max(owm[o], wx), ocnt[o] + 1)
+        d[no] = bound_value(Q[k], C[k], M[k], oW[o] + wx, otok[o] + x, max(owm[o], wx), ocnt[o] + 1)
         which[no] = o
         no += 1
     for k in range(K):
         if used[k] < cnt[k] and x <= M[k]:
             wx = A[k] * x * x + B[k] * x + D[k]
-            d[no] = _ts_f(A[k], B[k], C[k], Q[k], M[k], wx, x, wx, 1)
+            d[no] = bound_value(Q[k], C[k], M[k], wx, x, wx, 1)
             which[no] = -1 - k
             no += 1
     order = np.argsort(d[:no], kind="mergesort")
@@ -457,6 +437,7 @@ def _mode_violated(U, wt, cnt, Y, rounds):
 
 
 if AVAILABLE:
+    bound_value = compile_pipecost()["bound_value"]
     mode_violated = njit(cache=True)(_mode_violated)
     lpt = njit(cache=True)(_lpt)
     refine = njit(cache=True)(_refine)
@@ -466,7 +447,6 @@ if AVAILABLE:
     _pk_bound = njit(cache=True, inline="always")(_pk_bound)
     _pk_attempt = njit(cache=True)(_pk_attempt)
     pack_search = njit(cache=True)(_pack_search)
-    _ts_f = njit(cache=True, inline="always")(_ts_f)
     _ts_expand = njit(cache=True)(_ts_expand)
     top_search = njit(cache=True)(_top_search)
     class_bfd = njit(cache=True)(_class_bfd)

@@ -23,7 +23,8 @@ import numpy as np
 
 from tidal.core.errors import TidalError
 from tidal.costmodel.base import LatencyCoeffs
-from tidal.planner.bounds import PipeCost, _best_v_value, check_lengths, check_pipe
+from tidal.planner.bounds import PipeCost, check_lengths, check_pipe
+from tidal.planner.pipecost import best_v
 
 
 @dataclass(frozen=True)
@@ -224,7 +225,7 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
     c = p.c
     S, W, wmax = int(l_.sum()), float(w.sum()), float(w.max())
     vmin = max(1, -(-S // max_len))
-    v_opt, _ = _best_v_value(W, wmax, p, vmin, n)
+    v_opt, _ = best_v(p.pp - 1, p.c, W, wmax, vmin, n)
     if v_opt == 1:  # one micro-batch meets the lower bound f(1) = PP (c + W): optimal
         return PackResult((tuple(range(n)),), pp * (c + W))
     order = np.argsort(-l_, kind="stable")

@@ -21,14 +21,13 @@ import numpy as np
 from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan
 from tidal.planner.bounds import PipeCost
+from tidal.planner.config import DEFAULT
 from tidal.planner.packing import pipeline_time
-
-LIGHT = 8  # swap partners come from this many least-loaded pipelines on steps of more than 256 documents
 
 
 def polish(lengths: np.ndarray, pipes: tuple[PipeCost, ...], plans: tuple[PipelinePlan, ...], est: float, *,
            target: float = 0.0, rounds: int = 40, max_docs: int = 16,
-           min_gain: float = 1e-4) -> tuple[float, tuple[PipelinePlan, ...]]:
+           min_gain: float = 1e-4, light: int = DEFAULT.polish_light) -> tuple[float, tuple[PipelinePlan, ...]]:
     """Improve a packed plan by moving and swapping documents between micro-batches of different pipelines
     (module doc). `plans` must hold every index of `lengths` once (TidalError otherwise). Stops after `rounds`, at
     `target` (a lower bound), or when no move gains. Returns (estimate, plans): the input unchanged unless the
@@ -101,11 +100,11 @@ def polish(lengths: np.ndarray, pipes: tuple[PipeCost, ...], plans: tuple[Pipeli
             if val.flat[u] < best_val:
                 a, b = divmod(u, cand.size)
                 best_val, best = float(val.flat[u]), (int(sel[a]), int(cand[b]), -1)
-        # swaps: a document of ms with any document of another pipeline (on large steps, of the LIGHT least loaded
+        # swaps: a document of ms with any document of another pipeline (on large steps, of the `light` least loaded
         # pipelines only, as in the dispatch's local search: that is where the bottleneck's work can go)
-        if lf.size > 256 and P > LIGHT:
-            light = np.argsort(time, kind="stable")[:LIGHT]
-            e_idx = np.flatnonzero(np.isin(mb_pipe[doc_mb], light[light != j]))
+        if lf.size > 256 and light < P:
+            near = np.argsort(time, kind="stable")[:light]
+            e_idx = np.flatnonzero(np.isin(mb_pipe[doc_mb], near[near != j]))
         else:
             e_idx = np.flatnonzero(mb_pipe[doc_mb] != j)
         if e_idx.size:

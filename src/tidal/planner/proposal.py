@@ -35,6 +35,7 @@ from tidal.core.scheme import ParallelScheme, format_strategy
 from tidal.core.strategy import Strategy, place
 from tidal.costmodel.base import CostModel
 from tidal.planner.bounds import PipeCost, strategy_bound, work_capacity
+from tidal.planner.config import PROPOSAL
 
 
 @dataclass(frozen=True)
@@ -364,7 +365,7 @@ def _simulate(lengths, strategies, cost_model, tokens_per_step, max_len, eval_st
         for i, prof in enumerate(profs):
             if int(step.max()) <= prof.max_len:
                 # decisions 58 and 63: the cover as before (with them it took tp1 mixes with loose bounds)
-                E[i, s] = assign(step, prof, seed=seed, shrink=False, scan=False)[0]
+                E[i, s] = assign(step, prof, seed=seed, config=PROPOSAL)[0]
     return E
 
 

@@ -17,9 +17,10 @@ import numpy as np
 from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.planner.bounds import PipeCost, StrategyBound, check_lengths, pipeline_bound, prepare_lengths
-from tidal.planner.bounds_modes import MODE_GAP, mode_bound
+from tidal.planner.bounds_modes import mode_bound
 from tidal.planner.classfill import class_plan, pick_class
-from tidal.planner.dispatch import RESTART_MAX, dispatch, dispatch_alternatives, dispatch_hydraulis, restart_dispatch
+from tidal.planner.config import DEFAULT, PlannerConfig
+from tidal.planner.dispatch import dispatch, dispatch_alternatives, dispatch_hydraulis, restart_dispatch
 from tidal.planner.fill import fill_dispatch, worth_filling
 from tidal.planner.metrics import max_over_mean, mb_imbalance, rank_spread
 from tidal.planner.packing import Packer, pack, pipeline_time
@@ -81,69 +82,39 @@ def _check_packing(mbs, n: int, sub: np.ndarray, max_len: int) -> None:
         raise TidalError(f"packer returned a micro-batch of {int(tokens.max())} tokens > MaxLen {max_len}")
 
 
-HYDRAULIS_TRIALS = 1  # shuffles of Hydraulis Alg. 1 that assign() also packs (its never-worse guarantee)
-# When packing needs more micro-batches than a pipeline's dispatched tokens / MaxLen (bin packing rarely fills every
-# micro-batch to MaxLen) and that makes it exceed the dispatch objective, the dispatch is retried with that pipeline
-# class's MaxLen scaled by each of these (for the token count only; packing uses the real MaxLen). Decision 58.
-SHRINK_FRACS = (0.95, 0.9, 0.85, 0.8)  # tried in turn (until the bound is met or the allowance is spent)
-SHRINK_GAP = 1e-3  # ... tried when a pipeline's packed time exceeds the dispatch objective by more than this
-SHRINK_ROUNDS = 5  # local-search rounds of a retry's dispatch (the full search's 20 + D cost too much per step)
-SHRINK_DONE = 1e-3  # ... and stopped once the plan is within this factor of the candidate's bound
-SHRINK_PER_STEP = 4  # at most this many retry dispatches per select_step (all candidates together)
-# select_step gives a candidate LATE_RESTARTS random-order restarts (_restart_plan) when its step is too large for
-# dispatch_alternatives' own (RESTART_MAX < B x D <= LATE_RESTART_MAX), its packed plan is above its bound by more than
-# LATE_GAP, and its bound can still beat the incumbent; at most LATE_PER_STEP candidates per step. Decision 59. Larger
-# steps (up to LATE_RESTART_MAX_BIG) get LATE_BIG_RESTARTS with the full local search instead. Decision 65.
-LATE_RESTARTS = 2
-LATE_GAP = 1e-3
-LATE_PER_STEP = 1
-LATE_RESTART_MAX = 16384
-LATE_RESTART_MAX_BIG = 2**17  # steps with LATE_RESTART_MAX < B x D <= this get LATE_BIG_RESTARTS restart(s) with the
-LATE_BIG_RESTARTS = 1  # dispatch's full local search (20 + D rounds) instead, when the plan is more than
-LATE_GAP_BIG = 5e-3  # this factor above the candidate's bound (decision 65)
-LATE_ROUNDS = 20  # local-search rounds per late restart (the full 20 + D cost 3 ms more p90 for 0.001 est/bound)
-POLISH_ROUNDS = 40
-FILL = True  # single-micro-batch pipelines filled first, last in assign (decision 68)
-FILL_SLACK = 5e-3  # ... up to the candidate's bound times 1 + this
-FILL_GAP = 5e-3  # ... when the plan is more than this factor above the candidate's bound
-FILL_PER_STEP = 1  # ... on at most this many candidates per select_step
-CLASS_FILL = True  # a class of many-micro-batch PP = 1 pipelines filled bin by bin, after that (decision 69)
-CLASS_GAP = 8e-3  # ... when the plan is more than this factor above the candidate's bound (5e-3: no cell gained more)
-CLASS_PER_STEP = 1  # ... on at most this many candidates per select_step
-CLASS_REST_LEFT = (1, 0, 0)  # the other pipelines' assign: its allowances (retries, late restarts, fill)
-
-
 def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack, seed: int = 0,
            exact: bool = False, target: float = 0.0, deadline: float | None = None,
-           fallback: bool = True, shrink: bool = True, shrink_below: float = float("inf"),
-           shrink_left: list[int] | None = None, scan: bool = True) -> tuple[float, tuple[PipelinePlan, ...]]:
+           fallback: bool = True, shrink_below: float = float("inf"), shrink_left: list[int] | None = None,
+           config: PlannerConfig = DEFAULT) -> tuple[float, tuple[PipelinePlan, ...]]:
     """Two-stage assignment on one strategy: (step estimate, per-pipeline plans with step indices). `target` (a
     lower bound) lets the dispatch local search stop once it meets it (nothing better exists); `deadline` (perf_counter)
-    cuts the local search short. With `fallback`, Hydraulis' dispatch (dispatch_hydraulis, HYDRAULIS_TRIALS shuffles,
-    `seed`) followed by the same packer is also tried when its dispatch cost (a lower bound on its packed time) is
-    below our estimate, and the better plan kept: the result is never worse than that baseline (unless the deadline
-    passed before it ran). With `shrink` (heuristic path only), a packing that overshoots its dispatch because
-    micro-batches could not be filled to MaxLen triggers dispatch retries with a smaller effective MaxLen
-    (SHRINK_FRACS) if `target` < `shrink_below` (select_step passes the incumbent: a candidate whose bound cannot
-    beat it is not retried), each retry taking one from `shrink_left[0]` if given (select_step's per-step
-    allowance); the fastest packed plan is kept. Before the retry, on steps too large for dispatch_alternatives'
-    restarts (RESTART_MAX < B x D <= LATE_RESTART_MAX), a plan above `target` by more than LATE_GAP gets
-    LATE_RESTARTS random-order restarts (_restart_plan, decision 59; same `shrink_below` gate, `shrink_left[1]`
-    is select_step's allowance of such candidates) and the faster plan goes on to the retry; a larger step (up to
-    LATE_RESTART_MAX_BIG) more than LATE_GAP_BIG above gets LATE_BIG_RESTARTS with the dispatch's full local
-    search (decision 65). After the retry, a
-    plan still more than SHRINK_DONE above `target` is polished (polish.polish, POLISH_ROUNDS rounds, decision
-    60). Last, the next-best restarts of a small step (dispatch_alternatives' `extra`, up to RESTART_KEEP - 1) are
-    packed, and polished if one is faster (decision 64). Then, if the plan is more than FILL_GAP above `target` and
-    has a token-full single-micro-batch pipeline (fill.worth_filling), it is re-dispatched with those pipelines filled
-    first (_fill_plan, decision 68; `shrink_left[2]` is select_step's allowance). Last, if still more than CLASS_GAP
-    above, a class of many-micro-batch PP = 1 pipelines is filled bin by bin and the others planned apart
-    (_class_plan, decision 69; `shrink_left[3]`). `shrink=False` turns all six off; the result is never worse than
-    with them off. `scan`: the dispatch greedy's jump scan (decision 63; the strategy
-    proposal turns it off)."""
+    cuts the local search short. `config` (config.PlannerConfig) holds every knob named below as c.<knob>. With
+    `fallback`, Hydraulis' dispatch (dispatch_hydraulis, c.hydraulis_trials shuffles, `seed`) followed by the same
+    packer is also tried when its dispatch cost (a lower bound on its packed time) is below our estimate, and the
+    better plan kept: the result is never worse than that baseline (unless the deadline passed before it ran). With
+    c.improve (heuristic path only), a packing that overshoots its dispatch because micro-batches could not be
+    filled to MaxLen triggers dispatch retries with a smaller effective MaxLen (c.shrink_fracs) if `target` <
+    `shrink_below` (select_step passes the incumbent: a candidate whose bound cannot beat it is not retried), each
+    retry taking one from `shrink_left[0]` if given (select_step's per-step allowance); the fastest packed plan is
+    kept. Before the retry, on steps too large for dispatch_alternatives' restarts (c.restart_max < B x D <=
+    c.late_restart_max), a plan above `target` by more than c.late_gap gets c.late_restarts random-order restarts
+    (_restart_plan, decision 59; same `shrink_below` gate, `shrink_left[1]` is select_step's allowance of such
+    candidates) and the faster plan goes on to the retry; a larger step (up to c.late_restart_max_big) more than
+    c.late_gap_big above gets c.late_big_restarts with the dispatch's full local search (decision 65). After the
+    retry, a plan still more than c.shrink_done above `target` is polished (polish.polish, c.polish_rounds rounds,
+    decision 60). Last, the next-best restarts of a small step (dispatch_alternatives' `extra`, up to
+    c.restart_keep - 1) are packed, and polished if one is faster (decision 64). Then, if c.fill and the plan is
+    more than c.fill_gap above `target` and has a token-full single-micro-batch pipeline (fill.worth_filling), it is
+    re-dispatched with those pipelines filled first (_fill_plan, decision 68; `shrink_left[2]` is select_step's
+    allowance). Last, if c.class_fill and still more than c.class_gap above, a class of many-micro-batch PP = 1
+    pipelines is filled bin by bin and the others planned apart (_class_plan, decision 69; `shrink_left[3]`).
+    c.improve = False turns all six off; the result is never worse than with them off. c.scan: the dispatch
+    greedy's jump scan (decision 63). The strategy proposal plans with PlannerConfig.cheap() (both off)."""
+    cfg = config
+    shrink, scan = cfg.improve, cfg.scan
     l_ = np.asarray(lengths, dtype=np.int64)
     if exact:
-        disp = dispatch(l_, prof.pipes, exact=True, seed=seed, target=target, deadline=deadline)
+        disp = dispatch(l_, prof.pipes, exact=True, seed=seed, target=target, deadline=deadline, config=cfg)
         est, plans = _pack_groups(l_, prof, disp.groups, packer, exact)
     else:
         # the dispatch objective is a bound on the packed time: a restart that lowers it can pack worse, so the first
@@ -151,7 +122,8 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
         # earliest)
         extra: list = []  # the next-best restarts, packed last (with `shrink`)
         first, alts = dispatch_alternatives(l_, prof.pipes, seed=seed, target=target, deadline=deadline,
-                                            scan=scan, extra=extra if shrink else None)
+                                            scan=scan, extra=extra if shrink else None,
+                                            config=cfg)
         est, plans = _pack_groups(l_, prof, first.groups, packer, exact)
         for alt in alts:
             if deadline is not None and time.perf_counter() >= deadline:
@@ -159,23 +131,24 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
             est2, plans2 = _pack_groups(l_, prof, alt.groups, packer, exact, limit=est, order=_by_load(alt))
             if est2 < est:
                 est, plans = est2, plans2
-        big = l_.size * len(prof.pipes) > LATE_RESTART_MAX
-        if shrink and target * (1 + (LATE_GAP_BIG if big else LATE_GAP)) < est and target < shrink_below \
-                and RESTART_MAX < l_.size * len(prof.pipes) <= LATE_RESTART_MAX_BIG \
+        big = l_.size * len(prof.pipes) > cfg.late_restart_max
+        if shrink and target * (1 + (cfg.late_gap_big if big else cfg.late_gap)) < est and target < shrink_below \
+                and cfg.restart_max < l_.size * len(prof.pipes) <= cfg.late_restart_max_big \
                 and (shrink_left is None or shrink_left[1] > 0) \
                 and (deadline is None or time.perf_counter() < deadline):
             if shrink_left is not None:
                 shrink_left[1] -= 1
             res = _restart_plan(l_, prof, packer, seed, target, deadline, est,
-                                LATE_BIG_RESTARTS if big else LATE_RESTARTS, None if big else LATE_ROUNDS)
+                                cfg.late_big_restarts if big else cfg.late_restarts, None if big else cfg.late_rounds)
             if res is not None:  # the retry below then starts from it (it is not compared with the first again)
                 est, plans = res
         if shrink and target < est and target < shrink_below:
             est, plans = _shrink_retry(l_, prof, packer, seed, target, deadline, est, plans, first.objective,
-                                       shrink_left)
-        if POLISH_ROUNDS and shrink and target * (1 + SHRINK_DONE) < est and target < shrink_below \
+                                       shrink_left, cfg)
+        if cfg.polish_rounds and shrink and target * (1 + cfg.shrink_done) < est and target < shrink_below \
                 and (deadline is None or time.perf_counter() < deadline):
-            est, plans = polish(l_, prof.pipes, plans, est, target=target, rounds=POLISH_ROUNDS)
+            est, plans = polish(l_, prof.pipes, plans, est, target=target, rounds=cfg.polish_rounds,
+                                light=cfg.polish_light)
         # the next-best restarts last, so everything above is as without them (decision 64)
         for alt in extra:
             if (deadline is not None and time.perf_counter() >= deadline) or alt.objective >= est:
@@ -183,16 +156,17 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
             est2, plans2 = _pack_groups(l_, prof, alt.groups, packer, exact, limit=est, order=_by_load(alt))
             if est2 < est:
                 est, plans = est2, plans2
-                if POLISH_ROUNDS and shrink and target * (1 + SHRINK_DONE) < est:
-                    est, plans = polish(l_, prof.pipes, plans, est, target=target, rounds=POLISH_ROUNDS)
-        if FILL and shrink and target > 0 and target * (1 + FILL_GAP) < est and target < shrink_below \
+                if cfg.polish_rounds and shrink and target * (1 + cfg.shrink_done) < est:
+                    est, plans = polish(l_, prof.pipes, plans, est, target=target, rounds=cfg.polish_rounds,
+                                        light=cfg.polish_light)
+        if cfg.fill and shrink and target > 0 and target * (1 + cfg.fill_gap) < est and target < shrink_below \
                 and (shrink_left is None or shrink_left[2] > 0) \
                 and (deadline is None or time.perf_counter() < deadline):
-            est, plans = _fill_plan(l_, prof, packer, target, est, plans, shrink_left, deadline)
-        if CLASS_FILL and packer is pack and shrink and target > 0 and target * (1 + CLASS_GAP) < est \
+            est, plans = _fill_plan(l_, prof, packer, target, est, plans, shrink_left, deadline, cfg)
+        if cfg.class_fill and packer is pack and shrink and target > 0 and target * (1 + cfg.class_gap) < est \
                 and target < shrink_below and (shrink_left is None or shrink_left[3] > 0) \
                 and (deadline is None or time.perf_counter() < deadline):
-            est, plans = _class_plan(l_, prof, target, est, plans, shrink_left, deadline)
+            est, plans = _class_plan(l_, prof, target, est, plans, shrink_left, deadline, cfg)
     if fallback and est > target and (deadline is None or time.perf_counter() < deadline):
         hy = _hydraulis_plan(l_, prof, packer, seed, exact, est)
         if hy is not None:
@@ -202,7 +176,8 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
 
 def _shrink_retry(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: int, target: float,
                   deadline: float | None, est: float, plans: tuple[PipelinePlan, ...],
-                  objective: float, left: list[int] | None = None) -> tuple[float, tuple[PipelinePlan, ...]]:
+                  objective: float, left: list[int] | None = None,
+                  cfg: PlannerConfig = DEFAULT) -> tuple[float, tuple[PipelinePlan, ...]]:
     """The dispatch charges ceil(tokens / MaxLen) micro-batches; when a pipeline's packing needed more and that set
     the step time above the dispatch objective, dispatch again with that pipeline class's MaxLen scaled down (so it
     is given fewer tokens than it can nominally hold) and pack with the real MaxLen; keep the fastest plan. Every
@@ -210,14 +185,15 @@ def _shrink_retry(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: i
     pipes = prof.pipes
     over = set()
     for pl, pc in zip(plans, pipes):
-        if pl.est_time > objective * (1 + SHRINK_GAP):  # first, so the token sums run only for these (800 pipelines)
+        # first, so the token sums run only for these (800 pipelines)
+        if pl.est_time > objective * (1 + cfg.shrink_gap):
             tokens = sum(int(l_[list(mb)].sum()) for mb in pl.micro_batches)
             if len(pl.micro_batches) > -(-tokens // pc.max_len):
                 over.add(pc)
     if not over:
         return est, plans
     longest = int(l_.max())
-    for frac in SHRINK_FRACS:
+    for frac in cfg.shrink_fracs:
         if (deadline is not None and time.perf_counter() > deadline) or (left is not None and left[0] <= 0):
             break
         shrunk = [dataclasses.replace(pc, max_len=max(1, int(pc.max_len * frac))) if pc in over else pc
@@ -227,12 +203,12 @@ def _shrink_retry(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: i
         if left is not None:
             left[0] -= 1
         disp = dispatch(l_, shrunk, seed=seed, restarts=0, target=target, deadline=deadline,
-                        max_rounds=SHRINK_ROUNDS)
+                        max_rounds=cfg.shrink_rounds, config=cfg)
         # packed most-loaded first, given up at the first pipeline that is no faster than the plan it must beat
         est2, plans2 = _pack_groups(l_, prof, disp.groups, packer, False, limit=est, order=_by_load(disp))
         if est2 < est:  # not monotone in the fraction (which documents still fit changes), so all are tried
             est, plans = est2, plans2
-            if est <= target * (1 + SHRINK_DONE):
+            if est <= target * (1 + cfg.shrink_done):
                 break
     return est, plans
 
@@ -243,9 +219,9 @@ def _by_load(disp) -> list[int]:
 
 
 def _restart_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: int, target: float,
-                  deadline: float | None, est: float, restarts: int = LATE_RESTARTS,
-                  rounds: int | None = LATE_ROUNDS) -> tuple[float, tuple[PipelinePlan, ...]] | None:
-    """LATE_RESTARTS random-order restarts (dispatch.restart_dispatch) of a step too large for
+                  deadline: float | None, est: float, restarts: int,
+                  rounds: int | None) -> tuple[float, tuple[PipelinePlan, ...]] | None:
+    """config.late_restarts random-order restarts (dispatch.restart_dispatch) of a step too large for
     dispatch_alternatives' own, packed (most-loaded pipeline first, given up at the first that reaches `est`) if
     the best restart's dispatch objective, a lower bound on its packed time, is below `est`; the plan if faster
     than `est`, else None. Decision 59."""
@@ -259,11 +235,12 @@ def _restart_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: i
 
 def _fill_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, target: float, est: float,
                plans: tuple[PipelinePlan, ...], left: list[int] | None,
-               deadline: float | None = None) -> tuple[float, tuple[PipelinePlan, ...]]:
+               deadline: float | None = None,
+               cfg: PlannerConfig = DEFAULT) -> tuple[float, tuple[PipelinePlan, ...]]:
     """The plan re-dispatched with its single-micro-batch pipelines filled first (fill.fill_dispatch, cap `target`
-    times 1 + FILL_SLACK), packed and polished, if faster than `est`; else (est, plans). A re-dispatch takes one from
-    `left[2]` (select_step's per-step allowance) if given. Decision 68."""
-    cap = target * (1 + FILL_SLACK)
+    times 1 + cfg.fill_slack), packed and polished, if faster than `est`; else (est, plans). A re-dispatch takes one
+    from `left[2]` (select_step's per-step allowance) if given. Decision 68."""
+    cap = target * (1 + cfg.fill_slack)
     if not worth_filling(l_, prof.pipes, plans, cap, est):
         return est, plans
     if left is not None:
@@ -272,17 +249,19 @@ def _fill_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, target: fl
     if groups is None:
         return est, plans
     est2, plans2 = _pack_groups(l_, prof, groups, packer, False, limit=est)
-    if est2 < est and POLISH_ROUNDS and target * (1 + SHRINK_DONE) < est2 \
+    if est2 < est and cfg.polish_rounds and target * (1 + cfg.shrink_done) < est2 \
             and (deadline is None or time.perf_counter() < deadline):
-        est2, plans2 = polish(l_, prof.pipes, plans2, est2, target=target, rounds=POLISH_ROUNDS)
+        est2, plans2 = polish(l_, prof.pipes, plans2, est2, target=target, rounds=cfg.polish_rounds,
+                              light=cfg.polish_light)
     return (est2, plans2) if est2 < est else (est, plans)
 
 
 def _class_plan(l_: np.ndarray, prof: StrategyProfile, target: float, est: float, plans: tuple[PipelinePlan, ...],
-                left: list[int] | None, deadline: float | None) -> tuple[float, tuple[PipelinePlan, ...]]:
+                left: list[int] | None, deadline: float | None,
+                cfg: PlannerConfig = DEFAULT) -> tuple[float, tuple[PipelinePlan, ...]]:
     """classfill.class_plan, the other pipelines planned by `assign` (without a class fill of their own); it takes
     one from `left[3]` (select_step's allowance) if given and the plan has such a class. Decision 69."""
-    pick = pick_class(prof.pipes, plans)
+    pick = pick_class(prof.pipes, plans, cfg)
     if pick is None:
         return est, plans
     if left is not None:
@@ -290,15 +269,15 @@ def _class_plan(l_: np.ndarray, prof: StrategyProfile, target: float, est: float
 
     def rest(sub_l: np.ndarray, sub: StrategyProfile, T: float):
         return assign(sub_l, sub, target=T, deadline=deadline, fallback=False,
-                      shrink_left=[*CLASS_REST_LEFT, 0])
-    return class_plan(l_, prof, plans, est, target, rest, deadline, pick)
+                      shrink_left=[*cfg.class_rest_left, 0], config=cfg)
+    return class_plan(l_, prof, plans, est, target, rest, deadline, pick, cfg)
 
 
 def _hydraulis_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: int, exact: bool,
-                    limit: float) -> tuple[float, tuple[PipelinePlan, ...]] | None:
+                    limit: float, cfg: PlannerConfig = DEFAULT) -> tuple[float, tuple[PipelinePlan, ...]] | None:
     """Hydraulis' dispatch followed by `packer`, if it beats `limit` (packed only when its dispatch cost, a lower
     bound on its packed time, is below `limit`)."""
-    hy = dispatch_hydraulis(l_, prof.pipes, trials=HYDRAULIS_TRIALS, seed=seed)
+    hy = dispatch_hydraulis(l_, prof.pipes, trials=cfg.hydraulis_trials, seed=seed)
     if hy.objective < limit:
         est, plans = _pack_groups(l_, prof, hy.groups, packer, exact)
         if est < limit:
@@ -346,7 +325,8 @@ def _pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Pac
 
 def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer = pack, seed: int = 0,
                 exact: bool = False, seq_ids: Sequence[int] | None = None, prune: bool = True,
-                budget_ms: float | None = None, tol: float = 1e-3, modes: bool = True) -> StepSelection:
+                budget_ms: float | None = None, tol: float = 1e-3, modes: bool = True,
+                config: PlannerConfig = DEFAULT) -> StepSelection:
     """Plan one step: the candidate (index into `profiles`) with the least estimated step time, plus reports.
     `tol`: a candidate (or Hydraulis' dispatch on it) is skipped when its proven bound is within a factor 1 + tol of
     the incumbent, so the estimate is within 1 + tol of the best over candidates of min(our assignment, Hydraulis'
@@ -355,8 +335,10 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
     bounds are not refined; the best plan so far is returned (always valid; at least one candidate is assigned, by the
     greedy dispatch at worst) with a proven, possibly looser, lower bound, and `cut_short` set. Without a budget, or
     when it is not reached, the result is deterministic. `modes`: raise the reported bound of candidates whose bound is
-    more than a factor 1 + MODE_GAP under the chosen estimate with bounds_modes.mode_bound (the plan is unchanged)."""
+    more than a factor 1 + config.mode_gap under the chosen estimate with bounds_modes.mode_bound (the plan is
+    unchanged). `config`: the planner's knobs (config.PlannerConfig; select_step's per-step allowances come from it)."""
     t0 = time.perf_counter()
+    cfg = config
     deadline = None if budget_ms is None else t0 + budget_ms / 1e3
     l_ = check_lengths(lengths)
     if not profiles:
@@ -395,7 +377,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
     best: tuple[float, int, tuple[PipelinePlan, ...]] | None = None
     # retry dispatches (decision 58), candidates with late restarts (decision 59) and fill re-dispatches (decision 68)
     # left for this step
-    shrink_left = [SHRINK_PER_STEP, LATE_PER_STEP, FILL_PER_STEP, CLASS_PER_STEP]
+    shrink_left = [cfg.shrink_per_step, cfg.late_per_step, cfg.fill_per_step, cfg.class_per_step]
     cut = False
     # Best-first over candidates with lazy refinement: a candidate is assigned only once it has the least refined
     # bound among those left, so candidates whose quick bound is loose do not get assigned early.
@@ -415,7 +397,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
         est, plans = assign(l_, profiles[k], packer=packer, seed=seed, exact=exact, target=bounds[k],
                             deadline=deadline, fallback=False,
                             shrink_below=float("inf") if best is None else best[0] / (1 + tol),
-                            shrink_left=shrink_left)
+                            shrink_left=shrink_left, config=cfg)
         ests[k] = est
         if best is None or (est, k) < (best[0], best[1]):
             best = (est, k, plans)
@@ -432,7 +414,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
         refine(k)
         if bounds[k] * (1 + tol) >= best[0]:
             continue
-        hy = _hydraulis_plan(l_, profiles[k], packer, seed, exact, best[0])
+        hy = _hydraulis_plan(l_, profiles[k], packer, seed, exact, best[0], cfg)
         if hy is not None:
             ests[k] = hy[0] if ests[k] is None else min(ests[k], hy[0])
             best = (hy[0], k, hy[1])
@@ -447,7 +429,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
             continue
         refine(i)
         on_time = deadline is None or time.perf_counter() <= deadline
-        if modes and on_time and bounds[i] * (1 + MODE_GAP) < min(lb, est):
+        if modes and on_time and bounds[i] * (1 + cfg.mode_gap) < min(lb, est):
             # the mode-aware bound (bounds_modes), searched only up to what can still lower the step bound
             sb = sbs[i]
             assert sb is not None
@@ -469,6 +451,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
 
 
 def plan_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer = pack, seed: int = 0,
-              exact: bool = False, seq_ids: Sequence[int] | None = None) -> StepPlan:
+              exact: bool = False, seq_ids: Sequence[int] | None = None,
+              config: PlannerConfig = DEFAULT) -> StepPlan:
     """select_step(...).plan"""
-    return select_step(lengths, profiles, packer=packer, seed=seed, exact=exact, seq_ids=seq_ids).plan
+    return select_step(lengths, profiles, packer=packer, seed=seed, exact=exact, seq_ids=seq_ids, config=config).plan

@@ -20,7 +20,7 @@ from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.scheme import ParallelScheme
 from tidal.core.strategy import Strategy, place
 from tidal.costmodel.base import CostModel, LatencyCoeffs, pipeline_device
-from tidal.planner.cp_adaptive import choose_for_micro_batches
+from tidal.planner.cp_adaptive import choose_for_micro_batches, cp_kernel
 from tidal.planner.packing import pack_fixed, pipeline_time
 
 UNIT = LatencyCoeffs(0.0, 1.0, 0.0)  # token-count packing ignores latency
@@ -148,7 +148,7 @@ def static_plan(lengths, cfg: StaticConfig, *, seq_ids=None, pack_len: int | Non
         elif cfg.cp_mode == "heads":
             modes = ("heads",) * len(mbs)
         else:
-            modes = choose_for_micro_batches(l_, mbs, sc.cp, _kernel(cm, sc, dev), cfg.cp_mode)
+            modes = choose_for_micro_batches(l_, mbs, sc.cp, cp_kernel(cm.model, sc.tp, dev), cfg.cp_mode)
         pipes.append(PipelinePlan(sc.tp, sc.pp, sc.cp, pl.devices, cm.max_len(sc, dev), mbs, est, modes,
                                   sc.stage_layers(cm.model.layers)))
     ids = tuple(range(l_.size)) if seq_ids is None else tuple(int(x) for x in seq_ids)
@@ -156,11 +156,6 @@ def static_plan(lengths, cfg: StaticConfig, *, seq_ids=None, pack_len: int | Non
     return StepPlan(ids, tuple(int(x) for x in l_), 0, tuple(pipes), (), est, 0.0)
 
 
-def _kernel(cm: CostModel, sc: ParallelScheme, dev):
-    from tidal.costmodel.kernel import kernel_for
-
-    layers = max(sc.stage_layers(cm.model.layers))
-    return kernel_for(cm.model, tp=sc.tp, layers=layers, peak=dev.peak_flops * 0.6, passes=3.0)
 
 
 def configs(cost_model: CostModel, max_len: int, *, ulysses: bool = False, cp_mode: str = "per-seq",

@@ -1,0 +1,108 @@
+"""The pipeline cost formula, written once (issue 27, decision 85): a pipeline of PP = q + 1 stages running V
+micro-batches of total work W, the longest document's work w_max and a per-micro-batch constant c takes
+
+    f(V) = (q + V) * max(W / V + c, c + w_max),
+
+and the planner needs min over integer V in [V_min, V_max] of f. f is convex in V with continuous minimiser
+min(sqrt(q W / c), W / w_max) (docs/planner.md), so only V_min, V_max and that minimiser's floor and ceiling
+(clipped) are evaluated.
+
+Plain Python on scalars, numba-compilable: kernels.py and kernels_pack.py compile these functions (numba.njit,
+inline; kernels.compile_pipecost) into their loops where numba is installed, and the Python paths (greedy.py,
+bounds.py, packing.py, the fallbacks where numba is absent) call them as they are: one source, the same floats in
+both modes (tests/planner/test_planner_pipecost.py runs both on seeded random inputs). dispatch._cost is the
+numpy-vectorised form of `cost1` (whole arrays of pipelines at once: numpy calls on scalars would cost ~1 us each in
+the Python paths); the same test holds it to `cost1` float for float.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def pipe_value(q, c, W, wm, v):
+    """f(v) = (q + v) * max(W / v + c, c + wm)."""
+    return (q + v) * max(W / v + c, c + wm)
+
+
+def v_opt(q, c, W, wm):
+    """The continuous minimiser of f over v > 0: min(sqrt(q W / c), W / wm); 0 when q = 0 (f grows with v), inf when
+    c = 0 < q; the second term only when wm > 0."""
+    if q == 0:
+        v0 = 0.0
+    elif c > 0:
+        v0 = math.sqrt(q * W / c)
+    else:
+        v0 = math.inf
+    if wm > 0:
+        v0 = min(v0, W / wm)
+    return v0
+
+
+def best_v(q, c, W, wm, vmin, vmax):
+    """(V, f(V)) minimising f over integer V in [vmin, vmax] (vmin <= vmax); ties go to the lower V."""
+    bv = vmin
+    best = pipe_value(q, c, W, wm, vmin)
+    v0 = v_opt(q, c, W, wm)
+    if math.isfinite(v0):
+        lo = min(vmax, max(vmin, math.floor(v0)))
+        hi = min(vmax, max(vmin, math.ceil(v0)))
+        f = pipe_value(q, c, W, wm, lo)
+        if f < best:
+            bv, best = lo, f
+        f = pipe_value(q, c, W, wm, hi)
+        if f < best:
+            bv, best = hi, f
+    f = pipe_value(q, c, W, wm, vmax)
+    if f < best:
+        bv, best = vmax, f
+    return bv, best
+
+
+def bound_value(q, c, M, W, tok, wm, cnt):
+    """bounds.pipeline_bound's value (before its slack) for sums: work W, `tok` tokens, longest work wm, `cnt`
+    documents, MaxLen M: min of f over V in [ceil(tok / M), cnt] (at least 1)."""
+    vmin = max(1, -(-tok // M))
+    return best_v(q, c, W, wm, vmin, max(vmin, cnt))[1]
+
+
+def greedy_cost(q, c, M, W, tok, wm, cnt, g):
+    """The dispatch greedy's capacity-aware cost of one pipeline: min of f over V in [V_min, cnt], V_min =
+    max(1, ceil(tok / M), g) (g documents longer than M / 2 need a micro-batch each). With q = 0, f grows with V, so
+    its value at V_min, written max(V c + W, V (c + wm))."""
+    vmin = max(1, -(-tok // M), g)
+    if q == 0:
+        return max(vmin * c + W, vmin * (c + wm))
+    return best_v(q, c, W, wm, vmin, max(vmin, cnt))[1]
+
+
+def add_cost(c, q, M, Wj, Tj, Lj, Uj, Gj, x, wx, big):
+    """greedy_cost of pipeline j (sums Wj, Tj, longest work Lj, count Uj, long documents Gj) with one more document
+    of length x and work wx (big: x > M / 2). With q = 0 its value at V_min, summed as V c + Wj + wx."""
+    tok = Tj + x
+    wm = Lj if Lj > wx else wx
+    g = Gj + big
+    if q == 0:
+        vm = max(1, -(-tok // M), g)
+        return max(vm * c + Wj + wx, vm * (c + wm))
+    return greedy_cost(q, c, M, Wj + wx, tok, wm, Uj + 1, g)
+
+
+def cost1(a, b, c, d, q1, m, r, Q, S, N, lmax, G):
+    """The dispatch's capacity-aware cost of one pipeline (dispatch._cost is this over arrays): a share with sum
+    l^2 = Q, sum l = S, count N, longest lmax and G documents longer than MaxLen m / 2, work w(l) = a l^2 + b l + d;
+    min of f over V in [max(1, ceil(S / m), G), max(that, N)], from the floor and ceiling of v_opt computed as
+    min(sqrt(W) r, W / w_max) with r = sqrt(q1 / c) per pipeline (precomputed; a huge finite number when
+    c = 0 < q1); 0 when empty."""
+    if not N > 0:
+        return 0.0
+    W = a * Q + b * S + d * N
+    wm = a * lmax * lmax + b * lmax + d
+    vmin = max(max(1.0, np.ceil(S / m)), G)
+    vmax = max(vmin, N)
+    v0 = min(np.sqrt(W) * r, W / max(wm, 1e-300))
+    lo = min(max(np.floor(v0), vmin), vmax)
+    hi = min(max(np.ceil(v0), vmin), vmax)
+    return min(pipe_value(q1, c, W, wm, lo), pipe_value(q1, c, W, wm, hi))

@@ -1,0 +1,41 @@
+"""PlannerConfig (decision 85): one frozen value holds the planner's knobs, checked at the edge; presets."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from planner_synth import PROFILES
+
+from tidal.core.errors import TidalError
+from tidal.planner.config import DEFAULT, PROPOSAL, PlannerConfig
+from tidal.planner.select import assign, select_step
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("bad", [dict(fill=1), dict(improve="yes"), dict(restart_keep=0), dict(restart_max=-1),
+                                 dict(restart_max=2.0), dict(shrink_gap=1.5), dict(late_gap=-0.1),
+                                 dict(polish_rounds=True), dict(shrink_fracs=(0.9, 1.5)), dict(shrink_fracs=[0.9]),
+                                 dict(class_slacks=(1.0,)), dict(class_v=(-1,)), dict(class_rest_left=(1, 0)),
+                                 dict(late_restart_max_big=100)])
+def test_bad_knobs_are_one_line_errors(bad):
+    with pytest.raises(TidalError) as e:
+        PlannerConfig(**bad)
+    assert "\n" not in str(e.value) and next(iter(bad)) in str(e.value)
+
+
+def test_frozen_and_presets():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        DEFAULT.fill = False  # type: ignore[misc]
+    assert PlannerConfig() == DEFAULT
+    assert PROPOSAL == PlannerConfig.cheap() == PlannerConfig(improve=False, scan=False)
+
+
+def test_config_reaches_the_passes():
+    """The cheap preset turns the improvement passes off (never faster than the default, which keeps a pass's result
+    only when faster); select_step plans with the config it is given."""
+    prof = PROFILES[3]
+    l_ = np.minimum(np.ceil(np.random.default_rng(5).lognormal(3.0, 0.9, 300)), prof.max_len).astype(np.int64)
+    full, cheap = assign(l_, prof)[0], assign(l_, prof, config=PROPOSAL)[0]
+    assert full < cheap  # on this step the passes gain
+    assert select_step(l_, [prof]).plan.est_step_time < select_step(l_, [prof], config=PROPOSAL).plan.est_step_time

@@ -1,0 +1,81 @@
+"""The pipeline cost formula has one source (planner/pipecost.py, decision 85): its plain-Python functions and their
+numba compilation (kernels.compile_pipecost) give the same floats on seeded random inputs, the vectorised
+dispatch._cost equals pipecost.cost1, and best_v is the minimum over every V (convexity)."""
+
+import numpy as np
+import pytest
+
+from tidal.planner import pipecost
+from tidal.planner.dispatch import _cost
+
+pytestmark = pytest.mark.unit
+
+
+def _cases(n: int, seed: int):
+    """(q, c, M, W, tok, wm, cnt, g) with PP = 1 and c = 0 among them (the formula's special cases)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        q = int(rng.integers(0, 8)) if rng.random() < 0.8 else 0
+        c = 0.0 if rng.random() < 0.15 else float(rng.lognormal(-2, 1))
+        M = int(rng.integers(256, 65536))
+        cnt = int(rng.integers(1, 400))
+        tok = int(rng.integers(1, 40 * M))
+        wm = 0.0 if rng.random() < 0.05 else float(rng.lognormal(-1, 1))
+        W = wm * float(rng.uniform(1, cnt))
+        g = int(rng.integers(0, 4))
+        yield q, c, M, W, tok, wm, cnt, g
+
+
+def test_best_v_is_the_minimum_over_every_v():
+    for q, c, M, W, tok, wm, cnt, _ in _cases(300, 0):
+        vmin = max(1, -(-tok // M))
+        vmax = max(vmin, cnt)
+        v, val = pipecost.best_v(q, c, W, wm, vmin, vmax)
+        every = [pipecost.pipe_value(q, c, W, wm, x) for x in range(vmin, vmax + 1)]
+        assert vmin <= v <= vmax and val == pipecost.pipe_value(q, c, W, wm, v)
+        assert val <= min(every) * (1 + 1e-12)
+
+
+def test_compiled_and_plain_python_give_the_same_floats():
+    pytest.importorskip("numba")  # in the dev extra: CI runs both modes
+    from tidal.planner import kernels
+
+    jit = kernels.compile_pipecost()
+    for q, c, M, W, tok, wm, cnt, g in _cases(400, 1):
+        vmin = max(1, -(-tok // M))
+        vmax = max(vmin, cnt)
+        for name, args in [("pipe_value", (q, c, W, wm, vmin)), ("v_opt", (q, c, W, wm)),
+                           ("best_v", (q, c, W, wm, vmin, vmax)), ("bound_value", (q, c, M, W, tok, wm, cnt)),
+                           ("greedy_cost", (q, c, M, W, tok, wm, cnt, g)),
+                           ("add_cost", (c, q, M, W, tok, wm, cnt, g, M // 3, wm / 2, False)),
+                           ("add_cost", (c, q, M, W, tok, wm / 2, cnt, g, 2 * M // 3, wm, True))]:
+            assert jit[name](*args) == getattr(pipecost, name)(*args), (name, args)
+
+
+def test_dispatch_cost_is_cost1_over_arrays():
+    """dispatch._cost (numpy, whole arrays) against pipecost.cost1 (plain Python; compiled too where numba is)."""
+    rng = np.random.default_rng(2)
+    n = 500
+    A = rng.lognormal(-20, 1, n) * (rng.random(n) < 0.9)
+    B = rng.lognormal(-10, 1, n)
+    C = np.where(rng.random(n) < 0.15, 0.0, rng.lognormal(-2, 1, n))
+    Dd = rng.lognormal(-8, 1, n)
+    Q1 = rng.integers(0, 8, n).astype(np.float64)
+    M = rng.integers(256, 65536, n).astype(np.float64)
+    R = np.sqrt(Q1 / np.where(C > 0, C, 1e-300)).clip(max=1e150)
+    N = np.where(rng.random(n) < 0.1, 0.0, rng.integers(1, 400, n).astype(np.float64))
+    lmax = np.floor(rng.uniform(0.05, 1, n) * M)
+    S = np.where(N > 0, np.minimum(N * lmax, rng.uniform(1, 40, n) * M), 0.0)
+    Q = S * lmax * rng.uniform(0.1, 1, n)
+    G = rng.integers(0, 4, n).astype(np.float64)
+    vec = _cost(A, B, C, Q1, M, Q, S, N, lmax, G, R, Dd)
+    fns = [pipecost.cost1]
+    try:
+        from tidal.planner import kernels
+        if kernels.AVAILABLE:
+            fns.append(kernels.compile_pipecost()["cost1"])
+    except ImportError:  # pragma: no cover
+        pass
+    for f in fns:
+        one = [f(A[j], B[j], C[j], Dd[j], Q1[j], M[j], R[j], Q[j], S[j], N[j], lmax[j], G[j]) for j in range(n)]
+        np.testing.assert_array_equal(vec, np.array(one))
