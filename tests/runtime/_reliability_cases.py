@@ -148,7 +148,7 @@ def kill_session(run: Run) -> None:
 
 
 def newest_complete(ckpt: Path) -> str | None:
-    done = sorted(p.name for p in ckpt.glob("step-*") if (p / "meta.json").is_file() and p.suffix == "")
+    done = sorted(p.name for p in ckpt.glob("step-*") if (p / "manifest.json").is_file() and p.suffix == "")
     return done[-1] if done else None
 
 

@@ -82,6 +82,30 @@ def _last_line(tb: str) -> str:
     return (head.rsplit(".", 1)[-1] + sep + rest) if sep else last.rsplit(".", 1)[-1]
 
 
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def _peer_lost(payload: str) -> bool:
+    """A traceback that only says a peer went away (gloo's pair errors): the symptom, not the cause."""
+    return any(m in _last_line(payload) for m in _PEER_LOST)
+
+
+def _root_cause(queue, results: dict, rank: int, payload: str, wait_s: float) -> tuple[int, str]:
+    """Reports that arrive within `wait_s` after a peer-lost one: the first failure that is not itself a peer loss
+    (e.g. the rank whose background planner raised), else the report we had."""
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        try:
+            r, ok, p = queue.get(timeout=max(0.05, end - time.monotonic()))
+        except Empty:
+            break
+        if ok:
+            results[r] = p
+        elif not _peer_lost(p):
+            return r, p
+    return rank, payload
+
+
 def _dead_unreported(procs, results: dict, reporter: int, wait_s: float) -> int | None:
     """The first rank (other than `reporter`) that exited non-zero without a result, polled for up to `wait_s`."""
     end = time.monotonic() + wait_s
@@ -156,6 +180,8 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, backend
             if ok:
                 results[rank] = payload
             else:
+                if _peer_lost(payload):  # a symptom: the rank whose failure broke the connection may report next
+                    rank, payload = _root_cause(queue, results, rank, payload, wait_s=2.0)
                 error, detail = f"rank {rank} raised {_last_line(payload)}", payload
                 # A rank that died without reporting is the likelier cause (its peers then fail in their collectives,
                 # e.g. gloo's "Connection closed by peer"), and its death can reach us after their reports: name it.
