@@ -57,7 +57,7 @@ def _children(pid: int) -> list[int]:
             cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == pid and "spawn_main" in cmd and "resource_tracker" not in cmd:
+        if ppid == pid and "spawn_main" in cmd and "resource_tracker import" not in cmd:
             out.append(int(d.name))
     return sorted(out)
 

@@ -57,7 +57,7 @@ def _ranks(pid: int) -> list[int]:
             cmd = (p / "cmdline").read_bytes()
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == pid and b"spawn_main" in cmd and b"resource_tracker" not in cmd:
+        if ppid == pid and b"spawn_main" in cmd and b"resource_tracker import" not in cmd:
             out.append(int(p.name))
     return sorted(out)
 
