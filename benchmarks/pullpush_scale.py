@@ -50,7 +50,7 @@ def candidates(world: int, layers: int) -> list[str]:
 
 
 def layer_groups(table) -> list[list[int]]:
-    """The executor's pull groups: the embedding, each layer, the final norm and head (executor._param_groups)."""
+    """The executor's pull groups: the embedding, each layer, the final norm and head (exec_util._param_groups)."""
     groups: dict[str, list[int]] = {}
     for i, info in enumerate(table):
         groups.setdefault({"embed": "e", "head": "h"}.get(str(info.owner), str(info.owner)), []).append(i)

@@ -237,7 +237,7 @@ def _exec_worker(rank, world, cases):
     import torch
     import torch.distributed as dist
 
-    from tidal.runtime.executor import _param_groups
+    from tidal.runtime.exec_util import _param_groups
     from tidal.runtime.reshard.execute import GroupCache, execute, start
     from tidal.runtime.reshard.testing import check, shard
 

@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -36,8 +35,9 @@ from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.strategy import Strategy
 from tidal.models.attention import describe_backend
 from tidal.models.init import derive_seed, init_slice
-from tidal.runtime import checkpoint as ckpt
 from tidal.runtime.config import compute_dtype_for
+from tidal.runtime.exec_state import ExecutorState
+from tidal.runtime.exec_util import _bytes, _has_submodule, _param_groups, fetch_from, step_tokens
 from tidal.runtime.flat import FlatStage
 from tidal.runtime.groups import GroupCache
 from tidal.runtime.optim import OptimConfig, ShardedAdamW, shard_range
@@ -102,7 +102,7 @@ class StepMetrics:
     push_overlapped: int = 0  # parameter groups whose push was posted before the backward ended (overlap_push)
 
 
-class Executor:
+class Executor(ExecutorState):
     """Trains on `world` ranks with any of `candidates` per step. Construct on every rank, in the same order."""
 
     def __init__(self, spec: ModelSpec, cluster: ClusterSpec, candidates: Sequence[Strategy], cfg: ExecConfig,
@@ -423,44 +423,6 @@ class Executor:
                            time.process_time() - t_proc, time.perf_counter() - t_wall, pull_s, push_s, pull_c,
                            push_c, pull_b, push_b, optim, overlapped)
 
-    def checkpoint_state(self) -> dict:
-        """This rank's master and moment rows as a DCP state dict (runtime/checkpoint.py: logical full tensors named
-        ``model.<param>``, ``optim.exp_avg.<param>``, ``optim.exp_avg_sq.<param>``; this rank's rows as one chunk)."""
-        ranges = [shard_range(info.shape[0], self.world, self.rank) for info in self.table]
-        return ckpt.row_state(self.spec, {"params": self.optim.params, "m": self.optim.m, "v": self.optim.v}, ranges)
-
-    def save_checkpoint(self, path: str, step: int, state: dict | None = None, config: dict | None = None,
-                        group=None) -> None:
-        """Collective, synchronous: every rank writes its master and moment rows (DCP, runtime/checkpoint.py); rank 0
-        adds `state` (JSON-safe: the planner's and the data's resumable state) and publishes the directory."""
-        if self.rank == 0:
-            ckpt.prepare_dir(path)
-        dist.barrier(group=group)
-        ckpt.begin_save(path, self.checkpoint_state(), group=group)
-        ckpt.finish_save(path, self.spec, self.master_dtype, rank=self.rank, world=self.world, step=step,
-                         optimizer_steps=self.optim.steps, state=state or {}, config=config, group=group)
-
-    def load_checkpoint(self, path: str, group=None) -> dict:
-        """Collective: every rank reads its rows of the master weights and moments (whatever world size or strategy
-        wrote them); returns the checkpoint's metadata (step, state)."""
-        meta = ckpt.load_meta(path, self.spec)
-        ranges = [shard_range(info.shape[0], self.world, self.rank) for info in self.table]
-        with torch.no_grad():
-            ckpt.load_rows(path, self.spec, {"params": self.optim.params, "m": self.optim.m, "v": self.optim.v},
-                           ranges, group=group)
-        self.optim.steps = int(meta["optimizer_steps"])
-        return meta
-
-    def gather_state(self) -> dict[str, dict[str, np.ndarray]] | None:
-        """Full master parameters and Adam moments on rank 0 (None elsewhere): for verification and checkpoints."""
-        out: dict[str, dict[str, np.ndarray]] = {"params": {}, "m": {}, "v": {}}
-        for key, tensors in (("params", self.optim.params), ("m", self.optim.m), ("v", self.optim.v)):
-            parts: list = [None] * self.world
-            dist.all_gather_object(parts, [t.detach().cpu().numpy() for t in tensors])
-            for i, info in enumerate(self.table):
-                out[key][info.name] = np.concatenate([parts[r][i] for r in range(self.world)])
-        return out if self.rank == 0 else None
-
 
 def resolve_device(name: str) -> torch.device:
     """`auto`: this rank's current CUDA device when the process group runs NCCL, else the CPU."""
@@ -469,47 +431,6 @@ def resolve_device(name: str) -> torch.device:
     if not torch.cuda.is_available():
         raise TidalError("device cuda requested but no CUDA device is available")
     return torch.device("cuda", torch.cuda.current_device())
-
-
-def _param_groups(table) -> tuple[list[list[int]], dict[str, int]]:
-    """Pull groups in forward order: the embedding, each layer, the final norm and head; and the module prefix whose
-    forward pre-hook completes each group."""
-    groups: dict[str, list[int]] = {}
-    for i, info in enumerate(table):
-        key = {"embed": "tok_embeddings", "head": "head"}.get(str(info.owner), f"layers.{info.owner}")
-        groups.setdefault(key, []).append(i)
-    order = list(groups)
-    module_group = {prefix: order.index(prefix) for prefix in order if prefix != "head"}
-    if "head" in groups:
-        module_group["norm"] = order.index("head")
-        module_group["output"] = order.index("head")
-    return [groups[k] for k in order], module_group
-
-
-def _has_submodule(model: torch.nn.Module, prefix: str) -> bool:
-    try:
-        return model.get_submodule(prefix) is not None
-    except AttributeError:
-        return False
-
-
-def _bytes(plan, rank: int) -> int:
-    st = plan.stats.get(rank)
-    return 0 if st is None else st.send + st.recv
-
-
-def step_tokens(step: StepPlan) -> int:
-    return sum(step.seq_lengths[i] for p in step.pipelines for mb in p.micro_batches for i in mb)
-
-
-def fetch_from(docs: Sequence[tuple[int, int, int]], corpus) -> Callable[[int], torch.Tensor]:
-    """`fetch` for Executor.train_step over a token corpus: sequence j is (doc_id, start, length) of `docs`."""
-
-    def fetch(j: int) -> torch.Tensor:
-        doc, start, length = docs[j]
-        return torch.from_numpy(np.asarray(corpus.tokens(doc, start, length), dtype=np.int64))
-
-    return fetch
 
 
 __all__ = ["DTYPES", "ExecConfig", "Executor", "StepMetrics", "fetch_from", "held_params", "step_tokens"]
