@@ -18,7 +18,7 @@ from tidal.core.errors import TidalError
 def add_parser(sub) -> None:
     p = sub.add_parser("profile", help="profile forward+backward per scheme on this machine; fit latency and MaxLen",
                        description=__doc__)
-    p.add_argument("--model", default="tiny", help="model preset")
+    p.add_argument("--model", default="tiny", help="model preset, or a TOML file whose [model] section gives a shape")
     p.add_argument("--cluster", default="cpux4", help="TYPExN, as for `tidal plan`: its N ranks are spawned here")
     p.add_argument("--schemes", default="auto",
                    help="'auto' (every <TP,PP,CP> of powers of two fitting N, at most two degrees > 1) or a list, "
@@ -62,13 +62,13 @@ def run(args) -> int:
 
     from tidal.cli import render
     from tidal.core.cluster import get_cluster
-    from tidal.core.model import get_model
     from tidal.core.scheme import parse_scheme
     from tidal.models.attention import BACKENDS
     from tidal.runtime.profile import compositions, write_rows
+    from tidal.runtime.config import model_arg
     from tidal.runtime.profiler import auto_schemes, profile_dtype, profile_model, result_extra
 
-    spec, cluster = get_model(args.model), get_cluster(args.cluster)
+    spec, cluster = model_arg(args.model).spec(), get_cluster(args.cluster)
     if args.attn_backend not in BACKENDS:
         raise TidalError(f"unknown attention backend {args.attn_backend!r}; choose one of {', '.join(BACKENDS)}")
     if args.repeats < 1:

@@ -113,6 +113,8 @@ DEVICE_TYPES: MappingProxyType[str, DeviceType] = MappingProxyType(
         "a100-40": DeviceType("a100-40", 312e12, 40 * GB, 600 * GB, 25 * GB, hbm_bw=1.555e12),
         "h100": DeviceType("h100", 989e12, 80 * GB, 900 * GB, 50 * GB, hbm_bw=3.35e12),
         "h800": DeviceType("h800", 990e12, 80 * GB, 400 * GB, 50 * GB, hbm_bw=3.35e12),
+        # H200 SXM: the H100's chip (dense bf16 989 TFLOP/s by the datasheet) with 141 GB of HBM3e at 4.8 TB/s
+        "h200": DeviceType("h200", 989e12, 141 * GB, 900 * GB, 50 * GB, hbm_bw=4.8e12),
         "h20": DeviceType("h20", 148e12, 96 * GB, 900 * GB, 25 * GB, hbm_bw=4.0e12),
         # One CPU rank of this class of machine (gloo over shared memory). Figures are nominal: fit a cost model with
         # `tidal profile` for real numbers. Memory is per rank.

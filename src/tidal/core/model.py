@@ -131,6 +131,10 @@ MODEL_PRESETS: MappingProxyType[str, ModelSpec] = MappingProxyType(
         "hydraulis-32b": ModelSpec("hydraulis-32b", 60, 6656, 64, 64, 17920, 32000),
         "llama3-8b": ModelSpec("llama3-8b", 32, 4096, 32, 8, 14336, 128256, rope_theta=500000.0),
         "llama3-70b": ModelSpec("llama3-70b", 80, 8192, 64, 8, 28672, 128256, rope_theta=500000.0),
+        # Llama-3.2-1B's published shape (tied embeddings; its rope_scaling for long contexts is not modelled): the
+        # ~1B model of the one-GPU runs (docs/runtime.md)
+        "llama3.2-1b": ModelSpec("llama3.2-1b", 16, 2048, 32, 8, 8192, 128256, rope_theta=500000.0,
+                                 tie_embeddings=True),
         # Published config.json shapes. Mistral-7B-v0.3 (v0.1's 32000 vocabulary and 4096 sliding window aside).
         "mistral-7b": ModelSpec("mistral-7b", 32, 4096, 32, 8, 14336, 32768, rope_theta=1000000.0),
         # Qwen2.5-7B: shape only (planning, simulation, training from scratch). Its q/k/v projections have biases,

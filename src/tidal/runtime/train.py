@@ -433,4 +433,10 @@ def _row(index: int, step: StepPlan, job: Prepared, m, per_rank: np.ndarray, pla
         "grad_norm": m.optim.get("grad_norm", math.nan),
         "lr": m.optim.get("lr", math.nan),
         "tokens_per_s": m.tokens / wall if wall > 0 else 0.0,
+        # the step's work beside its tokens: causal (query, key) pairs, for attention FLOPs and MFU (sum l(l+1)/2),
+        # and the largest micro-batch's tokens, for the memory model's peak (benchmarks/gpu_run.py)
+        "causal_pairs": sum(step.seq_lengths[i] * (step.seq_lengths[i] + 1) // 2
+                            for p in step.pipelines for mb in p.micro_batches for i in mb),
+        "max_mb_tokens": max((sum(step.seq_lengths[i] for i in mb) for p in step.pipelines for mb in p.micro_batches),
+                             default=0),
     }

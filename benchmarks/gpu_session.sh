@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The checks of one lent GPU session, in one call (docs/runtime.md "On a GPU" records what they gave):
+#   bash benchmarks/gpu_session.sh OUTDIR
+# 1. the `cuda` tests; 2. a one-GPU `tidal verify` in bf16; 3. one-GPU training of a ~1B model (tokens/s, MFU, peak
+# memory against the memory model); 4. the attention backends; 5. `tidal profile` of llama2-7b's layer shape (4 layers)
+# at 1K-16K tokens, for the cost model's H200 check (benchmarks/gpu_profile_check.py reads the CSV).
+# Each part has its own time limit and goes on after a failure; everything lands in OUTDIR/session.log.
+set -u
+OUT=${1:-gpu-out}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+LOG="$OUT/session.log"
+part() {
+  local name=$1 limit=$2
+  shift 2
+  local t0
+  t0=$(date +%s)
+  echo "=== $name: $*" | tee -a "$LOG"
+  timeout "$limit" "$@" >>"$LOG" 2>&1
+  echo "=== $name rc=$? in $(($(date +%s) - t0)) s" | tee -a "$LOG"
+}
+{
+  date -u
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
+  python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
+} >>"$LOG" 2>&1
+part cuda-tests 140 python3 -m pytest -q -p no:cacheprovider -m cuda tests/runtime/test_cuda.py \
+  tests/runtime/test_gpu_defaults.py
+part verify-bf16 80 python3 -m tidal.cli.main verify --model tiny --nproc 1 --strategies tp1 --steps 3 \
+  --dtype bfloat16
+part train-1b 150 python3 benchmarks/gpu_run.py --model llama3.2-1b --cluster h200x1 --steps 12 \
+  --out "$OUT/train_1b.json"
+part attention 50 python3 benchmarks/attention_backends.py --repeats 5
+part profile-7b 110 python3 -m tidal.cli.main profile --model examples/model-llama2-7b-4layers.toml \
+  --cluster h200x1 --schemes tp1 --totals 1024,4096,16384 --mixes 2 --repeats 3 --out "$OUT/profile.json"
+grep "^===" "$LOG"
