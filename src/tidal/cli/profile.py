@@ -64,8 +64,8 @@ def run(args) -> int:
     from tidal.core.cluster import get_cluster
     from tidal.core.scheme import parse_scheme
     from tidal.models.attention import BACKENDS
-    from tidal.runtime.profile import compositions, write_rows
     from tidal.runtime.config import model_arg
+    from tidal.runtime.profile import compositions, write_rows
     from tidal.runtime.profiler import auto_schemes, profile_dtype, profile_model, result_extra
 
     spec, cluster = model_arg(args.model).spec(), get_cluster(args.cluster)
