@@ -61,13 +61,12 @@ def main(argv=None) -> dict:
     print(f"candidates: {', '.join(planner.candidates)}")
 
     model = TinyLM()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     trained, losses = [], []
     for k in range(args.steps):
         docs = next(loader)
         step = planner.plan([len(d) - 1 for d in docs])
         tokens = sum(len(d) - 1 for d in docs)
-        opt.zero_grad()
+        model.zero_grad()
         loss_sum, seen = 0.0, []
         for pipe in step.pipelines:  # a distributed loop: only pipe = step.pipelines[step.role(rank).pipeline]
             for mb in pipe.micro_batches:  # one packed varlen batch; documents never attend to each other
@@ -76,7 +75,9 @@ def main(argv=None) -> dict:
                 loss.backward()  # gradients accumulate over micro-batches (and over pipelines: the DP sum)
                 loss_sum += float(loss.detach())
                 seen += mb.sequences
-        opt.step()
+        with torch.no_grad():  # plain SGD (any optimizer works: the plan only decides who trains what)
+            for w in model.parameters():
+                w -= 0.5 * w.grad
         assert sorted(seen) == list(range(len(docs))), "every document is trained exactly once"
         trained.append(len(seen))
         losses.append(loss_sum)

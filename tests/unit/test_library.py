@@ -54,6 +54,7 @@ def test_planner_refuses_bad_input_with_one_line():
 
 
 def test_the_documented_example_runs():
-    out = runpy.run_path(str(EXAMPLE), run_name="example")["main"](["--steps", "2"])
+    out = runpy.run_path(str(EXAMPLE), run_name="example")["main"](["--steps", "2", "--max-len", "512",
+                                                                  "--tokens-per-step", "2048"])
     assert len(out["losses"]) == 2 and all(np.isfinite(out["losses"]))
     assert out["documents"][0] > 0 and out["candidates"]
