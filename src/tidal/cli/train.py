@@ -68,7 +68,7 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=run_train)
 
     v = sub.add_parser("verify", help="train distributed and in one process on the same documents; compare",
-                       description="Exit 1 when parameters, Adam moments or losses differ beyond the tolerance. "
+                       description="Exit 1 when parameters, Adam moments or losses differ beyond the tolerance.\n"
                                    "The flags below build the run's config; --SECTION.KEY overrides apply to it.",
                        usage="tidal verify --strategies S [--nproc N] [--SECTION.KEY VALUE ...] [options]")
     v.add_argument("--model", default="tiny",

@@ -21,8 +21,12 @@ Sections and keys (all optional except where noted; see docs/training.md for the
                  collective_timeout_s = 600, stop_grace_s = 60, max_consecutive_skips = 3, inject_nan = "",
                  cost_model_warn = 0.2
 
-An unknown section or key, a wrong type, or a config that cannot run (world size vs cluster, a strategy needing
-more devices, a scheme that does not fit memory, TP not dividing the heads) raises TidalError with one line.
+Any key can also be set on the command line as `--section.key VALUE` (`load_config(path, overrides)`: the pairs are
+applied to the parsed document before validation; cli/configargs.py, decision 87).
+
+An unknown section or key (named with the closest known one), a wrong type, or a config that cannot run (world size vs
+cluster, a strategy needing more devices, a scheme that does not fit memory, TP not dividing the heads) raises
+TidalError with one line.
 """
 
 from __future__ import annotations
