@@ -74,6 +74,16 @@ def cfg(edit=None, extra=(), name="c.toml"):
     return build
 
 
+def plan_cfg(*extra, command="plan"):
+    """A `tidal plan --config` (dry-run) case on GOOD."""
+
+    def build(tmp):
+        (tmp / "c.toml").write_text(GOOD)
+        return [command, "--config", str(tmp / "c.toml"), *extra]
+
+    return build
+
+
 def sub(old, new):
     return lambda t, _tmp: t.replace(old, new)
 
@@ -217,6 +227,22 @@ CASES = [
     ("checkpoint-every text", cfg(extra=["--nproc", "4", "--checkpoint-every", "x"])),
     ("refit choice", cfg(extra=["--nproc", "4", "--refit", "always"])),
     ("unknown flag", cfg(extra=["--nproc", "4", "--fast"])),
+    # ---- --section.key overrides (decision 87): the file's own one-line errors ----
+    ("override unknown key", cfg(extra=["--nproc", "4", "--train.stepz", "3"])),
+    ("override unknown section", cfg(extra=["--nproc", "4", "--trainer.steps", "3"])),
+    ("override not an int", cfg(extra=["--nproc", "4", "--train.steps", "three"])),
+    ("override not a bool", cfg(extra=["--nproc", "4", "--train.resume", "maybe"])),
+    ("override not a number", cfg(extra=["--nproc", "4", "--optimizer.lr", "fast"])),
+    ("override lr nan", cfg(extra=["--nproc", "4", "--optimizer.lr", "nan"])),
+    ("override max_len 3", cfg(extra=["--nproc", "4", "--data.max_len", "3"])),
+    ("override steps 0", cfg(extra=["--nproc", "4", "--train.steps", "0"])),
+    ("override packing", cfg(extra=["--nproc", "4", "--planner.packing", "tetris"])),
+    ("override cluster vs nproc", cfg(extra=["--nproc", "4", "--world.cluster", "cpux2"])),
+    ("override missing value", cfg(extra=["--nproc", "4", "--train.steps"])),
+    ("override cost_model_warn", cfg(extra=["--nproc", "4", "--train.cost_model_warn", "-1"])),
+    ("typo of --config", lambda tmp: ["train", "--confg", str(tmp / "c.toml"), "--nproc", "4"]),
+    ("verify override key", argv("verify", "--strategies", "4*tp1", "--data.maxlen", "64")),
+    ("verify override value", argv("verify", "--strategies", "4*tp1", "--train.steps", "x")),
     # ---- tidal verify ----
     ("verify steps 0", argv("verify", "--strategies", "4*tp1", "--steps", "0")),
     ("verify nproc 0", argv("verify", "--strategies", "4*tp1", "--nproc", "0")),
@@ -250,6 +276,12 @@ CASES = [
     ("plan steps 0", argv("plan", "--steps", "0")),
     ("plan seed", argv("plan", "--seed", "-2")),
     ("plan packing", argv("plan", "--packing", "tetris")),
+    ("plan override without config", argv("plan", "--data.max_len", "4096")),
+    ("plan --config missing", argv("plan", "--config", "{tmp}/nope.toml")),
+    ("plan --config bad override", argv("plan", "--config", "{tmp}/nope.toml", "--planner.stratgies", "tp1")),
+    ("plan --config and --model", plan_cfg("--model", "tiny")),
+    ("plan --config and --max-len", plan_cfg("--max-len", "4096")),
+    ("simulate --config bad override", plan_cfg("--data.long_docs", "burn", command="simulate")),
     # ---- tidal simulate ----
     ("simulate max-len 1", argv("simulate", "--max-len", "1")),
     ("simulate tokens 1e12", argv("simulate", "--tokens-per-step", "1000000000000")),

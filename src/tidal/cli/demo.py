@@ -33,13 +33,13 @@ DEMO_LOSS_RTOL = 1e-3  # float32 runs of the same documents under different stra
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="train Tidal vs the best static strategy on 4 CPU ranks; table + PNG",
                        description=__doc__)
-    p.add_argument("--steps", type=argtypes.positive, default=10)
-    p.add_argument("--nproc", type=argtypes.positive, default=4)
-    p.add_argument("--max-len", type=argtypes.max_len, default=4096)
-    p.add_argument("--tokens-per-step", type=argtypes.tokens_per_step, default=16384)
-    p.add_argument("--data", default="stdlib:defs")
+    p.add_argument("--steps", type=argtypes.positive, default=10, help="training steps per run")
+    p.add_argument("--nproc", type=argtypes.positive, default=4, help="local gloo ranks")
+    p.add_argument("--max-len", type=argtypes.max_len, default=4096, help="context length")
+    p.add_argument("--tokens-per-step", type=argtypes.tokens_per_step, default=16384, help="tokens per step")
+    p.add_argument("--data", default="stdlib:defs", help="corpus, as [data] source")
     p.add_argument("--out", type=Path, default=Path("tidal-demo"), help="directory for metrics and demo.png")
-    p.add_argument("--seed", type=argtypes.seed, default=0)
+    p.add_argument("--seed", type=argtypes.seed, default=0, help="data and initialisation seed")
     p.set_defaults(func=run)
 
 

@@ -10,24 +10,39 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 import traceback
 from collections.abc import Sequence
 
 from tidal import __version__
-from tidal.core.errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM, RunFailure, TidalError
+from tidal.core.errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM, RunFailure, TidalError, did_you_mean
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse with a one-line usage error (exit 2, like every other bad input); --help is unchanged."""
+    """argparse with a one-line usage error (exit 2, like every other bad input); an unknown flag is named first,
+    with the closest known one (a typo of a required flag is not reported as that flag missing)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        from tidal.cli.helptext import unknown_flag
+
+        if args is not None and not any(isinstance(a, argparse._SubParsersAction) for a in self._actions):
+            flag = unknown_flag(self, args)
+            if flag is not None:
+                known = [s for s in self._option_string_actions if s.startswith("--")]
+                self.error(f"unknown flag {flag}{did_you_mean(flag, known)}")
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
+        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if m:  # a mistyped subcommand: name the closest
+            message += did_you_mean(m.group(1), re.findall(r"'([^']*)'", m.group(2)))
         self.exit(EXIT_INPUT, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tidal.cli import checkpoint, demo, hf, plan, profile, report, simulate, train
+    from tidal.cli import checkpoint, demo, helptext, hf, plan, profile, report, simulate, train
     from tidal.cli import tokenizer as tokenizer_cli
 
     p = OneLineParser(prog="tidal", description="Balance work, not tokens, in variable-length training.")
@@ -42,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     tokenizer_cli.add_parser(sub)
     checkpoint.add_parser(sub)
     hf.add_parsers(sub)
+    helptext.finish(p)
     return p
 
 

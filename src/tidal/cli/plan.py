@@ -8,6 +8,7 @@ from itertools import chain
 from pathlib import Path
 
 from tidal.cli import args as argtypes
+from tidal.cli.dryrun import DEFAULT_STEPS, resolve
 from tidal.core.cluster import get_cluster
 from tidal.core.errors import TidalError
 from tidal.core.model import get_model
@@ -28,33 +29,49 @@ PROPOSAL_SAMPLE = 20000  # documents read from the source to propose candidates
 
 
 def add_workload_args(p) -> None:
-    """The model, cluster and data flags `tidal plan` and `tidal simulate` share."""
-    p.add_argument("--model", default="llama2-7b", help="model preset (tiny, small, llama2-7b, llama-32b, ...)")
-    p.add_argument("--cluster", default="a800x64", help="cluster, TYPExN[+TYPExM] e.g. a800x64, h800x16+h20x32")
-    p.add_argument("--data", default="synthetic:commoncrawl",
-                   help="synthetic:commoncrawl|github|flanv2 or lengths:FILE (.npy or one integer per line)")
-    p.add_argument("--max-len", type=argtypes.max_len, default=32768,
-                   help="context length: longest sequence in a step")
-    p.add_argument("--long-docs", choices=LONG_DOC_POLICIES, default="split",
+    """The model, cluster and data flags `tidal plan` and `tidal simulate` share, and `--config` (a training TOML
+    whose job is dry-run; cli/dryrun.py) with its `--SECTION.KEY` overrides."""
+    from tidal.cli.configargs import add_override_args
+
+    p.add_argument("--config", type=Path, default=None,
+                   help="dry-run this training TOML: model, cluster, data, max_len, tokens_per_step and planner "
+                        "settings from the file (and --SECTION.KEY overrides), as `tidal train` would plan them")
+    p.add_argument("--model", default=None, help="model preset (tiny, small, llama2-7b, llama-32b, ...); default "
+                                                 "llama2-7b")
+    p.add_argument("--cluster", default=None,
+                   help="cluster, TYPExN[+TYPExM] e.g. a800x64, h800x16+h20x32; default a800x64")
+    p.add_argument("--data", default=None,
+                   help="synthetic:commoncrawl|github|flanv2 or lengths:FILE (.npy or one integer per line); default "
+                        "synthetic:commoncrawl")
+    p.add_argument("--max-len", type=argtypes.max_len, default=None,
+                   help="context length: longest sequence in a step; default 32768")
+    p.add_argument("--long-docs", choices=LONG_DOC_POLICIES, default=None,
                    help="documents above --max-len: split into chunks (default), truncate, or error")
-    p.add_argument("--tokens-per-step", type=argtypes.tokens_per_step, default=200_000)
-    p.add_argument("--steps", type=argtypes.positive, default=10)
+    p.add_argument("--tokens-per-step", type=argtypes.tokens_per_step, default=None,
+                   help="tokens per step (global batch); default 200000")
+    p.add_argument("--steps", type=argtypes.positive, default=None,
+                   help=f"steps to plan; default {DEFAULT_STEPS}, or [train] steps with --config")
+    p.add_argument("--seed", type=argtypes.seed, default=None, help="data seed; default 0")
+    add_override_args(p)
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="plan steps: strategy per step, dispatch, packing, CP sharding, lower bound",
-                       description=__doc__)
+                       description=__doc__,
+                       usage="tidal plan [--config FILE [--SECTION.KEY VALUE ...]] [options]")
     add_workload_args(p)
-    p.add_argument("--seed", type=argtypes.seed, default=0)
-    p.add_argument("--strategies", default="auto",
-                   help="'auto' (proposal DP) or strategies separated by ';', e.g. 'tp4+tp2pp2+2*tp1pp2;8*tp1'")
-    p.add_argument("--packing", choices=tuple(PACKERS), default="hydraulis",
-                   help="hydraulis: min max micro-batch x (PP-1+V); wlb: WLB-LLM with outlier delay; "
+    p.add_argument("--strategies", default=None,
+                   help="'auto' (proposal DP; the default) or strategies separated by ';', e.g. "
+                        "'tp4+tp2pp2+2*tp1pp2;8*tp1'")
+    p.add_argument("--packing", choices=tuple(PACKERS), default=None,
+                   help="hydraulis (the default): min max micro-batch x (PP-1+V); wlb: WLB-LLM with outlier delay; "
                         "fixed: token-count first-fit (baseline)")
-    p.add_argument("--cp-sharding", choices=CP_SHARDINGS, default="adaptive")
+    p.add_argument("--cp-sharding", choices=CP_SHARDINGS, default=None,
+                   help="how CP pipelines split documents over their ranks; default adaptive")
     p.add_argument("--exact", action="store_true", help="exact MILP dispatch and packing (small instances only)")
-    p.add_argument("--plan-budget-ms", type=argtypes.finite_float(0.0), default=2000.0,
-                   help="per-step planning budget: past it the best plan so far is returned (valid, gap reported)")
+    p.add_argument("--plan-budget-ms", type=argtypes.finite_float(0.0), default=None,
+                   help="per-step planning budget: past it the best plan so far is returned (valid, gap reported); "
+                        "default 2000, or none (the training job's) with --config")
     p.add_argument("--cost-model", type=Path, default=None,
                    help="fitted cost model (.json), profile (.csv) or Hydraulis strategy pool (.json); default: "
                         "analytic from the specs")
@@ -103,13 +120,18 @@ def candidates_of(args, cm: CostModel) -> tuple[Strategy, ...]:
 
 
 def plan_run(args, progress=None) -> PlanRun:
-    cm = cost_model_of(args)
-    candidates = candidates_of(args, cm)
-    options = PlanningOptions(max_len=args.max_len, tokens_per_step=args.tokens_per_step, packing=args.packing,
-                              cp_sharding=args.cp_sharding, exact=args.exact, seed=args.seed,
-                              budget_ms=args.plan_budget_ms)
-    sampler = TokenBudgetSampler(length_source(args.data, args.seed), args.tokens_per_step, args.max_len,
-                                 long_docs=args.long_docs, seed=args.seed)
+    """Plan `args.steps` steps of the workload the flags describe, or of the training job of `args.config`."""
+    job = resolve(args)
+    if job is None:
+        cm = cost_model_of(args)
+        candidates = candidates_of(args, cm)
+        options = PlanningOptions(max_len=args.max_len, tokens_per_step=args.tokens_per_step, packing=args.packing,
+                                  cp_sharding=args.cp_sharding, exact=args.exact, seed=args.seed,
+                                  budget_ms=args.plan_budget_ms)
+        sampler = TokenBudgetSampler(length_source(args.data, args.seed), args.tokens_per_step, args.max_len,
+                                     long_docs=args.long_docs, seed=args.seed)
+    else:
+        cm, candidates, options, sampler = job.cost_model, job.candidates, job.options, job.sampler()
     planner = StepPlanner(cm, candidates, sampler, options)
     planned = []
     for ps in chain(planner.steps(args.steps), planner.flush()):
@@ -125,6 +147,8 @@ def plan_run(args, progress=None) -> PlanRun:
             "packing": args.packing, "cp_sharding": args.cp_sharding, "exact": args.exact,
             "prove_bound": args.prove_bound,
             "long_docs": args.long_docs, "cost_model": str(args.cost_model) if args.cost_model else "analytic"}
+    if args.config:
+        meta["config"] = str(args.config)
     plan = Plan(cm.model.name, cm.cluster.name, tuple(str(s) for s in candidates), tuple(p.plan for p in planned),
                 meta)
     return PlanRun(plan, tuple(p.selection for p in planned), tuple(p.token_delay for p in planned),
@@ -137,6 +161,7 @@ def run(args) -> int:
     if args.json is not None and not args.json.parent.is_dir():  # before planning, not after
         raise TidalError(f"--json {args.json}: directory {args.json.parent} does not exist")
     console = render.console(stderr=False)
+    resolve(args)  # the steps to plan are known after this (with --config: [train] steps)
     with render.progress(args.steps, quiet=args.quiet) as advance:
         def on_step(step, sel):
             advance()

@@ -36,11 +36,11 @@ def add_parser(sub) -> None:
     p.add_argument("--repeats", type=int, default=1, help="timed runs per micro-batch (median)")
     p.add_argument("--memory-gib", type=float, default=None,
                    help="per-device memory for MaxLen (default: CUDA's total memory, else the cluster's device type)")
-    p.add_argument("--attn-backend", default="auto")
+    p.add_argument("--attn-backend", default="auto", help="attention kernel: auto, flash, flex, sdpa, reference")
     p.add_argument("--dtype", default="auto",
                    help="compute dtype profiled: auto (training's default: bfloat16 on CUDA, float32 on CPU), "
                         "float32, bfloat16 or float64")
-    p.add_argument("--seed", type=argtypes.seed, default=0)
+    p.add_argument("--seed", type=argtypes.seed, default=0, help="seed of the profiled micro-batches")
     p.add_argument("--timeout", type=argtypes.positive_seconds, default=900.0,
                    help="seconds per scheme before a hung rank fails")
     p.set_defaults(func=run)

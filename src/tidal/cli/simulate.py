@@ -21,9 +21,9 @@ def add_parser(sub) -> None:
     from tidal.cli.plan import add_workload_args
 
     p = sub.add_parser("simulate", help="simulate steps under several systems (tidal, hydraulis, megatron, ...)",
-                       description=__doc__)
+                       description=__doc__,
+                       usage="tidal simulate [--config FILE [--SECTION.KEY VALUE ...]] [options]")
     add_workload_args(p)
-    p.add_argument("--seed", type=argtypes.seed, default=0)
     p.add_argument("--cost-model", type=Path, default=None,
                    help="the planners' cost model: fitted model (.json), profile (.csv) or Hydraulis strategy pool "
                         "(.json); default: analytic from the specs")
@@ -47,8 +47,17 @@ def add_parser(sub) -> None:
 
 
 def workload_of(args) -> Workload:
+    """The workload of the flags, or with `--config` the training job's (cli/dryrun.py): its cost model, corpus and
+    options, and its candidates and planning options for the `tidal` system."""
+    from tidal.cli.dryrun import resolve
     from tidal.cli.plan import cost_model_from, cost_model_of
 
+    job = resolve(args)
+    if job is not None:
+        truth = None if args.truth is None else cost_model_from(args.truth, job.cost_model.model,
+                                                                job.cost_model.cluster)
+        return Workload(job.cost_model, args.max_len, args.tokens_per_step, args.steps, args.seed, job.sampler,
+                        job.sample, truth, tidal=(job.candidates, job.options))
     cm = cost_model_of(args)
     truth = None if args.truth is None else cost_model_from(args.truth, cm.model, cm.cluster)
     src = length_source(args.data, args.seed)
@@ -167,7 +176,8 @@ def run(args) -> int:
     meta = {"model": args.model, "cluster": args.cluster, "data": args.data, "max_len": args.max_len,
             "tokens_per_step": args.tokens_per_step, "steps": args.steps, "seed": args.seed,
             "schedule": args.schedule, "fwd_share": args.fwd_share, "overlap_sync": not args.no_overlap,
-            "cost_model": str(args.cost_model or "analytic"), "truth": str(args.truth or "as planned")}
+            "cost_model": str(args.cost_model or "analytic"), "truth": str(args.truth or "as planned"),
+            "config": str(args.config) if args.config else None}
     if args.json:
         try:
             args.json.write_text(json.dumps(to_json(runs, meta, errors), indent=1))

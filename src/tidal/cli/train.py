@@ -41,45 +41,49 @@ VERIFY_TOL = {
 
 
 def add_parsers(sub) -> None:
-    p = sub.add_parser("train", help="train with per-step heterogeneous strategies (TOML config)", description=__doc__)
+    from tidal.cli.configargs import add_alias, add_override_args
+
+    p = sub.add_parser("train", help="train with per-step heterogeneous strategies (TOML config)", description=__doc__,
+                       usage="tidal train --config FILE [--nproc N] [--SECTION.KEY VALUE ...] [options]")
     p.add_argument("--config", type=Path, required=True, help="TOML file (docs/training.md)")
-    p.add_argument("--nproc", type=int, default=None,
+    p.add_argument("--nproc", type=argtypes.positive, default=None,
                    help="spawn this many local gloo ranks; omit under torchrun")
-    p.add_argument("--steps", type=int, default=None, help="override [train] steps")
-    p.add_argument("--metrics", type=Path, default=None, help="override [train] metrics (JSONL path)")
-    p.add_argument("--refit", choices=("off", "online"), default=None,
-                   help="override [train] refit: 'online' refits the cost model from measured steps")
-    p.add_argument("--cost-model", type=Path, default=None,
-                   help="override [planner] cost_model (fitted model JSON from `tidal profile`, or profile CSV)")
-    p.add_argument("--checkpoint-dir", type=Path, default=None, help="override [train] checkpoint_dir")
-    p.add_argument("--checkpoint-every", type=int, default=None, help="override [train] checkpoint_every (steps)")
-    p.add_argument("--resume", action="store_true", default=None,
-                   help="continue from <checkpoint_dir>/latest (weights, moments, planner and data state)")
+    add_alias(p, "--steps", "training steps", metavar="INT")
+    add_alias(p, "--metrics", "JSONL metrics path", metavar="PATH")
+    add_alias(p, "--refit", "'online' refits the cost model from measured steps", choices=("off", "online"))
+    add_alias(p, "--cost-model", "fitted model JSON from `tidal profile`, or profile CSV", metavar="PATH")
+    add_alias(p, "--checkpoint-dir", "checkpoint directory", metavar="DIR")
+    add_alias(p, "--checkpoint-every", "save every N steps", metavar="INT")
+    add_alias(p, "--resume", "continue from <checkpoint_dir>/latest (weights, moments, planner and data state)",
+              nargs=0)
+    add_alias(p, "--collective-timeout", "the longest a rank may wait for another at a collective before the one "
+                                         "that did not arrive is named (exit 5)", metavar="SECONDS")
     p.add_argument("--elastic", action="store_true",
                    help="when a rank dies, restart on the survivors from the newest verified checkpoint, re-planned "
                         "for all of them (under torchrun: resume on the world torchrun gives; use its --max-restarts)")
     p.add_argument("--max-restarts", type=int, default=3, help="with --elastic: restarts before giving up")
-    p.add_argument("--collective-timeout", type=argtypes.positive_seconds, default=None,
-                   help="override [train] collective_timeout_s: the longest a rank may wait for another at a "
-                        "collective before the one that did not arrive is named (exit 5)")
     p.add_argument("--timeout", type=argtypes.positive_seconds, default=None,
                    help="optional deadline for the whole run in seconds (off by default; exit 5)")
+    add_override_args(p)
     p.set_defaults(func=run_train)
 
     v = sub.add_parser("verify", help="train distributed and in one process on the same documents; compare",
-                       description="Exit 1 when parameters, Adam moments or losses differ beyond the tolerance.")
+                       description="Exit 1 when parameters, Adam moments or losses differ beyond the tolerance.\n"
+                                   "The flags below build the run's config; --SECTION.KEY overrides apply to it.",
+                       usage="tidal verify --strategies S [--nproc N] [--SECTION.KEY VALUE ...] [options]")
     v.add_argument("--model", default="tiny",
                    help="preset name, or a TOML file whose [model] section gives a shape (docs/models.md)")
-    v.add_argument("--nproc", type=int, default=4)
+    v.add_argument("--nproc", type=argtypes.positive, default=4, help="gloo ranks to spawn ([world] cluster cpuxN)")
     v.add_argument("--strategies", required=True,
                    help="strategies separated by ';' (switched every step), or 'auto' (the planner's choice)")
-    v.add_argument("--steps", type=int, default=5)
+    v.add_argument("--steps", type=argtypes.positive, default=5, help="training steps")
     v.add_argument("--dtype", choices=tuple(VERIFY_TOL), default="float64",
                    help="float64 / float32: master and compute in that dtype; bfloat16: bf16 compute, fp32 master")
     v.add_argument("--data", default="stdlib:defs", help="corpus: stdlib, stdlib:defs, random:synthetic:NAME, ...")
-    v.add_argument("--max-len", type=argtypes.max_len, default=256)
-    v.add_argument("--tokens-per-step", type=argtypes.tokens_per_step, default=1024)
-    v.add_argument("--seed", type=argtypes.seed, default=0)
+    v.add_argument("--max-len", type=argtypes.max_len, default=256, help="context length")
+    v.add_argument("--tokens-per-step", type=argtypes.tokens_per_step, default=1024, help="tokens per step")
+    v.add_argument("--seed", type=argtypes.seed, default=0, help="data and initialisation seed")
+    add_override_args(v, defaults=False)
     v.set_defaults(func=run_verify)
 
 
@@ -87,6 +91,28 @@ def _under_torchrun() -> tuple[int, int] | None:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     return None
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask: a container's or taskset's limit, not the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def cores_warning(ranks: int, cores: int) -> str | None:
+    """One line when `ranks` CPU (gloo) ranks on this machine outnumber its `cores`, else None."""
+    if ranks <= cores:
+        return None
+    return (f"tidal: warning: {ranks} ranks on {cores} core{'s' if cores != 1 else ''}: ranks share cores, so steps "
+            f"are slower and their times noisier than one rank per core (the planner's estimates assume one)")
+
+
+def warn_cores(ranks: int) -> None:
+    line = cores_warning(ranks, usable_cores())
+    if line:
+        print(line, file=sys.stderr, flush=True)
 
 
 def launch(job, entry, *args, nproc: int | None, timeout_s: float | None, collective_timeout_s: float | None = None,
@@ -110,6 +136,8 @@ def launch(job, entry, *args, nproc: int | None, timeout_s: float | None, collec
         import torch
 
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "gloo" and os.environ.get("LOCAL_RANK", "0") == "0":
+            warn_cores(int(os.environ.get("LOCAL_WORLD_SIZE", world)))
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
         die_with_parent()  # never outlive the torchrun agent (kill -9 included)
@@ -132,6 +160,8 @@ def launch(job, entry, *args, nproc: int | None, timeout_s: float | None, collec
     from tidal.runtime.guard import HangMonitor, Progress
 
     backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= job.world else "gloo"
+    if backend == "gloo":
+        warn_cores(job.world)
     # ranks killed on purpose (a hang, a signal) leave semaphores registered with multiprocessing's resource
     # tracker, which then warns over several lines; the user has the one line that says why (sys.warnoptions is
     # what the tracker process is started with)
@@ -152,15 +182,17 @@ def launch(job, entry, *args, nproc: int | None, timeout_s: float | None, collec
 
 def train_entry(rank: int, world: int, job, show: bool, record: bool, progress=None):
     """A rank's body: the training loop, with a rich progress bar on rank 0 when `show` (one plain line per step
-    instead when stdout is not a terminal: cli/steplog.py)."""
+    instead when stdout is not a terminal: cli/steplog.py). Rank 0 also warns once when the cost model is off
+    (`cost_watch`)."""
     from tidal.cli import steplog
     from tidal.runtime.train import train_worker
 
+    watch = cost_watch(job) if rank == 0 else None
     if rank != 0 or not show:
-        return train_worker(rank, world, job, record=record, progress=progress)
+        return train_worker(rank, world, job, on_step=watch, record=record, progress=progress)
     if steplog.plain_output():
-        return train_worker(rank, world, job, on_step=steplog.printer(job.config.train.steps), record=record,
-                            progress=progress)
+        return train_worker(rank, world, job, on_step=both(steplog.printer(job.config.train.steps), watch),
+                            record=record, progress=progress)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     bar = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
@@ -172,26 +204,46 @@ def train_entry(rank: int, world: int, job, show: bool, record: bool, progress=N
             bar.update(task, advance=1, info=f"loss {row['loss']:.4f} | {row['tokens_per_s']:,.0f} tok/s | "
                                              f"{row['strategy']}")
 
-        return train_worker(rank, world, job, on_step=on_step, record=record, progress=progress)
+        return train_worker(rank, world, job, on_step=both(on_step, watch), record=record, progress=progress)
+
+
+def both(first, second):
+    """An `on_step` that calls `first`, then `second` (either may be None)."""
+    if first is None or second is None:
+        return first or second
+
+    def on_step(row: dict) -> None:
+        first(row)
+        second(row)
+
+    return on_step
+
+
+def cost_watch(job):
+    """An `on_step` that prints one line on stderr when the cost model's estimates are off by more than
+    `[train] cost_model_warn` over the first measured steps (runtime.calibration.CostModelWatch); None when off."""
+    from tidal.runtime.calibration import CostModelWatch
+
+    cfg = job.config
+    if cfg.train.cost_model_warn <= 0:
+        return None
+    watch = CostModelWatch(cfg.train.cost_model_warn, cfg.planner.cost_model or "analytic")
+
+    def on_step(row: dict) -> None:
+        line = watch.observe(row, last=row["step"] + 1 >= cfg.train.steps)
+        if line:
+            print(line, file=sys.stderr, flush=True)
+
+    return on_step
 
 
 def run_train(args) -> int:
-    import dataclasses
-
     from tidal.cli import render
+    from tidal.cli.configargs import overrides_of
     from tidal.runtime.config import load_config
     from tidal.runtime.train import prepare
 
-    cfg = with_cache_dir(load_config(args.config))
-    over = {k: v for k, v in (("steps", args.steps), ("metrics", args.metrics and str(args.metrics)),
-                              ("refit", args.refit),
-                              ("checkpoint_dir", args.checkpoint_dir and str(args.checkpoint_dir)),
-                              ("checkpoint_every", args.checkpoint_every), ("resume", args.resume),
-                              ("collective_timeout_s", args.collective_timeout))
-            if v is not None}
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **over))
-    if args.cost_model is not None:
-        cfg = dataclasses.replace(cfg, planner=dataclasses.replace(cfg.planner, cost_model=str(args.cost_model)))
+    cfg = with_cache_dir(load_config(args.config, overrides_of(args)))
     env = _under_torchrun()
     if env is None and args.nproc is None:
         raise TidalError("give --nproc N to spawn ranks, or launch with torchrun")
@@ -242,7 +294,7 @@ def verify_config(args):
         planner=PlannerConfig(args.strategies, "hydraulis", "adaptive", rotate=not auto),
         optimizer=OptimConfig(lr=1e-3, warmup_steps=2, decay_steps=max(args.steps, 1)),
         train=TrainSection(args.steps, args.seed, "1f1b", "float32" if args.dtype == "bfloat16" else args.dtype,
-                           args.dtype, "", False))
+                           args.dtype, "", False, cost_model_warn=0.0))  # verify checks numbers, not speed
 
 
 def replay_reference(job, rows: list[dict]):
@@ -276,11 +328,13 @@ def verify_report(rows: list[dict], ref_losses: list[float], dist_state: dict, r
 
 def run_verify(args) -> int:
     from tidal.cli import render
+    from tidal.cli.configargs import overrides_of
+    from tidal.runtime.config import with_overrides
     from tidal.runtime.train import prepare
 
     if args.steps < 1 or args.nproc < 1:
         raise TidalError("--steps and --nproc must be >= 1")
-    job = prepare(verify_config(args), args.nproc)
+    job = prepare(with_overrides(verify_config(args), overrides_of(args)), args.nproc)
     res = launch(job, train_entry, False, True, nproc=args.nproc, timeout_s=None,
                  collective_timeout_s=job.config.train.collective_timeout_s, watch=True)[0]
     ref_losses, ref_state = replay_reference(job, res.rows)

@@ -48,3 +48,12 @@ class RunFailure(RuntimeError):
         self.detail = detail
         if exit_code is not None:
             self.exit_code = exit_code
+
+
+def did_you_mean(word: str, choices, *, prefix: str = "") -> str:
+    """'; did you mean X?' for the closest of `choices` to `word` (difflib), else ''. `prefix` is put before the
+    suggestion (e.g. '--' for a flag)."""
+    import difflib
+
+    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
+    return f"; did you mean {prefix}{close[0]}?" if close else ""

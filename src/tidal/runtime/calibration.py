@@ -219,3 +219,37 @@ def calibration_stats(rows: list[dict], skip: int = 0) -> dict:
     out["by_scheme"] = {k: {"n": len(v), "median": float(np.median(abs_rel_errors(v))),
                             "p90": float(np.percentile(abs_rel_errors(v), 90))} for k, v in sorted(by.items())}
     return out
+
+
+class CostModelWatch:
+    """Warns once when the cost model in use is off (decision 87): after the first `skip` measured steps (first-use
+    costs), over the next `window` ones, the median of measured / predicted compute time (the calibration fields
+    above) is above 1 + tolerance or below 1 / (1 + tolerance). `observe(row, last)` returns the one-line warning at
+    most once (with `last`, a run shorter than skip + window is judged on what it measured); None otherwise."""
+
+    def __init__(self, tolerance: float, label: str = "analytic", skip: int = 1, window: int = 3) -> None:
+        self.tolerance, self.label, self.skip, self.window = tolerance, label, skip, window
+        self.ratios: list[float] = []
+        self.seen = 0
+        self.done = tolerance <= 0
+
+    def observe(self, row: dict, last: bool = False) -> str | None:
+        if self.done:
+            return None
+        pred, meas = float(row.get("predicted_s", 0.0)), float(row.get("measured_s", 0.0))
+        if pred > 0 and meas > 0 and not row.get("skipped"):
+            self.seen += 1
+            if self.seen > self.skip:
+                self.ratios.append(meas / pred)
+        if len(self.ratios) < self.window and not (last and self.ratios):
+            return None
+        self.done = True
+        r = float(np.median(self.ratios))
+        if 1 / (1 + self.tolerance) <= r <= 1 + self.tolerance:
+            return None
+        first = self.skip + 1
+        span = f"step {first}" if len(self.ratios) == 1 else f"steps {first}-{first + len(self.ratios) - 1}"
+        return (f"tidal train: warning: the cost model ({self.label}) is off: measured compute time is {r:.2f}x its "
+                f"estimate (median of {span}; tolerance {self.tolerance:.0%}), so plans may be far from the best; "
+                f"profile this machine with `tidal profile` and set [planner] cost_model, or [train] refit = "
+                f"\"online\"")

@@ -18,10 +18,15 @@ Sections and keys (all optional except where noted; see docs/training.md for the
                  refit = "off"|"online", refit_every = 5,
                  plan_ahead = 2, checkpoint_dir = "", checkpoint_every = 0, resume = false, keep_checkpoints = 3,
                  async_checkpoint = true, gc_every = 1,
-                 collective_timeout_s = 600, stop_grace_s = 60, max_consecutive_skips = 3, inject_nan = ""
+                 collective_timeout_s = 600, stop_grace_s = 60, max_consecutive_skips = 3, inject_nan = "",
+                 cost_model_warn = 0.2
 
-An unknown section or key, a wrong type, or a config that cannot run (world size vs cluster, a strategy needing
-more devices, a scheme that does not fit memory, TP not dividing the heads) raises TidalError with one line.
+Any key can also be set on the command line as `--section.key VALUE` (`load_config(path, overrides)`: the pairs are
+applied to the parsed document before validation; cli/configargs.py, decision 87).
+
+An unknown section or key (named with the closest known one), a wrong type, or a config that cannot run (world size vs
+cluster, a strategy needing more devices, a scheme that does not fit memory, TP not dividing the heads) raises
+TidalError with one line.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from tidal.core.errors import TidalError
+from tidal.core.errors import TidalError, did_you_mean
 from tidal.core.limits import check_finite, check_lengths
 from tidal.core.model import MODEL_PRESETS, ModelSpec, get_model
 from tidal.data.sampler import LONG_DOC_POLICIES
@@ -165,6 +170,8 @@ class TrainSection:
     stop_grace_s: float = 60.0  # after SIGTERM/SIGINT: reach a step boundary and checkpoint within this, else killed
     max_consecutive_skips: int = 3  # non-finite steps (skipped on every rank) in a row before the run stops (exit 4)
     inject_nan: str = ""  # test hook: "RANK@STEP" or "RANK@FIRST-LAST" makes that rank's gradients NaN at those steps
+    # warn (one line) when the median |measured / estimated - 1| of the first measured steps exceeds this (decision 87)
+    cost_model_warn: float = 0.2
 
     def __post_init__(self) -> None:
         if self.master_dtype not in MASTER_DTYPES:
@@ -179,6 +186,7 @@ class TrainSection:
         if self.max_consecutive_skips < 1:
             raise TidalError(f"[train] max_consecutive_skips must be >= 1, got {self.max_consecutive_skips}")
         nan_steps(self.inject_nan)  # validates the hook's syntax
+        check_finite(self.cost_model_warn, "[train] cost_model_warn", low=0.0)
 
 
 def nan_steps(spec: str) -> tuple[int, int, int] | None:
@@ -209,6 +217,17 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
+def section_classes() -> dict[str, type]:
+    """The TOML sections and the dataclass each one maps onto, in file order."""
+    return {f.name: f.default_factory for f in fields(TrainConfig)}
+
+
+def key_type(cls, key: str) -> type:
+    """The TOML type of `cls`'s field `key` (int, float, bool or str)."""
+    return getattr(cls, "key_types", {}).get(key) or (type(getattr(cls(), key)) if key not in ("beta1", "beta2")
+                                                     else float)
+
+
 def _typed(section: str, cls, raw: Any):
     if not isinstance(raw, dict):
         raise TidalError(f"config section [{section}] must be a table")
@@ -216,9 +235,9 @@ def _typed(section: str, cls, raw: Any):
     kw = {}
     for key, value in raw.items():
         if key not in known:
-            raise TidalError(f"config [{section}]: unknown key {key!r}; known: {', '.join(known)}")
-        want = getattr(cls, "key_types", {}).get(key) or (
-            type(getattr(cls(), key)) if key not in ("beta1", "beta2") else float)
+            raise TidalError(f"config [{section}]: unknown key {key!r}{did_you_mean(key, known)} (known: "
+                             f"{', '.join(known)})")
+        want = key_type(cls, key)
         if want is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, want) or (want is int and isinstance(value, bool)):
@@ -233,12 +252,64 @@ def config_from_dict(d: dict) -> TrainConfig:
     parts = {}
     for section, raw in d.items():
         if section not in known:
-            raise TidalError(f"config: unknown section [{section}]; known: {', '.join(known)}")
+            raise TidalError(f"config: unknown section [{section}]{did_you_mean(section, known)} (known: "
+                             f"{', '.join(known)})")
         parts[section] = _typed(section, known[section].default_factory, raw)
     return TrainConfig(**parts)
 
 
-def load_config(path: str | Path) -> TrainConfig:
+BOOL_WORDS = MappingProxyType({"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False,
+                               "on": True, "off": False})
+
+
+def override_value(name: str, text: str, want: type):
+    """A command line's text for key `name` ("section.key") as the TOML type `want`; TidalError with one line."""
+    if want is str:
+        return text
+    if want is bool:
+        if text.strip().lower() not in BOOL_WORDS:
+            raise TidalError(f"--{name}: expected true or false, got {text!r}")
+        return BOOL_WORDS[text.strip().lower()]
+    try:
+        return want(text)
+    except ValueError:
+        raise TidalError(f"--{name}: expected {'an integer' if want is int else 'a number'}, got {text!r}") from None
+
+
+def apply_overrides(d: dict, overrides) -> dict:
+    """`d` (a parsed TOML document) with command-line overrides applied, in order: each is ("section.key", text),
+    the text converted to the key's TOML type. An unknown section or key is refused with one line naming it (and the
+    closest known one); values are validated afterwards, with the file's, by `config_from_dict`."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
+    sections = section_classes()
+    for name, text in overrides:
+        section, _, key = name.partition(".")
+        if section not in sections:
+            raise TidalError(f"--{name}: unknown section [{section}]{did_you_mean(section, sections)} (known: "
+                             f"{', '.join(sections)})")
+        cls = sections[section]
+        known = [f.name for f in fields(cls)]
+        if key not in known:
+            flags = [f"{section}.{k}" for k in known]
+            raise TidalError(f"--{name}: unknown key {key!r} in [{section}]{did_you_mean(name, flags, prefix='--')} "
+                             f"(known: {', '.join(known)})")
+        if not isinstance(out.setdefault(section, {}), dict):
+            raise TidalError(f"config section [{section}] must be a table")
+        out[section][key] = override_value(name, text, key_type(cls, key))
+    return out
+
+
+def with_overrides(cfg: TrainConfig, overrides) -> TrainConfig:
+    """`cfg` with `overrides` applied the same way (a config built in code, such as `tidal verify`'s)."""
+    if not overrides:
+        return cfg
+    d = {s: {k: v for k, v in sec.items() if v is not None} for s, sec in cfg.to_dict().items()}
+    return config_from_dict(apply_overrides(d, overrides))
+
+
+def load_config(path: str | Path, overrides=()) -> TrainConfig:
+    """The TOML file at `path`, with `overrides` (("section.key", text) pairs, `--section.key text` on a command
+    line) applied to the parsed document before anything is validated."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -250,7 +321,7 @@ def load_config(path: str | Path) -> TrainConfig:
         d = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise TidalError(f"{p}: malformed TOML: {e}") from None
-    return config_from_dict(d)
+    return config_from_dict(apply_overrides(d, overrides))
 
 
 def model_arg(value: str) -> ModelConfig:

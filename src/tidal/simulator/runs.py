@@ -34,6 +34,9 @@ class Workload:
     # The device model plans execute on (decision 77; `tidal simulate --truth`); None: the planner's own cost model.
     # Planners never see it: they plan with `cost_model` (a baseline's Variant of it); the simulator runs `truth`.
     truth: CostModel | None = None
+    # A training job's (candidates, PlanningOptions) (`tidal simulate --config`): the tidal system plans with them
+    # instead of proposing its own; None: proposed from `sample_lengths`, Hydraulis packing, adaptive CP.
+    tidal: tuple | None = None
 
 
 @dataclass

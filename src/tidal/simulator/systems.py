@@ -157,6 +157,10 @@ def sys_hydraulis(w, sim, progress):
 
 def sys_tidal(w, sim, progress):
     t0 = time.perf_counter()
+    if w.tidal is not None:  # a training job's own candidates and planning options (tidal simulate --config)
+        cands, options = w.tidal
+        return run_planner("tidal", w, sim, cands, options, progress, config=" ; ".join(str(c) for c in cands),
+                           t_plan=time.perf_counter() - t0)
     cands = build_candidates(w.cost_model, "auto", w.sample_lengths, tokens_per_step=w.tokens_per_step,
                              max_len=w.max_len, seed=w.seed)
     return run_planner("tidal", w, sim, cands, _options(w, packing="hydraulis", cp_sharding="adaptive"), progress,
