@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -12,9 +13,18 @@ from rich.table import Table
 
 from tidal.core.plan import StepPlan
 
+# the width of a console that is not a terminal (a log file, a pipe, torchrun, SLURM): Rich would assume 80 columns
+# and cut tables (the demo's loss column, `tidal simulate`'s system names); a log has no width, so tables keep their
+# natural width and long lines are not wrapped. COLUMNS in the environment still wins.
+LOG_WIDTH = 10_000
 
-def console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, highlight=False)
+
+def console(stderr: bool = False, file=None) -> Console:
+    """A Console for the CLI: the terminal's width on a terminal, `LOG_WIDTH` (never cut) otherwise."""
+    con = Console(stderr=stderr, highlight=False, file=file)
+    if con.is_terminal or "COLUMNS" in os.environ:
+        return con
+    return Console(stderr=stderr, highlight=False, file=file, width=LOG_WIDTH)
 
 
 @contextmanager

@@ -18,7 +18,8 @@ Sections and keys (all optional except where noted; see docs/training.md for the
                  refit = "off"|"online", refit_every = 5,
                  plan_ahead = 2, checkpoint_dir = "", checkpoint_every = 0, resume = false, keep_checkpoints = 3,
                  async_checkpoint = true, gc_every = 1,
-                 collective_timeout_s = 600, stop_grace_s = 60, max_consecutive_skips = 3, inject_nan = ""
+                 collective_timeout_s = 600, stop_grace_s = 60, max_consecutive_skips = 3, inject_nan = "",
+                 tensorboard = "" (log dir), wandb = "" | "offline", wandb_project = "tidal", wandb_dir = ""
 
 An unknown section or key, a wrong type, or a config that cannot run (world size vs cluster, a strategy needing
 more devices, a scheme that does not fit memory, TP not dividing the heads) raises TidalError with one line.
@@ -165,6 +166,11 @@ class TrainSection:
     stop_grace_s: float = 60.0  # after SIGTERM/SIGINT: reach a step boundary and checkpoint within this, else killed
     max_consecutive_skips: int = 3  # non-finite steps (skipped on every rank) in a row before the run stops (exit 4)
     inject_nan: str = ""  # test hook: "RANK@STEP" or "RANK@FIRST-LAST" makes that rank's gradients NaN at those steps
+    # optional metric writers on rank 0 (cli/writers.py; docs/training.md "Logging")
+    tensorboard: str = ""  # TensorBoard log directory (needs the tensorboard package); empty: off
+    wandb: str = ""  # "offline": a W&B run written locally, uploaded later with `wandb sync`; empty: off
+    wandb_project: str = "tidal"
+    wandb_dir: str = ""  # where the offline run goes (W&B's default, ./wandb, when empty)
 
     def __post_init__(self) -> None:
         if self.master_dtype not in MASTER_DTYPES:
