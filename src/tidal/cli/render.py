@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import numpy as np
@@ -19,10 +19,11 @@ from tidal.core.plan import StepPlan
 LOG_WIDTH = 10_000
 
 
-def console(stderr: bool = False, file=None) -> Console:
-    """A Console for the CLI: the terminal's width on a terminal, `LOG_WIDTH` (never cut) otherwise."""
+def console(stderr: bool = False, file=None, env: Mapping[str, str] = os.environ) -> Console:
+    """A Console for the CLI: the terminal's width on a terminal, `LOG_WIDTH` (never cut) otherwise, unless `env`
+    sets COLUMNS."""
     con = Console(stderr=stderr, highlight=False, file=file)
-    if con.is_terminal or "COLUMNS" in os.environ:
+    if con.is_terminal or "COLUMNS" in env:
         return con
     return Console(stderr=stderr, highlight=False, file=file, width=LOG_WIDTH)
 
