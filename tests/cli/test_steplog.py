@@ -50,6 +50,8 @@ def test_printer_writes_lines_and_rows():
     on_step({**ROW, "step": 3})
     assert [x.split(" | ")[0] for x in out.getvalue().splitlines()] == ["step 3/20", "step 4/20"]
     assert got == [2, 3]
+    steplog.writer_callback([W()])(ROW)  # progress = false: the writers alone
+    assert got == [2, 3, 2]
     assert steplog.plain_output(io.StringIO()) and not steplog.plain_output(_Tty())
     err = io.StringIO()
     steplog.announcer(err, clock=lambda: 3600 * 5 + 61.5)("spawning 4 ranks")

@@ -77,6 +77,16 @@ def printer(total: int, stream=None, nominal: bool = False, writers=()) -> Calla
     return on_step
 
 
+def writer_callback(writers) -> Callable[[dict], None]:
+    """An `on_step` callback that only hands each row to the writers (`[train] progress = false`)."""
+
+    def on_step(row: dict) -> None:
+        for w in writers:
+            w.write(row)
+
+    return on_step
+
+
 def announcer(stream=None, clock: Callable[[], float] = time.time) -> Callable[[str], None]:
     """A `log` callback: '[tidal HH:MM:SS] line' (UTC), flushed, to `stream` (stderr)."""
 

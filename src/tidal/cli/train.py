@@ -158,11 +158,14 @@ def train_entry(rank: int, world: int, job, show: bool, record: bool, progress=N
     from tidal.cli.writers import open_writers
     from tidal.runtime.train import train_worker
 
-    if rank != 0 or not show:
+    if rank != 0:
         return train_worker(rank, world, job, record=record, progress=progress)
     steps, nominal, log = job.config.train.steps, steplog.nominal_peak(job.cluster), steplog.announcer()
     writers = open_writers(job.config.train, job.config.to_dict())
     try:
+        if not show:  # quiet: the writers alone
+            return train_worker(rank, world, job, on_step=steplog.writer_callback(writers) if writers else None,
+                                record=record, progress=progress)
         if steplog.plain_output():
             return train_worker(rank, world, job, on_step=steplog.printer(steps, nominal=nominal, writers=writers),
                                 record=record, progress=progress, log=log)
