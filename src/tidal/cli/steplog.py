@@ -1,7 +1,7 @@
 """What `tidal train` says while it runs (issue 26 item 3).
 
 * One line per step: a plain flushed line when stdout is not a terminal (a log file, torchrun, a SLURM job), where a
-  progress bar would show nothing until the end; the same fields in the bar's text on a terminal::
+  progress bar would show nothing until the end; on a terminal the same line, printed above a progress bar::
 
       step 3/20 | loss 5.4321 | 12,345 tok/s | tp2+2*tp1 | rss 0.41 0.40 0.39 0.40 GiB | MFU 2.1% (nominal) | 0.52 s
 

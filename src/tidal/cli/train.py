@@ -151,9 +151,9 @@ def launch(job, entry, *args, nproc: int | None, timeout_s: float | None, collec
 
 
 def train_entry(rank: int, world: int, job, show: bool, record: bool, progress=None):
-    """A rank's body: the training loop. With `show`, rank 0 reports (cli/steplog.py): a rich progress bar whose
-    text is the step line, or one plain line per step when stdout is not a terminal; start-up, resume and checkpoint
-    lines on stderr; the `[train]` metric writers (cli/writers.py)."""
+    """A rank's body: the training loop. With `show`, rank 0 reports (cli/steplog.py): one line per step (above a
+    rich progress bar on a terminal, plain and flushed otherwise); start-up, resume and checkpoint lines on stderr;
+    the `[train]` metric writers (cli/writers.py) whatever `show`."""
     from tidal.cli import steplog
     from tidal.cli.writers import open_writers
     from tidal.runtime.train import train_worker
@@ -171,13 +171,13 @@ def train_entry(rank: int, world: int, job, show: bool, record: bool, progress=N
                                 record=record, progress=progress, log=log)
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        bar = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                       TimeElapsedColumn(), transient=True)
+        bar = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True)
         with bar:
-            task = bar.add_task("train", total=steps, info="")
+            task = bar.add_task("train", total=steps)
 
-            def on_step(row: dict) -> None:
-                bar.update(task, advance=1, info=" | ".join(steplog.step_fields(row, nominal)))
+            def on_step(row: dict) -> None:  # the step's line above the bar (wrapped to the terminal, never cut)
+                bar.console.print(steplog.step_line(row, steps, nominal), markup=False, highlight=False)
+                bar.update(task, advance=1)
                 for w in writers:
                     w.write(row)
 
