@@ -6,8 +6,8 @@ the CPU) and prints, per step and as medians over the steps after `--skip` warm-
 * tokens/s (the step's tokens over its wall time);
 * MFU: model FLOPs per step over wall time and the device's dense 16-bit peak (`core.cluster.DEVICE_TYPES`). Model
   FLOPs count forward + backward as 3x forward: every GEMM of the layers and the output head, 2 FLOPs per
-  multiply-add, plus attention's QK^T and PV over the step's causal (query, key) pairs (the row's `causal_pairs`);
-  no recomputation is counted (none runs);
+  multiply-add, plus attention's QK^T and PV over each sequence's causal (query, key) pairs (the row's
+  `model_flops`, costmodel/flops.py); no recomputation is counted;
 * peak memory: ``torch.cuda.max_memory_allocated`` (and reserved) on CUDA, against the memory model's peak for the
   largest micro-batch any step ran (`costmodel.memory.stage_memory`, executor mode, the run's dtypes).
 
@@ -44,14 +44,6 @@ def bench_worker(rank: int, world: int, job) -> tuple[list[dict], dict]:
         info.update(peak_allocated=torch.cuda.max_memory_allocated(), peak_reserved=torch.cuda.max_memory_reserved(),
                     total=torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
     return res.rows, info
-
-
-def step_flops(spec, tokens: int, causal_pairs: int) -> float:
-    """Forward + backward model FLOPs (3x forward) of one step: layer GEMMs, the output head, attention pairs."""
-    head = 2.0 * spec.hidden * spec.vocab
-    fwd = tokens * (spec.layers * spec.linear_flops_per_token() + head)
-    fwd += spec.layers * spec.attn_flops_per_token_pair() * causal_pairs
-    return 3.0 * fwd
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -94,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'step':>4} {'tokens':>7} {'docs':>5} {'wall s':>7} {'tokens/s':>9} {'TFLOP/s':>8} {'MFU':>6} {'loss':>8}")
     kept = []
     for i, r in enumerate(rows):
-        tf = step_flops(spec, r["tokens"], r["causal_pairs"]) / r["wall_s"]
+        tf = r["model_flops"] / r["wall_s"]
         mfu = tf / dev.peak_flops
         print(f"{r['step']:>4} {r['tokens']:>7} {r['documents']:>5} {r['wall_s']:>7.3f} {r['tokens_per_s']:>9.0f} "
               f"{tf / 1e12:>8.1f} {mfu:>6.1%} {r['loss']:>8.4f}")

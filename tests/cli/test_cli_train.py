@@ -131,6 +131,8 @@ def test_demo_small(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["demo", "--steps", "2", "--max-len", "256", "--tokens-per-step", "1024", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "speed-up of Tidal" in text and "(agree)" in text and "same documents: True" in text
+    assert "critical path: static / Tidal" in text and "noise floor" in text and "(agree)" in text
+    assert "same documents: True" in text and "2 rounds" in text
     assert (out / "demo.png").stat().st_size > 10_000
-    assert len((out / "tidal.jsonl").read_text().splitlines()) == 2
+    rows = [json.loads(x) for x in (out / "tidal.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 1, 2, 2]

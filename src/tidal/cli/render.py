@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import numpy as np
@@ -12,9 +13,19 @@ from rich.table import Table
 
 from tidal.core.plan import StepPlan
 
+# the width of a console that is not a terminal (a log file, a pipe, torchrun, SLURM): Rich would assume 80 columns
+# and cut tables (the demo's loss column, `tidal simulate`'s system names); a log has no width, so tables keep their
+# natural width and long lines are not wrapped. COLUMNS in the environment still wins.
+LOG_WIDTH = 10_000
 
-def console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, highlight=False)
+
+def console(stderr: bool = False, file=None, env: Mapping[str, str] = os.environ) -> Console:
+    """A Console for the CLI: the terminal's width on a terminal, `LOG_WIDTH` (never cut) otherwise, unless `env`
+    sets COLUMNS."""
+    con = Console(stderr=stderr, highlight=False, file=file)
+    if con.is_terminal or "COLUMNS" in env:
+        return con
+    return Console(stderr=stderr, highlight=False, file=file, width=LOG_WIDTH)
 
 
 @contextmanager
@@ -143,22 +154,31 @@ def verify_table(con: Console, rows: list[dict], ref_losses: list[float], rep: d
 
 
 def demo_table(con: Console, s: dict, static: str) -> None:
-    t = Table(title=f"Tidal vs best static ({static}): {s['steps']} steps, same documents: {s['same_documents']}",
-              title_justify="left")
-    for c in ("run", "strategies", "wall s", "crit. path s", "+comm s", "imbal.", "pull+push", "loss"):
+    """`tidal demo`: one row per run, then per figure the ratio static / Tidal beside its noise floor."""
+    t = Table(title=f"Tidal vs best static ({static}): {s['steps']} steps per run, {len(s['rounds'])} rounds, same "
+                    f"documents: {s['same_documents']}", title_justify="left")
+    for c in ("run", "round", "strategies", "wall s", "crit. path s", "+comm s", "imbal.", "pull+push", "loss"):
         t.add_column(c, justify="left" if c in ("run", "strategies") else "right", overflow="fold",
                      min_width=11 if c == "strategies" else None)
-    for name in ("tidal", "static"):
-        r = s[name]
-        t.add_row(name, "\n".join(r["strategies"]), f"{r['wall_s']:.1f}", f"{r['critical_path_s']:.2f}",
-                  f"{r['process_critical_path_s']:.2f}", f"{r['imbalance']:.2f}", f"{r['pull_push_cpu_share']:.1%}",
-                  f"{r['final_loss']:.4f}")
+    for k, rd in enumerate(s["rounds"]):
+        for name in ("tidal", "static"):
+            r = rd[name]
+            t.add_row(name, str(k + 1), "\n".join(r["strategies"]), f"{r['wall_s']:.1f}",
+                      f"{r['critical_path_s']:.2f}", f"{r['process_critical_path_s']:.2f}", f"{r['imbalance']:.2f}",
+                      f"{r['pull_push_cpu_share']:.1%}", f"{r['final_loss']:.4f}")
     con.print(t)
     con.print("crit. path: sum over steps of the slowest rank's CPU time; +comm: the same with the communication "
               "threads' CPU time; pull+push: share of all ranks' CPU time")
-    con.print(f"speed-up of Tidal: critical path [bold]{s['speedup_critical_path']:.2f}x[/] (with communication "
-              f"threads {s['speedup_process_critical_path']:.2f}x), wall {s['speedup_wall']:.2f}x | per-step loss "
-              f"max rel. diff {s['max_loss_rel_diff']:.1e} ({'agree' if s['loss_agree'] else 'DISAGREE'})")
+    for key, label in (("critical_path", "critical path"), ("process_critical_path", "with comm. threads"),
+                       ("wall", "wall")):
+        r = s[key]
+        noise = "not measured (1 round)" if r["noise"] is None else f"{r['noise']:.1%}"
+        con.print(f"{label}: static / Tidal [bold]{r['median']:.3f}x[/] (rounds {r['min']:.3f}-{r['max']:.3f}) | "
+                  f"noise floor {noise} | [bold]{r['verdict']}[/]")
+    con.print("ratio > 1: Tidal is faster. Noise floor: the largest spread, (max - min) / median, of one strategy's "
+              "run totals over the rounds; a ratio closer to 1 than that cannot tell the two apart")
+    con.print(f"per-step loss max rel. diff {s['max_loss_rel_diff']:.1e} "
+              f"({'agree' if s['loss_agree'] else 'DISAGREE'})")
 
 
 def profile_table(con: Console, res) -> None:

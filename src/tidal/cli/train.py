@@ -181,30 +181,45 @@ def launch(job, entry, *args, nproc: int | None, timeout_s: float | None, collec
 
 
 def train_entry(rank: int, world: int, job, show: bool, record: bool, progress=None):
-    """A rank's body: the training loop, with a rich progress bar on rank 0 when `show` (one plain line per step
-    instead when stdout is not a terminal: cli/steplog.py). Rank 0 also warns once when the cost model is off
+    """A rank's body: the training loop. With `show`, rank 0 reports (cli/steplog.py): one line per step (above a
+    rich progress bar on a terminal, plain and flushed otherwise); start-up, resume and checkpoint lines on stderr;
+    the `[train]` metric writers (cli/writers.py) whatever `show`. Rank 0 also warns once when the cost model is off
     (`cost_watch`)."""
     from tidal.cli import steplog
+    from tidal.cli.writers import open_writers
     from tidal.runtime.train import train_worker
 
-    watch = cost_watch(job) if rank == 0 else None
-    if rank != 0 or not show:
-        return train_worker(rank, world, job, on_step=watch, record=record, progress=progress)
-    if steplog.plain_output():
-        return train_worker(rank, world, job, on_step=both(steplog.printer(job.config.train.steps), watch),
-                            record=record, progress=progress)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    if rank != 0:
+        return train_worker(rank, world, job, record=record, progress=progress)
+    watch = cost_watch(job)
+    steps, nominal, log = job.config.train.steps, steplog.nominal_peak(job.cluster), steplog.announcer()
+    writers = open_writers(job.config.train, job.config.to_dict())
+    try:
+        if not show:  # quiet: the writers alone
+            return train_worker(rank, world, job,
+                                on_step=both(steplog.writer_callback(writers) if writers else None, watch),
+                                record=record, progress=progress)
+        if steplog.plain_output():
+            return train_worker(rank, world, job,
+                                on_step=both(steplog.printer(steps, nominal=nominal, writers=writers), watch),
+                                record=record, progress=progress, log=log)
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    bar = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                   TimeElapsedColumn(), transient=True)
-    with bar:
-        task = bar.add_task("train", total=job.config.train.steps, info="")
+        bar = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True)
+        with bar:
+            task = bar.add_task("train", total=steps)
 
-        def on_step(row: dict) -> None:
-            bar.update(task, advance=1, info=f"loss {row['loss']:.4f} | {row['tokens_per_s']:,.0f} tok/s | "
-                                             f"{row['strategy']}")
+            def on_step(row: dict) -> None:  # the step's line above the bar (wrapped to the terminal, never cut)
+                bar.console.print(steplog.step_line(row, steps, nominal), markup=False, highlight=False)
+                bar.update(task, advance=1)
+                for w in writers:
+                    w.write(row)
 
-        return train_worker(rank, world, job, on_step=both(on_step, watch), record=record, progress=progress)
+            return train_worker(rank, world, job, on_step=both(on_step, watch), record=record, progress=progress,
+                                log=log)
+    finally:
+        for w in writers:
+            w.close()
 
 
 def both(first, second):
@@ -247,8 +262,19 @@ def run_train(args) -> int:
     env = _under_torchrun()
     if env is None and args.nproc is None:
         raise TidalError("give --nproc N to spawn ranks, or launch with torchrun")
+    say = startup_log(cfg, env)
+
     def go(c, w):
-        return launch(prepare(c, w), train_entry, c.train.progress, False, nproc=None if env else w,
+        if env is not None and not getattr(args, "elastic", False):
+            from tidal.cli.multinode import check_launch
+            from tidal.core.cluster import get_cluster
+
+            check_launch(os.environ, get_cluster(c.world.cluster))
+        say(f"planning: validating {args.config} and building the candidate strategies for {w} ranks")
+        job = prepare(c, w)
+        say(f"candidates: {', '.join(map(str, job.candidates))}; "
+            + (f"rank {env[0]} of {w} starting (torchrun)" if env else f"spawning {w} ranks"))
+        return launch(job, train_entry, c.train.progress, False, nproc=None if env else w,
                       timeout_s=args.timeout, collective_timeout_s=c.train.collective_timeout_s,
                       grace_s=c.train.stop_grace_s, watch=True)
 
@@ -268,6 +294,17 @@ def run_train(args) -> int:
         code, line = results[0].stop
         raise RunFailure(line, exit_code=code)
     return 0
+
+
+def startup_log(cfg, env):
+    """Start-up lines (cli/steplog.announcer) when this process reports: not under torchrun, or its rank 0; checks
+    the `[train]` metric writers' packages first (one line, exit 2, before any rank starts)."""
+    from tidal.cli import steplog, writers
+
+    writers.check(cfg.train)
+    if cfg.train.progress and (env is None or env[0] == 0):
+        return steplog.announcer()
+    return lambda line: None
 
 
 def with_cache_dir(cfg):

@@ -15,6 +15,7 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,10 +146,11 @@ class Saver:
     (`use_async`), where it returns once a CPU copy is staged and the writing overlaps the next step. `step_done`
     (every step boundary) finishes a save started before the step that just ended: checksums, manifest, ``latest``,
     pruning; `close` finishes whatever is in flight. `blocked_s` is the time the loop spent in checkpointing since
-    the last `take_blocked`. `own_group=False` (synchronous only) uses the default group."""
+    the last `take_blocked`. `own_group=False` (synchronous only) uses the default group. `announce` (rank 0's)
+    gets one line per checkpoint once it is complete and `latest` points at it."""
 
     def __init__(self, directory: str, *, keep: int = 3, use_async: bool = False, config: dict | None = None,
-                 own_group: bool = True) -> None:
+                 own_group: bool = True, announce: Callable[[str], None] | None = None) -> None:
         if keep < 0:
             raise TidalError(f"[train] keep_checkpoints must be >= 0 (0 keeps all), got {keep}")
         self.directory, self.keep, self.use_async, self.config = directory, keep, use_async, config
@@ -156,6 +158,8 @@ class Saver:
         self.group = dist.new_group(backend="gloo") if own_group else None
         self.blocked_s = 0.0
         self._pending: tuple | None = None  # (executor, step, optimizer steps, state, future) of the save in flight
+        self.announce = announce
+        self._t_start = 0.0
         self._started_at = -1
 
     def save(self, executor, step: int, state: dict) -> None:
@@ -166,6 +170,7 @@ class Saver:
         if executor.rank == 0:
             ckpt.prepare_dir(path)
         dist.barrier(group=self.group)
+        self._t_start = time.perf_counter()
         fut = ckpt.begin_save(path, executor.checkpoint_state(), group=self.group, use_async=self.use_async)
         self._pending = (executor, step, executor.optim.steps, state, fut)
         self._started_at = step
@@ -194,6 +199,9 @@ class Saver:
         if executor.rank == 0:
             publish(self.directory, step)
             prune(self.directory, self.keep, step)
+            if self.announce is not None:
+                self.announce(f"checkpoint saved: {path} (step {step}, "
+                              f"{'async, ' if self.use_async else ''}{time.perf_counter() - self._t_start:.1f} s)")
         dist.barrier(group=self.group)
 
     def take_blocked(self) -> float:

@@ -19,7 +19,8 @@ Sections and keys (all optional except where noted; see docs/training.md for the
                  plan_ahead = 2, checkpoint_dir = "", checkpoint_every = 0, resume = false, keep_checkpoints = 3,
                  async_checkpoint = true, gc_every = 1,
                  collective_timeout_s = 600, stop_grace_s = 60, max_consecutive_skips = 3, inject_nan = "",
-                 cost_model_warn = 0.2
+                 cost_model_warn = 0.2,
+                 tensorboard = "" (log dir), wandb = "" | "offline", wandb_project = "tidal", wandb_dir = ""
 
 Any key can also be set on the command line as `--section.key VALUE` (`load_config(path, overrides)`: the pairs are
 applied to the parsed document before validation; cli/configargs.py, decision 87).
@@ -172,6 +173,11 @@ class TrainSection:
     inject_nan: str = ""  # test hook: "RANK@STEP" or "RANK@FIRST-LAST" makes that rank's gradients NaN at those steps
     # warn (one line) when the median |measured / estimated - 1| of the first measured steps exceeds this (decision 87)
     cost_model_warn: float = 0.2
+    # optional metric writers on rank 0 (cli/writers.py; docs/training.md "Logging")
+    tensorboard: str = ""  # TensorBoard log directory (needs the tensorboard package); empty: off
+    wandb: str = ""  # "offline": a W&B run written locally, uploaded later with `wandb sync`; empty: off
+    wandb_project: str = "tidal"
+    wandb_dir: str = ""  # where the offline run goes (W&B's default, ./wandb, when empty)
 
     def __post_init__(self) -> None:
         if self.master_dtype not in MASTER_DTYPES:

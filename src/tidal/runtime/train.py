@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import resource
 import signal
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from tidal.core.scheme import parse_strategies
 from tidal.core.strategy import Strategy, place
 from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.costmodel.fitted import load_cost_model
+from tidal.costmodel.flops import mfu, peak_flops, train_flops
 from tidal.costmodel.memory import MemoryConfig, executor_memory
 from tidal.data.accounting import EpochLedger
 from tidal.data.corpus import corpus_from_spec
@@ -200,9 +202,19 @@ class RunResult:
     stop: tuple[int, str] | None = None  # why the run stopped early: (exit code, one line); None = it ran to the end
 
 
+def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
+    """This rank's peak memory so far and what it counts: ("cuda", CUDA's `max_memory_allocated` on `device`), or
+    ("rss", the process's peak resident set size from `getrusage`, on a CPU; it includes the interpreter and torch's
+    libraries, about 0.3-0.4 GiB, so it is an upper bound on the training state, not comparable to the CUDA figure)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "cuda"
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "rss"  # Linux: KiB
+
+
 def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict], None] | None = None,
                  record: bool = False, plan_factory: Callable[[], object] | None = None,
-                 plan_state: dict | None = None, progress: Progress | None = None) -> RunResult:
+                 plan_state: dict | None = None, progress: Progress | None = None,
+                 log: Callable[[str], None] | None = None) -> RunResult:
     """One rank's training loop. With `record`, each row also lists the (doc_id, start, length) of every sequence
     trained that step (`docs_run`), and the final optimizer state is gathered, for replay by a reference.
 
@@ -212,7 +224,10 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
     Reliability (decisions 80-81): SIGTERM/SIGINT stop every rank at the same step boundary with a checkpoint (the
     flag travels in the per-step all-gather); a step with a non-finite loss or gradient on any rank is skipped on all
     ranks, and `[train] max_consecutive_skips` in a row stop the run (no checkpoint from such a streak). Each rank
-    marks where it is in `progress` (the launcher names a rank that does not arrive at a collective)."""
+    marks where it is in `progress` (the launcher names a rank that does not arrive at a collective).
+
+    `log` (rank 0's, optional) gets one line per start-up phase, resume and completed checkpoint."""
+    say = log if (log is not None and rank == 0) else (lambda line: None)
     torch.set_num_threads(1)  # ranks share the machine's cores; one intra-op thread each
     marks = RankMarks(progress, rank)
     stop = StopRequest(job.config.train.stop_grace_s, f"rank {rank}").install()
@@ -238,12 +253,17 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
     try:
         groups = GroupCache()
         executor = Executor(job.spec, job.cluster, job.candidates, job.exec_config, cfg.optimizer, groups)
+        t_warm = time.perf_counter()
+        say(f"warming up {len(job.candidates)} candidate strategies on {world} ranks ({dist.get_backend()})")
         executor.warm_up(min(256, cfg.data.max_len))  # first-use costs of each candidate, before any timed step
+        say(f"warm-up done in {time.perf_counter() - t_warm:.1f} s")
         if resume is not None:
+            t_load = time.perf_counter()
             executor.load_checkpoint(resume[0])
+            say(f"resumed from {resume[0]} at step {done} ({time.perf_counter() - t_load:.1f} s)")
         if cfg.train.checkpoint_dir:  # a gloo group of its own, created here on every rank
             saver = ckptdir.Saver(cfg.train.checkpoint_dir, keep=cfg.train.keep_checkpoints,
-                                  use_async=cfg.train.async_checkpoint, config=cfg.to_dict())
+                                  use_async=cfg.train.async_checkpoint, config=cfg.to_dict(), announce=say)
         corpus = open_corpus(cfg, job.spec)
         ledger = make_ledger(job, corpus) if rank == 0 else None
         if ledger is not None and resume is not None and resume[1]["state"].get("ledger") is not None:
@@ -263,6 +283,7 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
             ckptdir.truncate_metrics(cfg.train.metrics, done)
         out = open(cfg.train.metrics, mode) if (rank == 0 and cfg.train.metrics) else None  # noqa: SIM115
         saved = done
+        say(f"training steps {done + 1}-{cfg.train.steps}")
         with StepGC(cfg.train.gc_every) as sgc:  # Python's GC at step boundaries (decision 66)
             for _ in range(cfg.train.steps - done):
                 t_loop = time.perf_counter()
@@ -287,8 +308,9 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
                 gc_s = sgc.after_step(done + 1)  # between steps on every rank, outside the timed regions
                 marks(done + 1, "metrics all-gather")
                 # per-rank figures, then this rank's stop request and non-finite flag (every rank reads every rank's)
+                mem, mem_kind = peak_memory_bytes(executor.device)
                 mine = torch.tensor([gc_s if f == "gc_s" else getattr(m, f) for f in _RANK_FIELDS]
-                                    + [stop.signum, m.optim.get("local_bad", 0.0)],
+                                    + [mem, stop.signum, m.optim.get("local_bad", 0.0)],
                                     dtype=torch.float64, device=executor.device)
                 every = [torch.zeros_like(mine) for _ in range(world)]
                 dist.all_gather(every, mine)
@@ -299,6 +321,7 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
                 skips, consecutive = skips + skipped, (consecutive + 1 if skipped else 0)
                 if rank == 0:
                     row = _row(index, step, job, m, per_rank, plans.plan_s, delay)
+                    row.update(peak_mem_bytes=[int(x) for x in gathered[:, len(_RANK_FIELDS)]], mem_kind=mem_kind)
                     row.update(plan_cpu_s=plans.plan_cpu_s, plan_wait_s=plan_wait_s,
                                loop_s=time.perf_counter() - t_loop)
                     busy = per_rank[:, _RANK_FIELDS.index("compute_busy_s")]
@@ -404,6 +427,7 @@ def _row(index: int, step: StepPlan, job: Prepared, m, per_rank: np.ndarray, pla
     col = {f: per_rank[:, i] for i, f in enumerate(_RANK_FIELDS)}
     busy = col["busy_s"]
     wall = float(col["wall_s"].max())
+    flops = train_flops(job.spec, (step.seq_lengths[i] for p in step.pipelines for mb in p.micro_batches for i in mb))
     return {
         "step": index,
         "strategy": str(job.candidates[step.strategy]),
@@ -433,10 +457,9 @@ def _row(index: int, step: StepPlan, job: Prepared, m, per_rank: np.ndarray, pla
         "grad_norm": m.optim.get("grad_norm", math.nan),
         "lr": m.optim.get("lr", math.nan),
         "tokens_per_s": m.tokens / wall if wall > 0 else 0.0,
-        # the step's work beside its tokens: causal (query, key) pairs, for attention FLOPs and MFU (sum l(l+1)/2),
-        # and the largest micro-batch's tokens, for the memory model's peak (benchmarks/gpu_run.py)
-        "causal_pairs": sum(step.seq_lengths[i] * (step.seq_lengths[i] + 1) // 2
-                            for p in step.pipelines for mb in p.micro_batches for i in mb),
+        # the largest micro-batch's tokens, for the memory model's peak (benchmarks/gpu_run.py)
         "max_mb_tokens": max((sum(step.seq_lengths[i] for i in mb) for p in step.pipelines for mb in p.micro_batches),
                              default=0),
+        "model_flops": flops,
+        "mfu": mfu(flops, wall, peak_flops(job.cluster)),
     }
