@@ -90,6 +90,16 @@ def test_backend_choice_is_explained():
     assert explain_backend("reference", "cpu", torch.float32) == ("reference", [])
 
 
+def test_flex_on_cuda_needs_head_dim_16():
+    """Inductor's FlexAttention kernel refuses head dim < 16 on CUDA (seen on an H200): auto and a named flex fall
+    back to sdpa there, saying why; from 16 up flex is chosen. (Device strings only: no GPU needed.)"""
+    chosen, skipped = explain_backend("auto", "cuda", torch.bfloat16, head_dim=8)
+    assert chosen == "sdpa" and dict(skipped)["flex"] == "compiled kernel needs head dim >= 16, got 8"
+    assert explain_backend("flex", "cuda", torch.bfloat16, head_dim=8)[0] == "sdpa"
+    assert explain_backend("flex", "cuda", torch.bfloat16, head_dim=16)[0] == "flex"
+    assert explain_backend("flex", "cuda", torch.bfloat16)[0] == "flex"  # head dim unknown: not checked
+
+
 def test_flex_block_mask_is_built_once_per_micro_batch(monkeypatch):
     """Every layer of a micro-batch shares one FlexAttention block mask (cached on the VarlenMeta the layers share);
     a new micro-batch builds its own."""

@@ -132,7 +132,13 @@ def _flex_fn():
     return flex_attention, create_block_mask
 
 
-def _unavailable(name: str, cuda: bool, dtype: torch.dtype, needs_grad: bool, auto: bool) -> str:
+# FlexAttention's compiled (Inductor/Triton) kernel on CUDA refuses head dimensions below 16 ("NYI: embedding
+# dimension of the query, key, and value must be at least 16", seen on an H200 with torch 2.11, docs/runtime.md)
+FLEX_MIN_HEAD_DIM = 16
+
+
+def _unavailable(name: str, cuda: bool, dtype: torch.dtype, needs_grad: bool, auto: bool,
+                 head_dim: int | None = None) -> str:
     """Why backend `name` cannot (or, under auto, should not) run here; empty when it can."""
     if name == "flash":
         if not cuda:
@@ -147,35 +153,39 @@ def _unavailable(name: str, cuda: bool, dtype: torch.dtype, needs_grad: bool, au
             return "no FlexAttention backward on CPU"
         if not cuda and auto:
             return "eager on CPU (materialises [Tq, Tk]; slower than sdpa)"
+        if cuda and head_dim is not None and head_dim < FLEX_MIN_HEAD_DIM:
+            return f"compiled kernel needs head dim >= {FLEX_MIN_HEAD_DIM}, got {head_dim}"
     return ""
 
 
 def explain_backend(name: str, device: torch.device | str, dtype: torch.dtype,
-                    needs_grad: bool = True) -> tuple[str, list[tuple[str, str]]]:
-    """(backend that runs, [(faster backend passed over, why)]) for a request of `name` on `device` in `dtype`."""
+                    needs_grad: bool = True, head_dim: int | None = None) -> tuple[str, list[tuple[str, str]]]:
+    """(backend that runs, [(faster backend passed over, why)]) for a request of `name` on `device` in `dtype`, for
+    attention heads of `head_dim` (None: not checked)."""
     if name not in BACKENDS:
         raise TidalError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKENDS)}")
     cuda = torch.device(device).type == "cuda"
     chain = FALLBACK if name == "auto" else FALLBACK[FALLBACK.index(name):]
     skipped = []
     for b in chain:
-        why = _unavailable(b, cuda, dtype, needs_grad, name == "auto")
+        why = _unavailable(b, cuda, dtype, needs_grad, name == "auto", head_dim)
         if not why:
             return b, skipped
         skipped.append((b, why))
     raise AssertionError("unreachable: the reference backend is always available")
 
 
-def describe_backend(name: str, device: torch.device | str, dtype: torch.dtype, needs_grad: bool = True) -> str:
+def describe_backend(name: str, device: torch.device | str, dtype: torch.dtype, needs_grad: bool = True,
+                     head_dim: int | None = None) -> str:
     """One line for logs: 'sdpa (auto; flash: needs CUDA; flex: no FlexAttention backward on CPU)'."""
-    chosen, skipped = explain_backend(name, device, dtype, needs_grad)
+    chosen, skipped = explain_backend(name, device, dtype, needs_grad, head_dim)
     reasons = "; ".join(f"{b}: {why}" for b, why in skipped)
     return f"{chosen} ({name}{'; ' + reasons if reasons else ''})"
 
 
 def resolve_backend(name: str, q: torch.Tensor, needs_grad: bool) -> str:
     """The backend `varlen_attention` will run for this request: `name` if usable, else the next in FALLBACK."""
-    return explain_backend(name, q.device, q.dtype, needs_grad)[0]
+    return explain_backend(name, q.device, q.dtype, needs_grad, q.shape[-1])[0]
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: VarlenMeta,

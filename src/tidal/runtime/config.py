@@ -19,7 +19,7 @@ Sections and keys (all optional except where noted; see docs/training.md for the
                  plan_ahead = 2, checkpoint_dir = "", checkpoint_every = 0, resume = false, keep_checkpoints = 3,
                  async_checkpoint = true, gc_every = 1,
                  collective_timeout_s = 600, stop_grace_s = 60, max_consecutive_skips = 3, inject_nan = "",
-                 cost_model_warn = 0.2,
+                 cost_model_warn = 0.2, tf32 = true,
                  tensorboard = "" (log dir), wandb = "" | "offline", wandb_project = "tidal", wandb_dir = ""
 
 Any key can also be set on the command line as `--section.key VALUE` (`load_config(path, overrides)`: the pairs are
@@ -173,6 +173,9 @@ class TrainSection:
     inject_nan: str = ""  # test hook: "RANK@STEP" or "RANK@FIRST-LAST" makes that rank's gradients NaN at those steps
     # warn (one line) when the median |measured / estimated - 1| of the first measured steps exceeds this (decision 87)
     cost_model_warn: float = 0.2
+    # TF32 for fp32 matmuls on CUDA ranks (the default, as PyTorch recommends for training); false: full fp32, e.g. to
+    # compare an fp32 GPU run with the CPU reference at fp32 tolerances (tests/runtime/test_cuda.py). No effect on CPU.
+    tf32: bool = True
     # optional metric writers on rank 0 (cli/writers.py; docs/training.md "Logging")
     tensorboard: str = ""  # TensorBoard log directory (needs the tensorboard package); empty: off
     wandb: str = ""  # "offline": a W&B run written locally, uploaded later with `wandb sync`; empty: off

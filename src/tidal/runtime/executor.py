@@ -169,7 +169,8 @@ class Executor(ExecutorState):
             if cfg.overlap_pull:
                 self._install_hooks(model, k)
         # the attention kernel every stage runs, with why faster ones were passed over (reported in the step rows)
-        self.attn_backend = describe_backend(cfg.attn_backend, self.device, self.compute_dtype)
+        self.attn_backend = describe_backend(cfg.attn_backend, self.device, self.compute_dtype,
+                                             head_dim=spec.head_dim)
         self._active: int | None = None
         self._pull_wait_cpu = 0.0
         self._init_master()

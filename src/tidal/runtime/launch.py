@@ -31,14 +31,14 @@ from tidal.core.errors import EXIT_RANK, EXIT_TIMEOUT, RunFailure
 from tidal.runtime.lifecycle import LauncherSignals, die_with_parent, exit_code_for
 
 
-def cuda_defaults() -> None:
-    """A CUDA rank's numeric defaults, set once where the rank process starts (never at import): TF32 for fp32
-    matmuls and cuDNN convolutions (fp32 master-weight arithmetic outside the bf16 compute keeps full precision:
-    the optimizer's element-wise ops do not use TF32)."""
+def cuda_defaults(tf32: bool = True) -> None:
+    """A CUDA rank's numeric defaults, set where the rank process starts (never at import): TF32 for fp32 matmuls
+    and cuDNN convolutions unless `tf32` is False (`[train] tf32`; fp32 master-weight arithmetic outside the bf16
+    compute keeps full precision: the optimizer's element-wise ops do not use TF32)."""
     import torch
 
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
 
 
 def _worker(rank: int, world_size: int, store_path: str, backend: str, timeout_s: float, fn: Callable, args: tuple,

@@ -232,7 +232,7 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
     marks = RankMarks(progress, rank)
     stop = StopRequest(job.config.train.stop_grace_s, f"rank {rank}").install()
     if dist.get_backend() == "nccl":
-        cuda_defaults()  # TF32 on (also set by run_distributed's ranks; this covers torchrun's)
+        cuda_defaults(job.config.train.tf32)  # TF32 per [train] tf32 (run_distributed's ranks set it on first)
     cfg = job.config
     resume = None
     if cfg.train.resume:
