@@ -18,9 +18,11 @@ import numpy as np
 from tidal.core import get_cluster, get_model, parse_strategy, place
 from tidal.costmodel import LatencyCoeffs, default_cost_model
 from tidal.data import sample_steps
+from tidal.planner.baselines.fixed import pack_fixed
+from tidal.planner.baselines.hydraulis import dispatch_hydraulis
 from tidal.planner.bounds import PipeCost
-from tidal.planner.dispatch import dispatch, dispatch_hydraulis
-from tidal.planner.packing import pack, pack_fixed
+from tidal.planner.dispatch import dispatch
+from tidal.planner.packing import pack
 from tidal.planner.select import StrategyProfile, assign, profile_strategies, select_step
 
 MODEL = "llama2-7b"
