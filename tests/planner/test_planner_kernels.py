@@ -124,7 +124,7 @@ def test_compiled_ffd_matches_plain():
         M = int(rng.integers(10, 500))
         l_ = rng.integers(1, M + 1, size=int(rng.integers(1, 150))).astype(np.int64)
         order = np.argsort(-l_, kind="stable")
-        np.testing.assert_array_equal(kp.COMPILED._ffd(l_, order, M), kp.PLAIN._ffd(l_, order, M))
+        np.testing.assert_array_equal(kp.COMPILED.ffd(l_, order, M), kp.PLAIN.ffd(l_, order, M))
 
 
 def test_compiled_pack_matches_plain():

@@ -112,7 +112,7 @@ def _refine(bin_of, l_, w, T, tok, V, M, rounds, max_docs):
             bin_of[be] = b
 
 
-def _ffd(l_, order, M):
+def ffd(l_, order, M):
     """Token first-fit-decreasing: each sequence (in `order`) into the first bin with room, else a new one."""
     room = np.empty(l_.size, np.int64)
     nb = 0
@@ -157,7 +157,7 @@ def _class_bfd(l_, w, order, nb, kcap, wcap):
     return out
 
 
-def _pk_score(bin_of, w, c, pp):
+def pack_score(bin_of, w, c, pp):
     """(PP - 1 + used micro-batches) * (c + the slowest one's work), sums in index order."""
     nb = 0
     for i in range(bin_of.size):
@@ -178,7 +178,7 @@ def _pk_score(bin_of, w, c, pp):
     return (pp - 1 + used) * (c + mx)
 
 
-def _pk_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins, best):
+def pack_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins, best):
     """pack_search's attempt(V): LPT into V micro-batches and the move/swap rounds, unless V was tried or its bound
     cannot beat `best`. Returns (value, best bins, best)."""
     if not vmin <= V <= l_.size:
@@ -199,7 +199,7 @@ def _pk_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bi
         for k in range(V):
             T[k] = T[k] + c
         refine(bin_of, l_, w, T, tok, V, M, rounds, 32)
-        val = _pk_score(bin_of, w, c, pp)
+        val = pack_score(bin_of, w, c, pp)
     tried[V] = val
     if val < best:
         return val, bin_of, val
@@ -211,8 +211,8 @@ def _pack_search(l_, w, order, M, c, pp, W, wmax, vmin, v_opt, v_hi, rounds):
     count, within [vmin, v_hi]) by (bound f(V), V), then a walk from the incumbent's V while it improves; a V whose
     bound cannot beat the incumbent is skipped. Returns (bins, score)."""
     n = l_.size
-    best_bins = _ffd(l_, order, M)
-    best = _pk_score(best_bins, w, c, pp)
+    best_bins = ffd(l_, order, M)
+    best = pack_score(best_bins, w, c, pp)
     tried = np.full(n + 1, np.nan)
     top = 0  # FFD's largest bin index
     for i in range(n):
@@ -240,7 +240,7 @@ def _pack_search(l_, w, order, M, c, pp, W, wmax, vmin, v_opt, v_hi, rounds):
             else:
                 break
     for t in range(nc):
-        _, best_bins, best = _pk_attempt(cands[t], l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins,
+        _, best_bins, best = pack_attempt(cands[t], l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins,
                                          best)
     seen = np.zeros(n + 1, np.bool_)
     v_best = 0
@@ -251,7 +251,7 @@ def _pack_search(l_, w, order, M, c, pp, W, wmax, vmin, v_opt, v_hi, rounds):
     for step in (1, -1):
         V = v_best + step
         while vmin <= V <= n:
-            val, best_bins, best = _pk_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins,
+            val, best_bins, best = pack_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins,
                                                best)
             if not val <= best:
                 break
@@ -438,7 +438,7 @@ def _mode_violated(U, wt, cnt, Y, rounds):
 
 
 # the packer's loops by the names their callers use, plain and compiled
-_PACK = {"lpt": _lpt, "refine": _refine, "_ffd": _ffd, "_pk_score": _pk_score, "_pk_attempt": _pk_attempt,
+_PACK = {"lpt": _lpt, "refine": _refine, "ffd": ffd, "pack_score": pack_score, "pack_attempt": pack_attempt,
          "pack_search": _pack_search}
 PLAIN = plain(_PACK, {"np": np, "pipe_value": pipe_value})
 
@@ -448,14 +448,14 @@ if AVAILABLE:
     mode_violated = njit(cache=True)(_mode_violated)
     lpt = njit(cache=True)(_lpt)
     refine = njit(cache=True)(_refine)
-    _ffd = njit(cache=True)(_ffd)
-    _pk_score = njit(cache=True)(_pk_score)
-    _pk_attempt = njit(cache=True)(_pk_attempt)
+    ffd = njit(cache=True)(ffd)
+    pack_score = njit(cache=True)(pack_score)
+    pack_attempt = njit(cache=True)(pack_attempt)
     pack_search = njit(cache=True)(_pack_search)
     _ts_expand = njit(cache=True)(_ts_expand)
     top_search = njit(cache=True)(_top_search)
     class_bfd = njit(cache=True)(_class_bfd)
-    COMPILED = types.SimpleNamespace(lpt=lpt, refine=refine, _ffd=_ffd, _pk_score=_pk_score, _pk_attempt=_pk_attempt,
+    COMPILED = types.SimpleNamespace(lpt=lpt, refine=refine, ffd=ffd, pack_score=pack_score, pack_attempt=pack_attempt,
                                      pack_search=pack_search)
 else:  # pragma: no cover
     top_search = mode_violated = class_bfd = COMPILED = None

@@ -111,8 +111,8 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
             if bound(V) >= best * (1 - 1e-9):
                 break
             b = pack_milp_fixed_v(l_, w, V, max_len, c, time_limit=time_limit)
-            if b is not None and loops._pk_score(b, w, c, pp) < best:
-                best_bins, best = b, loops._pk_score(b, w, c, pp)
+            if b is not None and loops.pack_score(b, w, c, pp) < best:
+                best_bins, best = b, loops.pack_score(b, w, c, pp)
     # renumber bins densely (np.unique's inverse, without its sort), and check MaxLen here, where it is one bincount:
     # select._pack_groups trusts pack's micro-batches (each sequence exactly once by construction of finish)
     used = np.bincount(best_bins) > 0

@@ -23,4 +23,4 @@ def pack_fixed(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: 
         from tidal.planner import kernels_pack
 
         loops = kernels_pack.loops()
-    return finish(loops._ffd(l_, np.argsort(-l_, kind="stable"), max_len), l_, coeffs, pp)
+    return finish(loops.ffd(l_, np.argsort(-l_, kind="stable"), max_len), l_, coeffs, pp)
