@@ -1,6 +1,13 @@
-"""Planner worst-case grid (issue 9): per-step plan time (median / p90 / max, CPU and wall) and est / bound over
-models x clusters x candidate sets x length sources x seeds, with a column against Hydraulis' dispatch followed by the
-same packer. Run through `python benchmarks/planner.py --grid [--models ...] [--clusters ...] ...`.
+"""Planner worst-case grid (issue 9): per-step plan time (median / p90 / max, CPU and wall) and est / bound (median /
+p90 / worst) over models x clusters x candidate sets x length sources x seeds, with a column against Hydraulis'
+dispatch followed by the same packer. Run through `python benchmarks/planner.py --grid [--models ...] ...`.
+
+Tuning and held-out (issue 27 item 5): every constant of the planner's passes (decisions 56-69, PlannerConfig) was
+chosen on the grid's tuning seeds 0, 1, 2 (steps 0-9 of each; --seeds) of the four tuning sources (commoncrawl,
+github, flanv2, heavytail). Each cell also runs on held-out seeds (--held-out-seeds, default 10, 11, 12), and on the
+held-out source `stdlib` (--held-out-sources; never tuned on; held-out seeds only): the byte sizes of the running
+Python's standard-library files, tests included (data/corpus.StdlibCorpus, `stdlib:tests`), divided by 3.2 bytes per
+token (the ratio the github source's provenance uses) and rounded up. Rows say which split they are ("split").
 
 Tokens per step: 200K for <= 64 GPUs, 800K for 256 (the same 3,125 tokens per GPU as 200K on 64 and 3.2M on 1024),
 3.2M for 1024. Proposal candidates are computed once per (model, cluster, source) in a run (the DP takes seconds).
@@ -20,15 +27,16 @@ import numpy as np
 from tidal.core import TidalError, get_cluster, get_model, parse_strategy, place
 from tidal.costmodel import default_cost_model
 from tidal.data import sample_steps
+from tidal.planner.baselines.hydraulis import dispatch_hydraulis
 from tidal.planner.bounds_lp import prove_selection
-from tidal.planner.dispatch import dispatch_hydraulis
 from tidal.planner.packing import pack
 from tidal.planner.select import assign, profile_strategies, select_step
 
 MAX_LEN = 32768
 MODELS = ("llama2-7b", "llama2-13b", "llama-32b")
 CLUSTERS = ("a800x16", "a800x32", "a800x64", "a800x256", "a800x1024")
-SOURCES = ("commoncrawl", "github", "flanv2", "heavytail")
+SOURCES = ("commoncrawl", "github", "flanv2", "heavytail")  # the tuning sources
+HELD_OUT_SOURCES = ("stdlib",)
 TOKENS = {16: 200_000, 32: 200_000, 64: 200_000, 256: 800_000, 1024: 3_200_000}
 # Hand lists: 10 templates on 16 GPUs, every count scaled by N / 16. llama-32b needs TP >= 4 (TP 1-2 hold < 100 tokens).
 HAND16 = {
@@ -61,10 +69,23 @@ def heavytail_file(tmp: Path) -> str:
     return f"lengths:{path}"
 
 
+def stdlib_file(tmp: Path) -> str:
+    """The held-out source: the standard library's file sizes (bytes, tests included) / 3.2 bytes per token, rounded
+    up, in the corpus' file order."""
+    from tidal.data.corpus import StdlibCorpus
+
+    src = StdlibCorpus(include_tests=True).length_source()
+    x = -(-src.lengths(0, len(src)).astype(np.int64) * 10 // 32)
+    path = tmp / "stdlib.npy"
+    np.save(path, x)
+    return f"lengths:{path}"
+
+
 class Grid:
     def __init__(self, tmp: Path):
         self.specs = {s: f"synthetic:{s}" for s in SOURCES if s != "heavytail"}
         self.specs["heavytail"] = heavytail_file(tmp)
+        self.specs["stdlib"] = stdlib_file(tmp)
         self.cache: dict = {}
 
     def candidates(self, model: str, cluster: str, how: str, source: str):
@@ -98,10 +119,12 @@ def q(xs, p):
     return float(np.quantile(np.asarray(xs, dtype=np.float64), p)) if len(xs) else float("nan")
 
 
-def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, budget_ms, prove=False):
+def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, budget_ms, prove=False,
+             split="tuning"):
+    # the proposal of a held-out source is made from its own lengths (seed 99), as for every source
     names, profs, prop_s = grid.candidates(model, cluster, how, source)
-    row = {"model": model, "cluster": cluster, "cands": how, "source": source, "n_cands": len(names),
-           "proposal_s": prop_s, "names": names}
+    row = {"model": model, "cluster": cluster, "cands": how, "source": source, "split": split,
+           "seeds": ",".join(str(s) for s in seeds), "n_cands": len(names), "proposal_s": prop_s, "names": names}
     if not profs:
         row["error"] = "no candidates"
         return row
@@ -172,24 +195,25 @@ def _hydraulis(l_, prof, trials):
 
 
 def fmt(row) -> str:
+    head = f"| {row['model']} | {row['cluster']} | {row['cands']} | {row['source']} | {row.get('split', 'tuning')} |"
     if "cpu_med" not in row:
-        return f"| {row['model']} | {row['cluster']} | {row['cands']} | {row['source']} | {row.get('error')} |"
+        return f"{head} {row.get('error')} |"
     hy = (f" {row['hy_loss']}/{row['hy_pairs']} | {row['hy_worst']:.3f} | {row['hy_step_med']:.3f} |"
           if "hy_pairs" in row else " - | - | - |")
-    return (f"| {row['model']} | {row['cluster']} | {row['cands']} | {row['source']} | {row['n_cands']} | "
+    return (f"{head} {row['n_cands']} | "
             f"{row['seqs']} | {row['cpu_med']:.1f} | {row['cpu_p90']:.1f} | {row['cpu_max']:.1f} | "
             f"{row['wall_med']:.1f} | {row['wall_p90']:.1f} | {row['wall_max']:.1f} | {row['r_med']:.4f} | "
-            f"{row['r_max']:.4f} |{hy}" + (f" cut short: {row['cut']}/{row['steps']} |" if row.get("cut") else "")
+            f"{row['r_p90']:.4f} | {row['r_max']:.4f} |{hy}"
+            + (f" cut short: {row['cut']}/{row['steps']} |" if row.get("cut") else "")
             + (f" proved: est/lb med {row['r_med']:.4f} (select_step's {row['r_med_plain']:.4f}), proof cpu ms med "
                f"{row['proof_med']:.1f} p90 {row['proof_p90']:.1f} max {row['proof_max']:.1f} |" if "proof_med" in row
                else "")
             + (f" {row['error']}" if row.get("error") else ""))
 
 
-HEADER = ("| model | cluster | cands | source | #c | seqs | cpu med | cpu p90 | cpu max | wall med | wall p90 "
-          "| wall max "
-          "| est/lb med | est/lb max | lose vs hy | ours/hy worst | step est/hy med |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| model | cluster | cands | source | split | #c | seqs | cpu med | cpu p90 | cpu max | wall med | wall p90 "
+          "| wall max | est/lb med | est/lb p90 | est/lb max | lose vs hy | ours/hy worst | step est/hy med |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def warm_kernels() -> float:
@@ -210,51 +234,68 @@ def warm_kernels() -> float:
     return time.perf_counter() - t0
 
 
+def splits(args) -> list[tuple[str, list[int], list[str]]]:
+    """(split, seeds, sources): the tuning seeds on the tuning sources given, then the held-out seeds on those and on
+    the held-out sources."""
+    tuned = [x for x in args.sources.split(",") if x]
+    out = [("tuning", [int(x) for x in args.seeds.split(",")], tuned)]
+    held = [int(x) for x in getattr(args, "held_out_seeds", "").split(",") if x]
+    if held:
+        out.append(("held-out", held, tuned + [x for x in getattr(args, "held_out_sources", "").split(",") if x]))
+    return out
+
+
 def main(args) -> None:
-    seeds = [int(s) for s in args.seeds.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         grid = Grid(Path(tmp))
-        print(f"grid: steps/seed {args.steps}, seeds {seeds}, hydraulis trials {args.hy_trials}, "
-              f"budget {args.budget_ms} ms; times in ms per step (cpu = thread_time); compiled planner loops "
-              f"loaded in {warm_kernels():.2f} s (once per process, not in any step)")
+        print(f"grid: steps/seed {args.steps}, splits {[(n, sd, src) for n, sd, src in splits(args)]}, hydraulis "
+              f"trials {args.hy_trials}, budget {args.budget_ms} ms; times in ms per step (cpu = thread_time); "
+              f"compiled planner loops loaded in {warm_kernels():.2f} s (once per process, not in any step)")
         print(HEADER)
         for model in args.models.split(","):
             for cluster in args.clusters.split(","):
                 for how in args.cands.split(","):
-                    for source in args.sources.split(","):
-                        trials = args.hy_trials if get_cluster(cluster).num_devices <= args.hy_max_devices else 0
-                        row = run_cell(grid, model, cluster, how, source, seeds, args.steps, trials, args.budget_ms,
-                                       args.prove)
-                        rows.append(row)
-                        print(fmt(row), flush=True)
+                    for split, seeds, sources in splits(args):
+                        for source in sources:
+                            trials = args.hy_trials if get_cluster(cluster).num_devices <= args.hy_max_devices else 0
+                            row = run_cell(grid, model, cluster, how, source, seeds, args.steps, trials,
+                                           args.budget_ms, args.prove, split)
+                            rows.append(row)
+                            print(fmt(row), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1, default=float))
     summary(rows)
 
 
 def summary(rows) -> None:
-    ok = [r for r in rows if "cpu_med" in r]
-    print("\n| GPUs | cells | worst cpu p90 ms (cell) | worst wall p90 ms | median est/lb (all steps' cell medians) "
-          "| worst cell est/lb med |")
-    print("|---|---|---|---|---|---|")
-    for n in sorted({get_cluster(r["cluster"]).num_devices for r in ok}):
-        rs = [r for r in ok if get_cluster(r["cluster"]).num_devices == n]
-        w = max(rs, key=lambda r: r["cpu_p90"])
-        print(f"| {n} | {len(rs)} | {w['cpu_p90']:.1f} ({w['model']} {w['cands']} {w['source']}) | "
-              f"{max(r['wall_p90'] for r in rs):.1f} | {np.median([r['r_med'] for r in rs]):.4f} | "
-              f"{max(r['r_med'] for r in rs):.4f} |")
-    for how in ("proposal", "hand"):
-        rs = [r["r_med"] for r in ok if r["cands"] == how]
-        if rs:
-            print(f"{how}: median over cells of the median est/lb {np.median(rs):.4f}, cells with median <= 1.01: "
-                  f"{sum(x <= 1.01 for x in rs)}/{len(rs)}")
-    hy = [r for r in ok if "hy_pairs" in r]
-    if hy:
-        print(f"\nvs dispatch_hydraulis + same packer: {sum(r['hy_loss'] for r in hy)} losses over "
-              f"{sum(r['hy_pairs'] for r in hy)} (step, candidate) pairs; worst ours/hydraulis "
-              f"{max(r['hy_worst'] for r in hy):.4f}; per step, best plan / best Hydraulis plan over candidates: "
-              f"median of cell medians {np.median([r['hy_step_med'] for r in hy]):.3f}")
+    for split in ("tuning", "held-out"):
+        ok = [r for r in rows if "cpu_med" in r and r.get("split", "tuning") == split]
+        if not ok:
+            continue
+        print(f"\n{split} (seeds {'; '.join(sorted({r.get('seeds', '?') for r in ok}))}; sources "
+              f"{', '.join(sorted({r['source'] for r in ok}))})")
+        print("| GPUs | cells | worst cpu p90 ms (cell) | worst wall p90 ms | median est/lb (all cells' medians) "
+              "| worst cell est/lb med | worst cell est/lb p90 | worst step est/lb |")
+        print("|---|---|---|---|---|---|---|---|")
+        for n in sorted({get_cluster(r["cluster"]).num_devices for r in ok}):
+            rs = [r for r in ok if get_cluster(r["cluster"]).num_devices == n]
+            w = max(rs, key=lambda r: r["cpu_p90"])
+            print(f"| {n} | {len(rs)} | {w['cpu_p90']:.1f} ({w['model']} {w['cands']} {w['source']}) | "
+                  f"{max(r['wall_p90'] for r in rs):.1f} | {np.median([r['r_med'] for r in rs]):.4f} | "
+                  f"{max(r['r_med'] for r in rs):.4f} | {max(r.get('r_p90', np.nan) for r in rs):.4f} | "
+                  f"{max(r['r_max'] for r in rs):.4f} |")
+        for how in ("proposal", "hand"):
+            rs = [r["r_med"] for r in ok if r["cands"] == how]
+            if rs:
+                print(f"{how}: median over cells of the median est/lb {np.median(rs):.4f}, cells with median <= 1.01: "
+                      f"{sum(x <= 1.01 for x in rs)}/{len(rs)}")
+        hy = [r for r in ok if "hy_pairs" in r]
+        if hy:
+            print(f"vs dispatch_hydraulis + same packer: {sum(r['hy_loss'] for r in hy)} losses over "
+                  f"{sum(r['hy_pairs'] for r in hy)} (step, candidate) pairs; worst ours/hydraulis "
+                  f"{max(r['hy_worst'] for r in hy):.4f}; per step, best plan / best Hydraulis plan over candidates: "
+                  f"median of cell medians {np.median([r['hy_step_med'] for r in hy]):.3f}")
 
 
 def load_rows(path: str) -> list[dict]:
@@ -265,25 +306,29 @@ def load_rows(path: str) -> list[dict]:
         if one.endswith(".json"):
             rows += json.loads(text)
             continue
-        keys = ("n_cands", "seqs", "cpu_med", "cpu_p90", "cpu_max", "wall_med", "wall_p90", "wall_max", "r_med",
-                "r_max")
         for line in text.splitlines():
             f = [x.strip() for x in line.strip().strip("|").split("|")]
-            if len(f) < 14 or f[0] not in MODELS:
+            if len(f) < 5 or f[0] not in MODELS:
                 continue
-            r = dict(model=f[0], cluster=f[1], cands=f[2], source=f[3])
+            split = f[4] in ("tuning", "held-out")  # this table's format, else the one before the split column
+            keys = ("n_cands", "seqs", "cpu_med", "cpu_p90", "cpu_max", "wall_med", "wall_p90", "wall_max", "r_med",
+                    "r_p90", "r_max") if split else ("n_cands", "seqs", "cpu_med", "cpu_p90", "cpu_max", "wall_med",
+                                                     "wall_p90", "wall_max", "r_med", "r_max")
+            k0 = 5 if split else 4
+            r = dict(model=f[0], cluster=f[1], cands=f[2], source=f[3], split=f[4] if split else "tuning")
             try:
-                r.update({k: float(v) for k, v in zip(keys, f[4:14])})
-            except ValueError:
-                r["error"] = f[4]
+                r.update({k: float(v) for k, v in zip(keys, f[k0:k0 + len(keys)])})
+            except (ValueError, IndexError):
+                r["error"] = f[k0]
                 rows.append(r)
                 continue
-            tail = " ".join(x for x in f[17:] if x)
+            h = k0 + len(keys)
+            tail = " ".join(x for x in f[h + 3:] if x)
             if "failed" in tail:
                 r["error"] = tail
-            if f[14] != "-":
-                lost, pairs = f[14].split("/")
-                r.update(hy_loss=int(lost), hy_pairs=int(pairs), hy_worst=float(f[15]), hy_step_med=float(f[16]))
+            if f[h] != "-":
+                lost, pairs = f[h].split("/")
+                r.update(hy_loss=int(lost), hy_pairs=int(pairs), hy_worst=float(f[h + 1]), hy_step_med=float(f[h + 2]))
             rows.append(r)
     return rows
 
@@ -291,20 +336,23 @@ def load_rows(path: str) -> list[dict]:
 def compare(before_path: str, after_path: str) -> None:
     """Merged before/after table of two grid outputs (python benchmarks/planner_grid.py BEFORE AFTER; each a --out
     JSON file or a saved stdout, several joined by ',')."""
-    before = {(r["model"], r["cluster"], r["cands"], r["source"]): r for r in load_rows(before_path)}
-    after = list({(r["model"], r["cluster"], r["cands"], r["source"]): r for r in load_rows(after_path)}.values())
+    def key(r):
+        return r["model"], r["cluster"], r["cands"], r["source"], r.get("split", "tuning")
+
+    before = {key(r): r for r in load_rows(before_path)}
+    after = list({key(r): r for r in load_rows(after_path)}.values())
     print("| model | cluster | cands | source | seqs | cpu p90 ms before -> after | cpu max before -> after "
           "| wall p90 after | est/lb med before -> after | est/lb max before -> after | lose vs hy (after) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     worse = []
     for r in after:
-        b = before.get((r["model"], r["cluster"], r["cands"], r["source"]), {})
+        b = before.get(key(r), {})
         if "cpu_p90" not in r or "cpu_p90" not in b:
             print(f"| {r['model']} | {r['cluster']} | {r['cands']} | {r['source']} | before: {b.get('error', '-')} "
                   f"| after: {r.get('error', 'ok')} |")
             continue
         if r["r_med"] > b["r_med"] + 1e-4:
-            worse.append((r["model"], r["cluster"], r["cands"], r["source"], b["r_med"], r["r_med"]))
+            worse.append((*key(r), b["r_med"], r["r_med"]))
         hy = f"{r['hy_loss']}/{r['hy_pairs']}" if "hy_pairs" in r else "-"
         print(f"| {r['model']} | {r['cluster']} | {r['cands']} | {r['source']} | {r['seqs']:.0f} | "
               f"{b['cpu_p90']:.1f} -> "
@@ -315,8 +363,8 @@ def compare(before_path: str, after_path: str) -> None:
     print(f"\ncells whose median est/lb got worse by > 1e-4: {len(worse)}")
     for w in worse:
         print("  ", w)
-    done = {(r["model"], r["cluster"], r["cands"], r["source"]) for r in after if "cpu_p90" in r}
-    had = {k for k, r in before.items() if "cpu_p90" in r}
+    done = {key(r)[:4] for r in after if "cpu_p90" in r}
+    had = {k[:4] for k, r in before.items() if "cpu_p90" in r}
     for name, got in (("after", done), ("before", had)):
         miss = [k for k in ((m, c, h, src) for m in MODELS for c in CLUSTERS for h in ("proposal", "hand")
                             for src in SOURCES) if k not in got]

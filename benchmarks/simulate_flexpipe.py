@@ -7,10 +7,10 @@ causal decoder by Tidal's cost model, an approximation.) Systems:
   static-pp  the mapping HBSA picks for the context length (even split, TP = 1, data parallel inside stages), held
   flexpipe   HBSA every step: keep / recompute / grow / shrink, reconfiguration (layer migration) costs charged
   megatron   the best static <TP,PP,CP> x DP (reference)
-Memory: FlexPipe's own model of its workloads (tidal.planner.flexpipe.WorkloadMemory), fitted to its Table 2's peak
-memory of BERT96 and GPT (3.35B); BERT24 takes BERT96's constants and GPT (13B) GPT (3.35B)'s (per parameter and per
-token per layer per hidden unit); --tidal-memory sizes stages with Tidal's memory model instead (under which BERT96 at
-8K fits on one stage).
+Memory: FlexPipe's own model of its workloads (tidal.planner.baselines.flexpipe.WorkloadMemory), fitted to its Table
+2's peak memory of BERT96 and GPT (3.35B); BERT24 takes BERT96's constants and GPT (13B) GPT (3.35B)'s (per parameter
+and per token per layer per hidden unit); --tidal-memory sizes stages with Tidal's memory model instead (under which
+BERT96 at 8K fits on one stage).
 Reported per cell: tokens/s ratio flexpipe / static-pp and megatron / static-pp, reconfigurations (grow / shrink)
 and memory optimisations per 100 steps against the paper's (§5.2: GPT-3.5B on 16 A100s grows or shrinks every 37
 iterations, 2.7 per 100, and recomputes every 4, 25 per 100), the stage counts used, the decisions taken, HBSA time
@@ -34,7 +34,7 @@ from tidal.core.model import ModelSpec
 from tidal.costmodel import AnalyticCostModel
 from tidal.data.sampler import TokenBudgetSampler
 from tidal.data.sources import length_source
-from tidal.planner.flexpipe import TABLE2, FlexPipePlanner, fit_table2
+from tidal.planner.baselines.flexpipe import TABLE2, FlexPipePlanner, fit_table2
 from tidal.simulator.engine import SimConfig
 from tidal.simulator.flexpipe import run_flexpipe
 from tidal.simulator.systems import Workload, run_system

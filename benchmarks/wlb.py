@@ -28,8 +28,8 @@ from tidal.core import DEVICE_TYPES, get_cluster, get_model, parse_scheme
 from tidal.costmodel import AnalyticCostModel
 from tidal.costmodel.base import LatencyCoeffs
 from tidal.data import sample_steps
+from tidal.planner.baselines.wlb import WLBConfig, WLBState, wlb_step
 from tidal.planner.metrics import mb_imbalance
-from tidal.planner.wlb import WLBConfig, WLBState, wlb_step
 
 CONTEXT = 131072
 QUEUES = {"wlb-q0": (), "wlb-q1": (65536,), "wlb-q2": (32768, 65536), "wlb-q3": (16384, 32768, 65536)}

@@ -9,7 +9,7 @@ from tidal.core.cluster import GB, ClusterSpec, DeviceType, NodeGroup
 from tidal.core.model import ModelSpec
 from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.costmodel.memory import MEMORY_V1
-from tidal.planner.flexpipe import FlexPipePlanner, Mapping
+from tidal.planner.baselines.flexpipe import FlexPipePlanner, Mapping
 
 pytestmark = pytest.mark.unit
 

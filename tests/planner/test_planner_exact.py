@@ -5,8 +5,9 @@ import pytest
 from planner_synth import PROFILES
 
 from tidal.costmodel import LatencyCoeffs
+from tidal.planner.baselines.hydraulis import dispatch_hydraulis
 from tidal.planner.bounds import PipeCost, strategy_bound
-from tidal.planner.dispatch import dispatch, dispatch_hydraulis
+from tidal.planner.dispatch import dispatch
 from tidal.planner.packing import pack
 from tidal.planner.select import assign
 

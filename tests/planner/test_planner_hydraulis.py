@@ -1,5 +1,6 @@
-"""Never worse than Hydraulis' dispatch: the vectorised Alg. 1 against the paper's loop, and Tidal's two-stage
-assignment against dispatch_hydraulis followed by the same packer, on generated steps and on the issue-9 repro."""
+"""Never worse than Hydraulis' dispatch: Alg. 1 (plain Python and compiled, one source) against the paper's loop,
+and Tidal's two-stage assignment against dispatch_hydraulis followed by the same packer, on generated steps and on
+the issue-9 repro."""
 
 import numpy as np
 import pytest
@@ -7,10 +8,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planner_synth import PROFILES
 
+from tidal.core.errors import TidalError
+from tidal.planner.baselines.fixed import pack_fixed
+from tidal.planner.baselines.hydraulis import alg1_trial, compiled_trial, dispatch_hydraulis
 from tidal.planner.bounds import PipeCost, strategy_bound
 from tidal.planner.config import DEFAULT
-from tidal.planner.dispatch import dispatch_hydraulis
-from tidal.planner.packing import pack, pack_fixed
+from tidal.planner.packing import pack
 from tidal.planner.select import assign
 
 pytestmark = pytest.mark.unit
@@ -53,14 +56,25 @@ def _alg1_loop(l_, pipes, trials, seed):
     return best_owner
 
 
-def test_vectorised_alg1_matches_the_paper_loop():
+# Alg. 1's one source as plain Python, and compiled where numba is installed (CI): both modes run the same tests
+TRIALS = [pytest.param(alg1_trial, id="plain"),
+          pytest.param("compiled", id="compiled", marks=pytest.mark.skipif(compiled_trial() is None,
+                                                                           reason="numba is not installed"))]
+
+
+def _trial(mode):
+    return compiled_trial() if mode == "compiled" else mode
+
+
+@pytest.mark.parametrize("mode", TRIALS)
+def test_alg1_matches_the_paper_loop(mode):
     rng = np.random.default_rng(0)
     kinds = [PipeCost(1e-3, 1.0, 0.5, 1, 64), PipeCost(0.5e-3, 0.5, 0.5, 2, 128), PipeCost(2e-4, 0.25, 1.0, 4, 200),
              PipeCost(2e-3, 2.0, 0.1, 1, 40)]
     for t in range(150):
         pipes = [kinds[rng.integers(0, len(kinds))] for _ in range(rng.integers(1, 8))]
         l_ = rng.integers(1, max(p.max_len for p in pipes) + 1, size=rng.integers(1, 60))
-        d = dispatch_hydraulis(l_, pipes, trials=3, seed=t)
+        d = dispatch_hydraulis(l_, pipes, trials=3, seed=t, trial=_trial(mode))
         owner = np.empty(l_.size, dtype=np.int64)
         for j, g in enumerate(d.groups):
             owner[list(g)] = j
@@ -117,20 +131,21 @@ def test_issue_repro_capacity_aware_dispatch():
                                                    // pl.max_len)
 
 
-@pytest.mark.parametrize("n_pipes", [25, 40, 70])
-def test_numpy_alg1_trial_matches_the_loop_on_many_pipelines(n_pipes):
-    """dispatch_hydraulis scans pipelines with numpy above 24 pipelines: same owners, same objective."""
-    from tidal.planner import dispatch as d
-
+@pytest.mark.parametrize("mode", TRIALS)
+@pytest.mark.parametrize("n_pipes", [25, 70])
+def test_alg1_matches_the_paper_loop_on_many_pipelines(n_pipes, mode):
+    """Many pipelines (several tying at the top of C_k + E_k): the same owners as the paper's loop."""
     rng = np.random.default_rng(n_pipes)
     kinds = [PipeCost(1e-3, 1.0, 0.5, 1, 64), PipeCost(0.5e-3, 0.5, 0.5, 2, 128), PipeCost(2e-4, 0.25, 1.0, 4, 200)]
     pipes = [kinds[rng.integers(0, 3)] for _ in range(n_pipes)]
     l_ = rng.integers(1, 200, size=400)
-    perm = rng.permutation(l_.size)
-    arr = [np.array([getattr(p, f) for p in pipes], dtype=np.float64) for f in ("a", "b", "c")]
-    q1 = np.array([p.pp - 1 for p in pipes], dtype=np.float64)
-    m = np.array([p.max_len for p in pipes], dtype=np.float64)
-    own_np, obj_np = d._alg1_trial_numpy(l_, pipes, perm, *arr, q1, m, True, float(m.min()))
-    own_loop, obj_loop = d._alg1_trial_loop(l_, pipes, perm)
-    np.testing.assert_array_equal(own_np, own_loop)
-    assert obj_np == obj_loop
+    d = dispatch_hydraulis(l_, pipes, trials=2, seed=5, trial=_trial(mode))
+    owner = np.empty(l_.size, dtype=np.int64)
+    for j, g in enumerate(d.groups):
+        owner[list(g)] = j
+    np.testing.assert_array_equal(owner, _alg1_loop(l_, pipes, 2, 5))
+
+
+def test_alg1_refuses_a_sequence_no_pipeline_holds():
+    with pytest.raises(TidalError, match="length 65 exceeds the MaxLen of every pipeline"):
+        dispatch_hydraulis(np.array([10, 65]), [PipeCost(1e-3, 1.0, 0.5, 1, 64)], trials=1, trial=alg1_trial)

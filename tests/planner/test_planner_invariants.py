@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 from planner_synth import MAX_LEN, PROFILES
 
 from tidal.core import StepPlan, TidalError
+from tidal.planner.baselines.fixed import pack_fixed
 from tidal.planner.bounds import PipeCost, pipeline_bound, strategy_bound
 from tidal.planner.dispatch import dispatch, evaluate
-from tidal.planner.packing import pack, pack_fixed
+from tidal.planner.packing import pack
 from tidal.planner.select import select_step
 
 pytestmark = pytest.mark.unit

@@ -36,12 +36,16 @@ def test_compiled_greedy_matches_python():
     assert scanned >= 10  # the jump scan changes choices on some of these cases, so both of its paths are compared
 
 
-def test_compiled_alg1_matches_python():
+def test_compiled_alg1_matches_plain():
+    """Hydraulis Alg. 1's one source (baselines/hydraulis.alg1_trial), compiled and as plain Python: the same
+    dispatch (with the per-document term d, which the paper-loop tests leave out)."""
+    from tidal.planner.baselines.hydraulis import alg1_trial, compiled_trial, dispatch_hydraulis
+
     rng = np.random.default_rng(1)
     for t in range(300):
         pipes, l_ = _case(rng)
-        a = d.dispatch_hydraulis(l_, pipes, trials=2, seed=t, compiled=True)
-        b = d.dispatch_hydraulis(l_, pipes, trials=2, seed=t, compiled=False)
+        a = dispatch_hydraulis(l_, pipes, trials=2, seed=t, trial=compiled_trial())
+        b = dispatch_hydraulis(l_, pipes, trials=2, seed=t, trial=alg1_trial)
         assert a == b
 
 
@@ -51,8 +55,9 @@ def test_compiled_dispatch_errors_like_python():
         d.greedy_owner(np.array([10, 65]), pipes, compiled=True)
 
 
-def test_compiled_packing_rounds_match_python():
-    from tidal.planner import packing as pk
+def test_compiled_packing_rounds_match_plain():
+    """The packer's LPT and move/swap rounds (kernels_pack, one source) compiled and as plain Python: the same bins."""
+    from tidal.planner import kernels_pack as kp
 
     rng = np.random.default_rng(2)
     for t in range(400):
@@ -65,11 +70,17 @@ def test_compiled_packing_rounds_match_python():
         order = np.argsort(-l_, kind="stable")
         V = int(rng.integers(1, n + 1))
         c = float(rng.choice([0.0, 0.5]))
-        a = pk._pack_v(l_, w, order, V, M, c, 20 + 2 * n, compiled=True)
-        b = pk._pack_v(l_, w, order, V, M, c, 20 + 2 * n, compiled=False)
-        assert (a is None) == (b is None)
-        if a is not None:
-            np.testing.assert_array_equal(a, b)
+        out = []
+        for loops in (kp.COMPILED, kp.PLAIN):
+            bins, ok = loops.lpt(l_, w, order, V, M, c)
+            if ok:
+                T = np.bincount(bins, weights=w, minlength=V) + c
+                tok = np.bincount(bins, weights=l_, minlength=V).astype(np.int64)
+                loops.refine(bins, l_, w, T, tok, V, M, 20 + 2 * n, 32)
+            out.append((ok, bins if ok else None))
+        assert out[0][0] == out[1][0]
+        if out[0][0]:
+            np.testing.assert_array_equal(out[0][1], out[1][1])
 
 
 def test_compiled_local_search_matches_python():
@@ -105,19 +116,22 @@ def test_compiled_dispatch_matches_python_with_deadline_far():
         assert a == b
 
 
-def test_compiled_ffd_matches_python():
-    from tidal.planner import packing as pk
+def test_compiled_ffd_matches_plain():
+    from tidal.planner import kernels_pack as kp
 
     rng = np.random.default_rng(5)
     for _ in range(200):
         M = int(rng.integers(10, 500))
         l_ = rng.integers(1, M + 1, size=int(rng.integers(1, 150))).astype(np.int64)
-        np.testing.assert_array_equal(pk._ffd(l_, M, compiled=True), pk._ffd(l_, M, compiled=False))
+        order = np.argsort(-l_, kind="stable")
+        np.testing.assert_array_equal(kp.COMPILED.ffd(l_, order, M), kp.PLAIN.ffd(l_, order, M))
 
 
-def test_compiled_pack_matches_python():
-    """pack's compiled heuristic (kernels.pack_search) returns the same micro-batches and estimate as the Python one."""
+def test_compiled_pack_matches_plain():
+    """pack with its loops compiled and as plain Python (kernels_pack.COMPILED and .PLAIN, one source): the same
+    micro-batches and estimate."""
     from tidal.costmodel.base import LatencyCoeffs
+    from tidal.planner import kernels_pack as kp
     from tidal.planner import packing as pk
 
     rng = np.random.default_rng(6)
@@ -130,7 +144,7 @@ def test_compiled_pack_matches_python():
         co = LatencyCoeffs(float(rng.choice([1e-6, 1e-4])), float(rng.choice([1e-3, 1e-2])),
                            float(rng.choice([0.0, 0.05, 0.5, 5.0])))
         pp = int(rng.choice([1, 2, 4]))
-        assert pk.pack(l_, co, pp, M, compiled=True) == pk.pack(l_, co, pp, M, compiled=False)
+        assert pk.pack(l_, co, pp, M, loops=kp.COMPILED) == pk.pack(l_, co, pp, M, loops=kp.PLAIN)
 
 
 def test_compiled_top_docs_bound_matches_python():

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 from packer_contract import COEFFS, PackerContract
 
-from tidal.planner.packing import pack, pack_fixed, pipeline_time
+from tidal.planner.baselines.fixed import pack_fixed
+from tidal.planner.packing import pack, pipeline_time
 
 pytestmark = pytest.mark.unit
 
@@ -61,17 +62,16 @@ def test_a_packer_that_breaks_the_invariants_is_an_error(bad, msg):
         select_step(l_, [prof], packer=packer)
 
 
-def test_pack_checks_its_own_micro_batches(monkeypatch):
+def test_pack_checks_its_own_micro_batches():
     """select_step does not re-check `pack`'s output (decision 69's review): pack checks MaxLen itself, where it is
     one bincount (each sequence exactly once holds by construction). A search that put everything in one bin
-    (here forced, compiled or not) is a one-line TidalError, not a plan over MaxLen."""
+    (here forced through the `loops` argument) is a one-line TidalError, not a plan over MaxLen."""
+    from types import SimpleNamespace
+
     from tidal.core import TidalError
-    from tidal.planner import kernels_pack, packing
 
     def one_bin(l_, *args):
         return np.zeros(l_.size, dtype=np.int64), 1.0
 
-    monkeypatch.setattr(kernels_pack, "pack_search", one_bin)
-    monkeypatch.setattr(packing, "_search", one_bin)
     with pytest.raises(TidalError, match="tokens > MaxLen 100"):
-        pack([60, 60, 60, 60], COEFFS[0], 1, 100)
+        pack([60, 60, 60, 60], COEFFS[0], 1, 100, loops=SimpleNamespace(pack_search=one_bin))

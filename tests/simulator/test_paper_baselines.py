@@ -13,8 +13,8 @@ from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.costmodel.base import LatencyCoeffs
 from tidal.data.sampler import TokenBudgetSampler
 from tidal.data.sources import length_source
-from tidal.planner import wlb
-from tidal.planner.flexpipe import TABLE2, FlexPipePlanner, fit_table2
+from tidal.planner.baselines import wlb
+from tidal.planner.baselines.flexpipe import TABLE2, FlexPipePlanner, fit_table2
 from tidal.simulator import paper
 from tidal.simulator.baselines import Variant
 from tidal.simulator.engine import SimConfig

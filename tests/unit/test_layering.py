@@ -1,4 +1,5 @@
-"""Imports flow one way (docs/architecture.md). Parsed statically with ast, so the test also covers lazy imports."""
+"""Imports flow one way (docs/architecture.md), and no modules import each other in a cycle. Parsed statically with
+ast, so the test also covers lazy imports."""
 
 import ast
 from pathlib import Path
@@ -18,8 +19,79 @@ ALLOWED = {
     "runtime": {"core", "costmodel", "planner", "models", "data"},
     "cli": {"core", "costmodel", "planner", "simulator", "data", "models", "runtime"},
 }
+# planner/baselines: the compared systems (Hydraulis Alg. 1, WLB, FlexPipe, fixed packing). They build on the planner's
+# parts; none imports the planner's entry points, which may use them (select packs Hydraulis' dispatch too, the stepper
+# offers every packer by name).
+BASELINES = "planner/baselines"
+PLANNER_TOP = {"tidal.planner.select", "tidal.planner.stepper", "tidal.planner.proposal"}
 NO_TORCH = {"core", "costmodel", "planner", "simulator"}
 NO_DIST = NO_TORCH | {"models", "data"}
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its own name)."""
+    out = {}
+    for f in SRC.rglob("*.py"):
+        parts = list(f.relative_to(SRC.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = f
+    return out
+
+
+def _graph(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the tidal modules it imports (`from tidal.x import y` names module tidal.x.y where there is one)."""
+    graph = {}
+    for name, path in mods.items():
+        deps = set()
+        for mod in _imports(path):
+            if mod in mods:
+                deps.add(mod)
+            elif mod.rpartition(".")[0] in mods:
+                deps.add(mod.rpartition(".")[0])
+        deps.discard(name)
+        graph[name] = deps
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, on, stack, out, n = {}, {}, set(), [], [], 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = n
+        n += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = n
+                    n += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
 
 
 def _imports(path: Path) -> list[str]:
@@ -57,3 +129,33 @@ def test_imports_flow_one_way(layer, path):
 def test_every_layer_is_checked():
     present = {p.name for p in SRC.iterdir() if p.is_dir() and not p.name.startswith("__")}
     assert present <= set(ALLOWED), f"unchecked layers: {present - set(ALLOWED)}"
+
+
+@pytest.mark.unit
+def test_no_import_cycles():
+    """No two modules import each other, directly or through others (lazy imports included)."""
+    cycles = _cycles(_graph(_modules()))
+    assert not cycles, f"import cycles: {cycles}"
+
+
+@pytest.mark.unit
+def test_cycle_check_finds_a_cycle():
+    """The check itself: a three-module cycle is found, a chain is not."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+@pytest.mark.unit
+def test_baselines_do_not_import_the_planner_entry_points():
+    files = sorted((SRC / BASELINES).glob("*.py"))
+    assert {f.stem for f in files} >= {"hydraulis", "wlb", "flexpipe", "fixed"}
+    for f in files:
+        bad = [m for m in _imports(f) if any(m == t or m.startswith(t + ".") for t in PLANNER_TOP)]
+        assert not bad, f"{f.name}: a baseline must not import {bad}"
+
+
+@pytest.mark.unit
+def test_the_cp_layout_types_are_core():
+    """The runtime reads the CP layout type from core; the planner's algorithms build it."""
+    for f in sorted((SRC / "runtime").rglob("*.py")):
+        assert "tidal.planner.cp_sharding.CPShard" not in _imports(f), f"{f.name}: import CPShard from tidal.core"

@@ -9,10 +9,10 @@ from tidal.core import TidalError
 from tidal.costmodel.base import LatencyCoeffs
 from tidal.costmodel.kernel import KernelModel, causal_pairs
 from tidal.data import sample_steps
+from tidal.planner.baselines.wlb import WLBConfig, WLBState, wlb_step
 from tidal.planner.cp_adaptive import choose_cp_sharding, choose_for_micro_batches, rank_attention_times, shard_pieces
 from tidal.planner.cp_sharding import rank_attention_pairs, shard_micro_batch
 from tidal.planner.metrics import max_over_mean
-from tidal.planner.wlb import WLBConfig, WLBState, wlb_step
 
 pytestmark = pytest.mark.unit
 K = KernelModel()

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from tidal.core import TidalError
 from tidal.costmodel.base import LatencyCoeffs
+from tidal.planner.baselines.wlb import pack
 from tidal.planner.packing import PackResult, pipeline_time
-from tidal.planner.wlb import pack
 
 pytestmark = pytest.mark.unit
 

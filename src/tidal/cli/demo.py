@@ -109,7 +109,7 @@ def calibrate(path: Path, max_len: int, seed: int) -> str:
 
     from tidal.core.cluster import get_cluster
     from tidal.core.model import get_model
-    from tidal.costmodel.fitted import load_cost_model
+    from tidal.costmodel.loader import load_cost_model
     from tidal.runtime.profile import compositions, profile_tp1, write_profile
 
     torch.set_num_threads(1)

@@ -16,7 +16,7 @@ from tidal.core.plan import Plan
 from tidal.core.strategy import Strategy
 from tidal.costmodel.analytic import AnalyticCostModel, analytic_v1
 from tidal.costmodel.base import CostModel
-from tidal.costmodel.fitted import load_cost_model
+from tidal.costmodel.loader import load_cost_model
 from tidal.data.sampler import LONG_DOC_POLICIES, TokenBudgetSampler
 from tidal.data.sources import length_source
 from tidal.planner.bounds_lp import prove_selection

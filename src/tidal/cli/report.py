@@ -41,7 +41,7 @@ def run_calibration(args) -> int:
         from tidal.core.cluster import get_cluster
         from tidal.core.model import get_model
         from tidal.costmodel.analytic import AnalyticCostModel
-        from tidal.costmodel.fitted import load_cost_model
+        from tidal.costmodel.loader import load_cost_model
 
         spec, cluster = get_model(args.model), get_cluster(args.cluster)
         cm = AnalyticCostModel(spec, cluster) if args.cost_model == "analytic" else load_cost_model(

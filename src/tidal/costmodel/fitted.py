@@ -190,32 +190,6 @@ def fitted_from_rows(rows: list[ProfileRow], model: ModelSpec, cluster: ClusterS
     return FittedCostModel(model, cluster, MappingProxyType(fit_rows(rows)), AnalyticCostModel(model, cluster))
 
 
-def load_cost_model(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> FittedCostModel:
-    """Read a fitted model file (JSON), a Hydraulis strategy pool (JSON, `costmodel.pool`: a PoolCostModel) or fit
-    a profile CSV on the fly."""
-    p = Path(path)
-    if p.suffix.lower() == ".csv":
-        return fitted_from_rows(read_profile(p), model, cluster)
-    try:
-        d = json.loads(p.read_text())
-    except OSError as e:
-        raise TidalError(f"cannot read cost model {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise TidalError(f"cost model {path} is not a UTF-8 JSON file") from None
-    except json.JSONDecodeError as e:
-        raise TidalError(f"malformed cost model {path}: {e}") from None
-    from tidal.costmodel.pool import is_pool, parse_pool, pool_cost_model
-
-    if is_pool(d):
-        return pool_cost_model(parse_pool(d, p.name), model, cluster)
-    if not isinstance(d, dict) or d.get("format") != MODEL_FORMAT:
-        raise TidalError(f"{path}: not a Tidal cost model (format must be {MODEL_FORMAT!r})")
-    fits = fits_from_json(d.get("schemes"), f"cost model {path}")
-    if d.get("model") not in (None, model.name):
-        raise TidalError(f"{path}: fitted for model {d.get('model')!r}, not {model.name!r}")
-    return FittedCostModel(model, cluster, MappingProxyType(fits), AnalyticCostModel(model, cluster))
-
-
 def fits_to_json(fits) -> dict:
     """The "schemes" object of a model file: per scheme a, b, c, d, rows, rel_rmse and max_len (if profiled)."""
     out = {}

@@ -29,7 +29,7 @@ from tidal.core.plan import StepPlan
 from tidal.core.scheme import ParallelScheme
 from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.costmodel.base import CostModel
-from tidal.costmodel.fitted import load_cost_model
+from tidal.costmodel.loader import load_cost_model
 from tidal.planner.bounds import check_lengths
 from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates
 

@@ -128,7 +128,7 @@ def class_times(lengths: np.ndarray, pc: PipeCost, n: int, V: int, bins: np.ndar
 
 def class_micro_batches(bins: np.ndarray, n: int, V: int) -> list[tuple[tuple[int, ...], ...]]:
     """Per pipeline of the class, its non-empty bins as micro-batches of ascending step indices, ordered by their
-    first index (packing._finish's order)."""
+    first index (packing.finish's order)."""
     put = np.flatnonzero(bins >= 0)
     order = put[np.argsort(bins[put], kind="stable")]  # by bin, ascending indices within each
     ends = np.cumsum(np.bincount(bins[put], minlength=n * V)).tolist()

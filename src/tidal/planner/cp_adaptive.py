@@ -16,11 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from tidal.core.cluster import DeviceType
+from tidal.core.cplayout import CPShard
 from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec
 from tidal.costmodel.base import LatencyCoeffs
 from tidal.costmodel.kernel import KernelModel, kernel_for
-from tidal.planner.cp_sharding import CPShard, segment_pieces
+from tidal.planner.cp_sharding import segment_pieces
 
 MODES = ("per-seq", "per-doc")
 

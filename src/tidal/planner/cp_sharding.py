@@ -1,4 +1,5 @@
-"""Context-parallel (CP) sharding of one packed micro-batch, padding-free. Pure numpy; no torch.
+"""Context-parallel (CP) sharding of one packed micro-batch, padding-free. Pure numpy; no torch. The layout types
+(`CPShard`, `RankShard`, `MODES`) live in core/cplayout.py and are re-exported here.
 
 A packed micro-batch is documents of lengths ``l_0 .. l_{n-1}`` laid end to end (packed index ``0 .. T-1``,
 ``T = sum(l)``). With CP degree ``cp`` every rank keeps a disjoint subset of the tokens for all token-wise work
@@ -34,50 +35,13 @@ document at positions ``<=`` their own. ``cp == 1`` (either mode) gives one segm
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from tidal.core.cplayout import MODES, CPShard, RankShard
 from tidal.core.errors import TidalError
 
-MODES = ("per-seq", "per-doc")
-
-
-@dataclass(frozen=True, eq=False)
-class RankShard:
-    """One CP rank's share of a packed micro-batch; see the module docstring for each field."""
-
-    indices: np.ndarray
-    positions: np.ndarray
-    doc_ids: np.ndarray
-    cu_seqlens_q: np.ndarray
-    k_start: np.ndarray
-    k_len: np.ndarray
-    max_seqlen_q: int
-    max_seqlen_k: int
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.indices.size)
-
-
-@dataclass(frozen=True, eq=False)
-class CPShard:
-    mode: str
-    cp: int
-    lengths: tuple[int, ...]
-    ranks: tuple[RankShard, ...]
-
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.lengths)
-
-    def owner(self) -> np.ndarray:
-        """int64 [T]: the rank that holds each packed token."""
-        out = np.empty(self.total_tokens, dtype=np.int64)
-        for r, rs in enumerate(self.ranks):
-            out[rs.indices] = r
-        return out
+__all__ = ["MODES", "CPShard", "RankShard", "rank_attention_pairs", "rank_tokens", "segment_pairs",
+           "segment_pieces", "shard_micro_batch"]
 
 
 def _check(lengths, cp: int, mode: str) -> np.ndarray:

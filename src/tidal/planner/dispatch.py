@@ -21,7 +21,6 @@ from tidal.core.errors import TidalError
 from tidal.planner.bounds import PipeCost, check_lengths
 from tidal.planner.config import DEFAULT, PlannerConfig
 from tidal.planner.greedy import greedy_owner, greedy_prep
-from tidal.planner.hydraulis import _alg1_trial_loop, _alg1_trial_numpy
 
 
 @dataclass(frozen=True)
@@ -387,40 +386,7 @@ def search_from(lengths: np.ndarray, pipes: Sequence[PipeCost], owner: np.ndarra
     return _result(st, len(pipes))
 
 
-def dispatch_hydraulis(lengths, pipes: Sequence[PipeCost], *, trials: int = 100, seed: int = 0,
-                       compiled: bool = True) -> DispatchResult:
-    """Faithful re-implementation of Hydraulis Alg. 1 (baseline): `trials` random shuffles, each dispatching sequences
-    one by one to the eligible pipeline that minimises the max over pipelines of C_j + E_j, with Hydraulis' per-sequence
-    T(l) = a l^2 + b l + c (+ d, our per-document term) and E_j = T(l_max) (PP - 1). Returns the best trial, re-scored
-    with our cost. The scan over pipelines is vectorised; it makes the same choices, float for float, as the
-    per-pipeline loop of the paper (a differential test checks it against that loop). With numba (and `compiled`) the
-    loop runs compiled (kernels.alg1_trial, same choices)."""
-    l_ = check_lengths(lengths)
-    check_pipes(pipes)
-    rng = np.random.default_rng(seed)
-    D = len(pipes)
-    A = np.array([p.a for p in pipes])
-    B = np.array([p.b for p in pipes])
-    C = np.array([p.c for p in pipes]) + np.array([p.d for p in pipes])  # per-sequence constant c + d
-    Q1 = np.array([p.pp - 1 for p in pipes], dtype=np.float64)
-    M = np.array([p.max_len for p in pipes], dtype=np.float64)
-    has_e = bool(np.any(Q1 > 0))
-    m_min = float(M.min())
-    best_obj, best_owner = float("inf"), None
-    from tidal.planner import kernels
-
-    for _ in range(trials):
-        perm = rng.permutation(l_.size)
-        if compiled and kernels.AVAILABLE:
-            owner, obj = kernels.alg1_trial(l_, perm, A, B, C, Q1, M.astype(np.int64))
-            if obj < 0:
-                raise TidalError("a sequence exceeds the MaxLen of every pipeline")
-        elif D <= 24:  # few pipelines: the paper's loop is faster than numpy calls on tiny arrays
-            owner, obj = _alg1_trial_loop(l_, pipes, perm)
-        else:
-            owner, obj = _alg1_trial_numpy(l_, pipes, perm, A, B, C, Q1, M, has_e, m_min)
-        if obj < best_obj:
-            best_obj, best_owner = obj, owner
-    if best_owner is None:
-        return DispatchResult(tuple(() for _ in pipes), 0.0, tuple(0.0 for _ in pipes))
-    return _result(_State(pipes, l_, best_owner), D)
+def owner_result(lengths: np.ndarray, pipes: Sequence[PipeCost], owner: np.ndarray) -> DispatchResult:
+    """The DispatchResult (groups, D_j) of the assignment `owner` (an eligible pipeline index per document, every one
+    set; unchecked: see `evaluate`)."""
+    return _result(_State(pipes, lengths, owner), len(pipes))

@@ -1,16 +1,19 @@
 """Compiled loops for the planner's sequential hot spots (numba, optional; decision in docs/decisions.md).
 
-Some loops cannot be vectorised because each step depends on the previous one: Hydraulis Alg. 1 (one sequence at a
-time, scanning every pipeline), the dispatch greedy (list scheduling, longest first) and the dispatch local search
-(moves, swaps and pair swaps off the bottleneck pipeline, one round at a time). In Python the first two cost about
-10 µs and 3 µs per sequence at 1024 GPUs; the local search's numpy rounds cost tens of small numpy calls each.
-Compiled, they make the same choices float for float (no fastmath, the same operation order; tests compare them with
-the Python versions) at 10-40x the speed. The packer's and the bounds' loops are in kernels_pack.py.
+Some loops cannot be vectorised because each step depends on the previous one: the dispatch greedy (list
+scheduling, longest first) and the dispatch local search (moves, swaps and pair swaps off the bottleneck pipeline,
+one round at a time); Hydraulis Alg. 1 (baselines/hydraulis.py) too. In Python the greedy costs about 3 µs per
+sequence at 1024 GPUs; the local search's numpy rounds cost tens of small numpy calls each. Compiled, they make the
+same choices float for float (no fastmath, the same operation order; tests compare them with the Python versions) at
+10-40x the speed. The packer's and the bounds' loops are in kernels_pack.py.
 
-`AVAILABLE` is False when numba is not installed: callers then use their numpy / pure-Python versions, which stay the
-reference implementations. Import this module lazily (importing numba takes about a second).
+Two ways to keep one source (issue 27 item 2): the pipeline cost formula (pipecost.py, `compile_pipecost`), Alg. 1
+and the packer's loops (kernels_pack.py) are written once and compiled where numba is installed; without it the same
+functions run as plain Python (`plain` gives them a namespace where they call each other uncompiled). The greedy and
+the local search still have numpy twins (greedy.py, dispatch.py), the reference where numba is absent.
+
+`AVAILABLE` is False when numba is not installed. Import this module lazily (importing numba takes about a second).
 """
-
 from __future__ import annotations
 
 import functools
@@ -28,55 +31,6 @@ except ImportError:  # pragma: no cover - exercised where numba is absent
     njit = None
 
 AVAILABLE = njit is not None
-
-
-def _alg1_trial(l_, perm, A, B, C, Q, M):
-    """One shuffle of Hydraulis Alg. 1 as the paper's loop writes it (hydraulis._alg1_trial_loop, same operation
-    order). Returns (owner, objective); objective -1.0 when a sequence fits no pipeline."""
-    D = A.size
-    Cj = np.zeros(D)
-    Ej = np.zeros(D)
-    tot = np.zeros(D)
-    lmax = np.zeros(D, np.int64)
-    owner = np.empty(l_.size, np.int64)
-    k1 = 0
-    second = 0.0
-    for t in range(perm.size):
-        i = perm[t]
-        x = l_[i]
-        o_min = np.inf
-        jb = -1
-        for j in range(D):
-            if x > M[j]:
-                continue
-            lm = x if x > lmax[j] else lmax[j]
-            o = Cj[j] + A[j] * x * x + B[j] * x + C[j] + (A[j] * lm * lm + B[j] * lm + C[j]) * Q[j]
-            oth = second if j == k1 else tot[k1]
-            if oth > o:
-                o = oth
-            if o < o_min:
-                o_min = o
-                jb = j
-        if jb < 0:
-            return owner, -1.0
-        Cj[jb] += A[jb] * x * x + B[jb] * x + C[jb]
-        if x > lmax[jb]:
-            lmax[jb] = x
-        lm = lmax[jb]
-        Ej[jb] = (A[jb] * lm ** 2 + B[jb] * lm + C[jb]) * Q[jb]
-        tt = Cj[jb] + Ej[jb]
-        tot[jb] = tt
-        if jb != k1 and (tt > tot[k1] or (tt == tot[k1] and jb < k1)):
-            second = tot[k1]
-            k1 = jb
-        elif jb != k1 and tt > second:
-            second = tt
-        owner[i] = jb
-    obj = 0.0
-    for j in range(D):
-        if Cj[j] + Ej[j] > obj:
-            obj = Cj[j] + Ej[j]
-    return owner, obj
 
 
 def _sift_down(key, ids, off, n, pos):
@@ -400,6 +354,16 @@ def _pair_swap(j, mine, eidx, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, to
     return bi, bk, be, bp
 
 
+def plain(funcs: dict, env: dict) -> types.SimpleNamespace:
+    """The functions `funcs` ({name their callers use: function}) as plain Python, each calling the others by those
+    names uncompiled, with `env` (modules and helpers) as their other globals: the one source run where numba is
+    absent, and by the tests where it is present (a value to pass, no module patching)."""
+    ns = dict(env)
+    for name, f in funcs.items():
+        ns[name] = types.FunctionType(f.__code__, ns, name, f.__defaults__)
+    return types.SimpleNamespace(**{name: ns[name] for name in funcs})
+
+
 @functools.cache
 def compile_pipecost() -> dict:
     """pipecost's functions compiled (numba.njit, inlined into the loops that call them), in a namespace of their
@@ -417,7 +381,6 @@ def compile_pipecost() -> dict:
 if AVAILABLE:
     _pc = compile_pipecost()
     add_cost, cost1 = _pc["add_cost"], _pc["cost1"]
-    alg1_trial = njit(cache=True)(_alg1_trial)
     _sift_down = njit(cache=True)(_sift_down)
     _sift_up = njit(cache=True)(_sift_up)
     greedy = njit(cache=True)(_greedy)
@@ -426,4 +389,4 @@ if AVAILABLE:
     _pair_swap = njit(cache=True)(_pair_swap)
     local_search = njit(cache=True)(_local_search)
 else:  # pragma: no cover
-    alg1_trial = greedy = local_search = None
+    greedy = local_search = None

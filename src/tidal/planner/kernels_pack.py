@@ -1,26 +1,30 @@
-"""Compiled loops of the packer and of the bounds (numba, optional; see kernels.py and decision 49).
+"""The packer's loops, written once, and the compiled loops of the bounds (numba, optional; see kernels.py and
+decisions 49 and 89).
 
-The packer's LPT, move/swap rounds, FFD and its search over micro-batch counts (packing.pack), and the branch and
-bound of bounds.top_docs_bound, each with the same choices float for float as the Python versions (which stay the
-reference when numba is absent; tests compare the two). The mode bound's price search (bounds_modes._violated) too,
-up to the summation order of its dot products (see `_mode_violated`), and the class fill's best fit decreasing
-(classfill._bfd). Import this module lazily (importing numba
-takes a second).
+The packer (packing.pack): LPT, the move/swap rounds, FFD and the search over micro-batch counts. They are its only
+implementation: `COMPILED` holds them compiled (numba.njit, cached on disk) where numba is installed, `PLAIN` holds the
+same functions as plain Python (kernels.plain), and `loops()` picks the first available. The tests run both on seeded
+inputs.
+
+The bounds' branch and bound (bounds.top_docs_bound), the mode bound's price search (bounds_modes._violated, up to the
+summation order of its dot products, see `_mode_violated`) and the class fill's best fit decreasing (classfill._bfd)
+are compiled twins of Python versions (the reference when numba is absent; tests compare the two). Import this module
+lazily (importing numba takes a second).
 """
-
 from __future__ import annotations
 
 import math
+import types
 
 import numpy as np
 
-from tidal.planner.kernels import AVAILABLE, compile_pipecost, njit
-from tidal.planner.pipecost import bound_value
+from tidal.planner.kernels import AVAILABLE, compile_pipecost, njit, plain
+from tidal.planner.pipecost import bound_value, pipe_value
 
 
 def _lpt(l_, w, order, V, M, c):
-    """packing._lpt compiled: each sequence (in `order`) into the micro-batch with the least (time, index) among those
-    with room (the Python version pops a heap until one fits: the same micro-batch). ok False when one fits nowhere."""
+    """Capacity-aware LPT: each sequence (in `order`) into the micro-batch with the least (time, index) among those
+    with room; micro-batch times start at c. Returns (bin per sequence, ok); ok False when one fits nowhere."""
     T = np.full(V, c)
     tok = np.zeros(V, np.int64)
     bin_of = np.empty(l_.size, np.int64)
@@ -40,9 +44,10 @@ def _lpt(l_, w, order, V, M, c):
 
 
 def _refine(bin_of, l_, w, T, tok, V, M, rounds, max_docs):
-    """packing._refine compiled (in place): the same moves, taken in the same order (documents by length, longest
-    first, the first of each length; for each, moves to micro-batches in index order, then swaps with every other
-    document in index order; the first strict best wins)."""
+    """Move/swap sequences off the slowest micro-batch while that strictly lowers it (in place; T: micro-batch times,
+    tok: token counts), at most `rounds` rounds. Candidates: the first document of each distinct length of the slowest
+    micro-batch, longest first, at most `max_docs`; for each, moves to micro-batches in index order, then swaps with
+    every other document in index order; the first strict best wins."""
     n = l_.size
     mine = np.empty(n, np.int64)
     others = np.empty(n, np.int64)
@@ -107,8 +112,8 @@ def _refine(bin_of, l_, w, T, tok, V, M, rounds, max_docs):
             bin_of[be] = b
 
 
-def _ffd(l_, order, M):
-    """packing._ffd compiled: each sequence (in `order`) into the first bin with room, else a new one."""
+def ffd(l_, order, M):
+    """Token first-fit-decreasing: each sequence (in `order`) into the first bin with room, else a new one."""
     room = np.empty(l_.size, np.int64)
     nb = 0
     bin_of = np.empty(l_.size, np.int64)
@@ -152,8 +157,8 @@ def _class_bfd(l_, w, order, nb, kcap, wcap):
     return out
 
 
-def _pk_score(bin_of, w, c, pp):
-    """packing._score: (PP - 1 + used micro-batches) * (c + the slowest one's work), sums in index order."""
+def pack_score(bin_of, w, c, pp):
+    """(PP - 1 + used micro-batches) * (c + the slowest one's work), sums in index order."""
     nb = 0
     for i in range(bin_of.size):
         if bin_of[i] + 1 > nb:
@@ -173,18 +178,14 @@ def _pk_score(bin_of, w, c, pp):
     return (pp - 1 + used) * (c + mx)
 
 
-def _pk_bound(V, W, wmax, c, pp):
-    return (pp - 1 + V) * max(W / V + c, c + wmax)
-
-
-def _pk_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins, best):
-    """packing.pack's attempt(V): LPT into V micro-batches and the move/swap rounds, unless V was tried or its bound
+def pack_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins, best):
+    """pack_search's attempt(V): LPT into V micro-batches and the move/swap rounds, unless V was tried or its bound
     cannot beat `best`. Returns (value, best bins, best)."""
     if not vmin <= V <= l_.size:
         return np.inf, best_bins, best
     if not np.isnan(tried[V]):
         return tried[V], best_bins, best
-    if _pk_bound(V, W, wmax, c, pp) >= best * (1 - 1e-12):
+    if pipe_value(pp - 1, c, W, wmax, V) >= best * (1 - 1e-12):
         tried[V] = np.inf
         return np.inf, best_bins, best
     bin_of, ok = lpt(l_, w, order, V, M, c)
@@ -198,7 +199,7 @@ def _pk_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bi
         for k in range(V):
             T[k] = T[k] + c
         refine(bin_of, l_, w, T, tok, V, M, rounds, 32)
-        val = _pk_score(bin_of, w, c, pp)
+        val = pack_score(bin_of, w, c, pp)
     tried[V] = val
     if val < best:
         return val, bin_of, val
@@ -206,12 +207,12 @@ def _pk_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bi
 
 
 def _pack_search(l_, w, order, M, c, pp, W, wmax, vmin, v_opt, v_hi, rounds):
-    """packing.pack's heuristic compiled (the same micro-batch counts tried in the same order, the same bins): FFD,
-    then LPT + rounds for the candidate V by (bound, V), then a walk from the incumbent's V while it improves.
-    Returns (bins, score)."""
+    """packing.pack's heuristic: FFD, then LPT + rounds for the candidate V (vmin, v_opt - 1 .. v_opt + 2 and FFD's
+    count, within [vmin, v_hi]) by (bound f(V), V), then a walk from the incumbent's V while it improves; a V whose
+    bound cannot beat the incumbent is skipped. Returns (bins, score)."""
     n = l_.size
-    best_bins = _ffd(l_, order, M)
-    best = _pk_score(best_bins, w, c, pp)
+    best_bins = ffd(l_, order, M)
+    best = pack_score(best_bins, w, c, pp)
     tried = np.full(n + 1, np.nan)
     top = 0  # FFD's largest bin index
     for i in range(n):
@@ -232,14 +233,14 @@ def _pack_search(l_, w, order, M, c, pp, W, wmax, vmin, v_opt, v_hi, rounds):
         t = a
         while t > 0:
             v0, v1 = cands[t - 1], cands[t]
-            b0, b1 = _pk_bound(v0, W, wmax, c, pp), _pk_bound(v1, W, wmax, c, pp)
+            b0, b1 = pipe_value(pp - 1, c, W, wmax, v0), pipe_value(pp - 1, c, W, wmax, v1)
             if b1 < b0 or (b1 == b0 and v1 < v0):
                 cands[t - 1], cands[t] = v1, v0
                 t -= 1
             else:
                 break
     for t in range(nc):
-        _, best_bins, best = _pk_attempt(cands[t], l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins,
+        _, best_bins, best = pack_attempt(cands[t], l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins,
                                          best)
     seen = np.zeros(n + 1, np.bool_)
     v_best = 0
@@ -250,7 +251,7 @@ def _pack_search(l_, w, order, M, c, pp, W, wmax, vmin, v_opt, v_hi, rounds):
     for step in (1, -1):
         V = v_best + step
         while vmin <= V <= n:
-            val, best_bins, best = _pk_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins,
+            val, best_bins, best = pack_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins,
                                                best)
             if not val <= best:
                 break
@@ -436,19 +437,30 @@ def _mode_violated(U, wt, cnt, Y, rounds):
     return False
 
 
+# the packer's loops by the names their callers use, plain and compiled
+_PACK = {"lpt": _lpt, "refine": _refine, "ffd": ffd, "pack_score": pack_score, "pack_attempt": pack_attempt,
+         "pack_search": _pack_search}
+PLAIN = plain(_PACK, {"np": np, "pipe_value": pipe_value})
+
 if AVAILABLE:
-    bound_value = compile_pipecost()["bound_value"]
+    _pc = compile_pipecost()
+    bound_value, pipe_value = _pc["bound_value"], _pc["pipe_value"]
     mode_violated = njit(cache=True)(_mode_violated)
     lpt = njit(cache=True)(_lpt)
     refine = njit(cache=True)(_refine)
-    _ffd = njit(cache=True)(_ffd)
-    ffd = _ffd
-    _pk_score = njit(cache=True)(_pk_score)
-    _pk_bound = njit(cache=True, inline="always")(_pk_bound)
-    _pk_attempt = njit(cache=True)(_pk_attempt)
+    ffd = njit(cache=True)(ffd)
+    pack_score = njit(cache=True)(pack_score)
+    pack_attempt = njit(cache=True)(pack_attempt)
     pack_search = njit(cache=True)(_pack_search)
     _ts_expand = njit(cache=True)(_ts_expand)
     top_search = njit(cache=True)(_top_search)
     class_bfd = njit(cache=True)(_class_bfd)
+    COMPILED = types.SimpleNamespace(lpt=lpt, refine=refine, ffd=ffd, pack_score=pack_score, pack_attempt=pack_attempt,
+                                     pack_search=pack_search)
 else:  # pragma: no cover
-    lpt = refine = ffd = pack_search = top_search = mode_violated = class_bfd = None
+    top_search = mode_violated = class_bfd = COMPILED = None
+
+
+def loops() -> types.SimpleNamespace:
+    """The packer's loops: compiled where numba is installed, else plain Python (the same source)."""
+    return COMPILED if COMPILED is not None else PLAIN

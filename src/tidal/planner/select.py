@@ -16,11 +16,12 @@ import numpy as np
 
 from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan, StepPlan
+from tidal.planner.baselines.hydraulis import dispatch_hydraulis
 from tidal.planner.bounds import PipeCost, StrategyBound, check_lengths, pipeline_bound, prepare_lengths
 from tidal.planner.bounds_modes import mode_bound
 from tidal.planner.classfill import class_plan, pick_class
 from tidal.planner.config import DEFAULT, PlannerConfig
-from tidal.planner.dispatch import dispatch, dispatch_alternatives, dispatch_hydraulis, restart_dispatch
+from tidal.planner.dispatch import dispatch, dispatch_alternatives, restart_dispatch
 from tidal.planner.fill import fill_dispatch, worth_filling
 from tidal.planner.metrics import max_over_mean, mb_imbalance, rank_spread
 from tidal.planner.packing import Packer, pack, pipeline_time

@@ -27,7 +27,8 @@ from tidal.core.plan import StepPlan
 from tidal.core.scheme import ParallelScheme, parse_strategies
 from tidal.core.strategy import Strategy, place
 from tidal.costmodel.base import CostModel, pipeline_device
-from tidal.planner import packing, wlb
+from tidal.planner import packing
+from tidal.planner.baselines import fixed, wlb
 from tidal.planner.cp_adaptive import charged_pipeline_time, choose_for_micro_batches, cp_kernel
 from tidal.planner.proposal import propose
 from tidal.planner.select import StepSelection, StrategyProfile, profile_strategies, select_step
@@ -35,7 +36,7 @@ from tidal.planner.select import StepSelection, StrategyProfile, profile_strateg
 # wlb: WLB-LLM's packing, the micro-batch count searched per pipeline; wlb-fixed: as its paper ran it, PP micro-batches
 # per pipeline (PP x DP per step)
 PACKERS = MappingProxyType({"hydraulis": packing.pack, "wlb": wlb.pack, "wlb-fixed": wlb.pack_fixed_count,
-                            "fixed": packing.pack_fixed})
+                            "fixed": fixed.pack_fixed})
 WLB_PACKINGS = ("wlb", "wlb-fixed")
 CP_SHARDINGS = ("adaptive", "per-seq", "per-doc")
 STATE_VERSION = 1

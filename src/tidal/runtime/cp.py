@@ -14,10 +14,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from tidal.core.cplayout import CPShard
 from tidal.core.errors import TidalError
 from tidal.models.attention import VarlenMeta
 from tidal.models.llama import VarlenBatch
-from tidal.planner.cp_sharding import CPShard
 from tidal.runtime.comm import gather_rows, group_size
 
 

@@ -32,8 +32,8 @@ from tidal.core.plan import StepPlan
 from tidal.core.scheme import parse_strategies
 from tidal.core.strategy import Strategy, place
 from tidal.costmodel.analytic import AnalyticCostModel
-from tidal.costmodel.fitted import load_cost_model
 from tidal.costmodel.flops import mfu, peak_flops, train_flops
+from tidal.costmodel.loader import load_cost_model
 from tidal.costmodel.memory import MemoryConfig, executor_memory
 from tidal.data.accounting import EpochLedger
 from tidal.data.corpus import corpus_from_spec

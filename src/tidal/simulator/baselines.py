@@ -20,8 +20,9 @@ from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.scheme import ParallelScheme
 from tidal.core.strategy import Strategy, place
 from tidal.costmodel.base import CostModel, LatencyCoeffs, pipeline_device
+from tidal.planner.baselines.fixed import pack_fixed
 from tidal.planner.cp_adaptive import choose_for_micro_batches, cp_kernel
-from tidal.planner.packing import pack_fixed, pipeline_time
+from tidal.planner.packing import pipeline_time
 
 UNIT = LatencyCoeffs(0.0, 1.0, 0.0)  # token-count packing ignores latency
 

@@ -1,5 +1,6 @@
 """FlexPipe baseline (flexpipe.txt §4-5, §7.1): one pipeline, TP = CP = 1, its mapping re-decided every step by
-`tidal.planner.flexpipe.FlexPipePlanner` (HBSA), with its reconfiguration (layer migration) and recomputation costs.
+`tidal.planner.baselines.flexpipe.FlexPipePlanner` (HBSA), with its reconfiguration (layer migration) and recomputation
+costs.
 
 A step: documents FFD-packed into about MICRO_BATCHES micro-batches (capacity: the larger of the step's longest
 document mu and tokens / MICRO_BATCHES); the HBSA decision for them; each stage's micro-batch split over its GPUs
@@ -16,8 +17,8 @@ import time
 import numpy as np
 
 from tidal.core.plan import PipelinePlan
-from tidal.planner.flexpipe import FlexPipePlanner, Mapping, WorkloadMemory
-from tidal.planner.packing import pack_fixed
+from tidal.planner.baselines.fixed import pack_fixed
+from tidal.planner.baselines.flexpipe import FlexPipePlanner, Mapping, WorkloadMemory
 from tidal.simulator.baselines import UNIT, on_truth
 from tidal.simulator.engine import BWD, PipelineTrace, SimConfig, Simulator, StepResult, run_pipeline
 from tidal.simulator.runs import SystemRun, steps_of
@@ -72,8 +73,8 @@ def simulate_mapping(sim: Simulator, mp: Mapping, recompute, lengths: np.ndarray
 
 def run_flexpipe(w, sim_cfg: SimConfig, progress, *, static: bool = False, name: str = "flexpipe",
                  workload_memory: WorkloadMemory | None = None):
-    """`workload_memory`: FlexPipe's own memory model of its workload (`tidal.planner.flexpipe.fit_table2`); None
-    sizes stages with Tidal's memory model."""
+    """`workload_memory`: FlexPipe's own memory model of its workload (`tidal.planner.baselines.flexpipe.fit_table2`);
+    None sizes stages with Tidal's memory model."""
     t0 = time.perf_counter()
     planner = FlexPipePlanner(w.cost_model, fwd_share=sim_cfg.fwd_share, workload_memory=workload_memory)
     sim = Simulator(on_truth(w.cost_model, w.truth), sim_cfg)

@@ -31,8 +31,7 @@ import numpy as np
 
 from tidal.core.errors import TidalError
 from tidal.costmodel.base import LatencyCoeffs
-from tidal.planner.bounds import check_lengths, check_pipe
-from tidal.planner.packing import PackResult, pipeline_time
+from tidal.planner.packing import PackResult, pipeline_time, validate
 
 
 @dataclass(frozen=True)
@@ -275,12 +274,9 @@ def _best_count(lengths: np.ndarray, coeffs: LatencyCoeffs, pp: int, max_len: in
 def pack(lengths: np.ndarray, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool = False) -> PackResult:
     """WLB variable-length packing of one pipeline's documents (no cross-step delay: every document is packed).
     `exact` is accepted for signature compatibility and ignored: WLB is a heuristic (docs/wlb.md)."""
-    arr = check_lengths(lengths)
-    check_pipe(pp, max_len, coeffs)
+    arr = validate(lengths, coeffs, pp, max_len)
     if arr.size == 0:
         return PackResult((), 0.0)
-    if int(arr.max()) > max_len:
-        raise TidalError(f"sequence of length {int(arr.max())} exceeds the pipeline's MaxLen {max_len}")
     mbs, _ = _best_count(arr, coeffs, pp, max_len)
     out = tuple(sorted((tuple(sorted(mb)) for mb in mbs), key=lambda mb: mb[0]))
     return PackResult(out, pipeline_time(arr, out, coeffs, pp))
@@ -291,12 +287,9 @@ def pack_fixed_count(lengths: np.ndarray, coeffs: LatencyCoeffs, pp: int, max_le
     """WLB-LLM's packing as its paper ran it (§6.1: global batch = PP x DP micro-batches): one pipeline's documents
     into exactly `pp` micro-batches (Algorithm 1's greedy, least workload first, least length when over `max_len`);
     one more micro-batch only while some document fits nowhere. `exact` is ignored, as in `pack`."""
-    arr = check_lengths(lengths)
-    check_pipe(pp, max_len, coeffs)
+    arr = validate(lengths, coeffs, pp, max_len)
     if arr.size == 0:
         return PackResult((), 0.0)
-    if int(arr.max()) > max_len:
-        raise TidalError(f"sequence of length {int(arr.max())} exceeds the pipeline's MaxLen {max_len}")
     order = sorted(range(arr.size), key=lambda i: (-int(arr[i]), i))
     v = max(pp, math.ceil(int(arr.sum()) / max_len))
     while True:

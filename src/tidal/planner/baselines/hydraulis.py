@@ -1,0 +1,104 @@
+"""Hydraulis Alg. 1 (baseline dispatch), written once: `alg1_trial` is one random shuffle as the paper's loop writes
+it, and `dispatch_hydraulis` runs `trials` of them. The trial runs compiled (numba.njit, cached on disk) where numba is
+installed and as the same plain Python function where it is not (issue 27 item 2, decision 89); the tests run both.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from tidal.core.errors import TidalError
+from tidal.planner.bounds import PipeCost, check_lengths
+from tidal.planner.dispatch import DispatchResult, check_pipes, owner_result
+
+
+def alg1_trial(l_, perm, A, B, C, Q, M):
+    """One shuffle of Hydraulis Alg. 1: sequences in `perm` order, each to the pipeline j with MaxLen M[j] >= its
+    length x that minimises max(C_j + T_j(x) + E_j', max over k != j of C_k + E_k), T_j(l) = A l^2 + B l + C (C holds
+    Hydraulis' per-sequence constant c + d), E_j = T_j(l_max,j) Q[j] (Q = PP - 1); ties to the lowest j. The largest
+    C_k + E_k and the largest over the others are kept incrementally (totals only grow). Returns (owner, objective
+    max_j C_j + E_j); objective -1.0 when a sequence fits no pipeline."""
+    D = A.size
+    Cj = np.zeros(D)
+    Ej = np.zeros(D)
+    tot = np.zeros(D)
+    lmax = np.zeros(D, np.int64)
+    owner = np.empty(l_.size, np.int64)
+    k1 = 0  # first index of the largest C_k + E_k
+    second = 0.0  # the largest over the others
+    for t in range(perm.size):
+        i = perm[t]
+        x = l_[i]
+        o_min = np.inf
+        jb = -1
+        for j in range(D):
+            if x > M[j]:
+                continue
+            lm = x if x > lmax[j] else lmax[j]
+            o = Cj[j] + A[j] * x * x + B[j] * x + C[j] + (A[j] * lm * lm + B[j] * lm + C[j]) * Q[j]
+            oth = second if j == k1 else tot[k1]
+            if oth > o:
+                o = oth
+            if o < o_min:
+                o_min = o
+                jb = j
+        if jb < 0:
+            return owner, -1.0
+        Cj[jb] += A[jb] * x * x + B[jb] * x + C[jb]
+        if x > lmax[jb]:
+            lmax[jb] = x
+        lm = lmax[jb]
+        Ej[jb] = (A[jb] * lm ** 2 + B[jb] * lm + C[jb]) * Q[jb]
+        tt = Cj[jb] + Ej[jb]
+        tot[jb] = tt
+        if jb != k1 and (tt > tot[k1] or (tt == tot[k1] and jb < k1)):
+            second = tot[k1]
+            k1 = jb
+        elif jb != k1 and tt > second:
+            second = tt
+        owner[i] = jb
+    obj = 0.0
+    for j in range(D):
+        if Cj[j] + Ej[j] > obj:
+            obj = Cj[j] + Ej[j]
+    return owner, obj
+
+
+@functools.cache
+def compiled_trial() -> Callable | None:
+    """`alg1_trial` compiled (numba.njit, no fastmath: the same floats; cached on disk), None without numba."""
+    from tidal.planner.kernels import AVAILABLE, njit
+
+    return njit(cache=True)(alg1_trial) if AVAILABLE else None
+
+
+def dispatch_hydraulis(lengths, pipes: Sequence[PipeCost], *, trials: int = 100, seed: int = 0,
+                       trial: Callable | None = None) -> DispatchResult:
+    """Hydraulis Alg. 1 (baseline): `trials` random shuffles (numpy default_rng(seed) permutations), each dispatched
+    by `alg1_trial` with Hydraulis' per-sequence T(l) = a l^2 + b l + c (+ d, our per-document term) and E_j =
+    T(l_max) (PP - 1). Returns the best trial, re-scored with our cost (dispatch.owner_result). `trial`: the function
+    that runs one shuffle; None takes the compiled one where numba is installed, else `alg1_trial` as plain Python
+    (the same choices, float for float)."""
+    l_ = check_lengths(lengths)
+    check_pipes(pipes)
+    M = np.array([p.max_len for p in pipes], dtype=np.int64)
+    if l_.size and int(l_.max()) > int(M.max()):
+        raise TidalError(f"sequence of length {int(l_.max())} exceeds the MaxLen of every pipeline")
+    if trial is None:
+        trial = compiled_trial() or alg1_trial
+    rng = np.random.default_rng(seed)
+    A = np.array([p.a for p in pipes])
+    B = np.array([p.b for p in pipes])
+    C = np.array([p.c for p in pipes]) + np.array([p.d for p in pipes])  # per-sequence constant c + d
+    Q1 = np.array([p.pp - 1 for p in pipes], dtype=np.float64)
+    best_obj, best_owner = float("inf"), None
+    for _ in range(trials):
+        owner, obj = trial(l_, rng.permutation(l_.size), A, B, C, Q1, M)
+        if obj < best_obj:
+            best_obj, best_owner = obj, owner
+    if best_owner is None:
+        return DispatchResult(tuple(() for _ in pipes), 0.0, tuple(0.0 for _ in pipes))
+    return owner_result(l_, pipes, best_owner)
