@@ -140,19 +140,18 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
                               packing=cfg.planner.packing, cp_sharding=cfg.planner.cp_sharding, seed=cfg.data.seed,
                               rotate=cfg.planner.rotate, exact=cfg.planner.exact)
     sample = None
-    if cfg.planner.name == "flexpipe":
-        pass
-    elif cfg.planner.strategies.strip().lower() != "auto":  # memory first: a clearer message than the max_len check
-        profile_strategies(tuple(place(sch, cluster, spec) for sch in parse_strategies(cfg.planner.strategies)), cm)
-    else:
-        src = corpus.length_source()
-        n = PROPOSAL_SAMPLE if src.size is None else min(src.size, PROPOSAL_SAMPLE)
-        sample = np.minimum(src.lengths(0, n), cfg.data.max_len)
     if cfg.planner.name == "flexpipe":  # every (depth, split) HBSA may pick (planner/flexpipe_run.py)
         candidates = flexpipe_candidates(spec.layers, cluster.num_devices, parse_depths(cfg.planner.flexpipe_depths))
         for s in candidates:
             s.pipelines[0].scheme.validate(spec)
     else:
+        if cfg.planner.strategies.strip().lower() != "auto":  # memory first: clearer than the max_len check
+            profile_strategies(tuple(place(sch, cluster, spec) for sch in parse_strategies(cfg.planner.strategies)),
+                               cm)
+        else:
+            src = corpus.length_source()
+            n = PROPOSAL_SAMPLE if src.size is None else min(src.size, PROPOSAL_SAMPLE)
+            sample = np.minimum(src.lengths(0, n), cfg.data.max_len)
         candidates = build_candidates(cm, cfg.planner.strategies, sample, tokens_per_step=cfg.data.tokens_per_step,
                                       max_len=cfg.data.max_len, seed=cfg.data.seed)
     for s in candidates:
