@@ -143,6 +143,10 @@ CASES = [
     ("tokens_per_step float", cfg(sub("tokens_per_step = 512", "tokens_per_step = 5e2"))),
     ("long_docs unknown", cfg(add("data", 'long_docs = "explode"'))),
     ("data seed negative", cfg(add("data", "seed = -1"))),
+    ("planner name unknown", cfg(add("planner", 'name = "megatron"'))),
+    ("flexpipe depths without flexpipe", cfg(add("planner", 'flexpipe_depths = "1,2"'))),
+    ("flexpipe depth beyond layers", cfg(add("planner", 'name = "flexpipe"\nflexpipe_depths = "1,7"'))),
+    ("flexpipe depths not integers", cfg(add("planner", 'name = "flexpipe"\nflexpipe_depths = "1,x"'))),
     ("corpus unknown", cfg(sub('"stdlib:defs"', '"webtext"'))),
     ("corpus jsonl missing", cfg(lambda t, tmp: t.replace('"stdlib:defs"', f'"jsonl:{tmp}/nope.jsonl"'))),
     ("corpus jsonl empty", cfg(lambda t, tmp: t.replace('"stdlib:defs"', f'"jsonl:{tmp}/empty.txt"'))),
@@ -254,6 +258,7 @@ CASES = [
     ("verify model", argv("verify", "--strategies", "4*tp1", "--model", "gpt-9")),
     ("verify seed", argv("verify", "--strategies", "4*tp1", "--seed", "-1")),
     ("verify no strategies", argv("verify")),
+    ("verify flexpipe depth beyond nproc", argv("verify", "--planner", "flexpipe", "--flexpipe-depths", "8")),
     # ---- tidal plan ----
     ("plan max-len 1", argv("plan", "--max-len", "1")),
     ("plan max-len 8", argv("plan", "--max-len", "8", "--model", "tiny", "--cluster", "cpux4")),

@@ -41,6 +41,8 @@ KEY_HELP = {
     "planner.rotate": "run step k on candidate k mod S (tests every candidate) instead of the planner's choice",
     "planner.cost_model": "fitted cost model JSON or profile CSV from `tidal profile` (analytic when empty)",
     "planner.exact": "exact MILP dispatch and packing (small steps only; slow)",
+    "planner.name": "'tidal' (selection over the candidate strategies) or 'flexpipe' (HBSA picks depth and split)",
+    "planner.flexpipe_depths": "flexpipe only: pipeline depths cycled step by step, e.g. '1,2,4'; empty: HBSA decides",
     "optimizer.lr": "peak learning rate",
     "optimizer.beta1": "AdamW β1",
     "optimizer.beta2": "AdamW β2",

@@ -74,8 +74,14 @@ def add_parsers(sub) -> None:
     v.add_argument("--model", default="tiny",
                    help="preset name, or a TOML file whose [model] section gives a shape (docs/models.md)")
     v.add_argument("--nproc", type=argtypes.positive, default=4, help="gloo ranks to spawn ([world] cluster cpuxN)")
-    v.add_argument("--strategies", required=True,
-                   help="strategies separated by ';' (switched every step), or 'auto' (the planner's choice)")
+    v.add_argument("--strategies", default=None,
+                   help="strategies separated by ';' (switched every step), or 'auto' (the planner's choice); "
+                        "required with --planner tidal")
+    v.add_argument("--planner", choices=("tidal", "flexpipe"), default="tidal",
+                   help="flexpipe: HBSA picks depth, layer split and device groups each step (decision 91)")
+    v.add_argument("--flexpipe-depths", default=None,
+                   help="with --planner flexpipe: pipeline depths cycled step by step (default: the powers of two "
+                        "up to min(nproc, layers), e.g. 1,2,4, so every step reconfigures); 'hbsa': HBSA's triggers")
     v.add_argument("--steps", type=argtypes.positive, default=5, help="training steps")
     v.add_argument("--dtype", choices=tuple(VERIFY_TOL), default="float64",
                    help="float64 / float32: master and compute in that dtype; bfloat16: bf16 compute, fp32 master")
@@ -324,11 +330,23 @@ def verify_config(args):
     from tidal.runtime.config import DataConfig, PlannerConfig, TrainConfig, TrainSection, WorldConfig, model_arg
     from tidal.runtime.optim import OptimConfig
 
-    auto = args.strategies.strip().lower() == "auto"
+    model = dataclasses.replace(model_arg(args.model), attn_backend="sdpa")
+    planner = getattr(args, "planner", "tidal")
+    if planner == "flexpipe":
+        depths = getattr(args, "flexpipe_depths", None)
+        if depths is None:
+            top = min(args.nproc, model.spec().layers)
+            depths = ",".join(str(2 ** i) for i in range(top.bit_length()) if 2 ** i <= top)
+        pcfg = PlannerConfig(name="flexpipe", flexpipe_depths="" if depths == "hbsa" else depths)
+    elif args.strategies is None:
+        raise TidalError("verify needs --strategies (or --planner flexpipe)")
+    else:
+        pcfg = PlannerConfig(args.strategies, "hydraulis", "adaptive",
+                             rotate=args.strategies.strip().lower() != "auto")
     return TrainConfig(
-        model=dataclasses.replace(model_arg(args.model), attn_backend="sdpa"), world=WorldConfig(f"cpux{args.nproc}"),
+        model=model, world=WorldConfig(f"cpux{args.nproc}"),
         data=DataConfig(args.data, args.max_len, args.tokens_per_step, "split", args.seed),
-        planner=PlannerConfig(args.strategies, "hydraulis", "adaptive", rotate=not auto),
+        planner=pcfg,
         optimizer=OptimConfig(lr=1e-3, warmup_steps=2, decay_steps=max(args.steps, 1)),
         train=TrainSection(args.steps, args.seed, "1f1b", "float32" if args.dtype == "bfloat16" else args.dtype,
                            args.dtype, "", False, cost_model_warn=0.0))  # verify checks numbers, not speed

@@ -11,7 +11,7 @@ Sections and keys (all optional except where noted; see docs/training.md for the
                  cache_dir = "", cycle = false
     [planner]    strategies = "auto" | "tp2+2*tp1;4*tp1", packing = "hydraulis"|"wlb"|"wlb-fixed"|"fixed",
                  cp_sharding = "adaptive", rotate = false, cost_model = "" (path to a fitted model or profile),
-                 exact = false
+                 exact = false, name = "tidal"|"flexpipe", flexpipe_depths = "" ("1,2,4": cycle these depths)
     [optimizer]  lr, beta1, beta2, eps, weight_decay, clip, warmup_steps, decay_steps, min_lr_ratio
     [train]      steps, seed, schedule = "1f1b"|"gpipe", master_dtype = "float32", compute_dtype = "auto",
                  metrics = "" (JSONL path), progress = true, overlap_pull = true, sequence_parallel = false,
@@ -136,6 +136,9 @@ class DataConfig:
             raise TidalError(f"[data] long_docs must be one of {', '.join(LONG_DOC_POLICIES)}, got {self.long_docs!r}")
 
 
+PLANNERS = ("tidal", "flexpipe")
+
+
 @dataclass(frozen=True)
 class PlannerConfig:
     strategies: str = "auto"
@@ -144,6 +147,14 @@ class PlannerConfig:
     rotate: bool = False
     cost_model: str = ""
     exact: bool = False  # exact MILP dispatch and packing (small steps only; slow: benchmarks/plan_overlap.py)
+    name: str = "tidal"  # "tidal" (Hydraulis-style selection over `strategies`) or "flexpipe" (HBSA per step)
+    flexpipe_depths: str = ""  # flexpipe only: "" = HBSA's triggers decide the depth; "1,2,4" = cycle these depths
+
+    def __post_init__(self) -> None:
+        if self.name not in PLANNERS:
+            raise TidalError(f"[planner] name must be one of {', '.join(PLANNERS)}, got {self.name!r}")
+        if self.flexpipe_depths and self.name != "flexpipe":
+            raise TidalError("[planner] flexpipe_depths needs name = \"flexpipe\"")
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -42,6 +42,7 @@ from tidal.runtime.flat import FlatStage
 from tidal.runtime.groups import GroupCache
 from tidal.runtime.optim import OptimConfig, ShardedAdamW, shard_range
 from tidal.runtime.pipeline import RankGrid, build_stage_model, held_params, run_pipeline
+from tidal.runtime.reconfig import ReconfigStats, reconfig_stats
 from tidal.runtime.reshard.execute import execute, start
 from tidal.runtime.reshard.local import Links, LocalPlanner
 from tidal.runtime.streams import PullStream, PushStream, check_layout
@@ -100,6 +101,7 @@ class StepMetrics:
     push_bytes: int
     optim: dict
     push_overlapped: int = 0  # parameter groups whose push was posted before the backward ended (overlap_push)
+    reconfig: ReconfigStats = ReconfigStats()  # this rank's reconfiguration figures (runtime/reconfig.py)
 
 
 class Executor(ExecutorState):
@@ -172,6 +174,7 @@ class Executor(ExecutorState):
         self.attn_backend = describe_backend(cfg.attn_backend, self.device, self.compute_dtype,
                                              head_dim=spec.head_dim)
         self._active: int | None = None
+        self._last: int | None = None  # candidate of the last step that updated (reconfiguration accounting)
         self._pull_wait_cpu = 0.0
         self._init_master()
 
@@ -361,8 +364,13 @@ class Executor(ExecutorState):
         running = sorted(i for p in step.pipelines for mb in p.micro_batches for i in mb)
         tokens = sum(step.seq_lengths[i] for i in running)
         self._active, self._pull_wait_cpu = k, 0.0
+        rec = reconfig_stats(self.pull_groups, self._last, k, self.rank, torch.finfo(self.compute_dtype).bits // 8) \
+            if update else ReconfigStats()
+        if update:
+            self._last = k
         try:
-            return self._step(step, fetch, update, k, tokens, running, (t_wall, t_busy, t_proc), poison)
+            return replace(self._step(step, fetch, update, k, tokens, running, (t_wall, t_busy, t_proc), poison),
+                           reconfig=rec)
         finally:  # also when the step raises: no stream outlives its step
             self._active, self._pulling, self._pushing = None, None, None
 

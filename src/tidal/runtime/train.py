@@ -38,6 +38,7 @@ from tidal.costmodel.memory import MemoryConfig, executor_memory
 from tidal.data.accounting import EpochLedger
 from tidal.data.corpus import corpus_from_spec
 from tidal.models.attention import BACKENDS
+from tidal.planner.flexpipe_run import flexpipe_candidates, parse_depths
 from tidal.planner.select import profile_strategies
 from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates, carry_state
 from tidal.runtime import ckptdir
@@ -51,6 +52,7 @@ from tidal.runtime.launch import cuda_defaults
 from tidal.runtime.lifecycle import StopRequest, exit_code_for
 from tidal.runtime.planahead import PlannerSpec, SetCostModel, open_plans
 from tidal.runtime.pp import SCHEDULES
+from tidal.runtime.reconfig import FlexPipeSpec
 
 PROPOSAL_SAMPLE = 20000
 
@@ -140,14 +142,20 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
                               packing=cfg.planner.packing, cp_sharding=cfg.planner.cp_sharding, seed=cfg.data.seed,
                               rotate=cfg.planner.rotate, exact=cfg.planner.exact)
     sample = None
-    if cfg.planner.strategies.strip().lower() != "auto":  # memory first: a clearer message than the max_len check
-        profile_strategies(tuple(place(sch, cluster, spec) for sch in parse_strategies(cfg.planner.strategies)), cm)
+    if cfg.planner.name == "flexpipe":  # every (depth, split) HBSA may pick (planner/flexpipe_run.py)
+        candidates = flexpipe_candidates(spec.layers, cluster.num_devices, parse_depths(cfg.planner.flexpipe_depths))
+        for s in candidates:
+            s.pipelines[0].scheme.validate(spec)
     else:
-        src = corpus.length_source()
-        n = PROPOSAL_SAMPLE if src.size is None else min(src.size, PROPOSAL_SAMPLE)
-        sample = np.minimum(src.lengths(0, n), cfg.data.max_len)
-    candidates = build_candidates(cm, cfg.planner.strategies, sample, tokens_per_step=cfg.data.tokens_per_step,
-                                  max_len=cfg.data.max_len, seed=cfg.data.seed)
+        if cfg.planner.strategies.strip().lower() != "auto":  # memory first: clearer than the max_len check
+            profile_strategies(tuple(place(sch, cluster, spec) for sch in parse_strategies(cfg.planner.strategies)),
+                               cm)
+        else:
+            src = corpus.length_source()
+            n = PROPOSAL_SAMPLE if src.size is None else min(src.size, PROPOSAL_SAMPLE)
+            sample = np.minimum(src.lengths(0, n), cfg.data.max_len)
+        candidates = build_candidates(cm, cfg.planner.strategies, sample, tokens_per_step=cfg.data.tokens_per_step,
+                                      max_len=cfg.data.max_len, seed=cfg.data.seed)
     for s in candidates:
         if s.num_devices > cluster.num_devices:
             raise TidalError(f"strategy {s} needs {s.num_devices} devices; the world has {cluster.num_devices}")
@@ -169,9 +177,13 @@ def open_corpus(cfg: TrainConfig, spec: ModelSpec):
                             cache_dir=cfg.data.cache_dir or None)
 
 
-def planner_spec(job: Prepared) -> PlannerSpec:
+def planner_spec(job: Prepared) -> PlannerSpec | FlexPipeSpec:
     """The picklable, torch-free inputs of the job's planner (what a background planner process builds it from)."""
     cfg, d = job.config, job.config.data
+    if cfg.planner.name == "flexpipe":
+        return FlexPipeSpec(d.source, d.seed, job.spec.vocab, d.tokenizer, d.cache_dir, d.tokens_per_step, d.max_len,
+                            d.long_docs, d.cycle, cfg.planner.cost_model, job.spec, job.cluster, job.candidates,
+                            parse_depths(cfg.planner.flexpipe_depths), train_memory(cfg, job.cluster))
     return PlannerSpec(d.source, d.seed, job.spec.vocab, d.tokenizer, d.cache_dir, d.tokens_per_step, d.max_len,
                        d.long_docs, d.cycle, cfg.planner.cost_model, job.spec, job.cluster, job.candidates,
                        job.options, train_memory(cfg, job.cluster))
@@ -191,7 +203,9 @@ def make_ledger(job: Prepared, corpus) -> EpochLedger | None:
 
 
 _RANK_FIELDS = ("busy_s", "compute_busy_s", "process_busy_s", "wall_s", "pull_s", "push_s", "pull_cpu_s",
-                "push_cpu_s", "pull_bytes", "push_bytes", "gc_s")
+                "push_cpu_s", "pull_bytes", "push_bytes", "gc_s", "reconfigured", "moved_groups", "moved_recv_bytes",
+                "moved_param_bytes", "extra_bytes")
+_RECONFIG = _RANK_FIELDS[-5:]  # StepMetrics.reconfig's fields
 
 
 @dataclass(frozen=True)
@@ -241,7 +255,8 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
     done = 0 if resume is None else int(resume[1]["step"])  # steps trained so far (the checkpoint's)
     if resume is not None and rank == 0 and resume[1]["state"].get("planner") is not None:  # (none: HF import)
         # another strategy list or world: the stream carries over (one line)
-        plan_state, note = carry_state(resume[1]["state"]["planner"], job.options, job.candidates)
+        plan_state, note = (resume[1]["state"]["planner"], "") if cfg.planner.name == "flexpipe" else carry_state(
+            resume[1]["state"]["planner"], job.options, job.candidates)
         if note:
             ckptdir.say(note)
     plans = (open_plans(plan_factory or planner_spec(job), cfg.train.plan_ahead, plan_state) if rank == 0
@@ -309,7 +324,8 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
                 marks(done + 1, "metrics all-gather")
                 # per-rank figures, then this rank's stop request and non-finite flag (every rank reads every rank's)
                 mem, mem_kind = peak_memory_bytes(executor.device)
-                mine = torch.tensor([gc_s if f == "gc_s" else getattr(m, f) for f in _RANK_FIELDS]
+                mine = torch.tensor([gc_s if f == "gc_s" else float(getattr(m.reconfig if f in _RECONFIG else m, f))
+                                     for f in _RANK_FIELDS]
                                     + [mem, stop.signum, m.optim.get("local_bad", 0.0)],
                                     dtype=torch.float64, device=executor.device)
                 every = [torch.zeros_like(mine) for _ in range(world)]
@@ -454,6 +470,7 @@ def _row(index: int, step: StepPlan, job: Prepared, m, per_rank: np.ndarray, pla
         "pull_bytes": int(col["pull_bytes"].sum()),
         "push_bytes": int(col["push_bytes"].sum()),
         "gc_s": float(col["gc_s"].max()),
+        **_reconfig_fields(col),
         "grad_norm": m.optim.get("grad_norm", math.nan),
         "lr": m.optim.get("lr", math.nan),
         "tokens_per_s": m.tokens / wall if wall > 0 else 0.0,
@@ -463,3 +480,15 @@ def _row(index: int, step: StepPlan, job: Prepared, m, per_rank: np.ndarray, pla
         "model_flops": flops,
         "mfu": mfu(flops, wall, peak_flops(job.cluster)),
     }
+
+
+def _reconfig_fields(col: dict) -> dict:
+    """A reconfiguration (candidate changed since the last step): groups whose holder changed, summed over ranks;
+    the bytes received for them against their parameter bytes (ratio <= 1.0: pulls are at the minimum), the pull
+    bytes it adds over keeping the old strategy, and its stall: the step's pull wall time (runtime/reconfig.py)."""
+    on = bool(col["reconfigured"].max() > 0)
+    moved, param = int(col["moved_recv_bytes"].sum()), int(col["moved_param_bytes"].sum())
+    return {"reconfigured": on, "moved_groups": int(col["moved_groups"].sum()), "reconfig_bytes": moved,
+            "moved_param_bytes": param, "reconfig_bytes_ratio": moved / param if param else 0.0,
+            "reconfig_extra_bytes": int(col["extra_bytes"].sum()),
+            "reconfig_stall_s": float(col["pull_s"].max()) if on else 0.0}
