@@ -32,7 +32,7 @@ from tidal.core.cluster import ClusterSpec
 from tidal.core.model import ModelSpec
 from tidal.core.strategy import Strategy
 from tidal.costmodel.analytic import AnalyticCostModel
-from tidal.costmodel.fitted import load_cost_model
+from tidal.costmodel.loader import load_cost_model
 from tidal.costmodel.memory import MemoryConfig
 from tidal.data.corpus import corpus_from_spec
 from tidal.data.sampler import TokenBudgetSampler
