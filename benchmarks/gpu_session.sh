@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # The checks of one lent GPU session, in one call (docs/runtime.md "On a GPU" records what they gave):
-#   bash benchmarks/gpu_session.sh OUTDIR
+#   bash benchmarks/gpu_session.sh OUTDIR [PART ...]      (no PART: all of them)
 # 1. the `cuda` tests; 2. a one-GPU `tidal verify` in bf16; 3. one-GPU training of a ~1B model (tokens/s, MFU, peak
 # memory against the memory model); 4. the attention backends; 5. `tidal profile` of llama2-7b's layer shape (4 layers)
-# at 1K-16K tokens, for the cost model's H200 check (benchmarks/gpu_profile_check.py reads the CSV).
+# at 1K-16K tokens, for the cost model's H200 check; 6. activation bytes per layer and per vocabulary entry
+# (benchmarks/act_bytes.py) of llama3.2-1b and llama2-7b's shapes against the memory model.
 # Each part has its own time limit and goes on after a failure; everything lands in OUTDIR/session.log.
 set -u
 OUT=${1:-gpu-out}
+shift || true
+PARTS=" $* "
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 LOG="$OUT/session.log"
 part() {
   local name=$1 limit=$2
   shift 2
+  [ "$PARTS" = "  " ] || [[ "$PARTS" == *" $name "* ]] || return 0
   local t0
   t0=$(date +%s)
   echo "=== $name: $*" | tee -a "$LOG"
@@ -33,4 +37,6 @@ part train-1b 150 python3 benchmarks/gpu_run.py --model llama3.2-1b --cluster h2
 part attention 50 python3 benchmarks/attention_backends.py --repeats 5
 part profile-7b 110 python3 -m tidal.cli.main profile --model examples/model-llama2-7b-4layers.toml \
   --cluster h200x1 --schemes tp1 --totals 1024,4096,16384 --mixes 2 --repeats 3 --out "$OUT/profile.json"
+part act-bytes-1b 60 python3 benchmarks/act_bytes.py --model llama3.2-1b --tokens 4096,8192,16384
+part act-bytes-7b 60 python3 benchmarks/act_bytes.py --model llama2-7b --tokens 4096,8192,16384
 grep "^===" "$LOG"

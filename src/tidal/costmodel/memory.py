@@ -66,6 +66,10 @@ class MemoryConfig:
     # nothing replicated.
     act_bytes_per_token_layer: float = 36.0
     act_bytes_tp_replicated: float = 1.25
+    # The last stage's logits per token per vocabulary entry (/ TP, / CP): 8 B, an fp32 logit and its gradient (App.
+    # C.1's charge, kept for the planner's pinned figures). `executor_memory` charges what the loss path holds at its
+    # peak (`LOGIT_BYTES`, measured on an H200 by benchmarks/act_bytes.py, docs/costmodel.md).
+    logit_bytes_per_vocab: float = 8.0
     master_bytes_per_param: float = 12.0  # fp32 master + Adam m, v (sharded over all N)
     shard_grad_bytes_per_param: float = 4.0  # the push's fp32 gradient shards (sharded over all N), until the update
     param_bytes_per_param: float = 2.0  # the running stage's parameters in the compute dtype (bf16)
@@ -110,6 +114,11 @@ def act_bytes_per_token(cfg: MemoryConfig, tp: int) -> float:
 
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+# Bytes per token per vocabulary entry that the loss path holds at its peak, by compute dtype: cross_entropy on the
+# logits upcast to fp32 keeps the fp32 log-softmax for the backward (4); the backward adds the dense fp32 gradient of
+# the log-probabilities (4) and of the logits (4), and, for a 16-bit compute dtype, its cast back (2). float64: twice
+# float32's.
+LOGIT_BYTES = {"float64": 24.0, "float32": 12.0, "bfloat16": 14.0, "float16": 14.0}
 
 
 def executor_memory(compute: str, master: str, base: MemoryConfig | None = None) -> MemoryConfig:
@@ -121,9 +130,14 @@ def executor_memory(compute: str, master: str, base: MemoryConfig | None = None)
         if name not in DTYPE_BYTES:
             raise TidalError(f"unknown dtype {name!r}; one of {', '.join(DTYPE_BYTES)}")
     cb, mb = DTYPE_BYTES[compute], DTYPE_BYTES[master]
-    return replace(base or MemoryConfig(), mode="executor", param_bytes_per_param=cb, grad_bytes_per_param=max(cb, 4),
+    b = base or MemoryConfig()
+    # activations are charged per 16-bit element (Korthikanti's count, Hydraulis' bf16 pools): scaled to the dtype
+    scale = cb / 2.0
+    return replace(b, mode="executor", param_bytes_per_param=cb, grad_bytes_per_param=max(cb, 4),
+                   act_bytes_per_token_layer=b.act_bytes_per_token_layer * scale,
+                   act_bytes_tp_replicated=b.act_bytes_tp_replicated * scale,
                    master_bytes_per_param=3 * mb, shard_grad_bytes_per_param=mb,
-                   pull_cast_bytes_per_param=0 if compute == master else cb)
+                   pull_cast_bytes_per_param=0 if compute == master else cb, logit_bytes_per_vocab=LOGIT_BYTES[compute])
 
 
 def stage_params(model: ModelSpec, scheme: ParallelScheme, stage: int) -> tuple[float, float]:
@@ -241,7 +255,7 @@ def _phase_lines(model: ModelSpec, scheme: ParallelScheme, n_devices: int, cfg: 
                 params += model.hidden + (0 if model.tie_embeddings else emb)
             act_per_tok = act_bytes_per_token(cfg, t) * model.hidden * L * p / c
             if s == len(stages) - 1:
-                act_per_tok += 8.0 * model.vocab / (t * c)
+                act_per_tok += cfg.logit_bytes_per_vocab * model.vocab / (t * c)
             out.append([(master + cfg.model_bytes_per_param * params / t, act_per_tok)])
         return out
     for s, L in enumerate(stages):
@@ -251,7 +265,7 @@ def _phase_lines(model: ModelSpec, scheme: ParallelScheme, n_devices: int, cfg: 
         sends = max(0.0, n_all - w * t) / n_devices * n_devices / (t * p) * cfg.param_bytes_per_param
         act_per_tok = act_bytes_per_token(cfg, t) * model.hidden * L * p / c
         if s == len(stages) - 1:
-            act_per_tok += 8.0 * model.vocab / (t * c)
+            act_per_tok += cfg.logit_bytes_per_vocab * model.vocab / (t * c)
         out.append([(res["backward"] + sends, act_per_tok), (res["pull"], 0.0), (res["push"], 0.0)])
     return out
 
