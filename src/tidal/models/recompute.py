@@ -30,8 +30,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from tidal.core.errors import TidalError
-
-MODES = ("none", "full", "selective")
+from tidal.core.recompute import MODES
 
 
 def check_mode(mode: str) -> str:

@@ -36,6 +36,7 @@ from typing import Any
 from tidal.core.errors import TidalError
 from tidal.core.limits import check_finite, check_lengths
 from tidal.core.model import MODEL_PRESETS, ModelSpec, get_model
+from tidal.core.recompute import parse_recompute
 from tidal.data.sampler import LONG_DOC_POLICIES
 from tidal.runtime.optim import OptimConfig
 
@@ -151,6 +152,8 @@ class TrainSection:
     progress: bool = True
     overlap_pull: bool = True
     sequence_parallel: bool = False  # Megatron-style SP inside every TP group (runtime/tp.py)
+    recompute: str = "none"  # none | full | selective, or one per stage "full,selective,none" (decision 90)
+    offload: bool = False  # saved activations to pinned host memory between forward and backward (CPU: no-op)
     refit: str = "off"  # "online": refit the cost model's coefficients from measured steps (docs/training.md)
     refit_every: int = 5  # steps between online refits
     plan_ahead: int = 2  # plans computed ahead in a background process (queue depth); 0 = plan inline
@@ -179,6 +182,10 @@ class TrainSection:
         if self.max_consecutive_skips < 1:
             raise TidalError(f"[train] max_consecutive_skips must be >= 1, got {self.max_consecutive_skips}")
         nan_steps(self.inject_nan)  # validates the hook's syntax
+        try:
+            parse_recompute(self.recompute)
+        except TidalError as e:
+            raise TidalError(f"[train] {e}") from None
 
 
 def nan_steps(spec: str) -> tuple[int, int, int] | None:

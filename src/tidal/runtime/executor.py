@@ -32,6 +32,7 @@ from tidal.core.cluster import ClusterSpec
 from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec, param_table
 from tidal.core.plan import PipelinePlan, StepPlan
+from tidal.core.recompute import parse_recompute, stage_recompute
 from tidal.core.strategy import Strategy
 from tidal.models.attention import describe_backend
 from tidal.models.init import derive_seed, init_slice
@@ -63,8 +64,13 @@ class ExecConfig:
     overlap_push: bool = True  # post each group's push from the backward once its gradients are final; False: after
     device: str = "auto"  # auto: the current CUDA device under NCCL, else CPU; or "cpu" / "cuda"
     sequence_parallel: bool = False  # Megatron-style SP in every TP group (runtime/tp.py)
+    # activation recomputation per stage (decision 90): one mode, or one per stage ("full,none": stage s runs entry
+    # s, deeper stages the last); a property of the stage model build_stage_model builds
+    recompute: tuple[str, ...] | str = ("none",)
+    offload: bool = False  # every layer's saved activations to (pinned) host memory between forward and backward
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "recompute", parse_recompute(self.recompute))
         if self.master_dtype not in DTYPES:
             raise TidalError(f"master_dtype must be one of {', '.join(DTYPES)}, got {self.master_dtype!r}")
         if self.compute_dtype not in ("auto", *DTYPES):
@@ -156,7 +162,8 @@ class Executor(ExecutorState):
             grid = RankGrid.build(strategy.pipelines[mine[0]], self.rank, self.groups)
             model = build_stage_model(spec, grid, seed=cfg.seed, attn_backend=cfg.attn_backend,
                                       dtype=self.compute_dtype, device=self.device, init=False,  # pulled each step
-                                      sequence_parallel=cfg.sequence_parallel)
+                                      sequence_parallel=cfg.sequence_parallel,
+                                      recompute=stage_recompute(cfg.recompute, grid.stage), offload=cfg.offload)
             self._check_layout(model, pull_groups, push_groups, k)
             self.grids.append((mine[0], grid))
             self.models.append(model)

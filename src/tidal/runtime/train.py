@@ -28,6 +28,7 @@ from tidal.core.cluster import ClusterSpec, get_cluster
 from tidal.core.errors import EXIT_NONFINITE, TidalError
 from tidal.core.model import ModelSpec, param_table
 from tidal.core.plan import StepPlan
+from tidal.core.recompute import stage_recompute
 from tidal.core.scheme import parse_strategies
 from tidal.core.strategy import Strategy, place
 from tidal.costmodel.analytic import AnalyticCostModel
@@ -152,7 +153,8 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
     profile_strategies(candidates, cm)  # a scheme that does not fit memory raises here
     ex = ExecConfig(seed=cfg.train.seed, master_dtype=cfg.train.master_dtype, compute_dtype=cfg.train.compute_dtype,
                     schedule=cfg.train.schedule, attn_backend=cfg.model.attn_backend,
-                    overlap_pull=cfg.train.overlap_pull, sequence_parallel=cfg.train.sequence_parallel)
+                    overlap_pull=cfg.train.overlap_pull, sequence_parallel=cfg.train.sequence_parallel,
+                    recompute=cfg.train.recompute, offload=cfg.train.offload)
     if cfg.train.metrics:
         parent = Path(cfg.train.metrics).parent
         if not parent.is_dir():
@@ -307,6 +309,9 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
                         plans.apply(SetCostModel(new))  # later steps are planned with the refitted coefficients
                         cost_model, label = new, f"refit-{refit.generation}"
                     row["attn_backend"] = executor.attn_backend
+                    # per pipeline of the step, the recomputation each stage ran (decision 90)
+                    row["recompute"] = [[stage_recompute(job.exec_config.recompute, s) for s in range(p.pp)]
+                                        for p in step.pipelines]
                     row["checkpoint_s"] = saver.take_blocked() if saver is not None else 0.0
                     row.update(skipped=bool(skipped), skips=skips, consecutive_skips=consecutive,
                                nonfinite_ranks=bad_ranks)
