@@ -7,9 +7,11 @@ stage runs one micro-batch of one document of each length: forward with the coun
 
 * measured bytes: distinct storages autograd saved during the stage's forward (parameters excluded; a tensor saved by
   several layers, e.g. RoPE's cos/sin, counted once), at the end of the forward: what the stage holds per in-flight
-  micro-batch. A full recompute's layer inputs are saved by the checkpoint (they are counted).
+  micro-batch, the loss's saves included (as runtime/pp.execute counts them). A full recompute's layer inputs are
+  saved by the checkpoint (they are counted).
 * model bytes: `stage_act_per_token` per micro-batch (PP = 1 in-flight) x tokens, with the memory model's 16-bit
-  figures scaled to the run's dtype (x dtype bytes / 2; the fp32 logsumexp term as it is). The model assumes a
+  figures scaled to the run's dtype (x dtype bytes / 2; the fp32 logsumexp term as it is); of the last stage's
+  8 vocab B/token (fp32 log-softmax and its gradient) the saved half, 4 vocab. The model assumes a
   flash-style kernel (nothing quadratic in the length); the CPU sdpa kernel is not one, so the measured "none" grows
   faster than the model at long lengths, and what "selective" frees is that kernel's saves.
 * extra time: median of `--reps` forward + backward CPU times (time.thread_time, one thread) of the stage, against
@@ -80,10 +82,12 @@ def run_stage(model: Llama, length: int, first: bool, last: bool, dtype: torch.d
          else torch.randn(length, model.spec.hidden, generator=g, dtype=dtype).requires_grad_())
     counter = DistinctSaved(model.parameters())
     c0 = time.thread_time()
+    labels = torch.randint(0, model.spec.vocab, (length,), generator=g)
     with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack) if count else _null():
-        out = model(x, batch)
+        out = model(x, batch)  # the loss inside the counter, as runtime/pp.execute counts it
+        if last:
+            out = loss_sum(out, labels)
     if last:
-        out = loss_sum(out, torch.randint(0, model.spec.vocab, (length,), generator=g))
         out.backward()
     else:
         out.backward(torch.ones_like(out))
@@ -112,7 +116,9 @@ def model_bytes(spec, pp: int, stage: int, mode: str, length: int, itemsize: int
     kept_layers = (per_tok - (8.0 * spec.vocab if stage == pp - 1 else 0.0))
     if mode == "full":
         kept_layers -= (base.act_bytes_per_token_layer + base.act_bytes_tp_replicated) * scale * spec.hidden
-    return length * (kept_layers / pp + (8.0 * spec.vocab * itemsize / 4 if stage == pp - 1 else 0.0))
+    # the last stage's 8 * vocab B/token are the fp32 log-softmax (saved) and its gradient (backward only): the saved
+    # half here
+    return length * (kept_layers / pp + (4.0 * spec.vocab if stage == pp - 1 else 0.0))
 
 
 def main() -> None:
