@@ -78,3 +78,17 @@ def test_auto_recomputes_only_where_the_length_needs_it_and_the_planner_admits_i
     assert build_candidates(auto, "auto", sample, tokens_per_step=4 * need, max_len=need, seed=0)
     with pytest.raises(TidalError, match="needs the length"):
         RecomputeCostModel(cm, "auto")
+
+
+def test_tidal_train_plans_with_the_configured_recompute():
+    from tidal.runtime.config import TrainConfig
+    from tidal.runtime.train import build_cost_model
+
+    cfg, cl = TrainConfig(), get_cluster("cpux4")
+    s, dev = ParallelScheme(1, 2, 1), cl.groups[0].device
+
+    def ml(recompute):
+        c = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, recompute=recompute))
+        return build_cost_model(c, get_model("tiny"), cl).max_len(s, dev)
+
+    assert ml("none") < ml("selective,full") < ml("full")

@@ -163,7 +163,7 @@ def executor_memory(compute: str, master: str, base: MemoryConfig | None = None)
     cb, mb = DTYPE_BYTES[compute], DTYPE_BYTES[master]
     return replace(base or MemoryConfig(), mode="executor", param_bytes_per_param=cb, grad_bytes_per_param=max(cb, 4),
                    master_bytes_per_param=3 * mb, shard_grad_bytes_per_param=mb,
-                   pull_cast_bytes_per_param=0 if compute == master else cb)
+                   pull_cast_bytes_per_param=0 if compute == master else cb, recompute_input_bytes=cb)
 
 
 def stage_params(model: ModelSpec, scheme: ParallelScheme, stage: int) -> tuple[float, float]:

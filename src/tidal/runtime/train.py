@@ -11,6 +11,7 @@ all-gathered so rank 0 writes one JSONL row per step (docs/training.md lists the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -77,10 +78,12 @@ class Prepared:
 
 def train_memory(cfg: TrainConfig, cluster: ClusterSpec) -> MemoryConfig:
     """What the executor of this job holds (decision 72), for the planner's MaxLen: the compute dtype as the ranks
-    will resolve it (`auto`: bf16 on a GPU cluster, fp32 on a CPU one), the master dtype as configured."""
+    will resolve it (`auto`: bf16 on a GPU cluster, fp32 on a CPU one), the master dtype as configured, and the
+    configured activation recomputation per stage (decision 90)."""
     kind = "cpu" if all(g.device.name == "cpu" for g in cluster.groups) else "cuda"
-    return executor_memory(compute_dtype_for(cfg.train.compute_dtype, cfg.train.master_dtype, kind),
-                           cfg.train.master_dtype)
+    mem = executor_memory(compute_dtype_for(cfg.train.compute_dtype, cfg.train.master_dtype, kind),
+                          cfg.train.master_dtype)
+    return dataclasses.replace(mem, recompute=cfg.train.recompute)
 
 
 def build_cost_model(cfg: TrainConfig, spec: ModelSpec, cluster: ClusterSpec):
