@@ -19,7 +19,7 @@ from _train_cases import jobs_worker  # isort: skip
 
 pytestmark = pytest.mark.distributed
 TOL = VERIFY_TOL["float64"]
-STRATEGIES = "tp2pp2+2*tp1pp2;tp2cp2+tp2pp2;tp1pp4+tp1pp2+2*tp1"
+STRATEGIES = "tp2cp2+tp2pp2;tp1pp4+tp1pp2+2*tp1"
 
 
 def _config(recompute: str, offload: bool) -> TrainConfig:
@@ -27,8 +27,8 @@ def _config(recompute: str, offload: bool) -> TrainConfig:
         model=ModelConfig("tiny-tied", "sdpa"), world=WorldConfig("cpux8"),
         data=DataConfig("stdlib:defs", 192, 768, "split", 0),
         planner=PlannerConfig(STRATEGIES, "hydraulis", "adaptive", rotate=True),
-        optimizer=OptimConfig(lr=1e-3, warmup_steps=2, decay_steps=3),
-        train=TrainSection(3, 0, "1f1b", "float64", "float64", "", False, sequence_parallel=True,
+        optimizer=OptimConfig(lr=1e-3, warmup_steps=1, decay_steps=2),
+        train=TrainSection(2, 0, "1f1b", "float64", "float64", "", False, sequence_parallel=True,
                            recompute=recompute, offload=offload))
 
 
@@ -39,10 +39,10 @@ def runs():
     return jobs, results
 
 
-def test_recompute_and_offload_match_single_process_and_the_plain_run(runs):
+def test_recompute_and_offload_match_single_process(runs):
     jobs, (rec,) = runs
     assert jobs[0].exec_config.recompute == ("full", "selective", "none", "full") and jobs[0].exec_config.offload
-    assert len({r["strategy"] for r in rec.rows}) == 3
+    assert len({r["strategy"] for r in rec.rows}) == 2
     modes = ["full", "selective", "none", "full"]
     by_name = {str(c): c for c in jobs[0].candidates}
     for r in rec.rows:  # the metrics rows name each pipeline's per-stage modes
