@@ -58,7 +58,7 @@ class OffloadHooks(torch.autograd.graph.saved_tensors_hooks):
 
     def _pack(self, t: torch.Tensor):
         self.packed += 1
-        if t.device.type == "cpu":
+        if t.device.type in ("cpu", "meta"):  # already in host memory, or no storage at all
             return t
         host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=t.device.type == "cuda",
                            device="cpu")
