@@ -80,6 +80,9 @@ def add_parsers(sub) -> None:
     v.add_argument("--max-len", type=argtypes.max_len, default=256)
     v.add_argument("--tokens-per-step", type=argtypes.tokens_per_step, default=1024)
     v.add_argument("--seed", type=argtypes.seed, default=0)
+    v.add_argument("--recompute", default="none",
+                   help="activation recomputation: none, full, selective, or one per stage such as 'full,selective' "
+                        "(docs/runtime.md)")
     v.set_defaults(func=run_verify)
 
 
@@ -242,7 +245,7 @@ def verify_config(args):
         planner=PlannerConfig(args.strategies, "hydraulis", "adaptive", rotate=not auto),
         optimizer=OptimConfig(lr=1e-3, warmup_steps=2, decay_steps=max(args.steps, 1)),
         train=TrainSection(args.steps, args.seed, "1f1b", "float32" if args.dtype == "bfloat16" else args.dtype,
-                           args.dtype, "", False))
+                           args.dtype, "", False, recompute=args.recompute))
 
 
 def replay_reference(job, rows: list[dict]):
