@@ -92,3 +92,32 @@ def test_tidal_train_plans_with_the_configured_recompute():
         return build_cost_model(c, get_model("tiny"), cl).max_len(s, dev)
 
     assert ml("none") < ml("selective,full") < ml("full")
+
+
+def test_tidal_train_auto_recompute_picks_modes_per_scheme():
+    """`[train] recompute = "auto"`: each candidate scheme runs the cheapest mode that holds [data] max_len; the
+    planner's MaxLen (here and in the background planner's memory config), the executor and the rows agree."""
+    from tidal.runtime.config import DataConfig, PlannerConfig, TrainConfig, TrainSection, WorldConfig
+    from tidal.runtime.train import build_cost_model, planner_spec, prepare
+
+    def cfg(recompute, max_len, strategies="tp1pp2+tp2;2*tp1pp2"):
+        return TrainConfig(world=WorldConfig("cpux4"), data=DataConfig("random:synthetic:github", max_len, 4 * max_len),
+                           planner=PlannerConfig(strategies),
+                           train=TrainSection(2, recompute=recompute, compute_dtype="bfloat16"))
+
+    spec, cl = get_model("tiny"), get_cluster("cpux4")
+    dev = cl.groups[0].device
+    base = build_cost_model(cfg("none", 1000), spec, cl)
+    need = base.max_len(ParallelScheme(1, 2, 1), dev) + 1  # tp1pp2 cannot hold it as it is; tp2 can
+    assert base.max_len(ParallelScheme(2, 1, 1), dev) >= need
+    with pytest.raises(TidalError, match="exceeds the MaxLen"):
+        prepare(cfg("none", need, "2*tp1pp2"), 4)
+    job = prepare(cfg("auto", need), 4)
+    table = dict(job.exec_config.recompute_schemes)
+    assert table["tp1pp2cp1"] in (("selective",) * 2, ("full",) * 2) and table["tp2pp1cp1"] == ("none",)
+    assert job.exec_config.stage_recompute(ParallelScheme(1, 2, 1), 1) == table["tp1pp2cp1"][1]
+    assert planner_spec(job).memory.recompute == ("auto",)
+    cm = job.cost_model()
+    assert cm.max_len(ParallelScheme(1, 2, 1), dev) >= need
+    assert cm.coeffs(ParallelScheme(1, 2, 1), dev).a > base.coeffs(ParallelScheme(1, 2, 1), dev).a
+    assert cm.coeffs(ParallelScheme(2, 1, 1), dev) == base.coeffs(ParallelScheme(2, 1, 1), dev)

@@ -93,12 +93,19 @@ class MemoryConfig:
     workspace_max_frac: float = 0.10
     # activation recomputation per stage (decision 90): one mode or one per stage (core/recompute.py); "none" keeps
     # every figure of the model as before
+    # or "auto" (`auto_recompute`): per scheme, the cheapest mode whose MaxLen reaches `recompute_need` tokens
     recompute: tuple[str, ...] | str = ("none",)
+    recompute_need: int = 0
     recompute_input_bytes: float = 2.0  # full: bytes per token per hidden unit per layer kept (the 16-bit input)
     attn_core_bytes_per_token_head: float = 4.0  # selective frees this per token per query head per layer (fp32 LSE)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "recompute", parse_recompute(self.recompute))
+        if self.recompute in ("auto", ("auto",)):
+            if self.recompute_need < 1:
+                raise TidalError(f"memory recompute auto needs recompute_need >= 1, got {self.recompute_need}")
+            object.__setattr__(self, "recompute", ("auto",))
+        else:
+            object.__setattr__(self, "recompute", parse_recompute(self.recompute))
         if not 0 <= self.margin_frac < 1:
             raise TidalError(f"memory margin_frac must be in [0, 1), got {self.margin_frac}")
         if self.pull_window < 1 or self.push_window < 1:
@@ -310,7 +317,24 @@ def budget_bytes(device: DeviceType, cfg: MemoryConfig) -> float:
     return mem * (1 - cfg.margin_frac) - min(cfg.workspace_bytes, cfg.workspace_max_frac * mem)
 
 
+AUTO_ORDER = ("none", "selective", "full")  # cheapest extra compute first
+
+
+def auto_recompute(model: ModelSpec, scheme: ParallelScheme, device: DeviceType, n_devices: int,
+                   cfg: MemoryConfig) -> tuple[str, ...]:
+    """Per stage, the mode `scheme` runs under `cfg.recompute`: the fixed modes, or for "auto" the first of none,
+    selective, full whose MaxLen reaches `cfg.recompute_need` (none when no mode does)."""
+    if cfg.recompute != ("auto",):
+        return tuple(stage_recompute(cfg.recompute, s) for s in range(scheme.pp))
+    for mode in AUTO_ORDER:
+        if max_len(model, scheme, device, n_devices, replace(cfg, recompute=(mode,))) >= cfg.recompute_need:
+            return (mode,) * scheme.pp
+    return ("none",) * scheme.pp
+
+
 def max_len(model: ModelSpec, scheme: ParallelScheme, device: DeviceType, n_devices: int, cfg: MemoryConfig) -> int:
+    if cfg.recompute == ("auto",):
+        cfg = replace(cfg, recompute=auto_recompute(model, scheme, device, n_devices, cfg))
     budget = budget_bytes(device, cfg)
     lines = [x for ls in _phase_lines(model, scheme, n_devices, cfg) for x in ls]
     if any(f > budget for f, _ in lines):

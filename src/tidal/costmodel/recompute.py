@@ -28,10 +28,10 @@ from tidal.core.errors import TidalError
 from tidal.core.recompute import parse_recompute, stage_recompute
 from tidal.core.scheme import ParallelScheme
 from tidal.costmodel.base import LatencyCoeffs
+from tidal.costmodel.memory import AUTO_ORDER, auto_recompute
 
 # extra fraction of (a, b, c) a recomputation mode adds to forward + backward (module docstring)
 EXTRA = {"none": (0.0, 0.0, 0.0), "selective": (1 / 3, 0.0, 0.0), "full": (1 / 3, 1 / 3, 1 / 3)}
-AUTO_ORDER = ("none", "selective", "full")  # cheapest first
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,8 @@ class RecomputeCostModel:
         if self.recompute != "auto":
             fixed = parse_recompute(self.recompute)
             return tuple(stage_recompute(fixed, s) for s in range(scheme.pp))
-        for mode in AUTO_ORDER:
-            if self._with((mode,)).max_len(scheme, device) >= self.need:
-                return (mode,) * scheme.pp
-        return ("none",) * scheme.pp
+        mem = replace(self.base.memory, recompute="auto", recompute_need=self.need)
+        return auto_recompute(self.model, scheme, device, self.cluster.num_devices, mem)
 
     def mode(self, scheme: ParallelScheme, device: DeviceType) -> str:
         """The costliest mode of any stage of `scheme` (what its slowest stage is priced with)."""

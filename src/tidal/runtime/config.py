@@ -152,7 +152,7 @@ class TrainSection:
     progress: bool = True
     overlap_pull: bool = True
     sequence_parallel: bool = False  # Megatron-style SP inside every TP group (runtime/tp.py)
-    recompute: str = "none"  # none | full | selective, or one per stage "full,selective,none" (decision 90)
+    recompute: str = "none"  # none | full | selective | auto, or one per stage "full,selective,none" (decision 90)
     offload: bool = False  # saved activations to pinned host memory between forward and backward (CPU: no-op)
     refit: str = "off"  # "online": refit the cost model's coefficients from measured steps (docs/training.md)
     refit_every: int = 5  # steps between online refits
@@ -183,7 +183,8 @@ class TrainSection:
             raise TidalError(f"[train] max_consecutive_skips must be >= 1, got {self.max_consecutive_skips}")
         nan_steps(self.inject_nan)  # validates the hook's syntax
         try:
-            parse_recompute(self.recompute)
+            if self.recompute != "auto":
+                parse_recompute(self.recompute)
         except TidalError as e:
             raise TidalError(f"[train] {e}") from None
 

@@ -67,6 +67,8 @@ class ExecConfig:
     # activation recomputation per stage (decision 90): one mode, or one per stage ("full,none": stage s runs entry
     # s, deeper stages the last); a property of the stage model build_stage_model builds
     recompute: tuple[str, ...] | str = ("none",)
+    # per scheme (str(ParallelScheme) -> per-stage modes), overriding `recompute`: `[train] recompute = "auto"`
+    recompute_schemes: tuple[tuple[str, tuple[str, ...]], ...] = ()
     offload: bool = False  # every layer's saved activations to (pinned) host memory between forward and backward
 
     def __post_init__(self) -> None:
@@ -82,6 +84,11 @@ class ExecConfig:
                              f"{self.push_window}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise TidalError(f"device must be auto, cpu or cuda, got {self.device!r}")
+
+    def stage_recompute(self, scheme, stage: int) -> str:
+        """The recomputation mode of `stage` of a pipeline of `scheme`."""
+        modes = dict(self.recompute_schemes).get(str(scheme), self.recompute)
+        return stage_recompute(modes, stage)
 
     def dtypes(self, device: torch.device | str) -> tuple[torch.dtype, torch.dtype]:
         """(master, compute) torch dtypes on `device`, with compute_dtype "auto" resolved (compute_dtype_for)."""
@@ -163,7 +170,7 @@ class Executor(ExecutorState):
             model = build_stage_model(spec, grid, seed=cfg.seed, attn_backend=cfg.attn_backend,
                                       dtype=self.compute_dtype, device=self.device, init=False,  # pulled each step
                                       sequence_parallel=cfg.sequence_parallel,
-                                      recompute=stage_recompute(cfg.recompute, grid.stage), offload=cfg.offload)
+                                      recompute=cfg.stage_recompute(grid.scheme, grid.stage), offload=cfg.offload)
             self._check_layout(model, pull_groups, push_groups, k)
             self.grids.append((mine[0], grid))
             self.models.append(model)
