@@ -184,6 +184,9 @@ CASES = [
     ("master dtype bf16", cfg(add("train", 'master_dtype = "bfloat16"'))),
     ("compute dtype int8", cfg(add("train", 'compute_dtype = "int8"'))),
     ("schedule unknown", cfg(add("train", 'schedule = "zigzag"'))),
+    ("recompute unknown", cfg(add("train", 'recompute = "full,most"'))),
+    ("recompute with a cost model file", cfg(lambda t, tmp: t.replace("[train]\n", '[train]\nrecompute = "full"\n')
+                                             .replace("[planner]\n", f'[planner]\ncost_model = "{tmp}/cm.json"\n'))),
     ("metrics dir missing", cfg(lambda t, tmp: t.replace("[train]\n", f'[train]\nmetrics = "{tmp}/no/m.jsonl"\n'))),
     ("metrics is a directory", cfg(lambda t, tmp: t.replace("[train]\n", f'[train]\nmetrics = "{tmp}/adir"\n'))),
     ("attention backend unknown", cfg(sub('attn_backend = "sdpa"', 'attn_backend = "flash9"'))),

@@ -22,6 +22,10 @@ PIPELINES = (
     ("gpipe pp4", ParallelScheme(pp=4, layer_split=(2, 1, 1, 2)), (3, 2, 1, 0), "gpipe", {}),
     ("1f1b tp2pp2 sp", ParallelScheme(tp=2, pp=2), (0, 1, 2, 3), "1f1b", {"sequence_parallel": True}),
     ("1f1b cp2pp2", ParallelScheme(cp=2, pp=2), (0, 1, 2, 3), "1f1b", {}),
+    # full recomputation repeats TP/SP and CP collectives inside the backward (decision 90)
+    ("1f1b tp2pp2 sp full", ParallelScheme(tp=2, pp=2), (0, 1, 2, 3), "1f1b",
+     {"sequence_parallel": True, "recompute": "full"}),
+    ("1f1b cp2pp2 full", ParallelScheme(cp=2, pp=2), (0, 1, 2, 3), "1f1b", {"recompute": "full", "offload": True}),
 )
 
 

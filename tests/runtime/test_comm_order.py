@@ -36,6 +36,17 @@ def test_pipeline_schedules_pass_the_replay(pipelines, name):
             assert r[name]["err"] <= RTOL, (name, r[name]["err"])
 
 
+def test_full_recompute_repeats_the_layer_collectives_in_the_backward(pipelines):
+    """Full recomputation (decision 90) runs each layer's TP/SP (and CP) collectives again inside the backward:
+    more collectives than the plain run, still the same sequence on every member (the replay above)."""
+    def collectives(name):
+        return sum(1 for r in pipelines for op in r[name]["ops"]
+                   if op.kind not in ("p2p", "batch", "wait", "new_group"))
+
+    assert collectives("1f1b tp2pp2 sp full") > collectives("1f1b tp2pp2 sp")
+    assert collectives("1f1b cp2pp2 full") > collectives("1f1b cp2pp2")
+
+
 def test_pipeline_messages_are_paired_batches_on_pair_groups(pipelines):
     """1F1B at pp4: every activation message is in a batch_isend_irecv on a 2-rank group, no single send/recv."""
     ops = [op for r in pipelines for op in r["1f1b pp4"]["ops"]]

@@ -72,6 +72,22 @@ def test_model_forward_backward_on_cpu_checked(backend):
     assert all(p.grad is not None for p in model.parameters())
 
 
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+def test_recompute_and_offload_are_device_clean(device):
+    """Full and selective recomputation and the offload hooks (decision 90): no factory without a device, no
+    mixed-device op and no host read, recomputation in the backward included."""
+    with torch.device(device):
+        model = Llama(TINY, "sdpa", seed=0)
+    model.set_recompute({0: "full", 1: "selective", 3: "full"}, offload=(0, 1, 2))
+    toks = torch.randint(0, TINY.vocab, (sum(LENS) + 1,), device=device)
+    batch = VarlenBatch.from_lengths(LENS, device=device)
+    with DeviceChecker(watch=(TIDAL_DIR, __file__), host_reads=True) as dc:
+        loss = loss_sum(model(toks[:-1], batch), toks[1:])
+        loss.backward()
+    assert dc.findings == [], [str(f) for f in dc.findings]
+    assert all(p.grad is not None for p in model.parameters())
+
+
 def test_old_rope_is_caught_by_the_checker():
     """The old formula, run under the checker on the CPU, is flagged (a factory without device=); on meta positions
     it is flagged as a mixed-device op and raises."""

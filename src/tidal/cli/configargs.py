@@ -77,6 +77,8 @@ KEY_HELP = {
     "train.inject_nan": "test hook: RANK@STEP or RANK@FIRST-LAST makes that rank's gradients NaN",
     "train.cost_model_warn": "warn when measured step compute time differs from the plan's estimate by more than "
                              "this fraction (median of the first measured steps); 0 disables",
+    "train.recompute": "activation recomputation: none, full, selective, one per stage ('full,selective'), or auto",
+    "train.offload": "saved activations to pinned host memory between forward and backward (no-op on CPU)",
     "train.tf32": "TF32 for fp32 matmuls on CUDA ranks; false: full fp32 (no effect on CPU)",
     "train.tensorboard": "TensorBoard log directory for per-step scalars (needs the tensorboard package); empty: off",
     "train.wandb": "'offline': a W&B run written locally (upload later with `wandb sync`); empty: off",

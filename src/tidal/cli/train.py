@@ -89,6 +89,9 @@ def add_parsers(sub) -> None:
     v.add_argument("--max-len", type=argtypes.max_len, default=256, help="context length")
     v.add_argument("--tokens-per-step", type=argtypes.tokens_per_step, default=1024, help="tokens per step")
     v.add_argument("--seed", type=argtypes.seed, default=0, help="data and initialisation seed")
+    v.add_argument("--recompute", default="none",
+                   help="activation recomputation: none, full, selective, or one per stage such as 'full,selective' "
+                        "(docs/runtime.md)")
     add_override_args(v, defaults=False)
     v.set_defaults(func=run_verify)
 
@@ -349,7 +352,8 @@ def verify_config(args):
         planner=pcfg,
         optimizer=OptimConfig(lr=1e-3, warmup_steps=2, decay_steps=max(args.steps, 1)),
         train=TrainSection(args.steps, args.seed, "1f1b", "float32" if args.dtype == "bfloat16" else args.dtype,
-                           args.dtype, "", False, cost_model_warn=0.0))  # verify checks numbers, not speed
+                           args.dtype, "", False, cost_model_warn=0.0,  # verify checks numbers, not speed
+                           recompute=args.recompute))
 
 
 def replay_reference(job, rows: list[dict]):

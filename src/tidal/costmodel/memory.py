@@ -35,9 +35,16 @@ through three peaks in a step (no other candidate holds anything: its buffers ha
                                              (the forward releases each pull group's buffers before that group's
                                              activations exist, so the pull's peak has none; the push follows the
                                              backward)
-  activations = (act_bytes_per_token_layer / t + act_bytes_tp_replicated) * h * L_s * p * l / c
+  activations = A_r * L_s * p * l / c + R * l / c
                  every layer of the stage keeps activations for up to p in-flight micro-batches under 1F1B
-                 (L_s * p >= layers, Hydraulis' "accumulated PP times" peak)
+                 (L_s * p >= layers, Hydraulis' "accumulated PP times" peak), A_r bytes per token per layer by the
+                 stage's recomputation (`MemoryConfig.recompute`, decision 90), with A = (act_bytes_per_token_layer
+                 / t + act_bytes_tp_replicated) * h:
+                   none       A_r = A, R = 0
+                   selective  A_r = A - attn_core_bytes_per_token_head * heads / t (what the attention core saves
+                              beyond q, k, v and its output: flash's fp32 logsumexp), R = 0
+                   full       A_r = recompute_input_bytes * h (the layer's input only, replicated over TP),
+                              R = A: one layer's activations live again while its backward recomputes it
                + last stage: fp32 logits and their gradient, 8 * vocab / t bytes per local token
   budget       = memory * (1 - margin_frac) - min(workspace_bytes, workspace_max_frac * memory)
                  (the fixed workspace is capped so a small device, e.g. a 2 GiB CPU rank, keeps a budget)
@@ -55,6 +62,7 @@ from scipy.optimize import nnls
 from tidal.core.cluster import DeviceType
 from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec
+from tidal.core.recompute import parse_recompute, stage_recompute
 from tidal.core.scheme import ParallelScheme
 
 
@@ -87,8 +95,21 @@ class MemoryConfig:
     margin_frac: float = 0.10
     workspace_bytes: float = 2e9
     workspace_max_frac: float = 0.10
+    # activation recomputation per stage (decision 90): one mode or one per stage (core/recompute.py); "none" keeps
+    # every figure of the model as before
+    # or "auto" (`auto_recompute`): per scheme, the cheapest mode whose MaxLen reaches `recompute_need` tokens
+    recompute: tuple[str, ...] | str = ("none",)
+    recompute_need: int = 0
+    recompute_input_bytes: float = 2.0  # full: bytes per token per hidden unit per layer kept (the 16-bit input)
+    attn_core_bytes_per_token_head: float = 4.0  # selective frees this per token per query head per layer (fp32 LSE)
 
     def __post_init__(self) -> None:
+        if self.recompute in ("auto", ("auto",)):
+            if self.recompute_need < 1:
+                raise TidalError(f"memory recompute auto needs recompute_need >= 1, got {self.recompute_need}")
+            object.__setattr__(self, "recompute", ("auto",))
+        else:
+            object.__setattr__(self, "recompute", parse_recompute(self.recompute))
         if not 0 <= self.margin_frac < 1:
             raise TidalError(f"memory margin_frac must be in [0, 1), got {self.margin_frac}")
         if self.pull_window < 1 or self.push_window < 1:
@@ -111,6 +132,32 @@ MEMORY_V1 = MemoryConfig(act_bytes_per_token_layer=34.0, act_bytes_tp_replicated
 def act_bytes_per_token(cfg: MemoryConfig, tp: int) -> float:
     """Activation bytes per token per hidden unit per layer on one device of a TP group of `tp` (before CP)."""
     return cfg.act_bytes_per_token_layer / tp + cfg.act_bytes_tp_replicated
+
+
+def layer_act_bytes(model: ModelSpec, cfg: MemoryConfig, tp: int, mode: str) -> tuple[float, float]:
+    """(bytes per token one layer keeps per in-flight micro-batch, bytes per token live once while the backward
+    recomputes a layer) on one device of a TP group of `tp`, before CP, under recomputation `mode` (module
+    docstring)."""
+    full = act_bytes_per_token(cfg, tp) * model.hidden
+    if mode == "none":
+        return full, 0.0
+    if mode == "selective":
+        return max(0.0, full - cfg.attn_core_bytes_per_token_head * model.heads / tp), 0.0
+    if mode == "full":
+        return cfg.recompute_input_bytes * model.hidden, full
+    raise TidalError(f"unknown recompute mode {mode!r}")
+
+
+def stage_act_per_token(model: ModelSpec, scheme: ParallelScheme, stage: int, cfg: MemoryConfig) -> float:
+    """Activation bytes per micro-batch token on one device of `stage` at its peak (module docstring), the last
+    stage's logits and their gradients included (`logit_bytes_per_vocab`)."""
+    t, c, p = scheme.tp, scheme.cp, scheme.pp
+    stages = scheme.stage_layers(model.layers)
+    kept, again = layer_act_bytes(model, cfg, t, stage_recompute(cfg.recompute, stage))
+    out = (kept * stages[stage] * p + (again if stages[stage] else 0.0)) / c
+    if stage == len(stages) - 1:
+        out += cfg.logit_bytes_per_vocab * model.vocab / (t * c)
+    return out
 
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
@@ -137,7 +184,8 @@ def executor_memory(compute: str, master: str, base: MemoryConfig | None = None)
                    act_bytes_per_token_layer=b.act_bytes_per_token_layer * scale,
                    act_bytes_tp_replicated=b.act_bytes_tp_replicated * scale,
                    master_bytes_per_param=3 * mb, shard_grad_bytes_per_param=mb,
-                   pull_cast_bytes_per_param=0 if compute == master else cb, logit_bytes_per_vocab=LOGIT_BYTES[compute])
+                   pull_cast_bytes_per_param=0 if compute == master else cb, recompute_input_bytes=cb,
+                   logit_bytes_per_vocab=LOGIT_BYTES[compute])
 
 
 def stage_params(model: ModelSpec, scheme: ParallelScheme, stage: int) -> tuple[float, float]:
@@ -240,7 +288,7 @@ def _phase_lines(model: ModelSpec, scheme: ParallelScheme, n_devices: int, cfg: 
     with the activations (and the pull's packed sends of groups this device does not hold, completed only after the
     backward), and the pull and push phases without them (the forward releases each pull group's buffers before
     that group's activations exist; the push starts after the backward)."""
-    t, c, p = scheme.tp, scheme.cp, scheme.pp
+    t, p = scheme.tp, scheme.pp
     stages = scheme.stage_layers(model.layers)
     n_all = model.num_params()
     out = []
@@ -253,19 +301,15 @@ def _phase_lines(model: ModelSpec, scheme: ParallelScheme, n_devices: int, cfg: 
                 params += emb
             if s == len(stages) - 1:
                 params += model.hidden + (0 if model.tie_embeddings else emb)
-            act_per_tok = act_bytes_per_token(cfg, t) * model.hidden * L * p / c
-            if s == len(stages) - 1:
-                act_per_tok += cfg.logit_bytes_per_vocab * model.vocab / (t * c)
+            act_per_tok = stage_act_per_token(model, scheme, s, cfg)
             out.append([(master + cfg.model_bytes_per_param * params / t, act_per_tok)])
         return out
-    for s, L in enumerate(stages):
+    for s in range(len(stages)):
         res = resident_bytes(model, scheme, n_devices, s, cfg)
         w, _ = stage_params(model, scheme, s)
         # each group held elsewhere: this device's rows of it to its N / (t p) holders
         sends = max(0.0, n_all - w * t) / n_devices * n_devices / (t * p) * cfg.param_bytes_per_param
-        act_per_tok = act_bytes_per_token(cfg, t) * model.hidden * L * p / c
-        if s == len(stages) - 1:
-            act_per_tok += cfg.logit_bytes_per_vocab * model.vocab / (t * c)
+        act_per_tok = stage_act_per_token(model, scheme, s, cfg)
         out.append([(res["backward"] + sends, act_per_tok), (res["pull"], 0.0), (res["push"], 0.0)])
     return out
 
@@ -288,7 +332,24 @@ def budget_bytes(device: DeviceType, cfg: MemoryConfig) -> float:
     return mem * (1 - cfg.margin_frac) - min(cfg.workspace_bytes, cfg.workspace_max_frac * mem)
 
 
+AUTO_ORDER = ("none", "selective", "full")  # cheapest extra compute first
+
+
+def auto_recompute(model: ModelSpec, scheme: ParallelScheme, device: DeviceType, n_devices: int,
+                   cfg: MemoryConfig) -> tuple[str, ...]:
+    """Per stage, the mode `scheme` runs under `cfg.recompute`: the fixed modes, or for "auto" the first of none,
+    selective, full whose MaxLen reaches `cfg.recompute_need` (none when no mode does)."""
+    if cfg.recompute != ("auto",):
+        return tuple(stage_recompute(cfg.recompute, s) for s in range(scheme.pp))
+    for mode in AUTO_ORDER:
+        if max_len(model, scheme, device, n_devices, replace(cfg, recompute=(mode,))) >= cfg.recompute_need:
+            return (mode,) * scheme.pp
+    return ("none",) * scheme.pp
+
+
 def max_len(model: ModelSpec, scheme: ParallelScheme, device: DeviceType, n_devices: int, cfg: MemoryConfig) -> int:
+    if cfg.recompute == ("auto",):
+        cfg = replace(cfg, recompute=auto_recompute(model, scheme, device, n_devices, cfg))
     budget = budget_bytes(device, cfg)
     lines = [x for ls in _phase_lines(model, scheme, n_devices, cfg) for x in ls]
     if any(f > budget for f, _ in lines):

@@ -24,6 +24,7 @@ The runtime parallelises a model by swapping or deleting modules (``tidal.runtim
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,7 @@ from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec, param_table
 from tidal.models.attention import AttentionKernels, VarlenMeta, varlen_attention
 from tidal.models.init import init_slice
+from tidal.models.recompute import OffloadHooks, layer_modes, recomputed
 
 
 @dataclass(frozen=True, eq=False)
@@ -202,6 +204,7 @@ class Attention(nn.Module):
         self.kernels: AttentionKernels | None = None  # compiled kernels shared by the model's layers (Llama sets it)
         self.tp_in = None  # set by the TP runtime; (x, tokens) -> x entering the TP region (copy or seq all-gather)
         self.tp_out = None  # (y, tokens) -> y leaving it (all-reduce or seq reduce-scatter)
+        self.recompute_core = False  # selective recomputation: the attention core runs again in the backward
 
     def forward(self, x: torch.Tensor, batch: VarlenBatch, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         n, hd = batch.positions.shape[0], self.head_dim
@@ -218,7 +221,10 @@ class Attention(nn.Module):
         v = v.reshape(n, sizes[2] // hd, hd)
         if self.kv_exchange is not None:
             k, v = self.kv_exchange(k, v, batch)
-        o = varlen_attention(q, k, v, batch.meta, backend=self.backend, kernels=self.kernels)
+        if self.recompute_core:  # q, k, v and the output stay (the linear layers' activations); the core reruns
+            o = recomputed(varlen_attention, q, k, v, batch.meta, backend=self.backend, kernels=self.kernels)
+        else:
+            o = varlen_attention(q, k, v, batch.meta, backend=self.backend, kernels=self.kernels)
         out = self.wo(o.reshape(n, q.shape[1] * hd))
         return out if self.tp_out is None else self.tp_out(out, n)
 
@@ -270,6 +276,8 @@ class Block(nn.Module):
         self.attention = Attention(spec, backend)
         self.ffn_norm = RMSNorm(spec.hidden, spec.norm_eps)
         self.feed_forward = FeedForward(spec)
+        self.recompute = "none"  # "none" | "full" | "selective" (models/recompute.py; set by Llama.set_recompute)
+        self.offload: OffloadHooks | None = None  # saved activations to host memory between forward and backward
 
     def forward(self, x, batch, cos, sin):
         h = x + self.attention(self.attention_norm(x), batch, cos, sin)
@@ -329,6 +337,23 @@ class Llama(nn.Module):
         for layer in self.layers.values():
             layer.attention.fused = layer.feed_forward.fused = bool(fused)
 
+    def set_recompute(self, modes=None, offload=()) -> None:
+        """Activation recomputation per layer (models/recompute.py): one mode ("none", "full", "selective") for every
+        layer or a mapping global layer index -> mode (omitted layers: "none"); `offload`: the global layer indices
+        whose saved activations go to host memory between forward and backward."""
+        modes = layer_modes(modes, self.layers.keys())
+        offload = {int(i) for i in offload}
+        if not offload <= set(modes):
+            raise TidalError(f"offload names layers {sorted(offload - set(modes))} this model does not hold")
+        for key, layer in self.layers.items():
+            layer.recompute = modes[int(key)]
+            layer.attention.recompute_core = layer.recompute == "selective"
+            layer.offload = OffloadHooks() if int(key) in offload else None
+
+    def recompute_modes(self) -> dict[int, str]:
+        """Global layer index -> the recomputation mode it runs with."""
+        return {int(k): layer.recompute for k, layer in self.layers.items()}
+
     def forward(self, x: torch.Tensor, batch: VarlenBatch) -> torch.Tensor:
         if self.tok_embeddings is not None:
             if x.dim() != 1:
@@ -345,7 +370,10 @@ class Llama(nn.Module):
                              f"once per micro-batch with VarlenBatch.to(device)")
         cos, sin = rope_cos_sin(batch.positions, self.spec.head_dim, self.spec.rope_theta, h.dtype)
         for layer in self.layers.values():
-            h = layer(h, batch, cos, sin)
+            with layer.offload if layer.offload is not None else nullcontext():
+                # full: only the layer's input is kept; the module is called again in the backward (its forward
+                # pre-hooks fire again: the executor's pull hooks are idempotent)
+                h = recomputed(layer, h, batch, cos, sin) if layer.recompute == "full" else layer(h, batch, cos, sin)
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None:

@@ -42,6 +42,7 @@ from typing import Any
 from tidal.core.errors import TidalError, did_you_mean
 from tidal.core.limits import check_finite, check_lengths
 from tidal.core.model import MODEL_PRESETS, ModelSpec, get_model
+from tidal.core.recompute import parse_recompute
 from tidal.data.sampler import LONG_DOC_POLICIES
 from tidal.runtime.optim import OptimConfig
 
@@ -168,6 +169,8 @@ class TrainSection:
     progress: bool = True
     overlap_pull: bool = True
     sequence_parallel: bool = False  # Megatron-style SP inside every TP group (runtime/tp.py)
+    recompute: str = "none"  # none | full | selective | auto, or one per stage "full,selective,none" (decision 90)
+    offload: bool = False  # saved activations to pinned host memory between forward and backward (CPU: no-op)
     refit: str = "off"  # "online": refit the cost model's coefficients from measured steps (docs/training.md)
     refit_every: int = 5  # steps between online refits
     plan_ahead: int = 2  # plans computed ahead in a background process (queue depth); 0 = plan inline
@@ -207,6 +210,11 @@ class TrainSection:
             raise TidalError(f"[train] max_consecutive_skips must be >= 1, got {self.max_consecutive_skips}")
         nan_steps(self.inject_nan)  # validates the hook's syntax
         check_finite(self.cost_model_warn, "[train] cost_model_warn", low=0.0)
+        try:
+            if self.recompute != "auto":
+                parse_recompute(self.recompute)
+        except TidalError as e:
+            raise TidalError(f"[train] {e}") from None
 
 
 def nan_steps(spec: str) -> tuple[int, int, int] | None:

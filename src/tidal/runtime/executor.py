@@ -32,6 +32,7 @@ from tidal.core.cluster import ClusterSpec
 from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec, param_table
 from tidal.core.plan import PipelinePlan, StepPlan
+from tidal.core.recompute import parse_recompute, stage_recompute
 from tidal.core.strategy import Strategy
 from tidal.models.attention import describe_backend
 from tidal.models.init import derive_seed, init_slice
@@ -64,8 +65,15 @@ class ExecConfig:
     overlap_push: bool = True  # post each group's push from the backward once its gradients are final; False: after
     device: str = "auto"  # auto: the current CUDA device under NCCL, else CPU; or "cpu" / "cuda"
     sequence_parallel: bool = False  # Megatron-style SP in every TP group (runtime/tp.py)
+    # activation recomputation per stage (decision 90): one mode, or one per stage ("full,none": stage s runs entry
+    # s, deeper stages the last); a property of the stage model build_stage_model builds
+    recompute: tuple[str, ...] | str = ("none",)
+    # per scheme (str(ParallelScheme) -> per-stage modes), overriding `recompute`: `[train] recompute = "auto"`
+    recompute_schemes: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    offload: bool = False  # every layer's saved activations to (pinned) host memory between forward and backward
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "recompute", parse_recompute(self.recompute))
         if self.master_dtype not in DTYPES:
             raise TidalError(f"master_dtype must be one of {', '.join(DTYPES)}, got {self.master_dtype!r}")
         if self.compute_dtype not in ("auto", *DTYPES):
@@ -77,6 +85,11 @@ class ExecConfig:
                              f"{self.push_window}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise TidalError(f"device must be auto, cpu or cuda, got {self.device!r}")
+
+    def stage_recompute(self, scheme, stage: int) -> str:
+        """The recomputation mode of `stage` of a pipeline of `scheme`."""
+        modes = dict(self.recompute_schemes).get(str(scheme), self.recompute)
+        return stage_recompute(modes, stage)
 
     def dtypes(self, device: torch.device | str) -> tuple[torch.dtype, torch.dtype]:
         """(master, compute) torch dtypes on `device`, with compute_dtype "auto" resolved (compute_dtype_for)."""
@@ -158,7 +171,8 @@ class Executor(ExecutorState):
             grid = RankGrid.build(strategy.pipelines[mine[0]], self.rank, self.groups)
             model = build_stage_model(spec, grid, seed=cfg.seed, attn_backend=cfg.attn_backend,
                                       dtype=self.compute_dtype, device=self.device, init=False,  # pulled each step
-                                      sequence_parallel=cfg.sequence_parallel)
+                                      sequence_parallel=cfg.sequence_parallel,
+                                      recompute=cfg.stage_recompute(grid.scheme, grid.stage), offload=cfg.offload)
             self._check_layout(model, pull_groups, push_groups, k)
             self.grids.append((mine[0], grid))
             self.models.append(model)

@@ -107,14 +107,17 @@ def held_params(model: nn.Module, spec: ModelSpec) -> list[nn.Parameter | None]:
 def build_stage_model(spec: ModelSpec, grid: RankGrid, *, seed: int = 0, attn_backend: str = "auto",
                       dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                       init: bool = True, fused: bool = True, sequence_parallel: bool = False,
-                      checkpoint: str | None = None) -> Llama:
+                      checkpoint: str | None = None, recompute: str = "none", offload: bool = False) -> Llama:
     """This rank's stage of the model, TP-sharded, with the CP hook installed. Built on the meta device and then
     materialised: a rank allocates only its stage's layers and its TP shard, never the whole model. With `init`,
     each shard is initialised alone (models/init.py) to exactly the slice of `torch.manual_seed(seed); Llama(spec)`;
     the executor passes init=False because every parameter is pulled before use. Names stay the full model's.
     `fused` and `sequence_parallel` are tensor parallelism's options (runtime/tp.py). With `checkpoint` (a directory
     of runtime/checkpoint.py), each shard is read from the checkpoint's master weights through the same per-slice
-    path instead of being drawn, so loading never materialises the whole model either."""
+    path instead of being drawn, so loading never materialises the whole model either. `recompute` ("none", "full",
+    "selective") applies to every layer of the stage and `offload` sends every layer's saved activations to host
+    memory (models/recompute.py): the mode is a property of the stage, so every rank of its TP and CP groups
+    recomputes the same layers (their collectives still match)."""
     grid.scheme.validate(spec)
     init_seed = derive_seed(seed)
     with torch.device("meta"):
@@ -124,6 +127,7 @@ def build_stage_model(spec: ModelSpec, grid: RankGrid, *, seed: int = 0, attn_ba
     parallelize_tp(model, grid.tp_group, grid.tp_rank, slots=grid.tp_slots, fused=fused,
                    sequence_parallel=sequence_parallel)
     apply_cp(model, grid.cp_group)
+    model.set_recompute(recompute, offload=[int(i) for i in model.layers] if offload else ())
     model = model.to_empty(device=device).to(dtype)
     if spec.tie_embeddings and model.output is not None and model.tok_embeddings is not None:
         model.output.weight = model.tok_embeddings.weight  # to_empty unties shared parameters

@@ -11,6 +11,7 @@ all-gathered so rank 0 writes one JSONL row per step (docs/training.md lists the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -32,9 +33,11 @@ from tidal.core.plan import StepPlan
 from tidal.core.scheme import parse_strategies
 from tidal.core.strategy import Strategy, place
 from tidal.costmodel.analytic import AnalyticCostModel
+from tidal.costmodel.base import pipeline_device
 from tidal.costmodel.flops import mfu, peak_flops, train_flops
 from tidal.costmodel.loader import load_cost_model
-from tidal.costmodel.memory import MemoryConfig, executor_memory
+from tidal.costmodel.memory import AUTO_ORDER, MemoryConfig, auto_recompute, executor_memory
+from tidal.costmodel.recompute import RecomputeCostModel
 from tidal.data.accounting import EpochLedger
 from tidal.data.corpus import corpus_from_spec
 from tidal.models.attention import BACKENDS
@@ -80,16 +83,30 @@ class Prepared:
 
 def train_memory(cfg: TrainConfig, cluster: ClusterSpec) -> MemoryConfig:
     """What the executor of this job holds (decision 72), for the planner's MaxLen: the compute dtype as the ranks
-    will resolve it (`auto`: bf16 on a GPU cluster, fp32 on a CPU one), the master dtype as configured."""
+    will resolve it (`auto`: bf16 on a GPU cluster, fp32 on a CPU one), the master dtype as configured, and the
+    configured activation recomputation per stage (decision 90)."""
     kind = "cpu" if all(g.device.name == "cpu" for g in cluster.groups) else "cuda"
-    return executor_memory(compute_dtype_for(cfg.train.compute_dtype, cfg.train.master_dtype, kind),
-                           cfg.train.master_dtype)
+    mem = executor_memory(compute_dtype_for(cfg.train.compute_dtype, cfg.train.master_dtype, kind),
+                          cfg.train.master_dtype)
+    if cfg.train.recompute == "auto":  # per scheme, the cheapest mode that holds [data] max_len (decision 90)
+        return dataclasses.replace(mem, recompute="auto", recompute_need=cfg.data.max_len)
+    return dataclasses.replace(mem, recompute=cfg.train.recompute)
 
 
 def build_cost_model(cfg: TrainConfig, spec: ModelSpec, cluster: ClusterSpec):
     if cfg.planner.cost_model:
+        if cfg.train.recompute != "none":
+            raise TidalError("[train] recompute needs the analytic cost model (its memory model); a cost model file "
+                             "has measured MaxLens")
         return load_cost_model(cfg.planner.cost_model, spec, cluster)
-    return AnalyticCostModel(spec, cluster, memory=train_memory(cfg, cluster))
+    mem = train_memory(cfg, cluster)
+    if mem.recompute == ("none",):
+        return AnalyticCostModel(spec, cluster, memory=mem)
+    # MaxLen under the modes, and the forward each mode repeats charged in the coefficients (costmodel/recompute.py)
+    base = AnalyticCostModel(spec, cluster, memory=dataclasses.replace(mem, recompute="none"))
+    if mem.recompute == ("auto",):
+        return RecomputeCostModel(base, "auto", need=mem.recompute_need)
+    return RecomputeCostModel(base, ",".join(mem.recompute))
 
 
 def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
@@ -160,9 +177,20 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
         if s.num_devices > cluster.num_devices:
             raise TidalError(f"strategy {s} needs {s.num_devices} devices; the world has {cluster.num_devices}")
     profile_strategies(candidates, cm)  # a scheme that does not fit memory raises here
+    schemes = ()
+    if cfg.train.recompute == "auto":  # each candidate scheme's modes, as the planner's MaxLen assumed them
+        mem = train_memory(cfg, cluster)
+        table: dict[str, tuple[str, ...]] = {}
+        for p in (p for s in candidates for p in s.pipelines):  # one scheme on two device types: the costlier
+            modes = auto_recompute(spec, p.scheme, pipeline_device(cluster, p), cluster.num_devices, mem)
+            old = table.get(str(p.scheme), modes)
+            table[str(p.scheme)] = tuple(max(a, b, key=AUTO_ORDER.index) for a, b in zip(old, modes))
+        schemes = tuple(sorted(table.items()))
     ex = ExecConfig(seed=cfg.train.seed, master_dtype=cfg.train.master_dtype, compute_dtype=cfg.train.compute_dtype,
                     schedule=cfg.train.schedule, attn_backend=cfg.model.attn_backend,
-                    overlap_pull=cfg.train.overlap_pull, sequence_parallel=cfg.train.sequence_parallel)
+                    overlap_pull=cfg.train.overlap_pull, sequence_parallel=cfg.train.sequence_parallel,
+                    recompute="none" if cfg.train.recompute == "auto" else cfg.train.recompute,
+                    recompute_schemes=schemes, offload=cfg.train.offload)
     if cfg.train.metrics:
         parent = Path(cfg.train.metrics).parent
         if not parent.is_dir():
@@ -346,6 +374,10 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
                         plans.apply(SetCostModel(new))  # later steps are planned with the refitted coefficients
                         cost_model, label = new, f"refit-{refit.generation}"
                     row["attn_backend"] = executor.attn_backend
+                    # per pipeline of the step, the recomputation each stage ran (decision 90)
+                    cand = job.candidates[step.strategy].pipelines
+                    row["recompute"] = [[job.exec_config.stage_recompute(c.scheme, s) for s in range(c.scheme.pp)]
+                                        for c in cand]
                     row["checkpoint_s"] = saver.take_blocked() if saver is not None else 0.0
                     row.update(skipped=bool(skipped), skips=skips, consecutive_skips=consecutive,
                                nonfinite_ranks=bad_ranks)
