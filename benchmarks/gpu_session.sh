@@ -28,15 +28,15 @@ part() {
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
   python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
 } >>"$LOG" 2>&1
-part cuda-tests 140 python3 -m pytest -q -p no:cacheprovider -m cuda tests/runtime/test_cuda.py \
+part cuda-tests 130 python3 -m pytest -q -p no:cacheprovider -m cuda tests/runtime/test_cuda.py \
   tests/runtime/test_gpu_defaults.py
 part verify-bf16 80 python3 -m tidal.cli.main verify --model tiny --nproc 1 --strategies tp1 --steps 3 \
   --dtype bfloat16
-part train-1b 150 python3 benchmarks/gpu_run.py --model llama3.2-1b --cluster h200x1 --steps 12 \
+part train-1b 110 python3 benchmarks/gpu_run.py --model llama3.2-1b --cluster h200x1 --steps 12 \
   --out "$OUT/train_1b.json"
 part attention 50 python3 benchmarks/attention_backends.py --repeats 5
 part profile-7b 110 python3 -m tidal.cli.main profile --model examples/model-llama2-7b-4layers.toml \
   --cluster h200x1 --schemes tp1 --totals 1024,4096,16384 --mixes 2 --repeats 3 --out "$OUT/profile.json"
-part act-bytes-1b 60 python3 benchmarks/act_bytes.py --model llama3.2-1b --tokens 4096,8192,16384
-part act-bytes-7b 60 python3 benchmarks/act_bytes.py --model llama2-7b --tokens 4096,8192,16384
+part act-bytes-1b 50 python3 benchmarks/act_bytes.py --model llama3.2-1b --tokens 4096,8192,16384
+part act-bytes-7b 50 python3 benchmarks/act_bytes.py --model llama2-7b --tokens 4096,8192,16384
 grep "^===" "$LOG"
