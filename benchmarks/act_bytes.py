@@ -8,9 +8,9 @@ above the parameters and gradients is split by least squares into
     peak(L, T) = T * (L * hidden * A + vocab * B) + c
 
 A: bytes per token per hidden unit per layer; B: bytes per token per vocabulary entry (logits, the upcast, the
-log-softmax and their gradients). Printed beside the memory model's A (`act_bytes_per_token`, TP 1) and B (its
-per-token logits term). On CUDA the peak is `torch.cuda.max_memory_allocated`; on the CPU, where there is no
-allocator peak, the figure is the bytes autograd saves for the backward (saved-tensor hooks, deduplicated by
+log-softmax and their gradients). Printed beside the memory model's executor charge: A from the layer's shape
+(`shape_act_bytes`, TP 1) and B (`LOGIT_BYTES`). On CUDA the peak is `torch.cuda.max_memory_allocated`; on the CPU,
+where there is no allocator peak, the figure is the bytes autograd saves for the backward (saved-tensor hooks, deduplicated by
 storage), a lower bound of the peak.
 
     python benchmarks/act_bytes.py --model llama3.2-1b --tokens 4096,8192,16384      # on a GPU
@@ -25,7 +25,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from tidal.costmodel.memory import MemoryConfig, act_bytes_per_token, executor_memory
+from tidal.costmodel.memory import LOGIT_BYTES, shape_act_bytes
 from tidal.models import Llama, VarlenBatch, loss_sum
 from tidal.runtime.config import model_arg
 
@@ -92,10 +92,11 @@ def main() -> None:
     (a, b, c), *_ = np.linalg.lstsq(np.array(rows), np.array(ys), rcond=None)
     fit = np.array(rows) @ np.array([a, b, c])
     worst = float(np.max(np.abs(fit - np.array(ys)) / np.array(ys)))
-    mem = executor_memory(dname, "float32") if dname != "float64" else MemoryConfig()
     print(f"{base.name}, {dname}, {device.type}: A = {a:.1f} B per token per hidden unit per layer, B = {b:.2f} B per "
           f"token per vocabulary entry, c = {c / 2**20:.0f} MiB (fit within {worst:.1%})")
-    print(f"memory model: A = {act_bytes_per_token(mem, 1):.2f}, B = {mem.logit_bytes_per_vocab:.1f}")
+    elem = torch.finfo(dtype).bits / 8
+    print(f"memory model (executor charge): A = {shape_act_bytes(base, 1, elem) / base.hidden:.2f} (layer shape), "
+          f"B = {LOGIT_BYTES[dname]:.1f}")
 
 
 if __name__ == "__main__":

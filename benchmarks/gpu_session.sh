@@ -37,6 +37,6 @@ part train-1b 110 python3 benchmarks/gpu_run.py --model llama3.2-1b --cluster h2
 part attention 50 python3 benchmarks/attention_backends.py --repeats 5
 part profile-7b 110 python3 -m tidal.cli.main profile --model examples/model-llama2-7b-4layers.toml \
   --cluster h200x1 --schemes tp1 --totals 1024,4096,16384 --mixes 2 --repeats 3 --out "$OUT/profile.json"
-part act-bytes-1b 50 python3 benchmarks/act_bytes.py --model llama3.2-1b --tokens 4096,8192,16384
-part act-bytes-7b 50 python3 benchmarks/act_bytes.py --model llama2-7b --tokens 4096,8192,16384
+part act-bytes-1b 40 python3 benchmarks/act_bytes.py --model llama3.2-1b --tokens 4096,16384 --attn-backend sdpa
+part act-bytes-7b 40 python3 benchmarks/act_bytes.py --model llama2-7b --tokens 4096,16384 --attn-backend sdpa
 grep "^===" "$LOG"

@@ -101,6 +101,10 @@ class MemoryConfig:
     recompute: tuple[str, ...] | str = ("none",)
     recompute_need: int = 0
     recompute_input_bytes: float = 2.0  # full: bytes per token per hidden unit per layer kept (the 16-bit input)
+    # 0: a layer's activations are act_bytes_per_token * hidden (the per-hidden-unit constant above, fitted on
+    # Hydraulis' pools). > 0 (the executor charge, `executor_memory`): counted from the layer's shape, the tensors this
+    # runtime's decoder layer saves for the backward, at this many bytes per element (`shape_act_bytes`)
+    act_element_bytes: float = 0.0
     attn_core_bytes_per_token_head: float = 4.0  # selective frees this per token per query head per layer (fp32 LSE)
 
     def __post_init__(self) -> None:
@@ -134,11 +138,22 @@ def act_bytes_per_token(cfg: MemoryConfig, tp: int) -> float:
     return cfg.act_bytes_per_token_layer / tp + cfg.act_bytes_tp_replicated
 
 
+def shape_act_bytes(model: ModelSpec, tp: int, elem: float) -> float:
+    """Bytes per token one decoder layer of `models/llama.py` saves for its backward on one device of a TP group of
+    `tp`, counted from its shape with `elem` bytes per element: the layer input, the attention norm's output, the
+    residual sum and the MLP norm's output (4 h, replicated over TP); q, k, v, rotated q and k and the attention
+    output (3 h + 3 kv / TP); the MLP's gate and up outputs, SiLU output and their product (4 ffn / TP); and the
+    attention's fp32 log-sum-exp per query head. Checked against the H200's measured peaks (docs/costmodel.md)."""
+    split = 3 * model.hidden + 3 * model.kv_dim + 4 * model.ffn
+    return elem * (4 * model.hidden + split / tp) + 4.0 * model.heads / tp
+
+
 def layer_act_bytes(model: ModelSpec, cfg: MemoryConfig, tp: int, mode: str) -> tuple[float, float]:
     """(bytes per token one layer keeps per in-flight micro-batch, bytes per token live once while the backward
     recomputes a layer) on one device of a TP group of `tp`, before CP, under recomputation `mode` (module
     docstring)."""
-    full = act_bytes_per_token(cfg, tp) * model.hidden
+    full = (shape_act_bytes(model, tp, cfg.act_element_bytes) if cfg.act_element_bytes > 0
+            else act_bytes_per_token(cfg, tp) * model.hidden)
     if mode == "none":
         return full, 0.0
     if mode == "selective":
@@ -172,17 +187,14 @@ def executor_memory(compute: str, master: str, base: MemoryConfig | None = None)
     """The "executor" charge of a run that computes in `compute` and keeps master weights and Adam moments in
     `master` (dtype names): parameters in the compute dtype, the gradient buffer in at least fp32, 3 master tensors
     (weights, m, v) and the push's gradient shards in the master dtype, and the cast of the master shards for the pull
-    unless the two dtypes agree. `tidal train` plans with it (the executor's own bytes)."""
+    unless the two dtypes agree; activations counted from the layer's shape in the compute dtype, and the loss path's
+    logits (`LOGIT_BYTES`). `tidal train` plans with it (the executor's own bytes)."""
     for name in (compute, master):
         if name not in DTYPE_BYTES:
             raise TidalError(f"unknown dtype {name!r}; one of {', '.join(DTYPE_BYTES)}")
     cb, mb = DTYPE_BYTES[compute], DTYPE_BYTES[master]
-    b = base or MemoryConfig()
-    # activations are charged per 16-bit element (Korthikanti's count, Hydraulis' bf16 pools): scaled to the dtype
-    scale = cb / 2.0
-    return replace(b, mode="executor", param_bytes_per_param=cb, grad_bytes_per_param=max(cb, 4),
-                   act_bytes_per_token_layer=b.act_bytes_per_token_layer * scale,
-                   act_bytes_tp_replicated=b.act_bytes_tp_replicated * scale,
+    return replace(base or MemoryConfig(), mode="executor", param_bytes_per_param=cb, grad_bytes_per_param=max(cb, 4),
+                   act_element_bytes=cb,
                    master_bytes_per_param=3 * mb, shard_grad_bytes_per_param=mb,
                    pull_cast_bytes_per_param=0 if compute == master else cb, recompute_input_bytes=cb,
                    logit_bytes_per_vocab=LOGIT_BYTES[compute])
