@@ -10,8 +10,8 @@ above the parameters and gradients is split by least squares into
 A: bytes per token per hidden unit per layer; B: bytes per token per vocabulary entry (logits, the upcast, the
 log-softmax and their gradients). Printed beside the memory model's executor charge: A from the layer's shape
 (`shape_act_bytes`, TP 1) and B (`LOGIT_BYTES`). On CUDA the peak is `torch.cuda.max_memory_allocated`; on the CPU,
-where there is no allocator peak, the figure is the bytes autograd saves for the backward (saved-tensor hooks, deduplicated by
-storage), a lower bound of the peak.
+where there is no allocator peak, the figure is the bytes autograd saves for the backward (saved-tensor hooks,
+deduplicated by storage), a lower bound of the peak.
 
     python benchmarks/act_bytes.py --model llama3.2-1b --tokens 4096,8192,16384      # on a GPU
     python benchmarks/act_bytes.py --model tiny --tokens 256,512,1024                  # CPU: saved bytes
