@@ -73,9 +73,12 @@ def run_static(name: str, w: Workload, sim: SimConfig, cfg: baselines.StaticConf
 
 
 def run_planner(name: str, w: Workload, sim: SimConfig, candidates, options: PlanningOptions, progress: Progress,
-                *, config: str, t_plan: float = 0.0) -> SystemRun:
+                *, config: str, t_plan: float = 0.0, charged: bool = False) -> SystemRun:
+    """`charged`: the planner charges the pull/push and CP imbalance as `sim` executes them (Tidal's planner; the
+    papers' planners do not)."""
     run = SystemRun(name, config, plan_s=t_plan)
-    planner = StepPlanner(w.cost_model, candidates, w.source_factory(), options)
+    planner = StepPlanner(w.cost_model, candidates, w.source_factory(), options,
+                          sync=sim.sync if charged else None, charge_cp=charged)
     s = _simulator(w, sim)
     prev = None
     for ps in chain(planner.steps(w.steps), planner.flush()):
@@ -158,9 +161,9 @@ def sys_hydraulis(w, sim, progress):
 def sys_tidal(w, sim, progress):
     t0 = time.perf_counter()
     cands = build_candidates(w.cost_model, "auto", w.sample_lengths, tokens_per_step=w.tokens_per_step,
-                             max_len=w.max_len, seed=w.seed)
+                             max_len=w.max_len, seed=w.seed, sync=sim.sync, cp_policy="adaptive")
     return run_planner("tidal", w, sim, cands, _options(w, packing="hydraulis", cp_sharding="adaptive"), progress,
-                       config=" ; ".join(str(c) for c in cands), t_plan=time.perf_counter() - t0)
+                       config=" ; ".join(str(c) for c in cands), t_plan=time.perf_counter() - t0, charged=True)
 
 
 def sys_flexpipe(w, sim, progress):
