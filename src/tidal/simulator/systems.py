@@ -158,12 +158,19 @@ def sys_hydraulis(w, sim, progress):
                        config=" ; ".join(str(c) for c in cands), t_plan=time.perf_counter() - t0)
 
 
-def sys_tidal(w, sim, progress):
+def sys_tidal(w, sim, progress, *, charged: bool = True, name: str = "tidal"):
+    """Tidal: the proposal and the per-step selection charge the pull/push and CP imbalance as `sim` executes them
+    (decision 86); `tidal-nocharge` is the same planner without those charges (the ablation)."""
     t0 = time.perf_counter()
     cands = build_candidates(w.cost_model, "auto", w.sample_lengths, tokens_per_step=w.tokens_per_step,
-                             max_len=w.max_len, seed=w.seed, sync=sim.sync, cp_policy="adaptive")
-    return run_planner("tidal", w, sim, cands, _options(w, packing="hydraulis", cp_sharding="adaptive"), progress,
-                       config=" ; ".join(str(c) for c in cands), t_plan=time.perf_counter() - t0, charged=True)
+                             max_len=w.max_len, seed=w.seed, sync=sim.sync if charged else None,
+                             cp_policy="adaptive" if charged else None)
+    return run_planner(name, w, sim, cands, _options(w, packing="hydraulis", cp_sharding="adaptive"), progress,
+                       config=" ; ".join(str(c) for c in cands), t_plan=time.perf_counter() - t0, charged=charged)
+
+
+def sys_tidal_nocharge(w, sim, progress):
+    return sys_tidal(w, sim, progress, charged=False, name="tidal-nocharge")
 
 
 def sys_flexpipe(w, sim, progress):
@@ -183,7 +190,7 @@ def sys_hotspa(w, sim, progress):
 SYSTEMS = MappingProxyType({
     "megatron": sys_megatron, "deepspeed": sys_deepspeed, "megatron-paper": sys_megatron_paper,
     "deepspeed-paper": sys_deepspeed_paper, "hotspa": sys_hotspa, "wlb": sys_wlb, "hydraulis": sys_hydraulis,
-    "tidal": sys_tidal, "flexpipe": sys_flexpipe,
+    "tidal": sys_tidal, "tidal-nocharge": sys_tidal_nocharge, "flexpipe": sys_flexpipe,
 })
 STATIC_SYSTEMS = ("megatron", "deepspeed", "megatron-paper", "deepspeed-paper")
 
