@@ -95,7 +95,8 @@ def charges_of(strategy: Strategy, pipes: tuple[PipeCost, ...], splits, cost_mod
 def charge(lengths: np.ndarray, pipes: tuple[PipeCost, ...], ch: Charges, plans: tuple[PipelinePlan, ...]
            ) -> tuple[float, tuple[PipelinePlan, ...]]:
     """The plans with each non-empty CP pipeline's estimate raised to its kernel-imbalance charge, then each
-    non-empty pipeline's by its sync delay: (step estimate, plans)."""
+    non-empty pipeline's by its sync delay, its micro-batches reordered (longest first, next longest last) when
+    that delay is smaller: (step estimate, plans)."""
     out = []
     for j, pl in enumerate(plans):
         if pl.micro_batches and ch.kernels and ch.kernels[j] is not None:
@@ -105,9 +106,18 @@ def charge(lengths: np.ndarray, pipes: tuple[PipeCost, ...], ch: Charges, plans:
             pl = replace(pl, est_time=max(pl.est_time, t))
         if pl.micro_batches and ch.sync is not None:
             pc = pipes[j]
-            first, last = pl.micro_batches[0], pl.micro_batches[-1]
-            t_first = pc.c + float(np.sum(pc.work(lengths[list(first)])))
-            t_last = pc.c + float(np.sum(pc.work(lengths[list(last)])))
-            pl = replace(pl, est_time=pl.est_time + ch.sync.delay(j, t_first, t_last))
+            t = [pc.c + float(np.sum(pc.work(lengths[list(mb)]))) for mb in pl.micro_batches]
+            delay = ch.sync.delay(j, t[0], t[-1])
+            if len(t) > 1:
+                # the longest micro-batch first (it hides the pull), the next longest last (the push): the pipeline
+                # formula does not depend on the order, the overlap does
+                order = sorted(range(len(t)), key=lambda m: (-t[m], m))
+                mid = [m for m in range(len(t)) if m not in order[:2]]
+                new = [order[0], *mid, order[1]]
+                d2 = ch.sync.delay(j, t[new[0]], t[new[-1]])
+                if d2 < delay:
+                    delay = d2
+                    pl = replace(pl, micro_batches=tuple(pl.micro_batches[m] for m in new))
+            pl = replace(pl, est_time=pl.est_time + delay)
         out.append(pl)
     return max((p.est_time for p in out), default=0.0), tuple(out)
