@@ -79,3 +79,17 @@ def test_keep_long_adds_a_candidate_that_holds_max_len():
     assert _keep_long([0], E, lens, 32768, 2) == [0, 3]
     assert _keep_long([0, 2], E, lens, 32768, 2) == [0, 2]  # already holds it
     assert _keep_long([0, 1], E, [4096] * 4, 32768, 2) == [0, 1]  # the pool has none: unchanged
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_charged_estimate_above_bound_with_cp_and_pp(seed):
+    cm, cands = _setup("2*tp2cp2+8*tp1 ; 2*tp2pp2+2*tp4 ; 4*tp2cp2", cluster="a800x16")
+    rng = np.random.default_rng(seed)
+    lengths = np.concatenate([rng.integers(50, 3000, size=40), [int(rng.integers(9000, 14000))]])
+    profs = profile_strategies(cands, cm, SimConfig().sync, "adaptive")
+    sel = select_step(lengths, profs, seed=seed)
+    assert sel.plan.est_step_time >= sel.plan.lower_bound > 0
+    assert sorted(i for p in sel.plan.pipelines for mb in p.micro_batches for i in mb) == list(range(lengths.size))
+    for r in sel.strategies:
+        if r.est_step_time is not None:
+            assert r.est_step_time >= r.lower_bound
