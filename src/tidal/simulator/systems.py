@@ -190,23 +190,28 @@ def sys_hotspa(w, sim, progress):
 SYSTEMS = MappingProxyType({
     "megatron": sys_megatron, "deepspeed": sys_deepspeed, "megatron-paper": sys_megatron_paper,
     "deepspeed-paper": sys_deepspeed_paper, "hotspa": sys_hotspa, "wlb": sys_wlb, "hydraulis": sys_hydraulis,
-    "tidal": sys_tidal, "tidal-nocharge": sys_tidal_nocharge, "flexpipe": sys_flexpipe,
+    "tidal": sys_tidal, "flexpipe": sys_flexpipe,
 })
+# run by name (`run_system`, `--systems`) but not among the compared systems: ablations of one of them
+ABLATIONS = MappingProxyType({"tidal-nocharge": sys_tidal_nocharge})
 STATIC_SYSTEMS = ("megatron", "deepspeed", "megatron-paper", "deepspeed-paper")
 
 
 def parse_systems(text: str) -> tuple[str, ...]:
     names = tuple(s.strip().lower() for s in text.split(",") if s.strip())
-    bad = [s for s in names if s not in SYSTEMS]
+    bad = [s for s in names if s not in SYSTEMS and s not in ABLATIONS]
     if bad or not names:
-        raise TidalError(f"unknown system(s) {', '.join(bad) or text!r}; choose from {', '.join(SYSTEMS)}")
+        raise TidalError(f"unknown system(s) {', '.join(bad) or text!r}; choose from {', '.join(SYSTEMS)}"
+                         f" (ablations: {', '.join(ABLATIONS)})")
     return tuple(dict.fromkeys(names))
 
 
 def run_system(name: str, w: Workload, sim: SimConfig | None = None, progress: Progress = None) -> SystemRun:
-    if name not in SYSTEMS:
-        raise TidalError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}")
-    return SYSTEMS[name](w, sim or SimConfig(), progress)
+    fn = SYSTEMS.get(name) or ABLATIONS.get(name)
+    if fn is None:
+        raise TidalError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)} (ablations: "
+                         f"{', '.join(ABLATIONS)})")
+    return fn(w, sim or SimConfig(), progress)
 
 
 def speedups(runs: Sequence[SystemRun], baseline_names: Sequence[str] = STATIC_SYSTEMS) -> dict[str, float]:
