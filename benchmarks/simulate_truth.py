@@ -72,17 +72,17 @@ def main() -> None:
     cols = ["megatron", "deepspeed", "hydraulis"] + [f"{n}/{p}" for n in names for p in PLANNING]
     print(f"Executed on Hydraulis' profiled pool (truth); tokens/s over the best static planned on it; "
           f"{a.steps} steps; seed {a.seed}")
-    print(f"{'model':<11}{'GPUs':>5} {'data':<12}{'F':<3}" + "".join(f"{c:>19}" for c in cols) + f"{'wall s':>8}")
+    print(f"{'model':<11}{'GPUs':>5} {'data':<12}{'F':<3}" + "".join(f"{c:>27}" for c in cols) + f"{'wall s':>8}")
     for c in cells:
         print(f"{c['model']:<11}{c['cluster'][5:]:>5} {c['data']:<12}{c['f']:<3}"
-              + "".join(f"{c['sp'][k]:>19.3f}" for k in cols) + f"{c['wall']:>8.0f}")
+              + "".join(f"{c['sp'][k]:>27.3f}" for k in cols) + f"{c['wall']:>8.0f}")
     for k in cols[2:]:
-        print(f"{k + ' / best static:':<34}{summary([c['sp'][k] for c in cells])}")
+        print(f"{k + ' / best static:':<44}{summary([c['sp'][k] for c in cells])}")
     for n in names:
         for p in PLANNING:
             vs = [c["sp"][f"{n}/{p}"] / c["sp"]["hydraulis"] for c in cells]
-            print(f"{n + '/' + p + ' / hydraulis:':<34}{summary(vs)}")
-    print(f"{'tidal/analytic / tidal/truth:':<34}"
+            print(f"{n + '/' + p + ' / hydraulis:':<44}{summary(vs)}")
+    print(f"{'tidal/analytic / tidal/truth:':<44}"
           f"{summary([c['sp']['tidal/analytic'] / c['sp']['tidal/truth'] for c in cells])}")
     print("\nconfigs of the last cell:")
     for n, cf in cells[-1]["configs"].items():

@@ -160,11 +160,14 @@ def sys_hydraulis(w, sim, progress):
 
 def sys_tidal(w, sim, progress, *, charged: bool = True, name: str = "tidal"):
     """Tidal: the proposal and the per-step selection charge the pull/push and CP imbalance as `sim` executes them
-    (decision 86); `tidal-nocharge` is the same planner without those charges (the ablation)."""
+    (decision 86); `tidal-nocharge` is the same planner without those charges (the ablation). Its scheme space
+    holds Hydraulis' (TP up to 16, across two nodes) and adds CP."""
     t0 = time.perf_counter()
-    cands = build_candidates(w.cost_model, "auto", w.sample_lengths, tokens_per_step=w.tokens_per_step,
+    cm = w.cost_model
+    space = scheme_space(cm, cm.cluster.num_devices, max_tp=min(HYDRAULIS_MAX_TP, cm.cluster.num_devices))
+    cands = build_candidates(cm, "auto", w.sample_lengths, tokens_per_step=w.tokens_per_step,
                              max_len=w.max_len, seed=w.seed, sync=sim.sync if charged else None,
-                             cp_policy="adaptive" if charged else None)
+                             cp_policy="adaptive" if charged else None, schemes=space)
     return run_planner(name, w, sim, cands, _options(w, packing="hydraulis", cp_sharding="adaptive"), progress,
                        config=" ; ".join(str(c) for c in cands), t_plan=time.perf_counter() - t0, charged=charged)
 
