@@ -20,7 +20,7 @@ measured switching time, not from a simulated speed-up. Seeds: --seeds (default 
 benchmarks and the docs used while developing).
 
 Usage: python benchmarks/paper_tables.py [--steps 20] [--jobs 2] [--seeds 1] [--quick] [--plan pool|analytic]
-       [--truth pool|analytic] [--only fig13,table4,wlb,flexpipe]
+       [--truth pool|analytic] [--only fig13,table4,wlb,flexpipe] [--ablate]
 """
 
 from __future__ import annotations
@@ -65,12 +65,12 @@ def _spec(kind: str, model: str) -> str:
 
 
 def fig13_cell(args):
-    (model, gpus), (f, max_len, tokens), data, steps, seed, plan, truth = args
+    (model, gpus), (f, max_len, tokens), data, steps, seed, plan, truth, ablate = args
     w = workload(model, f"a800x{gpus}", data, max_len, tokens, steps, seed, cost_model=_spec(plan, model),
                  truth=_spec(truth, model))
     t0 = time.perf_counter()
     runs, errors = {}, {}
-    for s in SYSTEMS:
+    for s in SYSTEMS + (("tidal-nocharge",) if ablate else ()):
         try:
             runs[s] = run_system(s, w, SimConfig())
         except TidalError as e:  # reported in the table, not fatal to the grid
@@ -102,14 +102,16 @@ def print_fig13(cells) -> None:
     print("Hydraulis Fig. 13 cells (Table 3's scenarios): tokens/s over the best baseline "
           "(best of megatron-paper, deepspeed-paper, hotspa)")
     print(f"{'model':<14}{'GPUs':>5} {'F':<3}{'data':<12}{'seed':>5}" + "".join(f"{n:>16}" for n in SYSTEMS)
-          + f"{'hyd in paper':>13}{'tidal/static':>13}{'tidal/hyd':>10}")
+          + f"{'hyd in paper':>13}{'tidal/static':>13}{'tidal/hyd':>10}"
+          + (f"{'noch/static':>12}{'noch/hyd':>10}" if any("tidal-nocharge" in c["tps"] for c in cells) else ""))
     lo, hi = PAPER_RANGE[0] * (1 - TOL), PAPER_RANGE[1] * (1 + TOL)
     hyd, t_static, t_hyd, inside = [], [], [], 0
-    failed = [c for c in cells if c["errors"]]
+    n_static, n_hyd = [], []  # --ablate: tidal-nocharge (decision 86's planner without its charges)
+    failed = [c for c in cells if set(c["errors"]) - {"tidal-nocharge"}]
     for c in failed:
         print(f"{c['model']:<14}{c['gpus']:>5} {c['f']:<3}{c['data']:<12}{c['seed']:>5}  failed: "
               + "; ".join(f"{k}: {v}" for k, v in c["errors"].items()))
-    cells = [c for c in cells if not c["errors"]]
+    cells = [c for c in cells if not set(c["errors"]) - {"tidal-nocharge"}]
     for c in cells:
         best = max(c["tps"][n] for n in BASELINES)
         sp = {n: v / best for n, v in c["tps"].items()}
@@ -120,15 +122,24 @@ def print_fig13(cells) -> None:
         hyd.append(sp["hydraulis"])
         t_static.append(ts)
         t_hyd.append(th)
+        if "tidal-nocharge" in c["tps"]:
+            n_static.append(c["tps"]["tidal-nocharge"] / max(c["tps"][n] for n in STATICS))
+            n_hyd.append(c["tps"]["tidal-nocharge"] / c["tps"]["hydraulis"])
+        elif "tidal-nocharge" in c["errors"]:
+            print(f"   tidal-nocharge failed: {c['errors']['tidal-nocharge']}")
         print(f"{c['model']:<14}{c['gpus']:>5} {c['f']:<3}{c['data']:<12}{c['seed']:>5}"
               + "".join(f"{sp[n]:>16.3f}" for n in SYSTEMS)
-              + f"{'yes' if ok else 'no':>13}{ts:>13.3f}{th:>10.3f}")
+              + f"{'yes' if ok else 'no':>13}{ts:>13.3f}{th:>10.3f}"
+              + (f"{n_static[-1]:>12.3f}{n_hyd[-1]:>10.3f}" if "tidal-nocharge" in c["tps"] else ""))
     if failed:
         print(f"{len(failed)} cell(s) failed (above) and are left out of the summaries")
     print(f"\nhydraulis / best baseline: {summary(hyd)}; paper {PAPER_RANGE[0]}-{PAPER_RANGE[1]} "
           f"(per-cell values only in the figure); {inside}/{len(cells)} cells within the range +-{TOL:.0%}")
     print(f"tidal / best static (Table 3's megatron, deepspeed): {summary(t_static)}  (target: median >= 1.5)")
     print(f"tidal / hydraulis: {summary(t_hyd)}  (target: median >= 1.05, worst >= 1.0)")
+    if n_static:
+        print(f"tidal-nocharge / best static: {summary(n_static)}  (the planner without decision 86's charges)")
+        print(f"tidal-nocharge / hydraulis: {summary(n_hyd)}")
     for c in cells:
         if (c["model"], c["gpus"], c["f"], c["data"]) == ("llama2-7b", 8, "F1", "github"):
             print(f"GitHub 7B 8GPUs F1 (§8.2): HotSPa iteration {c['time']['hotspa']:.2f} s, switching "
@@ -202,6 +213,8 @@ def main() -> None:
     ap.add_argument("--plan", choices=("pool", "analytic"), default="pool")
     ap.add_argument("--truth", choices=("pool", "analytic"), default="pool")
     ap.add_argument("--only", default="fig13,table4,wlb,flexpipe")
+    ap.add_argument("--ablate", action="store_true",
+                    help="Fig. 13: also run tidal-nocharge (Tidal's planner without decision 86's sync/CP charges)")
     a = ap.parse_args()
     seeds = [int(x) for x in a.seeds.split(",")]
     parts = set(a.only.split(","))
@@ -210,7 +223,7 @@ def main() -> None:
           f"{a.steps} steps per cell; seeds {seeds}\n")
     if "fig13" in parts:
         scen = SCENARIOS[0:1] + SCENARIOS[2:3] if a.quick else SCENARIOS
-        grid = [(s, f, d, a.steps, seed, a.plan, a.truth)
+        grid = [(s, f, d, a.steps, seed, a.plan, a.truth, a.ablate)
                 for s, f, d, seed in itertools.product(scen, FS, DATA, seeds)]
         with ProcessPoolExecutor(a.jobs) as ex:
             print_fig13(list(ex.map(fig13_cell, grid)))

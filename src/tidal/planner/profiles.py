@@ -12,7 +12,9 @@ import numpy as np
 from tidal.core.errors import TidalError
 from tidal.core.strategy import Strategy
 from tidal.costmodel.base import CostModel, pipeline_device
+from tidal.costmodel.sync import SyncPricing
 from tidal.planner.bounds import ClassArrays, PipeCost, group_pipes
+from tidal.planner.charges import Charges, charges_of
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,7 @@ class StrategyProfile:
     strategy: Strategy
     pipes: tuple[PipeCost, ...]
     layer_splits: tuple[tuple[int, ...], ...]
+    charges: Charges | None = None  # the pull/push and CP imbalance charged in its estimates (None: neither)
 
     @cached_property
     def max_len(self) -> int:
@@ -38,8 +41,11 @@ class StrategyProfile:
         return ClassArrays.of(self.grouped)
 
 
-def profile_strategies(candidates: Sequence[Strategy], cost_model: CostModel) -> tuple[StrategyProfile, ...]:
-    """Cost every pipeline of every candidate with `cost_model` (coefficients of its bounding device type)."""
+def profile_strategies(candidates: Sequence[Strategy], cost_model: CostModel, sync: SyncPricing | None = None,
+                       cp_policy: str | None = None) -> tuple[StrategyProfile, ...]:
+    """Cost every pipeline of every candidate with `cost_model` (coefficients of its bounding device type); with
+    `sync`, each pipeline's gradient pull/push is charged in select_step's estimates, and with `cp_policy` (a CP
+    sharding policy) each CP pipeline's kernel imbalance (charges.charge: the simulator's prices)."""
     if not candidates:
         raise TidalError("no candidate strategy to plan with")
     out = []
@@ -52,5 +58,6 @@ def profile_strategies(candidates: Sequence[Strategy], cost_model: CostModel) ->
                 raise TidalError(f"strategy {s}: {p.scheme.short()} does not fit in {dev.name} memory (MaxLen 0)")
             pipes.append(PipeCost.of(cost_model.coeffs(p.scheme, dev), p.scheme.pp, ml))
             splits.append(p.scheme.stage_layers(cost_model.model.layers))
-        out.append(StrategyProfile(s, tuple(pipes), tuple(splits)))
+        ch = charges_of(s, tuple(pipes), splits, cost_model, sync, cp_policy)
+        out.append(StrategyProfile(s, tuple(pipes), tuple(splits), ch))
     return tuple(out)

@@ -34,6 +34,7 @@ from tidal.core.errors import TidalError
 from tidal.core.scheme import ParallelScheme, format_strategy
 from tidal.core.strategy import Strategy, place
 from tidal.costmodel.base import CostModel
+from tidal.costmodel.sync import SyncPricing
 from tidal.planner.bounds import PipeCost, strategy_bound, work_capacity
 from tidal.planner.config import PROPOSAL
 
@@ -238,10 +239,12 @@ def _improve(combo: tuple[int, ...], val: float, used: list[int], K: dict, N: in
 def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: int, n_devices: int | None = None,
             bin_width: int = 256, d_step: float = 0.1, cutoffs: int = 4, max_candidates: int = 8,
             schemes: Sequence[ParallelScheme] | None = None, eval_steps: int = 10, pool_factor: int = 3,
-            seed: int = 0) -> Proposal:
+            seed: int = 0, sync: SyncPricing | None = None, cp_policy: str | None = None) -> Proposal:
     """Candidate strategies for `lengths` (a sample of the dataset's document lengths) on cost_model's cluster.
     Pool: the DP's roundings (two per cutoff) and the homogeneous strategies, best `pool_factor * max_candidates` by
-    expected_cost; final set: greedy cover of `eval_steps` steps sampled with `seed` and planned by select.assign."""
+    expected_cost; final set: greedy cover of `eval_steps` steps sampled with `seed` and planned by select.assign
+    (with `sync` / `cp_policy`, charged as StepPlanner charges them: charges.charge). The set always holds a strategy
+    that runs a max_len sequence when the pool has one (`_keep_long`)."""
     N = n_devices or cost_model.cluster.num_devices
     if tokens_per_step < 1 or max_len < 1 or bin_width < 1 or not 0 < d_step <= 1 or N < 1:
         raise TidalError("propose needs tokens_per_step, max_len, bin_width, n_devices >= 1 and 0 < d_step <= 1")
@@ -335,24 +338,27 @@ def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: in
             except TidalError:
                 continue
             taken += 1
-    E = _simulate(lengths, [st for _, st in pool], cost_model, tokens_per_step, max_len, eval_steps, seed,
-                  long_step=sample_top < max_len)
-    chosen = _greedy_cover(E, max_candidates)
+    E, lens = _simulate(lengths, [st for _, st in pool], cost_model, tokens_per_step, max_len, eval_steps, seed,
+                        long_step=sample_top < max_len, sync=sync, cp_policy=cp_policy)
+    chosen = _keep_long(_greedy_cover(E, max_candidates), E, lens, max_len, max_candidates)
     return Proposal(tuple(pool[i][1] for i in chosen), tuple(scored[pool[i][0]] for i in chosen),
                     tuple(float(E[i].mean()) for i in chosen), dp_best, space)
 
 
 def _simulate(lengths, strategies, cost_model, tokens_per_step, max_len, eval_steps, seed,
-              long_step: bool = False) -> np.ndarray:
+              long_step: bool = False, sync: SyncPricing | None = None,
+              cp_policy: str | None = None) -> tuple[np.ndarray, list[int]]:
     """Estimated step time of every strategy on `eval_steps` steps sampled (seeded) from `lengths` (inf when a step
     holds a document longer than the strategy's largest MaxLen). `long_step`: one more step, the first sampled one
-    plus a max_len document, so that the greedy cover's first pick can run a max_len sequence."""
+    plus a max_len document, so that the greedy cover's first pick can run a max_len sequence. Also each strategy's
+    largest MaxLen."""
+    from tidal.planner.charges import charge
     from tidal.planner.select import assign, profile_strategies
 
     rng = np.random.default_rng(seed)
     l_all = np.minimum(np.asarray(lengths, dtype=np.int64), max_len)
     per = max(1, int(2 * tokens_per_step / max(1.0, float(l_all.mean()))) + 8)
-    profs = profile_strategies(strategies, cost_model)
+    profs = profile_strategies(strategies, cost_model, sync, cp_policy)
     E = np.full((len(strategies), eval_steps + long_step), np.inf)
     first = None
     for s in range(eval_steps + long_step):
@@ -365,8 +371,23 @@ def _simulate(lengths, strategies, cost_model, tokens_per_step, max_len, eval_st
         for i, prof in enumerate(profs):
             if int(step.max()) <= prof.max_len:
                 # decisions 58 and 63: the cover as before (with them it took tp1 mixes with loose bounds)
-                E[i, s] = assign(step, prof, seed=seed, config=PROPOSAL)[0]
-    return E
+                est, plans = assign(step, prof, seed=seed, config=PROPOSAL)
+                E[i, s] = est if prof.charges is None else charge(step, prof.pipes, prof.charges, plans)[0]
+    return E, [prof.max_len for prof in profs]
+
+
+def _keep_long(chosen: list[int], E: np.ndarray, max_lens: Sequence[int], max_len: int, k: int) -> list[int]:
+    """`chosen` with a strategy that runs a max_len sequence: when none of them can (the sampled steps held no
+    document long enough to make the cover need one), the pool's fastest such strategy (least mean over the steps
+    it runs) replaces the last pick, or joins when fewer than k were picked; unchanged when the pool has none."""
+    if not chosen or any(max_lens[i] >= max_len for i in chosen):
+        return chosen
+    longs = [i for i in range(E.shape[0]) if max_lens[i] >= max_len]
+    if not longs:
+        return chosen
+    best = min(longs, key=lambda i: (float(np.mean(E[i][np.isfinite(E[i])])) if np.isfinite(E[i]).any()
+                                     else np.inf, i))
+    return (chosen if len(chosen) < k else chosen[:-1]) + [best]
 
 
 def _greedy_cover(E: np.ndarray, k: int) -> list[int]:

@@ -19,6 +19,7 @@ from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.planner.baselines.hydraulis import dispatch_hydraulis
 from tidal.planner.bounds import PipeCost, StrategyBound, check_lengths, pipeline_bound, prepare_lengths
 from tidal.planner.bounds_modes import mode_bound
+from tidal.planner.charges import charge
 from tidal.planner.classfill import class_plan, pick_class
 from tidal.planner.config import DEFAULT, PlannerConfig
 from tidal.planner.dispatch import dispatch, dispatch_alternatives, restart_dispatch
@@ -361,15 +362,22 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
     prep = prepare_lengths(l_)  # shared by every candidate's bounds
     sbs = [StrategyBound(l_, p.pipes, grouped=p.grouped, arrays=p.class_arrays, prep=prep)
            if longest <= p.max_len else None for p in profiles]
-    bounds = [float("inf") if sb is None else sb.quick for sb in sbs]
+    # a charged candidate (charges.charge: pull/push, CP imbalance) adds at least its floor to its bounds
+    off = [0.0 if p.charges is None else p.charges.floor for p in profiles]
+    bounds = [float("inf") if sb is None else sb.quick + off[k] for k, sb in enumerate(sbs)]
     refined = [False] * len(profiles)
 
     def refine(i: int) -> None:
         if not refined[i]:
             sb = sbs[i]
             assert sb is not None
-            bounds[i] = max(bounds[i], sb.refined())
+            bounds[i] = max(bounds[i], sb.refined() + off[i])
             refined[i] = True
+
+    def charged(k: int, res):
+        if res is None or profiles[k].charges is None:
+            return res
+        return charge(l_, profiles[k].pipes, profiles[k].charges, res[1])
     if all(b == float("inf") for b in bounds):
         top = max(p.max_len for p in profiles)
         raise TidalError(f"a sequence of {longest} tokens exceeds the MaxLen of every candidate strategy (largest "
@@ -395,10 +403,10 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
             refine(k)
             heapq.heappush(heap, (bounds[k], k))
             continue
-        est, plans = assign(l_, profiles[k], packer=packer, seed=seed, exact=exact, target=bounds[k],
-                            deadline=deadline, fallback=False,
-                            shrink_below=float("inf") if best is None else best[0] / (1 + tol),
-                            shrink_left=shrink_left, config=cfg)
+        est, plans = charged(k, assign(l_, profiles[k], packer=packer, seed=seed, exact=exact,
+                                       target=bounds[k] - off[k], deadline=deadline, fallback=False,
+                                       shrink_below=float("inf") if best is None else best[0] / (1 + tol) - off[k],
+                                       shrink_left=shrink_left, config=cfg))
         ests[k] = est
         if best is None or (est, k) < (best[0], best[1]):
             best = (est, k, plans)
@@ -415,8 +423,8 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
         refine(k)
         if bounds[k] * (1 + tol) >= best[0]:
             continue
-        hy = _hydraulis_plan(l_, profiles[k], packer, seed, exact, best[0], cfg)
-        if hy is not None:
+        hy = charged(k, _hydraulis_plan(l_, profiles[k], packer, seed, exact, best[0] - off[k], cfg))
+        if hy is not None and hy[0] < best[0]:
             ests[k] = hy[0] if ests[k] is None else min(ests[k], hy[0])
             best = (hy[0], k, hy[1])
     est, k, plans = best
@@ -434,7 +442,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
             # the mode-aware bound (bounds_modes), searched only up to what can still lower the step bound
             sb = sbs[i]
             assert sb is not None
-            bounds[i] = max(bounds[i], mode_bound(sb, bounds[i], min(lb, est)))
+            bounds[i] = max(bounds[i], mode_bound(sb, bounds[i] - off[i], min(lb, est) - off[i]) + off[i])
         lb = min(lb, bounds[i])
     prof = profiles[k]
     reports = []

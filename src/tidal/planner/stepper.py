@@ -27,6 +27,7 @@ from tidal.core.plan import StepPlan
 from tidal.core.scheme import ParallelScheme, parse_strategies
 from tidal.core.strategy import Strategy, place
 from tidal.costmodel.base import CostModel, pipeline_device
+from tidal.costmodel.sync import SyncPricing
 from tidal.planner import packing
 from tidal.planner.baselines import fixed, wlb
 from tidal.planner.cp_adaptive import charged_pipeline_time, choose_for_micro_batches, cp_kernel
@@ -99,15 +100,19 @@ class PlannedStep:
 
 
 def build_candidates(cost_model: CostModel, strategies: str, sample_lengths: np.ndarray | None, *,
-                     tokens_per_step: int, max_len: int, seed: int) -> tuple[Strategy, ...]:
-    """Candidate strategies: "auto" runs the proposal DP on `sample_lengths` (clipped to max_len); anything else is
-    parsed as `;`-separated strategies and placed on the cluster. Checks that some scheme holds max_len tokens."""
+                     tokens_per_step: int, max_len: int, seed: int, sync: SyncPricing | None = None,
+                     cp_policy: str | None = None, schemes=None) -> tuple[Strategy, ...]:
+    """Candidate strategies: "auto" runs the proposal DP on `sample_lengths` (clipped to max_len; `sync`, `cp_policy`:
+    its sampled planning charges them, as StepPlanner's; `schemes`: the proposal's scheme space, default
+    proposal.scheme_space's); anything else is parsed as `;`-separated strategies and
+    placed on the cluster. Checks that some scheme holds max_len tokens."""
     model, cluster = cost_model.model, cost_model.cluster
     if strategies.strip().lower() == "auto":
         if sample_lengths is None or len(sample_lengths) == 0:
             raise TidalError("strategies 'auto' needs a sample of document lengths to propose candidates from")
         sample = np.minimum(np.asarray(sample_lengths, dtype=np.int64), max_len)
-        cands = propose(sample, cost_model, tokens_per_step=tokens_per_step, max_len=max_len, seed=seed).strategies
+        cands = propose(sample, cost_model, tokens_per_step=tokens_per_step, max_len=max_len, seed=seed, sync=sync,
+                        cp_policy=cp_policy, schemes=schemes).strategies
     else:
         cands = tuple(place(s, cluster, model) for s in parse_strategies(strategies))
     if not cands:
@@ -152,12 +157,16 @@ class StepPlanner:
     """Plans a stream of steps; `next()` -> PlannedStep or None when the source and the WLB queues are empty."""
 
     def __init__(self, cost_model: CostModel, candidates: Sequence[Strategy], source: StepSource,
-                 options: PlanningOptions) -> None:
+                 options: PlanningOptions, *, sync: SyncPricing | None = None, charge_cp: bool = False) -> None:
+        """`sync`: charge each candidate pipeline's gradient pull/push in the selection (costmodel.sync, as the
+        simulator prices it); `charge_cp`: charge CP kernel imbalance under `options.cp_sharding` in the selection
+        too, not only in the chosen plan (charges.charge, decision 86). Both off: the estimates as before."""
         if not isinstance(options, PlanningOptions):
             raise TidalError(f"options must be PlanningOptions, got {type(options).__name__}")
         self.cost_model = cost_model
         self.candidates: tuple[Strategy, ...] = tuple(candidates)
-        self.profiles: tuple[StrategyProfile, ...] = profile_strategies(self.candidates, cost_model)
+        self._charging = (sync, options.cp_sharding if charge_cp else None)
+        self.profiles: tuple[StrategyProfile, ...] = profile_strategies(self.candidates, cost_model, *self._charging)
         self.source = source
         self.options = options
         self._packer = PACKERS[options.packing]
@@ -180,7 +189,7 @@ class StepPlanner:
         force and the stream, so replaying the same sequence of models replays the same plans."""
         if cost_model.model != self.cost_model.model or cost_model.cluster != self.cost_model.cluster:
             raise TidalError("set_cost_model: the new cost model is for another model or cluster")
-        self.profiles = profile_strategies(self.candidates, cost_model)
+        self.profiles = profile_strategies(self.candidates, cost_model, *self._charging)
         self.cost_model = cost_model
         if self._wcfg is not None:
             self._wcfg = replace(self._wcfg, coeffs=self.profiles[0].pipes[0].coeffs)

@@ -107,8 +107,9 @@ def homogeneous(cost_model: CostModel, max_len: int, *, ulysses: bool = False, m
 
     out = []
     if ulysses:
-        if getattr(cost_model, "memory", None) is None:
-            raise TidalError("the deepspeed baseline needs the analytic cost model (ZeRO-3 memory)")
+        if getattr(cost_model, "memory", None) is None and getattr(cost_model, "fallback", None) is None:
+            raise TidalError("the deepspeed baseline needs a cost model with a memory config (ZeRO-3 memory): "
+                             "analytic, or a fitted/pool model with its analytic fallback")
         z3, rc = Variant(cost_model, zero3=True), Variant(cost_model, recompute=True, zero3=True)
         for sp in (1 << i for i in range(0, 12)):
             if sp > n or n % sp or m.heads % sp:

@@ -32,6 +32,7 @@ from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.scheme import ParallelScheme
 from tidal.costmodel.base import CostModel, LatencyCoeffs
 from tidal.costmodel.fitted import FittedCostModel
+from tidal.costmodel.sync import SyncPricing, exposed, stage_params, sync_bandwidth, sync_seconds
 from tidal.planner.cp_adaptive import cp_imbalance, cp_kernel
 
 SCHEDULES = ("1f1b", "gpipe")
@@ -58,6 +59,12 @@ class SimConfig:
             raise TidalError(f"fwd_share must be in (0, 1), got {self.fwd_share}")
         if not 0 < self.comm_eff <= 1 or (self.hbm_bw is not None and self.hbm_bw <= 0) or self.pulls_per_step < 1:
             raise TidalError("comm_eff must be in (0, 1], hbm_bw > 0 and pulls_per_step >= 1")
+
+    @property
+    def sync(self) -> SyncPricing:
+        """The pull/push pricing of this configuration (costmodel.sync), which the planner charges too."""
+        return SyncPricing(self.comm_eff, self.param_bytes, self.grad_bytes, self.pulls_per_step, self.overlap_sync,
+                           self.fwd_share)
 
 
 @dataclass(frozen=True)
@@ -258,14 +265,9 @@ class Simulator:
         return out
 
     def stage_params(self, p: PipelinePlan) -> np.ndarray:
-        """Parameters held per device of every stage (its TP shard)."""
-        m = self.model
-        split = p.layer_split or ParallelScheme(p.tp, p.pp, p.cp).stage_layers(m.layers)
-        emb = m.vocab * m.hidden
-        out = np.array([L * m.layer_params() for L in split], dtype=np.float64)
-        out[0] += emb
-        out[-1] += m.hidden + (0 if m.tie_embeddings else emb)
-        return out / p.tp
+        """Parameters held per device of every stage (its TP shard; costmodel.sync.stage_params)."""
+        return stage_params(self.model, p.tp, p.layer_split or ParallelScheme(p.tp, p.pp, p.cp).stage_layers(
+            self.model.layers))
 
     def _bw(self, a: int, b: int) -> float:
         ta, tb = self._types[a], self._types[b]
@@ -273,16 +275,8 @@ class Simulator:
         return bw * self.cfg.comm_eff
 
     def sync_bw(self, device: int) -> float:
-        """Bandwidth of a device's pull/push to the owners spread over the cluster: the share of the other devices
-        in its node goes over the intra-node links, the rest over its share of the node's inter-node links, both at
-        once, so the slower part bounds it (one node: intra-node only)."""
-        t = self._types[device]
-        if self.n == 1:
-            return t.intra_bw * self.cfg.comm_eff
-        local = sum(1 for x in self._nodes if x == self._nodes[device]) - 1
-        remote = (self.n - 1 - local) / (self.n - 1)
-        per_byte = max(remote / t.inter_bw, (1 - remote) / t.intra_bw)
-        return self.cfg.comm_eff / per_byte
+        """Bandwidth of a device's pull/push to the owners (costmodel.sync.sync_bandwidth)."""
+        return sync_bandwidth(self.cluster, device, self.cfg.comm_eff)
 
     # -- one pipeline, one step ----------------------------------------------------------------------------------
 
@@ -324,7 +318,7 @@ class Simulator:
         lengths = np.asarray(step.seq_lengths, dtype=np.int64)
         cfg = self.cfg
         g = sync_group or self.n
-        share = (g - 1) / g if g > 1 else 0.0
+        sync = cfg.sync
         busy = np.zeros(self.n)
         traces = []
         last_end = 0.0
@@ -339,12 +333,11 @@ class Simulator:
             params = self.stage_params(p)
             n = p.tp * p.cp
             bws = np.array([self.sync_bw(p.devices[s * n]) for s in range(p.pp)])
-            pull_t = (cfg.pulls_per_step * cfg.param_bytes * params * share / bws) if pull else np.zeros(p.pp)
-            push_t = (cfg.grad_bytes * params * share / bws) if push else np.zeros(p.pp)
+            pull_t, push_t = sync_seconds(params, bws, g, sync)
+            pull_t, push_t = (pull_t if pull else np.zeros(p.pp)), (push_t if push else np.zeros(p.pp))
             L = np.asarray(split, dtype=np.float64)
             # first forward of stage s starts once layer j's pull is in before the forward reaches layer j
-            d0 = fwd[:, 0]
-            release = np.where(pull_t <= d0, pull_t / L, pull_t - (L - 1) * d0 / L) if cfg.overlap_sync else pull_t
+            release = exposed(pull_t, L, fwd[:, 0], cfg.overlap_sync)
             st, mb, kind, start, end = run_pipeline(fwd, bwd, p2p, release, cfg.schedule)
             sync_end = np.zeros(p.pp)
             for s in range(p.pp):
@@ -352,10 +345,7 @@ class Simulator:
                 i = int(np.flatnonzero(sel)[-1])
                 t0, t1 = start[i], end[i]
                 d = t1 - t0
-                if cfg.overlap_sync:
-                    sync_end[s] = t0 + max(d / L[s] + push_t[s], d + push_t[s] / L[s]) if push_t[s] > 0 else t1
-                else:
-                    sync_end[s] = t1 + push_t[s]
+                sync_end[s] = t1 + float(exposed(push_t[s], L[s], d, cfg.overlap_sync))
                 dur = float(np.sum(end[st == s] - start[st == s]))
                 busy[list(p.devices[s * n:(s + 1) * n])] += dur
             tr = PipelineTrace(st, mb, kind, start, end, release, sync_end)

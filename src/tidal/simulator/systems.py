@@ -73,9 +73,12 @@ def run_static(name: str, w: Workload, sim: SimConfig, cfg: baselines.StaticConf
 
 
 def run_planner(name: str, w: Workload, sim: SimConfig, candidates, options: PlanningOptions, progress: Progress,
-                *, config: str, t_plan: float = 0.0) -> SystemRun:
+                *, config: str, t_plan: float = 0.0, charged: bool = False) -> SystemRun:
+    """`charged`: the planner charges the pull/push and CP imbalance as `sim` executes them (Tidal's planner; the
+    papers' planners do not)."""
     run = SystemRun(name, config, plan_s=t_plan)
-    planner = StepPlanner(w.cost_model, candidates, w.source_factory(), options)
+    planner = StepPlanner(w.cost_model, candidates, w.source_factory(), options,
+                          sync=sim.sync if charged else None, charge_cp=charged)
     s = _simulator(w, sim)
     prev = None
     for ps in chain(planner.steps(w.steps), planner.flush()):
@@ -155,16 +158,26 @@ def sys_hydraulis(w, sim, progress):
                        config=" ; ".join(str(c) for c in cands), t_plan=time.perf_counter() - t0)
 
 
-def sys_tidal(w, sim, progress):
+def sys_tidal(w, sim, progress, *, charged: bool = True, name: str = "tidal"):
+    """Tidal: the proposal and the per-step selection charge the pull/push and CP imbalance as `sim` executes them
+    (decision 86); `tidal-nocharge` is the same planner without those charges (the ablation). Its scheme space
+    holds Hydraulis' (TP up to 16, across two nodes) and adds CP."""
     t0 = time.perf_counter()
     if w.tidal is not None:  # a training job's own candidates and planning options (tidal simulate --config)
         cands, options = w.tidal
-        return run_planner("tidal", w, sim, cands, options, progress, config=" ; ".join(str(c) for c in cands),
-                           t_plan=time.perf_counter() - t0)
-    cands = build_candidates(w.cost_model, "auto", w.sample_lengths, tokens_per_step=w.tokens_per_step,
-                             max_len=w.max_len, seed=w.seed)
-    return run_planner("tidal", w, sim, cands, _options(w, packing="hydraulis", cp_sharding="adaptive"), progress,
-                       config=" ; ".join(str(c) for c in cands), t_plan=time.perf_counter() - t0)
+        return run_planner(name, w, sim, cands, options, progress, config=" ; ".join(str(c) for c in cands),
+                           t_plan=time.perf_counter() - t0, charged=charged)
+    cm = w.cost_model
+    space = scheme_space(cm, cm.cluster.num_devices, max_tp=min(HYDRAULIS_MAX_TP, cm.cluster.num_devices))
+    cands = build_candidates(cm, "auto", w.sample_lengths, tokens_per_step=w.tokens_per_step,
+                             max_len=w.max_len, seed=w.seed, sync=sim.sync if charged else None,
+                             cp_policy="adaptive" if charged else None, schemes=space)
+    return run_planner(name, w, sim, cands, _options(w, packing="hydraulis", cp_sharding="adaptive"), progress,
+                       config=" ; ".join(str(c) for c in cands), t_plan=time.perf_counter() - t0, charged=charged)
+
+
+def sys_tidal_nocharge(w, sim, progress):
+    return sys_tidal(w, sim, progress, charged=False, name="tidal-nocharge")
 
 
 def sys_flexpipe(w, sim, progress):
@@ -186,21 +199,26 @@ SYSTEMS = MappingProxyType({
     "deepspeed-paper": sys_deepspeed_paper, "hotspa": sys_hotspa, "wlb": sys_wlb, "hydraulis": sys_hydraulis,
     "tidal": sys_tidal, "flexpipe": sys_flexpipe,
 })
+# run by name (`run_system`, `--systems`) but not among the compared systems: ablations of one of them
+ABLATIONS = MappingProxyType({"tidal-nocharge": sys_tidal_nocharge})
 STATIC_SYSTEMS = ("megatron", "deepspeed", "megatron-paper", "deepspeed-paper")
 
 
 def parse_systems(text: str) -> tuple[str, ...]:
     names = tuple(s.strip().lower() for s in text.split(",") if s.strip())
-    bad = [s for s in names if s not in SYSTEMS]
+    bad = [s for s in names if s not in SYSTEMS and s not in ABLATIONS]
     if bad or not names:
-        raise TidalError(f"unknown system(s) {', '.join(bad) or text!r}; choose from {', '.join(SYSTEMS)}")
+        raise TidalError(f"unknown system(s) {', '.join(bad) or text!r}; choose from {', '.join(SYSTEMS)}"
+                         f" (ablations: {', '.join(ABLATIONS)})")
     return tuple(dict.fromkeys(names))
 
 
 def run_system(name: str, w: Workload, sim: SimConfig | None = None, progress: Progress = None) -> SystemRun:
-    if name not in SYSTEMS:
-        raise TidalError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}")
-    return SYSTEMS[name](w, sim or SimConfig(), progress)
+    fn = SYSTEMS.get(name) or ABLATIONS.get(name)
+    if fn is None:
+        raise TidalError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)} (ablations: "
+                         f"{', '.join(ABLATIONS)})")
+    return fn(w, sim or SimConfig(), progress)
 
 
 def speedups(runs: Sequence[SystemRun], baseline_names: Sequence[str] = STATIC_SYSTEMS) -> dict[str, float]:

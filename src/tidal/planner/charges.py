@@ -1,0 +1,123 @@
+"""What the simulator charges a packed plan beyond its balanced compute, charged in the planner's estimates too
+(decision 86): the gradient pull/push of each candidate pipeline, priced by `costmodel.sync` as the simulator executes
+it, and the CP kernel imbalance of its CP micro-batches (`cp_adaptive.charged_pipeline_time`, decision 77).
+
+A candidate's pipelines pull their parameters from, and push their gradients to, the fixed sharded optimizer layout.
+What that adds to a pipeline depends on how long its first forward and last backward take (the layer-wise transfer
+overlaps them), so it is charged on the packed plan (`charge`): each non-empty pipeline's estimate rises by
+`costmodel.sync.sync_delay` of its stage coefficients and its first and last micro-batch. Its least possible value,
+over pipelines and micro-batches up to MaxLen tokens (`SyncCharge.floor`), is added to the candidate's step bound, so
+estimate >= bound still holds. The CP imbalance only raises a CP pipeline's estimate (its factor is >= 1): it needs
+no bound term.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from tidal.core.plan import PipelinePlan
+from tidal.core.strategy import Strategy
+from tidal.costmodel.base import CostModel, pipeline_device
+from tidal.costmodel.kernel import KernelModel
+from tidal.costmodel.sync import SyncPricing, pipeline_sync, sync_delay
+from tidal.planner.bounds import PipeCost
+from tidal.planner.cp_adaptive import charged_pipeline_time, choose_for_micro_batches, cp_kernel
+
+
+@dataclass(frozen=True, eq=False)
+class SyncCharge:
+    """Per pipeline of one candidate: pull and push seconds per stage and the stage's layers."""
+
+    pricing: SyncPricing
+    pull: tuple[np.ndarray, ...]
+    push: tuple[np.ndarray, ...]
+    layers: tuple[np.ndarray, ...]
+    floor: float  # least delay any non-empty pipeline can get: added to the candidate's bounds
+
+    def delay(self, j: int, t_first: float, t_last: float) -> float:
+        """Seconds pipeline j's sync adds when its first / last micro-batch takes t_first / t_last (forward +
+        backward on a stage)."""
+        fs = self.pricing.fwd_share
+        return sync_delay(self.pull[j], self.push[j], self.layers[j], fs * t_first, (1 - fs) * t_last,
+                          self.pricing.overlap)
+
+
+@dataclass(frozen=True, eq=False)
+class Charges:
+    """What `charge` adds to one candidate's packed plans: its pull/push (None: not charged) and, under the CP
+    sharding `policy` (None: not charged), the kernel of each CP > 1 pipeline."""
+
+    sync: SyncCharge | None = None
+    policy: str | None = None
+    kernels: tuple[KernelModel | None, ...] = ()
+
+    @property
+    def floor(self) -> float:
+        return 0.0 if self.sync is None else self.sync.floor
+
+
+def sync_charge(strategy: Strategy, pipes: tuple[PipeCost, ...], splits, cost_model: CostModel,
+                pricing: SyncPricing, group: int | None = None) -> SyncCharge:
+    """The pull/push of every pipeline of a placed candidate; `group`: devices the optimizer state is sharded over
+    (default: the whole cluster, as the simulator)."""
+    m, cl = cost_model.model, cost_model.cluster
+    g = group or cl.num_devices
+    pull, push, layers = [], [], []
+    for p, split in zip(strategy.pipelines, splits):
+        a, b = pipeline_sync(m, cl, p.devices, p.scheme.tp, p.scheme.cp, split, g, pricing)
+        pull.append(a)
+        push.append(b)
+        layers.append(np.asarray(split, dtype=np.float64))
+    fs = pricing.fwd_share
+    floor = np.inf
+    for j, pc in enumerate(pipes):
+        # the longest stage time of a micro-batch: MaxLen tokens in one document, plus a per-document term per token
+        t = pc.c + pc.a * float(pc.max_len) ** 2 + (pc.b + pc.d) * pc.max_len
+        floor = min(floor, sync_delay(pull[j], push[j], layers[j], fs * t, (1 - fs) * t, pricing.overlap))
+    return SyncCharge(pricing, tuple(pull), tuple(push), tuple(layers), float(floor if np.isfinite(floor) else 0.0))
+
+
+def charges_of(strategy: Strategy, pipes: tuple[PipeCost, ...], splits, cost_model: CostModel,
+               sync: SyncPricing | None, cp_policy: str | None) -> Charges | None:
+    """A candidate's Charges (None when neither is charged)."""
+    if sync is None and cp_policy is None:
+        return None
+    sc = None if sync is None else sync_charge(strategy, pipes, splits, cost_model, sync)
+    kernels: tuple[KernelModel | None, ...] = ()
+    if cp_policy is not None:
+        kernels = tuple(cp_kernel(cost_model.model, p.scheme.tp, pipeline_device(cost_model.cluster, p))
+                        if p.scheme.cp > 1 else None for p in strategy.pipelines)
+    return Charges(sc, cp_policy, kernels)
+
+
+def charge(lengths: np.ndarray, pipes: tuple[PipeCost, ...], ch: Charges, plans: tuple[PipelinePlan, ...]
+           ) -> tuple[float, tuple[PipelinePlan, ...]]:
+    """The plans with each non-empty CP pipeline's estimate raised to its kernel-imbalance charge, then each
+    non-empty pipeline's by its sync delay, its micro-batches reordered (longest first, next longest last) when
+    that delay is smaller: (step estimate, plans)."""
+    out = []
+    for j, pl in enumerate(plans):
+        if pl.micro_batches and ch.kernels and ch.kernels[j] is not None:
+            kern = ch.kernels[j]
+            modes = choose_for_micro_batches(lengths, pl.micro_batches, pl.cp, kern, ch.policy or "adaptive")
+            t = charged_pipeline_time(lengths, pl.micro_batches, pipes[j].coeffs, pl.pp, pl.cp, modes, kern)
+            pl = replace(pl, est_time=max(pl.est_time, t))
+        if pl.micro_batches and ch.sync is not None:
+            pc = pipes[j]
+            t = [pc.c + float(np.sum(pc.work(lengths[list(mb)]))) for mb in pl.micro_batches]
+            delay = ch.sync.delay(j, t[0], t[-1])
+            if len(t) > 1:
+                # the longest micro-batch first (it hides the pull), the next longest last (the push): the pipeline
+                # formula does not depend on the order, the overlap does
+                order = sorted(range(len(t)), key=lambda m: (-t[m], m))
+                mid = [m for m in range(len(t)) if m not in order[:2]]
+                new = [order[0], *mid, order[1]]
+                d2 = ch.sync.delay(j, t[new[0]], t[new[-1]])
+                if d2 < delay:
+                    delay = d2
+                    pl = replace(pl, micro_batches=tuple(pl.micro_batches[m] for m in new))
+            pl = replace(pl, est_time=pl.est_time + delay)
+        out.append(pl)
+    return max((p.est_time for p in out), default=0.0), tuple(out)
