@@ -7,25 +7,9 @@ import pytest
 
 from tidal.cli.main import main
 
-GOOD = """
-[model]
-name = "tiny"
-attn_backend = "sdpa"
-[world]
-cluster = "cpux4"
-[data]
-source = "stdlib:defs"
-max_len = 128
-tokens_per_step = 512
-[planner]
-strategies = "tp2+2*tp1;4*tp1"
-[optimizer]
-lr = 1e-3
-warmup_steps = 1
-[train]
-steps = 2
-progress = false
-"""
+from _tiny_config import tiny_toml  # isort: skip
+
+GOOD = tiny_toml(optimizer=True, train="steps = 2\nprogress = false\n")
 
 
 def _write(tmp_path, text, name="c.toml"):

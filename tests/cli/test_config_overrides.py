@@ -13,24 +13,11 @@ import pytest
 from tidal.cli.main import build_parser, main
 from tidal.core.errors import TidalError
 
+from _tiny_config import tiny_toml  # isort: skip
+
 pytestmark = pytest.mark.unit
 
-GOOD = """
-[model]
-name = "tiny"
-attn_backend = "sdpa"
-[world]
-cluster = "cpux4"
-[data]
-source = "stdlib:defs"
-max_len = 256
-tokens_per_step = 1024
-[planner]
-strategies = "tp2+2*tp1;4*tp1"
-[train]
-steps = 7
-progress = false
-"""
+GOOD = tiny_toml(256, 1024, train="steps = 7\nprogress = false\n")
 
 
 def _cfg(tmp_path, text=GOOD):

@@ -11,23 +11,9 @@ import pytest
 from tidal.core.model import get_model
 from tidal.costmodel.flops import train_flops
 
-CONFIG = """
-[model]
-name = "tiny"
-attn_backend = "sdpa"
-[world]
-cluster = "cpux4"
-[data]
-source = "stdlib:defs"
-max_len = 128
-tokens_per_step = 512
-[planner]
-strategies = "tp2+2*tp1;4*tp1"
-[train]
-steps = 2
-metrics = "m.jsonl"
-checkpoint_dir = "ck"
-"""
+from _tiny_config import tiny_toml  # isort: skip
+
+CONFIG = tiny_toml(train='steps = 2\nmetrics = "m.jsonl"\ncheckpoint_dir = "ck"\n')
 
 
 @pytest.mark.distributed

@@ -64,6 +64,21 @@ class CostModel(Protocol):
         ...
 
 
+class Wrapper:
+    """A cost model that wraps another (``self.base``) and changes some of its prices: the model and the cluster are
+    the wrapped model's (costmodel.recompute.RecomputeCostModel, simulator.baselines.Variant)."""
+
+    base: CostModel
+
+    @property
+    def model(self):
+        return self.base.model
+
+    @property
+    def cluster(self):
+        return self.base.cluster
+
+
 def pipeline_device(cluster: ClusterSpec, pipeline: Pipeline) -> DeviceType:
     """The device type that bounds a pipeline spanning several types: the least compute, then the least memory.
     A mixed pipeline runs at its slowest stage; non-uniform layer splits that compensate are left to layer_split."""

@@ -27,7 +27,7 @@ from tidal.core.cluster import DeviceType
 from tidal.core.errors import TidalError
 from tidal.core.recompute import parse_recompute, stage_recompute
 from tidal.core.scheme import ParallelScheme
-from tidal.costmodel.base import LatencyCoeffs
+from tidal.costmodel.base import LatencyCoeffs, Wrapper
 from tidal.costmodel.memory import AUTO_ORDER, auto_recompute
 
 # extra fraction of (a, b, c) a recomputation mode adds to forward + backward (module docstring)
@@ -35,7 +35,7 @@ EXTRA = {"none": (0.0, 0.0, 0.0), "selective": (1 / 3, 0.0, 0.0), "full": (1 / 3
 
 
 @dataclass(frozen=True)
-class RecomputeCostModel:
+class RecomputeCostModel(Wrapper):
     base: object  # a cost model with a `memory` field (AnalyticCostModel)
     recompute: str = "auto"  # "auto" or a mode / per-stage modes (core/recompute.py)
     need: int = 0  # auto: the micro-batch tokens a scheme must hold (the longest sequence: [data] max_len)
@@ -48,14 +48,6 @@ class RecomputeCostModel:
             parse_recompute(self.recompute)
         elif self.need < 1:
             raise TidalError(f"recompute auto needs the length a scheme must hold (need >= 1), got {self.need}")
-
-    @property
-    def model(self):
-        return self.base.model
-
-    @property
-    def cluster(self):
-        return self.base.cluster
 
     def _with(self, modes: tuple[str, ...]):
         return replace(self.base, memory=replace(self.base.memory, recompute=modes))

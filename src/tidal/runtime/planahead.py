@@ -62,8 +62,9 @@ JOIN_S = 5.0  # how long close() waits for the process to stop before terminatin
 
 
 @dataclass(frozen=True)
-class PlannerSpec:
-    """The picklable, torch-free inputs of training's planner; calling it builds a fresh :class:`StepPlanner`."""
+class StreamInputs:
+    """The picklable, torch-free inputs every training planner samples and prices with: the corpus, the token budget
+    sampler and the cost model. `PlannerSpec` (Tidal's planner) and `runtime.reconfig.FlexPipeSpec` add their own."""
 
     source: str  # corpus spec ([data] source)
     data_seed: int
@@ -78,21 +79,32 @@ class PlannerSpec:
     model: ModelSpec
     cluster: ClusterSpec
     candidates: tuple[Strategy, ...]
-    options: PlanningOptions
-    memory: MemoryConfig = MemoryConfig()  # the analytic model's memory charge (tidal train: the executor's)
 
     def corpus(self):
         return corpus_from_spec(self.source, seed=self.data_seed, vocab=self.vocab, tokenizer=self.tokenizer or None,
                                 cache_dir=self.cache_dir or None)
 
-    def build(self) -> tuple[StepPlanner, Any]:
-        """The planner and the corpus it samples."""
+    def sampling(self, memory: MemoryConfig) -> tuple[TokenBudgetSampler, Any, Any]:
+        """(the sampler over the corpus, the cost model, the corpus); the analytic model charges `memory`."""
         corpus = self.corpus()
         src = corpus.length_source()
         sampler = TokenBudgetSampler(src, self.tokens_per_step, self.max_len, long_docs=self.long_docs,
                                      seed=self.data_seed, cycle=self.cycle and src.size is not None)
         cm = (load_cost_model(self.cost_model, self.model, self.cluster) if self.cost_model
-              else AnalyticCostModel(self.model, self.cluster, memory=self.memory))
+              else AnalyticCostModel(self.model, self.cluster, memory=memory))
+        return sampler, cm, corpus
+
+
+@dataclass(frozen=True)
+class PlannerSpec(StreamInputs):
+    """The picklable, torch-free inputs of training's planner; calling it builds a fresh :class:`StepPlanner`."""
+
+    options: PlanningOptions = PlanningOptions()
+    memory: MemoryConfig = MemoryConfig()  # the analytic model's memory charge (tidal train: the executor's)
+
+    def build(self) -> tuple[StepPlanner, Any]:
+        """The planner and the corpus it samples."""
+        sampler, cm, corpus = self.sampling(self.memory)
         return StepPlanner(cm, self.candidates, sampler, self.options), corpus
 
     def __call__(self) -> StepPlanner:

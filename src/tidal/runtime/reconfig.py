@@ -28,16 +28,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tidal.core.cluster import ClusterSpec
-from tidal.core.model import ModelSpec
-from tidal.core.strategy import Strategy
-from tidal.costmodel.analytic import AnalyticCostModel
-from tidal.costmodel.loader import load_cost_model
 from tidal.costmodel.memory import MemoryConfig
-from tidal.data.corpus import corpus_from_spec
-from tidal.data.sampler import TokenBudgetSampler
 from tidal.planner.baselines.flexpipe import FlexPipePlanner
 from tidal.planner.flexpipe_run import FlexPipeStepPlanner
+from tidal.runtime.planahead import StreamInputs
 
 Box = tuple[tuple[int, int], ...]
 
@@ -96,33 +90,14 @@ def reconfig_stats(pull_groups: Sequence[Sequence], prev: int | None, k: int, ra
 
 
 @dataclass(frozen=True)
-class FlexPipeSpec:
+class FlexPipeSpec(StreamInputs):
     """Picklable factory of training's FlexPipe planner (what a background planner process builds it from)."""
 
-    source: str
-    data_seed: int
-    vocab: int
-    tokenizer: str
-    cache_dir: str
-    tokens_per_step: int
-    max_len: int
-    long_docs: str
-    cycle: bool
-    cost_model: str  # "" = analytic
-    model: ModelSpec
-    cluster: ClusterSpec
-    candidates: tuple[Strategy, ...]
     depths: tuple[int, ...] = ()
     memory: MemoryConfig = MemoryConfig()
 
     def __call__(self) -> FlexPipeStepPlanner:
-        corpus = corpus_from_spec(self.source, seed=self.data_seed, vocab=self.vocab,
-                                  tokenizer=self.tokenizer or None, cache_dir=self.cache_dir or None)
-        src = corpus.length_source()
-        sampler = TokenBudgetSampler(src, self.tokens_per_step, self.max_len, long_docs=self.long_docs,
-                                     seed=self.data_seed, cycle=self.cycle and src.size is not None)
-        cm = (load_cost_model(self.cost_model, self.model, self.cluster) if self.cost_model
-              else AnalyticCostModel(self.model, self.cluster, memory=self.memory))
+        sampler, cm, _ = self.sampling(self.memory)
         return FlexPipeStepPlanner(FlexPipePlanner(cm, memory=self.memory), self.candidates, sampler, self.depths,
                                    self.max_len)
 

@@ -19,7 +19,7 @@ from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.scheme import ParallelScheme
 from tidal.core.strategy import Strategy, place
-from tidal.costmodel.base import CostModel, LatencyCoeffs, pipeline_device
+from tidal.costmodel.base import CostModel, LatencyCoeffs, Wrapper, pipeline_device
 from tidal.planner.baselines.fixed import pack_fixed
 from tidal.planner.cp_adaptive import choose_for_micro_batches, cp_kernel
 from tidal.planner.packing import pipeline_time
@@ -28,7 +28,7 @@ UNIT = LatencyCoeffs(0.0, 1.0, 0.0)  # token-count packing ignores latency
 
 
 @dataclass(frozen=True)
-class Variant:
+class Variant(Wrapper):
     """An analytic cost model under a baseline's memory techniques. `recompute`: full activation checkpointing, the
     forward recomputed in backward (4/3 of forward + backward) and only each layer's 16-bit input kept (2 bytes per
     token per hidden unit per layer). `zero3`: 16-bit parameters and gradients sharded over all devices with the
@@ -37,14 +37,6 @@ class Variant:
     base: CostModel
     recompute: bool = False
     zero3: bool = False
-
-    @property
-    def model(self):
-        return self.base.model
-
-    @property
-    def cluster(self):
-        return self.base.cluster
 
     def coeffs(self, scheme, device) -> LatencyCoeffs:
         k = self.base.coeffs(scheme, device)
