@@ -99,7 +99,7 @@ class StreamInputs:
 class PlannerSpec(StreamInputs):
     """The picklable, torch-free inputs of training's planner; calling it builds a fresh :class:`StepPlanner`."""
 
-    options: PlanningOptions = PlanningOptions()
+    options: PlanningOptions
     memory: MemoryConfig = MemoryConfig()  # the analytic model's memory charge (tidal train: the executor's)
 
     def build(self) -> tuple[StepPlanner, Any]:
