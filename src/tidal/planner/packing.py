@@ -46,9 +46,10 @@ def pipeline_time(lengths, micro_batches, coeffs: LatencyCoeffs, pp: int) -> flo
     if not mbs:
         return 0.0
     l_ = np.asarray(lengths, dtype=np.float64)
-    times = [coeffs.mb_time(l_[list(mb)]) for mb in mbs]
-    c = float(coeffs.c)
-    return packed_value(pp - 1, c, float(sum(times)) - len(mbs) * c, max(times), len(mbs))
+    a, b, d, c = coeffs.a, coeffs.b, coeffs.d, float(coeffs.c)
+    # the per-micro-batch work as coeffs.mb_time sums it (c + this is mb_time), and as `finish` sums it: same floats
+    works = [float(np.sum(a * x * x + b * x + d)) for x in (l_[list(mb)] for mb in mbs)]
+    return packed_value(pp - 1, c, float(sum(works)), max(c + x for x in works), len(mbs))
 
 
 def validate(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int) -> np.ndarray:
