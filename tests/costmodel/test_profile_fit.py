@@ -54,8 +54,9 @@ def test_profile_json_round_trip_is_what_plan_uses(tmp_path):
     k = TRUE["tp1pp1cp1"]
     for st in plan["steps"]:
         (p,) = st["pipelines"]
-        want = max(k.mb_time([st["seq_lengths"][i] for i in mb]) for mb in p["micro_batches"])
-        assert p["est_time"] == pytest.approx(want * len(p["micro_batches"]), rel=1e-9)
+        # one stage: the sum of its micro-batch times (decision 94)
+        want = sum(k.mb_time([st["seq_lengths"][i] for i in mb]) for mb in p["micro_batches"])
+        assert p["est_time"] == pytest.approx(want, rel=1e-9)
 
 
 def test_bad_max_len_in_model_file(tmp_path):

@@ -154,11 +154,11 @@ def test_diagnosed_step_gains():
     candidate of the strategy proposal: the six tp1s (MaxLen 1,132) hold 12,450 tokens of 400-1,100-token documents
     in 12-13 micro-batches that no packing balances (1.03 x the bound), while the tp2s hold the short ones. Filled
     bin by bin, the tp1s hold ~13,000 tokens in 12 balanced micro-batches: 1.008 x when this was written (the
-    threshold leaves room)."""
+    threshold leaves room). Since decision 94 a PP = 1 pipeline costs the sum of its micro-batches, which no balance
+    changes: the plan without the fill is already 1.0037 x the bound, so the fill only has to keep it there."""
     prof, l_ = real_step("llama2-13b", "a800x16", "tp2cp2+3*tp2+6*tp1", "synthetic:commoncrawl", 0, 5, 200_000)
     bound = strategy_bound(l_, prof.pipes)
     est0, _ = sel.assign(l_, prof, target=bound, config=NO_CLASS_FILL)
     est, plans = sel.assign(l_, prof, target=bound)
     _valid(l_, prof, est, plans)
-    assert est0 > 1.02 * bound
-    assert est < 1.012 * bound
+    assert est <= est0 < 1.012 * bound

@@ -117,13 +117,14 @@ def test_diagnosed_step_gains():
     """llama-32b a800x256, synthetic:github seed 0 step 2 (386 documents, 800K tokens) on 16*tp4cp4, a candidate of
     the strategy proposal: the five pipelines holding a 22-33K-token document run one micro-batch, token-full at
     3.89-4.22 s, while the other eleven set 4.42 s (1.023 x the bound). Filled first, the long documents share their
-    micro-batch with 12-14K-token ones: 1.0065 x when this was written (the thresholds leave room)."""
+    micro-batch with 12-14K-token ones: 1.0065 x when this was written (the thresholds leave room). Since decision 94
+    a PP = 1 pipeline costs the sum of its micro-batches, not V x the slowest: the plan without the fill is already
+    1.0035 x the bound, so the fill only has to keep it there."""
     prof, l_ = real_step("llama-32b", "a800x256", "16*tp4cp4", "synthetic:github", 0, 2, 800_000)
     bound = strategy_bound(l_, prof.pipes)
     est0, _ = sel.assign(l_, prof, target=bound, config=NO_FILL)
     est, _ = sel.assign(l_, prof, target=bound)
-    assert est0 > 1.02 * bound
-    assert est < 1.01 * bound
+    assert est <= est0 < 1.01 * bound
 
 
 @settings(max_examples=60, **SETTINGS)

@@ -66,7 +66,9 @@ def test_assign_is_never_slower_with_them(case, seed):
 def test_diagnosed_steps_gain(strategy, seed, step, before, after):
     """llama-32b a800x32, synthetic:github (74-87 documents), two candidates of the strategy proposal: the restart
     with the lowest dispatch objective packs 1.074 and 1.031 x the candidate's bound, one of the next three packs
-    1.028 and 1.011 x (measured when this was written; the thresholds leave room)."""
+    1.028 and 1.011 x (measured when this was written; the thresholds leave room). Both are PP = 1 candidates:
+    since decision 94 one stage costs the sum of its micro-batches, and the best restart alone packs 1.0047 and
+    1.0044 x, so keeping more restarts only has to stay there (`before` is no longer reached)."""
     from tidal.core import get_cluster, get_model, parse_strategy, place
     from tidal.costmodel.analytic import analytic_v1  # the model the scenario was diagnosed under
     from tidal.data import sample_steps
@@ -80,5 +82,4 @@ def test_diagnosed_steps_gain(strategy, seed, step, before, after):
     bound = strategy_bound(l_, prof.pipes)
     est1, _ = sel.assign(l_, prof, target=bound, config=KEEP1)
     est, _ = sel.assign(l_, prof, target=bound)
-    assert est1 > before * bound
-    assert est < after * bound
+    assert est <= est1 < after * bound

@@ -125,9 +125,10 @@ def test_mode_bound_vs_brute_force_optimum():
 
 
 def test_big_document_holds_a_small_pipeline_to_one_micro_batch():
-    # a PP = 1 pipeline of MaxLen 20 holding a 19-token document can run one micro-batch only (two would take twice
-    # that document's time), so the other documents must go to the second pipeline
-    pipes = [PipeCost(0.0, 1.0, 0.01, 1, 20), PipeCost(0.0, 1.0, 0.01, 1, 20)]
+    # a PP = 2 pipeline of MaxLen 20 holding a 19-token document can run one micro-batch only (two would take 3 x
+    # that document's time instead of 2 x), so the other documents must go to the second pipeline. (PP = 1 before
+    # decision 94; one stage now costs the sum of its micro-batches, so a second one costs only c more.)
+    pipes = [PipeCost(0.0, 1.0, 0.01, 2, 20), PipeCost(0.0, 1.0, 0.01, 2, 20)]
     lengths = [19, 19] + [3] * 10
     sb = StrategyBound(np.asarray(lengths), pipes)
     old = sb.refined(top=0)
@@ -160,10 +161,12 @@ def test_select_step_bound_with_modes_and_proof(lengths, k):
 
 def test_one_pipeline_strategy_bound_is_at_least_its_pipeline_bound():
     # one pipeline holds every document, so the step bound includes pipeline_bound of all of them: V >= tokens /
-    # MaxLen micro-batches, each at least c + w(longest). The work and mode terms relax V (modes mix fractionally).
+    # MaxLen micro-batches. One stage sums them (decision 94): V_min c + W exactly, more than twice the longest
+    # document's c + w. The work and mode terms relax V (modes mix fractionally).
     p = PipeCost(1e-4, 1e-3, 0.01, 1, 100)
     lengths = np.array([95, 90] + [10] * 30)
     sb = StrategyBound(lengths, [p])
     est = assign(lengths, _profile([p]))[0]
-    assert pipeline_bound(lengths, p) > sb.lb_doc * 4  # V_min = 5 micro-batches, each >= c + w(95)
+    assert pipeline_bound(lengths, p) == pytest.approx(5 * p.c + float(p.work(lengths).sum()))  # V_min = 5
+    assert pipeline_bound(lengths, p) > sb.lb_doc * 2
     assert pipeline_bound(lengths, p) * (1 - 1e-9) <= sb.quick <= sb.refined() <= est * (1 + 1e-9)

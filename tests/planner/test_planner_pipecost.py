@@ -1,6 +1,7 @@
 """The pipeline cost formula has one source (planner/pipecost.py, decision 85): its plain-Python functions and their
 numba compilation (kernels.compile_pipecost) give the same floats on seeded random inputs, the vectorised
-dispatch._cost equals pipecost.cost1, and best_v is the minimum over every V (convexity)."""
+dispatch._cost equals pipecost.cost1, best_v is the minimum over every V (convexity), and one stage (q = 0) is priced
+at the sum of its micro-batches, V c + W (decision 94)."""
 
 import numpy as np
 import pytest
@@ -45,6 +46,7 @@ def test_compiled_and_plain_python_give_the_same_floats():
         vmin = max(1, -(-tok // M))
         vmax = max(vmin, cnt)
         for name, args in [("pipe_value", (q, c, W, wm, vmin)), ("v_opt", (q, c, W, wm)),
+                           ("packed_value", (q, c, W, c + wm, vmin)),
                            ("best_v", (q, c, W, wm, vmin, vmax)), ("bound_value", (q, c, M, W, tok, wm, cnt)),
                            ("greedy_cost", (q, c, M, W, tok, wm, cnt, g)),
                            ("add_cost", (c, q, M, W, tok, wm, cnt, g, M // 3, wm / 2, False)),
@@ -79,3 +81,29 @@ def test_dispatch_cost_is_cost1_over_arrays():
     for f in fns:
         one = [f(A[j], B[j], C[j], Dd[j], Q1[j], M[j], R[j], Q[j], S[j], N[j], lmax[j], G[j]) for j in range(n)]
         np.testing.assert_array_equal(vec, np.array(one))
+
+
+def test_one_stage_is_priced_at_the_sum_of_its_micro_batches():
+    """q = 0: f(V) = V c + W whatever w_max (the micro-batches run one after another), so best_v takes V_min; q >= 1:
+    the steady-state formula (q + V) max(W / V + c, c + w_max), unchanged. A packed pipeline (packed_value) costs the
+    same with w_max its slowest micro-batch's work."""
+    for q, c, M, W, tok, wm, cnt, g in _cases(300, 3):
+        vmin = max(1, -(-tok // M))
+        vmax = max(vmin, cnt)
+        for v in (vmin, vmax):
+            f = pipecost.pipe_value(q, c, W, wm, v)
+            if q == 0:
+                assert f == pytest.approx(v * c + W, rel=1e-12)
+            else:
+                assert f == (q + v) * max(W / v + c, c + wm)
+        if q == 0:
+            assert pipecost.best_v(q, c, W, wm, vmin, vmax)[0] == vmin
+            assert pipecost.greedy_cost(q, c, M, W, tok, wm, cnt, g) == pytest.approx(max(vmin, g) * c + W, rel=1e-12)
+    rng = np.random.default_rng(4)
+    for _ in range(100):
+        works = rng.lognormal(-3, 1, int(rng.integers(1, 9)))
+        c = float(rng.lognormal(-4, 1))
+        W, v, top = float(works.sum()), works.size, c + float(works.max())
+        assert pipecost.packed_value(0, c, W, top, v) == pytest.approx(float(np.sum(c + works)), rel=1e-12)
+        assert pipecost.packed_value(0, c, W, top, v) == pipecost.pipe_value(0, c, W, top - c, v)
+        assert pipecost.packed_value(2, c, W, top, v) == (2 + v) * top

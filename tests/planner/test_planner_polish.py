@@ -63,21 +63,22 @@ def test_polish_on_large_steps(gen, n):
 
 
 def test_a_move_that_empties_a_micro_batch():
-    """Pipeline 0 runs two micro-batches (50 and 10 tokens): 2 x (0.1 + 0.5) = 1.2 s. Moving the 50-token document
-    into pipeline 1's micro-batch (45 tokens) empties one of pipeline 0's: 1 x 0.2 s there, 0.1 + 0.95 = 1.05 s on
-    pipeline 1. The swap 50 <-> 45 would give max(2 x 0.55, 0.6) = 1.1 s, so the move wins the first round."""
+    """Pipeline 0 (PP = 1) runs two micro-batches (40 and 35 tokens): one stage sums them (decision 94), 0.5 + 0.45 =
+    0.95 s. Moving the slowest one's 40-token document into pipeline 1's micro-batch (20 tokens, 0.3 s) empties it
+    and saves its constant: 0.45 s there, 0.7 s on pipeline 1. The swap 40 <-> 20 would give 0.75 s, so the move
+    wins the first round. (Before decision 94 this ran 50, 10 and 45 tokens priced at V x the slowest micro-batch.)"""
     pc = PipeCost(0.0, 1e-2, 0.1, 1, 100)
     strat = place((ParallelScheme(1, 1, 1), ParallelScheme(1, 1, 1)), CLUSTER)
-    l_ = np.array([50, 10, 45])
-    plans = (PipelinePlan(1, 1, 1, strat.pipelines[0].devices, 100, ((0,), (1,)), 1.2),
-             PipelinePlan(1, 1, 1, strat.pipelines[1].devices, 100, ((2,),), 0.55))
-    est, out = polish(l_, (pc, pc), plans, 1.2, rounds=1)
+    l_ = np.array([40, 35, 20])
+    plans = (PipelinePlan(1, 1, 1, strat.pipelines[0].devices, 100, ((0,), (1,)), 0.95),
+             PipelinePlan(1, 1, 1, strat.pipelines[1].devices, 100, ((2,),), 0.3))
+    est, out = polish(l_, (pc, pc), plans, 0.95, rounds=1)
     _check(l_, (pc, pc), out, est)
     assert out[0].micro_batches == ((1,),) and out[1].micro_batches == ((0, 2),)
-    assert abs(est - 1.05) < 1e-12
-    est, out = polish(l_, (pc, pc), plans, 1.2)  # then the 45-token document goes back: 0.65 s
-    _check(l_, (pc, pc), out, est)
-    assert abs(est - 0.65) < 1e-12
+    assert abs(est - 0.7) < 1e-12
+    est2, out2 = polish(l_, (pc, pc), plans, 0.95)  # later rounds move a document back: 0.65 s
+    _check(l_, (pc, pc), out2, est2)
+    assert abs(est2 - 0.65) < 1e-12
 
 
 def test_lumpy_documents_on_pp1_pipelines():
@@ -85,7 +86,8 @@ def test_lumpy_documents_on_pp1_pipelines():
     documents of 9,325, 6,867 and 6,670 tokens in two micro-batches (11,684 and 13,537 tokens), and a PP = 1
     pipeline takes V x its slowest micro-batch: 3.741 s, 1.081 x the candidate's bound. Moving and swapping
     documents between micro-batches of different pipelines reaches 3.561 s (1.029 x); an exact MILP (HiGHS, 120 s,
-    benchmarks/exact_joint.py) finds 3.558 s."""
+    benchmarks/exact_joint.py) finds 3.558 s. Since decision 94 a PP = 1 pipeline costs the sum of its micro-batches:
+    the plan without the polish is 1.0038 x the bound, so the polish only has to keep it there."""
     from tidal.core import get_cluster, get_model, parse_strategy
     from tidal.costmodel.analytic import analytic_v1  # the model the scenario was diagnosed under
     from tidal.data import sample_steps
@@ -99,8 +101,7 @@ def test_lumpy_documents_on_pp1_pipelines():
     before = assign(l_, prof, target=bound, config=NO_POLISH)[0]
     est, plans = assign(l_, prof, target=bound)
     _check(l_, prof.pipes, plans, est)
-    assert before > 1.07 * bound
-    assert est < 1.035 * bound
+    assert est <= before < 1.035 * bound
 
 
 def test_a_plan_that_misses_a_sequence_is_an_error():

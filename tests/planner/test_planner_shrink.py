@@ -40,7 +40,9 @@ def test_tiny_maxlen_pipelines_that_cannot_be_filled():
     """llama2-13b a800x16, hand candidate tp4+4*tp2+4*tp1, synthetic:flanv2 seed 0 step 0 (767 documents). The
     dispatch fills each tp1 (MaxLen 1,132) with exactly 11 x 1,132 tokens; packing needs 12 micro-batches, and a
     pipeline's time is (PP - 1 + V) x its slowest micro-batch, so the tp1s ran 6.06-6.21 s against 5.93 s for the
-    rest. The retry dispatches them as if MaxLen were 5 % smaller: 5.935 s, 1.0125 x the candidate's bound."""
+    rest. The retry dispatches them as if MaxLen were 5 % smaller: 5.935 s, 1.0125 x the candidate's bound. Since
+    decision 94 a PP = 1 pipeline costs the sum of its micro-batches, so a twelfth one costs only c: the plan without
+    the retry is 1.0031 x the bound, and the retry only has to keep it there."""
     from tidal.core import get_cluster, get_model, parse_strategy, place
     from tidal.costmodel.analytic import analytic_v1  # the model the scenario was diagnosed under
     from tidal.data import sample_steps
@@ -54,9 +56,7 @@ def test_tiny_maxlen_pipelines_that_cannot_be_filled():
     est, plans = assign(l_, prof)
     _check_plan(l_, plans)
     bound = strategy_bound(l_, prof.pipes)
-    assert before > 1.05 * bound
-    assert est < 0.97 * before
-    assert est < 1.02 * bound
+    assert est <= before < 1.02 * bound
 
 
 @pytest.mark.parametrize("tier", ["small", "big"])
@@ -110,8 +110,7 @@ def test_late_restarts_on_a_large_step():
     _check_plan(l_, plan.pipelines)
     before = sel.select_step(l_, profs, config=PlannerConfig(polish_rounds=0, class_fill=False,
                                                              late_restarts=0)).plan.est_step_time
-    assert before > 1.04 * bound
-    assert plan.est_step_time < 1.015 * bound
+    assert plan.est_step_time <= before < 1.015 * bound  # 1.0036 x since decision 94 (PP = 1 priced as a sum)
 
 
 def test_big_late_restart_on_a_large_step():
@@ -135,5 +134,4 @@ def test_big_late_restart_on_a_large_step():
     _check_plan(l_, plans)
     # no restart on steps this large
     before = assign(l_, prof, target=bound, config=PlannerConfig(late_restart_max_big=cfg.late_restart_max))[0]
-    assert before > 1.015 * bound
-    assert est < 1.01 * bound
+    assert est <= before < 1.01 * bound  # 1.0051 x since decision 94 (its tp4s are PP = 1, priced as a sum)

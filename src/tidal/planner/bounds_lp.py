@@ -1,10 +1,11 @@
 """LP-priced mode certificates (issue 9, decision 61): the mode bound of bounds_modes, with prices from an LP.
 
 `bounds_modes` proves that no plan has step time <= T by a certificate: prices y_k >= 0 on pipeline classes and, per
-class k and mode v (the pipeline runs exactly v micro-batches, each within `tau_v = T / (PP - 1 + v)`), a cost per
-document that the documents of one pipeline in mode v cannot exceed 1 in total. Its costs mix two resources with a
-0/1 weight chosen by a rule of thumb. Here each (k, v) mixes four resources with weights theta_kv in the simplex,
-each a row whose sum over one pipeline's documents is at most 1 in mode v:
+class k and mode v (the pipeline runs exactly v micro-batches, each within `tau_v = T / (PP - 1 + v)`, or
+`T - (v - 1) c` when PP = 1), a cost per document that the documents of one pipeline in mode v cannot exceed 1 in
+total. Its costs mix two resources with a 0/1 weight chosen by a rule of thumb. Here each (k, v) mixes four
+resources with weights theta_kv in the simplex, each a row whose sum over one pipeline's documents is at most 1 in
+mode v:
 
 - work: `w_ik / C_v` (C_v = v (tau_v - c), as in bounds_modes);
 - tokens: `l_i / (v M_k)` (every micro-batch holds at most M_k tokens);

@@ -6,10 +6,12 @@ holding a document of nearly MaxLen tokens is held to V = 1 at any T below twice
 room for almost no other tokens. This module proves such bounds by a fractional relaxation that keeps V as a *mode*.
 
 Fix a step time T and a pipeline class (a, b, c, d, P, M). In mode v (the pipeline runs exactly v micro-batches) every
-micro-batch takes at most `tau_v = T / (P - 1 + v)`, so
+micro-batch takes at most `tau_v = T / (P - 1 + v)` (`T - (v - 1) c` when P = 1: one stage sums its micro-batches,
+decision 94), so
 
 - a document i can be on it only if `c + w(l_i) <= tau_v` (it sits in one micro-batch);
-- its work is at most `C_v = v (tau_v - c)` (the v micro-batch times, each `c + W_k`, sum to at most `v tau_v`);
+- its work is at most `C_v = v (tau_v - c)` (the v micro-batch times, each `c + W_k`, sum to at most `v tau_v`;
+  `T - v c` when P = 1);
 - its tokens are at most `v M` (every micro-batch holds at most M).
 
 For any `theta_v` in [0, 1], `theta_v W / C_v + (1 - theta_v) tokens / (v M) <= 1` then holds for a pipeline in mode
@@ -46,8 +48,10 @@ def mode_arrays(T: float, C: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.
     v = np.arange(1, VB + 1, dtype=np.float64)[None, :]
     q = (P - 1.0)[:, None]
     c = C[:, None]
-    tau = T / (q + v)
-    cap = v * (tau - c)
+    # one stage (q = 0) runs its micro-batches one after another (decision 94): their times sum to <= T, so one of
+    # them takes at most T - (v - 1) c and their work is at most T - v c
+    tau = np.where(q > 0, T / (q + v), T - (v - 1.0) * c)
+    cap = np.where(q > 0, v * (tau - c), T - v * c)
     # merged mode v >= VB: sup over real v >= VB of v (T / (q + v) - c); unconstrained maximiser sqrt(T q / c) - q
     with np.errstate(divide="ignore", invalid="ignore"):
         vstar = np.where(C > 0, np.sqrt(T * (P - 1.0) / np.where(C > 0, C, 1.0)) - (P - 1.0), np.inf)

@@ -1,10 +1,12 @@
 """A class of identical many-micro-batch PP = 1 pipelines filled bin by bin (issue 9, decision 69).
 
-A PP = 1 pipeline that runs V micro-batches takes V times its slowest one, so a pipeline with a small MaxLen (a tp1
-of a 13B model holds 1,132 tokens) runs fast only if all V of its micro-batches are nearly equally full. The dispatch
-gives such pipelines their share by tokens and work, longest documents first: they end with mid-length documents
-that no packing balances (one 1,100-token document in a 1,132-token micro-batch next to 900-token ones), while the
-short documents that would even them out sit on the large pipelines.
+(Written when a PP = 1 pipeline was priced at V times its slowest micro-batch; since decision 94 it is priced at
+their sum, V c + W, which no filling order changes, so the fill now only rarely beats the packed plan: its plan is
+kept only when faster.) A PP = 1 pipeline that runs V micro-batches took V times its slowest one, so a pipeline with
+a small MaxLen (a tp1 of a 13B model holds 1,132 tokens) ran fast only if all V of its micro-batches were nearly
+equally full. The dispatch gives such pipelines their share by tokens and work, longest documents first: they end
+with mid-length documents that no packing balances (one 1,100-token document in a 1,132-token micro-batch next to
+900-token ones), while the short documents that would even them out sit on the large pipelines.
 
 `class_plan` builds the plan the other way round. For a step time T it cuts every pipeline of the class into V
 micro-batches ("bins") of at most T / V - c work and MaxLen tokens (fewer when the work cap binds), and places the
@@ -116,14 +118,14 @@ def class_bins(lengths: np.ndarray, pc: PipeCost, n: int, V: int, T: float, orde
 
 
 def class_times(lengths: np.ndarray, pc: PipeCost, n: int, V: int, bins: np.ndarray) -> np.ndarray:
-    """Time of each of the n pipelines: (used bins) x (c + the slowest used bin's work); 0 when empty."""
+    """Time of each of the n pipelines: the sum of its used bins' times, (used bins) c + their work (one stage,
+    decision 94); 0 when empty."""
     put = bins >= 0
     b = bins[put]
     work = np.bincount(b, weights=pc.work(lengths[put]), minlength=n * V).reshape(n, V)
     used = np.bincount(b, minlength=n * V).reshape(n, V) > 0
     some = used.any(axis=1)
-    worst = np.where(some, np.where(used, work, -np.inf).max(axis=1), 0.0)
-    return np.where(some, used.sum(axis=1) * (pc.c + worst), 0.0)
+    return np.where(some, used.sum(axis=1) * pc.c + work.sum(axis=1), 0.0)
 
 
 def class_micro_batches(bins: np.ndarray, n: int, V: int) -> list[tuple[tuple[int, ...], ...]]:

@@ -22,6 +22,7 @@ from tidal.core.model import ModelSpec
 from tidal.costmodel.base import LatencyCoeffs
 from tidal.costmodel.kernel import KernelModel, kernel_for
 from tidal.planner.cp_sharding import segment_pieces
+from tidal.planner.pipecost import packed_value
 
 MODES = ("per-seq", "per-doc")
 
@@ -114,17 +115,19 @@ def cp_imbalance(doc_lengths, cp: int, kernel: KernelModel, mode: str) -> float:
 
 def charged_pipeline_time(lengths, micro_batches: Sequence[Sequence[int]], coeffs: LatencyCoeffs, pp: int, cp: int,
                           modes: Sequence[str], kernel: KernelModel) -> float:
-    """`packing.pipeline_time` ((PP - 1 + V) x the slowest micro-batch) with every CP micro-batch's attention term
-    charged `cp_imbalance` under its sharding mode, as the simulator charges it."""
+    """`packing.pipeline_time` ((PP - 1 + V) x the slowest micro-batch, their sum when PP = 1) with every CP
+    micro-batch's attention term charged `cp_imbalance` under its sharding mode, as the simulator charges it."""
     arr = np.asarray(lengths, dtype=np.int64)
     mbs = [(m, mb) for m, mb in enumerate(micro_batches) if len(mb)]
     if not mbs:
         return 0.0
-    worst = 0.0
+    worst = total = 0.0
     for m, mb in mbs:
         ls = arr[list(mb)]
         f = cp_imbalance(ls, cp, kernel, modes[m] if m < len(modes) else "per-seq") if coeffs.a > 0 else 1.0
         lf = ls.astype(np.float64)
-        worst = max(worst, coeffs.c + coeffs.a * float(np.sum(lf * lf)) * f + coeffs.b * float(lf.sum())
-                    + coeffs.d * len(mb))
-    return (pp - 1 + len(mbs)) * worst
+        t = coeffs.c + coeffs.a * float(np.sum(lf * lf)) * f + coeffs.b * float(lf.sum()) + coeffs.d * len(mb)
+        worst = max(worst, t)
+        total += t
+    c = float(coeffs.c)
+    return packed_value(pp - 1, c, total - len(mbs) * c, worst, len(mbs))

@@ -31,13 +31,14 @@ class DispatchResult:
 
 
 def _cost(A, B, C, Q1, M, Q, S, N, lmax, G, R, Dd) -> np.ndarray:
-    """Capacity-aware pipeline cost (vectorised): min over integer V in [V_min, U] of (PP - 1 + V) * max(c + W / V, c +
-    w(l_max)) with W = a * sum l^2 + b * sum l + d * U, U the count and V_min = max(ceil(sum l / MaxLen), G), G the
-    number of documents longer than MaxLen / 2 (no two share a micro-batch); 0 when empty. A lower bound on the packed
-    time (bounds.pipeline_bound with the G term) that charges the micro-batches MaxLen forces: a PP = 1 pipeline over
-    its MaxLen costs >= 2 (c + w(l_max)), not W + 2c. The function of V is convex with continuous minimiser min(sqrt((PP
-    - 1) W / c), W / w(l_max)) (docs/planner.md), so only its floor and ceiling (clipped) are evaluated. R = sqrt((PP -
-    1) / c) per pipeline (a huge finite number when c = 0 < PP - 1)."""
+    """Capacity-aware pipeline cost (vectorised pipecost.cost1): min over integer V in [V_min, U] of (PP - 1 + V) *
+    max(c + W / V, c + w(l_max)) (V (W / V + c) = V c + W when PP = 1: one stage sums its micro-batches) with W = a *
+    sum l^2 + b * sum l + d * U, U the count and V_min = max(ceil(sum l / MaxLen), G), G the number of documents
+    longer than MaxLen / 2 (no two share a micro-batch); 0 when empty. A lower bound on the packed time
+    (bounds.pipeline_bound with the G term) that charges the micro-batches MaxLen forces: a PP = 1 pipeline over its
+    MaxLen costs >= W + 2c, not W + c. The function of V is convex with continuous minimiser min(sqrt((PP - 1) W /
+    c), W / w(l_max)) (docs/planner.md), so only its floor and ceiling (clipped) are evaluated. R = sqrt((PP - 1) /
+    c) per pipeline (a huge finite number when c = 0 < PP - 1)."""
     W = A * Q + B * S + Dd * N
     wm = A * lmax * lmax + B * lmax + Dd
     vmin = np.maximum(np.maximum(1.0, np.ceil(S / M)), G)
@@ -45,7 +46,7 @@ def _cost(A, B, C, Q1, M, Q, S, N, lmax, G, R, Dd) -> np.ndarray:
     v0 = np.minimum(np.sqrt(W) * R, W / np.maximum(wm, 1e-300))
     lo = np.minimum(np.maximum(np.floor(v0), vmin), vmax)
     hi = np.minimum(np.maximum(np.ceil(v0), vmin), vmax)
-    cw = C + wm
+    cw = C + np.where(Q1 > 0, wm, 0.0)  # pipecost.pipe_value: one stage sums its micro-batches (decision 94)
     f = np.minimum((Q1 + lo) * np.maximum(W / lo + C, cw), (Q1 + hi) * np.maximum(W / hi + C, cw))
     return np.where(N > 0, f, 0.0)
 

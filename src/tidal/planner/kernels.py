@@ -372,7 +372,7 @@ def compile_pipecost() -> dict:
     inline them. A cached loop is keyed on its own file only: after editing pipecost.py, delete the planner's
     __pycache__/*.nbi (or touch kernels.py and kernels_pack.py)."""
     ns: dict = {"math": math, "np": np}
-    for name in ("pipe_value", "v_opt", "best_v", "bound_value", "greedy_cost", "add_cost", "cost1"):
+    for name in ("pipe_value", "packed_value", "v_opt", "best_v", "bound_value", "greedy_cost", "add_cost", "cost1"):
         f = getattr(pipecost, name)
         ns[name] = njit(inline="always")(types.FunctionType(f.__code__, ns, name, f.__defaults__))
     return ns

@@ -19,7 +19,7 @@ import types
 import numpy as np
 
 from tidal.planner.kernels import AVAILABLE, compile_pipecost, njit, plain
-from tidal.planner.pipecost import bound_value, pipe_value
+from tidal.planner.pipecost import bound_value, packed_value, pipe_value
 
 
 def _lpt(l_, w, order, V, M, c):
@@ -158,7 +158,8 @@ def _class_bfd(l_, w, order, nb, kcap, wcap):
 
 
 def pack_score(bin_of, w, c, pp):
-    """(PP - 1 + used micro-batches) * (c + the slowest one's work), sums in index order."""
+    """(PP - 1 + used micro-batches) * (c + the slowest one's work), or their sum when PP = 1 (pipecost.packed_value,
+    decision 94); sums in index order."""
     nb = 0
     for i in range(bin_of.size):
         if bin_of[i] + 1 > nb:
@@ -170,12 +171,14 @@ def pack_score(bin_of, w, c, pp):
         cnt[bin_of[i]] += 1
     used = 0
     mx = -np.inf
+    tot = 0.0
     for k in range(nb):
         if cnt[k] > 0:
             used += 1
+            tot += T[k]
             if T[k] > mx:
                 mx = T[k]
-    return (pp - 1 + used) * (c + mx)
+    return packed_value(pp - 1, c, tot, c + mx, used)
 
 
 def pack_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins, best):
@@ -440,11 +443,11 @@ def _mode_violated(U, wt, cnt, Y, rounds):
 # the packer's loops by the names their callers use, plain and compiled
 _PACK = {"lpt": _lpt, "refine": _refine, "ffd": ffd, "pack_score": pack_score, "pack_attempt": pack_attempt,
          "pack_search": _pack_search}
-PLAIN = plain(_PACK, {"np": np, "pipe_value": pipe_value})
+PLAIN = plain(_PACK, {"np": np, "pipe_value": pipe_value, "packed_value": packed_value})
 
 if AVAILABLE:
     _pc = compile_pipecost()
-    bound_value, pipe_value = _pc["bound_value"], _pc["pipe_value"]
+    bound_value, pipe_value, packed_value = _pc["bound_value"], _pc["pipe_value"], _pc["packed_value"]
     mode_violated = njit(cache=True)(_mode_violated)
     lpt = njit(cache=True)(_lpt)
     refine = njit(cache=True)(_refine)

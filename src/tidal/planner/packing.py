@@ -1,7 +1,8 @@
 """Stage 2 of the two-stage assignment: pack one pipeline's sequences into V micro-batches (Hydraulis §6.1, Eq. 1).
 
 Objective: min over V and the partition of (PP - 1 + V) * max_k (c + sum_{i in k} a l_i^2 + b l_i), every micro-batch
-holding at most MaxLen tokens.
+holding at most MaxLen tokens; for PP = 1 the sum of the micro-batch times, V c + W (pipecost.pipe_value, decision 94),
+so there the fewest micro-batches that hold the documents.
 
 Heuristic (`pack`): for a handful of V around the minimiser of the convex per-V lower bound f(V)
 (bounds.pipeline_bound), inside the App. D range [ceil(tokens / MaxLen), tokens / UtilLen] widened to contain that
@@ -24,13 +25,13 @@ import numpy as np
 from tidal.core.errors import TidalError
 from tidal.costmodel.base import LatencyCoeffs
 from tidal.planner.bounds import PipeCost, check_lengths, check_pipe
-from tidal.planner.pipecost import best_v, pipe_value
+from tidal.planner.pipecost import best_v, packed_value, pipe_value
 
 
 @dataclass(frozen=True)
 class PackResult:
     micro_batches: tuple[tuple[int, ...], ...]  # indices into the packer's `lengths`
-    est_time: float  # (PP - 1 + V) * max micro-batch time, seconds
+    est_time: float  # (PP - 1 + V) * max micro-batch time (PP = 1: their sum), seconds
 
 
 class Packer(Protocol):
@@ -39,13 +40,16 @@ class Packer(Protocol):
 
 
 def pipeline_time(lengths, micro_batches, coeffs: LatencyCoeffs, pp: int) -> float:
-    """(PP - 1 + V) * max micro-batch time of a packing (0 for no micro-batches)."""
+    """(PP - 1 + V) * max micro-batch time of a packing; the sum of the micro-batch times when PP = 1 (decision 94);
+    0 for no micro-batches."""
     mbs = [mb for mb in micro_batches if len(mb)]
     if not mbs:
         return 0.0
     l_ = np.asarray(lengths, dtype=np.float64)
-    worst = max(coeffs.mb_time(l_[list(mb)]) for mb in mbs)
-    return (pp - 1 + len(mbs)) * worst
+    a, b, d, c = coeffs.a, coeffs.b, coeffs.d, float(coeffs.c)
+    # the per-micro-batch work as coeffs.mb_time sums it (c + this is mb_time), and as `finish` sums it: same floats
+    works = [float(np.sum(a * x * x + b * x + d)) for x in (l_[list(mb)] for mb in mbs)]
+    return packed_value(pp - 1, c, float(sum(works)), max(c + x for x in works), len(mbs))
 
 
 def validate(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int) -> np.ndarray:
@@ -68,8 +72,9 @@ def finish(bin_of: np.ndarray, l_: np.ndarray, coeffs: LatencyCoeffs, pp: int,
         return PackResult(mbs, pipeline_time(l_, mbs, coeffs, pp))
     # pipeline_time with the per-document work computed once: w holds the same element values mb_time computes
     # (a l^2 + b l + d in float64, same operation order), summed per micro-batch in the same order, so the same floats
-    worst = max(float(coeffs.c + np.sum(w[list(mb)])) for mb in mbs)
-    return PackResult(mbs, (pp - 1 + len(mbs)) * worst)
+    c = float(coeffs.c)
+    works = [float(np.sum(w[list(mb)])) for mb in mbs]
+    return PackResult(mbs, packed_value(pp - 1, c, float(sum(works)), max(c + x for x in works), len(mbs)))
 
 
 def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool = False,

@@ -1,11 +1,16 @@
 """The pipeline cost formula, written once (issue 27, decision 85): a pipeline of PP = q + 1 stages running V
 micro-batches of total work W, the longest document's work w_max and a per-micro-batch constant c takes
 
-    f(V) = (q + V) * max(W / V + c, c + w_max),
+    f(V) = (q + V) * max(W / V + c, c + w_max)    for q >= 1,
+    f(V) = V * (W / V + c) = V c + W              for q = 0,
 
-and the planner needs min over integer V in [V_min, V_max] of f. f is convex in V with continuous minimiser
-min(sqrt(q W / c), W / w_max) (docs/planner.md), so only V_min, V_max and that minimiser's floor and ceiling
-(clipped) are evaluated.
+and the planner needs min over integer V in [V_min, V_max] of f. With q >= 1 the pipeline's steady state runs at its
+slowest micro-batch; one stage runs its micro-batches one after another, so its time is their sum whatever the split
+(decision 94): both are `pipe_value` with w_max taken as 0 when q = 0. f is convex in V with continuous minimiser
+min(sqrt(q W / c), W / w_max) (0 when q = 0: f grows with V; docs/planner.md), so only V_min, V_max and that
+minimiser's floor and ceiling (clipped) are evaluated. The same function times a packed pipeline exactly when w_max
+is its slowest micro-batch's work; `packed_value` writes that with the slowest micro-batch's time, as
+`packing.finish` and kernels_pack.pack_score call it.
 
 Plain Python on scalars, numba-compilable: kernels.py and kernels_pack.py compile these functions (numba.njit,
 inline; kernels.compile_pipecost) into their loops where numba is installed, and the Python paths (greedy.py,
@@ -23,8 +28,17 @@ import numpy as np
 
 
 def pipe_value(q, c, W, wm, v):
-    """f(v) = (q + v) * max(W / v + c, c + wm)."""
-    return (q + v) * max(W / v + c, c + wm)
+    """f(v) = (q + v) * max(W / v + c, c + wm) for q > 0; v (W / v + c) for q = 0 (one stage: the sum of its
+    micro-batches, decision 94)."""
+    return (q + v) * max(W / v + c, c + (wm if q > 0 else 0.0))
+
+
+def packed_value(q, c, W, top, v):
+    """The time of a packed pipeline of v micro-batches of total work W whose slowest micro-batch takes `top` (c + its
+    work): (q + v) * top for q > 0, v (W / v + c) (their sum, = pipe_value) for q = 0 (decision 94)."""
+    if q > 0:
+        return (q + v) * top
+    return v * (W / v + c)
 
 
 def v_opt(q, c, W, wm):
@@ -71,22 +85,22 @@ def bound_value(q, c, M, W, tok, wm, cnt):
 def greedy_cost(q, c, M, W, tok, wm, cnt, g):
     """The dispatch greedy's capacity-aware cost of one pipeline: min of f over V in [V_min, cnt], V_min =
     max(1, ceil(tok / M), g) (g documents longer than M / 2 need a micro-batch each). With q = 0, f grows with V, so
-    its value at V_min, written max(V c + W, V (c + wm))."""
+    its value at V_min."""
     vmin = max(1, -(-tok // M), g)
     if q == 0:
-        return max(vmin * c + W, vmin * (c + wm))
+        return pipe_value(q, c, W, wm, vmin)
     return best_v(q, c, W, wm, vmin, max(vmin, cnt))[1]
 
 
 def add_cost(c, q, M, Wj, Tj, Lj, Uj, Gj, x, wx, big):
     """greedy_cost of pipeline j (sums Wj, Tj, longest work Lj, count Uj, long documents Gj) with one more document
-    of length x and work wx (big: x > M / 2). With q = 0 its value at V_min, summed as V c + Wj + wx."""
+    of length x and work wx (big: x > M / 2). With q = 0 its value at V_min."""
     tok = Tj + x
     wm = Lj if Lj > wx else wx
     g = Gj + big
     if q == 0:
         vm = max(1, -(-tok // M), g)
-        return max(vm * c + Wj + wx, vm * (c + wm))
+        return pipe_value(q, c, Wj + wx, wm, vm)
     return greedy_cost(q, c, M, Wj + wx, tok, wm, Uj + 1, g)
 
 

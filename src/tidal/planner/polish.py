@@ -1,7 +1,8 @@
 """Micro-batch-level local search across pipelines (decision 60): the last step of the two-stage assignment.
 
 The dispatch balances an objective that assumes a pipeline's work splits evenly over its micro-batches; packing then
-finds how unevenly a few long documents really split. A pipeline's time is (PP - 1 + V) x its slowest micro-batch, so
+finds how unevenly a few long documents really split. A pipeline's time is (PP - 1 + V) x its slowest micro-batch (PP =
+1: their sum, decision 94), so
 on a pipeline holding, say, documents of 9,325, 6,867 and 6,670 tokens in two micro-batches, no split is even, and
 neither stage can see that another pipeline's micro-batch had room for one of them.
 
@@ -67,7 +68,8 @@ def polish(lengths: np.ndarray, pipes: tuple[PipeCost, ...], plans: tuple[Pipeli
         top2 = np.full(P, -np.inf)
         np.maximum.at(top2, mb_pipe, t2)
         V = np.bincount(mb_pipe[alive], minlength=P).astype(np.float64)
-        time = np.where(V > 0, (Q1 + V) * np.maximum(top1, 0.0), 0.0)
+        tot = np.bincount(mb_pipe[alive], weights=mb_t[alive], minlength=P)  # one stage: the sum (decision 94)
+        time = np.where(V > 0, np.where(Q1 > 0, (Q1 + V) * np.maximum(top1, 0.0), tot), 0.0)
         return top1, top2, arg, V, time
 
     for _ in range(rounds):
@@ -85,7 +87,10 @@ def polish(lengths: np.ndarray, pipes: tuple[PipeCost, ...], plans: tuple[Pipeli
         fj = Q1[j] + V[j]
         sec = max(top2[j], 0.0)
         left = mb_t[ms] - wj
-        new_j = np.where(mine.size == 1, (fj - 1) * sec if fj - 1 > Q1[j] else 0.0, fj * np.maximum(sec, left))
+        if Q1[j] > 0:
+            new_j = np.where(mine.size == 1, (fj - 1) * sec if fj - 1 > Q1[j] else 0.0, fj * np.maximum(sec, left))
+        else:
+            new_j = tj - wj - (C[j] if mine.size == 1 else 0.0)
         # moves: documents of ms into any live micro-batch of another pipeline with token room
         cand = np.flatnonzero(alive & (mb_pipe != j))
         best_val, best = tj * (1 - min_gain), None
@@ -93,7 +98,8 @@ def polish(lengths: np.ndarray, pipes: tuple[PipeCost, ...], plans: tuple[Pipeli
             k = mb_pipe[cand]
             wk = A[k][None, :] * xs[:, None] ** 2 + B[k][None, :] * xs[:, None] + Dd[k][None, :]
             other = np.where(cand == arg[k], top2[k], top1[k])[None, :]
-            nk = (Q1[k] + V[k])[None, :] * np.maximum(other, mb_t[cand][None, :] + wk)
+            nk = np.where(Q1[k][None, :] > 0, (Q1[k] + V[k])[None, :] * np.maximum(other, mb_t[cand][None, :] + wk),
+                          time[k][None, :] + wk)
             ok = mb_tok[cand][None, :] + xs[:, None] <= M[k][None, :]
             val = np.where(ok, np.maximum(new_j[:, None], nk), np.inf)
             u = int(np.argmin(val))
@@ -112,11 +118,13 @@ def polish(lengths: np.ndarray, pipes: tuple[PipeCost, ...], plans: tuple[Pipeli
             k = mb_pipe[me]
             le = lf[e_idx][None, :]
             wje = A[j] * le * le + B[j] * le + Dd[j]
-            nj = fj * np.maximum(sec, mb_t[ms] - wj[:, None] + wje)
+            nj = fj * np.maximum(sec, mb_t[ms] - wj[:, None] + wje) if Q1[j] > 0 else tj - wj[:, None] + wje
             wkd = A[k][None, :] * xs[:, None] ** 2 + B[k][None, :] * xs[:, None] + Dd[k][None, :]
             wke = (A[k] * le * le + B[k] * le + Dd[k])  # 1 x E
             other = np.where(me == arg[k], top2[k], top1[k])[None, :]
-            nk = (Q1[k] + V[k])[None, :] * np.maximum(other, mb_t[me][None, :] - wke + wkd)
+            nk = np.where(Q1[k][None, :] > 0,
+                          (Q1[k] + V[k])[None, :] * np.maximum(other, mb_t[me][None, :] - wke + wkd),
+                          time[k][None, :] - wke + wkd)
             ok = ((mb_tok[ms] - xs[:, None] + le <= M[j]) & (mb_tok[me][None, :] - le + xs[:, None] <= M[k][None, :])
                   & (le != xs[:, None]))
             val = np.where(ok, np.maximum(nj, nk), np.inf)
