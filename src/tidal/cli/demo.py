@@ -37,20 +37,37 @@ from tidal.cli import args as argtypes
 from tidal.core.errors import TidalError
 
 DEMO_LOSS_RTOL = 1e-3  # float32 runs of the same documents under different strategies (see docs/training.md)
+# 2 ranks (one per core of a small machine); a per-rank memory budget under which the planner's memory model lets tp1
+# hold documents up to about 5,000 tokens and tp2/cp2 up to 8,192 (docs/training.md, "`tidal demo`"; decision 93)
+DEFAULTS = {"steps": 10, "nproc": 2, "max_len": 8192, "tokens_per_step": 8192, "memory_gib": 0.2,
+            "long_docs": "truncate"}
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("demo", help="train Tidal vs the best static strategy on 4 CPU ranks; table + PNG",
-                       description=__doc__)
-    p.add_argument("--steps", type=argtypes.positive, default=10, help="training steps per run")
-    p.add_argument("--nproc", type=argtypes.positive, default=4, help="local gloo ranks")
-    p.add_argument("--max-len", type=argtypes.max_len, default=4096, help="context length")
-    p.add_argument("--tokens-per-step", type=argtypes.tokens_per_step, default=16384, help="tokens per step")
+    p = sub.add_parser("demo", help="train Tidal vs the best static strategy on 2 CPU ranks; table + PNG; "
+                                     "then a simulated A800 cluster", description=__doc__)
+    p.add_argument("--steps", type=argtypes.positive, default=DEFAULTS["steps"], help="training steps per run")
+    p.add_argument("--nproc", type=argtypes.positive, default=DEFAULTS["nproc"],
+                   help="local gloo ranks (one per core measures wall time honestly)")
+    p.add_argument("--max-len", type=argtypes.max_len, default=DEFAULTS["max_len"], help="context length")
+    p.add_argument("--tokens-per-step", type=argtypes.tokens_per_step, default=DEFAULTS["tokens_per_step"],
+                   help="tokens per step")
+    p.add_argument("--memory-gib", type=argtypes.finite_float(0.0, 1e6, low_open=True),
+                   default=DEFAULTS["memory_gib"],
+                   help="memory per rank the planner plans for (GiB; not enforced): small enough that the longest "
+                        "documents need TP or CP and short ones do not")
+    p.add_argument("--long-docs", choices=("split", "truncate"), default=DEFAULTS["long_docs"],
+                   help="documents longer than --max-len")
     p.add_argument("--data", default="stdlib:defs", help="corpus, as [data] source")
     p.add_argument("--out", type=Path, default=Path("tidal-demo"), help="directory for metrics and demo.png")
     p.add_argument("--seed", type=argtypes.seed, default=0, help="data and initialisation seed")
     p.add_argument("--rounds", type=argtypes.positive, default=2,
                    help="rounds of Tidal and static runs, order alternating; 2 or more measure the noise floor")
+    p.add_argument("--sim-steps", type=argtypes.seed, default=4,
+                   help="steps of the simulated A800 section (0: skip it)")
+    p.add_argument("--pools", type=Path, default=None,
+                   help="directory of Hydraulis' strategy pools for the simulated section (default: "
+                        "../shared/data/hydraulis-profiles beside the source tree; analytic A800 model if absent)")
     p.set_defaults(func=run)
 
 
@@ -79,8 +96,8 @@ def base_config(args, strategies: str, metrics: str, cost_model: str = ""):
     from tidal.runtime.optim import OptimConfig
 
     return TrainConfig(
-        model=ModelConfig("tiny", "sdpa"), world=WorldConfig(f"cpux{args.nproc}"),
-        data=DataConfig(args.data, args.max_len, args.tokens_per_step, "split", args.seed),
+        model=ModelConfig("tiny", "sdpa"), world=WorldConfig(f"cpux{args.nproc}", args.memory_gib),
+        data=DataConfig(args.data, args.max_len, args.tokens_per_step, args.long_docs, args.seed),
         planner=PlannerConfig(strategies, "hydraulis", "adaptive", False, cost_model),
         optimizer=OptimConfig(lr=2e-3, warmup_steps=3, decay_steps=max(args.steps, 1)),
         train=TrainSection(args.steps, args.seed, "1f1b", "float32", "float32", metrics, True))
