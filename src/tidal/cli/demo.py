@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from tidal.cli import args as argtypes
+from tidal.cli.demo_sim import strategy_counts
 from tidal.core.errors import TidalError
 
 DEMO_LOSS_RTOL = 1e-3  # float32 runs of the same documents under different strategies (see docs/training.md)
@@ -155,8 +156,16 @@ def run(args) -> int:
     tidal_job = prepare(base_config(args, "auto", "", str(profile)), args.nproc)  # rows written below
     static, planned = best_static(args, tidal_job, str(profile))
     static_job = prepare(base_config(args, static, "", str(profile)), args.nproc)
-    con.print(f"corpus {args.data}: {args.steps} steps of ~{args.tokens_per_step:,} tokens, max-len {args.max_len}, "
-              f"{args.nproc} ranks")
+    budget = memory_budget(tidal_job)
+    con.print(f"corpus {args.data}: {args.steps} steps of ~{args.tokens_per_step:,} tokens, max-len {args.max_len} "
+              f"(longer documents: {args.long_docs}), {args.nproc} ranks")
+    con.print(f"memory budget {args.memory_gib:g} GiB per rank (the planner's memory model; not enforced): MaxLen "
+              + ", ".join(f"{k} {v:,}" for k, v in budget.items()) + " tokens")
+    if "tp1" in budget:
+        longest = step_longest(tidal_job, args.steps)
+        fit = sum(n <= budget["tp1"] for n in longest)
+        con.print(f"steps whose documents all fit tp1: {fit} of {len(longest)} (longest document per step: "
+                  f"{', '.join(f'{n:,}' for n in longest)}); the others need TP or CP")
     con.print(f"Tidal candidates: {', '.join(str(s) for s in tidal_job.candidates)}")
     con.print("best static by planned time: " + ", ".join(f"{k} {v:.2f}s" for k, v in sorted(
         planned.items(), key=lambda kv: kv[1])[:5]) + f" -> [bold]{static}[/]")
@@ -176,10 +185,54 @@ def run(args) -> int:
                     f.write(json.dumps({**row, "round": k + 1}) + "\n")
     summary = summarize(rounds)
     render.demo_table(con, summary, static)
+    con.print(meaning(summary, static, budget))
     png = args.out / "demo.png"
     plot(rounds[0], static, png)
     con.print(f"wrote {png}, {args.out / 'tidal.jsonl'}, {args.out / 'static.jsonl'}")
+    if args.sim_steps:
+        from tidal.cli.demo_sim import print_section, simulate_section
+
+        print_section(con, simulate_section(args.sim_steps, args.pools, args.seed))
     return 0
+
+
+def memory_budget(job) -> dict[str, int]:
+    """MaxLen (tokens) of tp1, tp2 and cp2 under the job's cost model and per-rank memory (the planner's view)."""
+    from tidal.core.scheme import ParallelScheme
+
+    dev, cm = job.cluster.groups[0].device, job.cost_model()
+    out = {}
+    for name, sch in (("tp1", ParallelScheme(1, 1, 1)), ("tp2", ParallelScheme(2, 1, 1)),
+                      ("cp2", ParallelScheme(1, 1, 2))):
+        if sch.num_devices <= job.cluster.num_devices:
+            out[name] = int(cm.max_len(sch, dev))
+    return out
+
+
+def step_longest(job, steps: int) -> list[int]:
+    """The longest sequence of each of the first `steps` steps (the planner's view of the demo's data)."""
+    from tidal.runtime.train import make_planner
+
+    planner, _ = make_planner(job)
+    return [int(max(ps.plan.seq_lengths, default=0)) for ps in planner.steps(steps)]
+
+
+def meaning(s: dict, static: str, budget: dict[str, int]) -> str:
+    """One plain sentence on what the wall-time figure says."""
+    w = s["wall"]
+    tp1 = budget.get("tp1")
+    head = (f"What this means: over the same documents, the best static strategy ({static}) took {w['median']:.3f}x "
+            f"Tidal's wall time (median of {len(s['rounds'])} round(s)). ")
+    if w["noise"] is None:
+        return head + "With one round the noise floor is unknown, so this single ratio may be noise."
+    if w["verdict"] == "within noise":
+        return head + (f"That is within the noise floor ({w['noise']:.1%}): on this machine the two cannot be told "
+                       f"apart.")
+    faster = "Tidal" if w["median"] > 1 else static
+    why = (f" Tidal runs data-parallel tp1 ranks on steps whose documents all fit tp1's {tp1:,}-token MaxLen and "
+           f"switches to TP/CP only for the others; the static strategy pays TP/CP on every step."
+           if tp1 is not None else "")
+    return head + f"{faster} is faster by more than the noise floor ({w['noise']:.1%}).{why}"
 
 
 def run_order(rounds: int) -> list[str]:
@@ -260,7 +313,8 @@ def compare(dyn: list[dict], sta: list[dict]) -> dict:
                                                   / max(sum(sum(r["busy_s"]) for r in rows), 1e-12)),
                      "tokens": int(tot(rows, "tokens")), "final_loss": rows[-1]["loss"],
                      "imbalance": float(np.mean([r["imbalance"] for r in rows])),
-                     "strategies": sorted({r["strategy"] for r in rows})}
+                     "strategies": sorted({r["strategy"] for r in rows}),
+                     "strategy_steps": strategy_counts([r["strategy"] for r in rows])}
     out["speedup_critical_path"] = out["static"]["critical_path_s"] / out["tidal"]["critical_path_s"]
     out["speedup_wall"] = out["static"]["wall_s"] / out["tidal"]["wall_s"]
     out["speedup_process_critical_path"] = (out["static"]["process_critical_path_s"] /
