@@ -1,28 +1,35 @@
-"""`tidal demo`: a real training comparison on this machine, in a few minutes on 2 CPU cores.
+"""`tidal demo`: a real training comparison on this machine, in about 2-3 minutes on 2 CPU cores, then a simulated one.
 
-The `tiny` Llama trains on 4 gloo ranks on a corpus built on the fly from the running Python's standard library
-(`stdlib:defs`: every top-level function or class of every stdlib module is a document; byte tokens; real and
-long-tailed, nothing downloaded). Two runs see the same steps and the same documents (one seeded sampler, Hydraulis
-packing, which never delays a document):
+The `tiny` Llama trains on 2 gloo ranks (one per core, so wall time is the rank's own) on a corpus built on the fly
+from the running Python's standard library (`stdlib:defs`: every top-level function or class of every stdlib module is
+a document; byte tokens; real and long-tailed, nothing downloaded; documents above `--max-len` truncated). The planner
+plans for a **memory budget per rank** (`--memory-gib`, `[world] memory_gib`; the memory model's figure, not enforced
+by the OS) under which tp1 holds documents up to about 5,000 tokens and tp2 / cp2 the longest (8,192): the demo prints
+the MaxLens and how many steps fit tp1. Two runs see the same steps and the same documents (one seeded sampler,
+Hydraulis packing, which never delays a document):
 
 * **Tidal**: dynamic heterogeneous strategies, candidates from the proposal DP (`strategies = "auto"`), chosen per
-  step by the planner, CP sharding chosen per micro-batch;
+  step by the planner (2*tp1 where the step's documents fit tp1 and it is cheaper; tp2 / cp2 otherwise);
 * **best static**: the homogeneous strategy (k identical pipelines over all ranks, any <TP, PP, CP>) with the least
-  planned time over the same steps, kept for every step.
+  planned time over the same steps, kept for every step; under the budget it must use TP or CP on every step.
 
 Both plan with a cost model fitted on this machine: the demo first profiles the tiny model's forward + backward on one
 rank (about 10 s; `profile.csv` in the output directory) and unprofiled schemes scale the analytic model term by term.
 
-**Honest figures.** This machine is shared and its timings drift, so one run of each says little. The demo runs
-`--rounds` rounds (default 2) of both, in one launch (the ranks start once), alternating the order (Tidal first, then
-static first: ABBA cancels a linear drift). Per round, ratio = static / Tidal (above 1: Tidal is faster); the demo
-reports their median and range and, beside it, the **noise floor**: how much runs of the *same* strategy on the same
-documents differ, (max - min) / median of their totals, the larger of the two strategies'. A ratio whose distance
-from 1 is below the noise floor is reported as "within noise": the measurement cannot tell the two apart.
+**Honest figures.** Timings drift, so one run of each says little. The demo runs `--rounds` rounds (default 2) of
+both, in one launch (the ranks start once), alternating the order (Tidal first, then static first: ABBA cancels a
+linear drift). Per round, ratio = static / Tidal (above 1: Tidal is faster) of wall time, critical path and critical
+path with communication threads; the demo reports their median and range and, beside it, the **noise floor**: how
+much runs of the *same* strategy on the same documents differ, (max - min) / median of their totals, the larger of the
+two strategies'. A ratio whose distance from 1 is below the noise floor is reported as "within noise". One sentence
+then says what the wall-time figure means.
 
-It prints a table (per run: wall time, critical path = the slowest rank's CPU time per step, pull/push share, loss),
-the ratios with their noise floors, and writes `demo.png` (loss curves overlaid, per-step critical path of the first
-round) and the runs' JSONL metrics (`tidal.jsonl`, `static.jsonl`, every row with its `round`).
+It prints a table (per run: strategies and their step counts, wall time, critical path = the slowest rank's CPU time
+per step, pull/push share, loss), the ratios with their noise floors, and writes `demo.png` (loss curves overlaid,
+per-step critical path of the first round) and the runs' JSONL metrics (`tidal.jsonl`, `static.jsonl`, every row with
+its `round`). Last, a **simulated** section (`cli/demo_sim.py`, `--sim-steps`, a few seconds): the speed-up of Tidal
+and Hydraulis over the best static strategy on a simulated A800 cluster, from Hydraulis' measured strategy pools where
+they are found (`--pools`), else from the analytic A800 model, and labelled as not measured.
 """
 
 from __future__ import annotations
