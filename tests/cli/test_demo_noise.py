@@ -34,7 +34,7 @@ def _summary(wall_ratios, noise):
 
     return {"wall": {"median": float(np.median(wall_ratios)), "noise": noise,
                      "verdict": "within noise" if noise is not None and abs(np.median(wall_ratios) - 1) <= noise
-                     else "Tidal faster"},
+                     else "faster"},
             "rounds": [{}] * len(wall_ratios)}
 
 
@@ -46,6 +46,8 @@ def test_meaning_says_what_the_figure_is():
     beyond = meaning(_summary([1.2, 1.3], 0.02), "tp2", {"tp1": 5026})
     assert "Tidal is faster" in beyond and "5,026-token MaxLen" in beyond
     assert "noise floor is unknown" in meaning(_summary([1.2], None), "tp2", {})
+    slower = meaning(_summary([0.7, 0.8], 0.02), "tp2", {"tp1": 5026})
+    assert "tp2 is faster by more than the noise floor" in slower and "MaxLen" not in slower
 
 
 def test_strategy_counts():
