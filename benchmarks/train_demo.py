@@ -4,7 +4,7 @@ and worst of the critical-path ratio (static / Tidal; > 1 means Tidal is faster)
 and loss agreement.
 
     python benchmarks/train_demo.py                         # seeds 0 1 2, the demo's defaults
-    python benchmarks/train_demo.py --seeds 0 1 2 3 --steps 10 --max-len 4096 --tokens-per-step 16384
+    python benchmarks/train_demo.py --seeds 0 1 2 3 --steps 10 --max-len 8192 --tokens-per-step 8192 --memory-gib 0.2
 """
 
 from __future__ import annotations
@@ -39,9 +39,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--nproc", type=int, default=4)
-    ap.add_argument("--max-len", type=int, default=4096)
-    ap.add_argument("--tokens-per-step", type=int, default=16384)
+    ap.add_argument("--nproc", type=int, default=demo.DEFAULTS["nproc"])
+    ap.add_argument("--max-len", type=int, default=demo.DEFAULTS["max_len"])
+    ap.add_argument("--tokens-per-step", type=int, default=demo.DEFAULTS["tokens_per_step"])
+    ap.add_argument("--memory-gib", type=float, default=demo.DEFAULTS["memory_gib"])
+    ap.add_argument("--long-docs", default=demo.DEFAULTS["long_docs"])
     ap.add_argument("--data", default="stdlib:defs")
     args = ap.parse_args()
     print("| seed | best static | Tidal strategies | critical path Tidal / static (s) | ratio | incl. comm threads "

@@ -293,6 +293,9 @@ CASES = [
     ("demo tokens 0", argv("demo", "--tokens-per-step", "0")),
     ("demo data", argv("demo", "--data", "nope")),
     ("demo out is a file", argv("demo", "--out", "{tmp}/empty.txt")),
+    ("demo memory 0", argv("demo", "--memory-gib", "0")),
+    ("demo memory nan", argv("demo", "--memory-gib", "nan")),
+    ("demo sim-steps negative", argv("demo", "--sim-steps", "-1")),
     # ---- tidal profile ----
     ("profile model", argv("profile", "--model", "gpt-9")),
     ("profile cluster", argv("profile", "--cluster", "quantumx4")),

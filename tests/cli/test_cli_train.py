@@ -111,12 +111,17 @@ def test_verify_cli_passes_and_report_catches_a_defect(capsys):
 
 @pytest.mark.distributed
 def test_demo_small(tmp_path, capsys):
-    """The README's main command, shortened: two runs on the same documents, losses agree, PNG written."""
+    """The README's main command, shortened: two runs on 2 ranks on the same documents under a memory budget,
+    losses agree, PNG written; then the simulated section, here on the analytic A800 model (no pools in tmp_path)."""
     out = tmp_path / "demo"
-    assert main(["demo", "--steps", "2", "--max-len", "256", "--tokens-per-step", "1024", "--out", str(out)]) == 0
+    assert main(["demo", "--steps", "2", "--max-len", "512", "--tokens-per-step", "1024", "--memory-gib", "0.02",
+                 "--out", str(out), "--sim-steps", "1", "--pools", str(tmp_path)]) == 0
     text = capsys.readouterr().out
-    assert "critical path: static / Tidal" in text and "noise floor" in text and "(agree)" in text
-    assert "same documents: True" in text and "2 rounds" in text
+    assert "wall: static / Tidal" in text and "noise floor" in text and "(agree)" in text
+    assert "same documents: True" in text and "2 rounds" in text and "2 ranks" in text
+    assert "memory budget 0.02 GiB per rank" in text and "steps whose documents all fit tp1:" in text
+    assert "What this means:" in text
+    assert "SIMULATED, not measured" in text and "no Hydraulis pool at" in text and "analytic A800 model" in text
     assert (out / "demo.png").stat().st_size > 10_000
     rows = [json.loads(x) for x in (out / "tidal.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 1, 2, 2]

@@ -26,6 +26,7 @@ KEY_HELP = {
     "model.norm_eps": "RMSNorm epsilon (1e-5 when not a preset)",
     "model.tie_embeddings": "tie the output projection to the embedding",
     "world.cluster": "cluster TYPExN[+TYPExM] (cpux4, a800x64, h800x16+h20x32); N must equal the ranks",
+    "world.memory_gib": "memory per device the planner plans for, in GiB (0: the device type's own; not enforced)",
     "data.source": "corpus: stdlib, stdlib:defs, random:synthetic:NAME, random:lengths:FILE, jsonl:PATH, "
                    "parquet:PATH, hf:PATH, dir:PATH (docs/data.md)",
     "data.max_len": "context length: the longest sequence in a step",

@@ -1,28 +1,35 @@
-"""`tidal demo`: a real training comparison on this machine, in a few minutes on 2 CPU cores.
+"""`tidal demo`: a real training comparison on this machine, in about 2-3 minutes on 2 CPU cores, then a simulated one.
 
-The `tiny` Llama trains on 4 gloo ranks on a corpus built on the fly from the running Python's standard library
-(`stdlib:defs`: every top-level function or class of every stdlib module is a document; byte tokens; real and
-long-tailed, nothing downloaded). Two runs see the same steps and the same documents (one seeded sampler, Hydraulis
-packing, which never delays a document):
+The `tiny` Llama trains on 2 gloo ranks (one per core, so wall time is the rank's own) on a corpus built on the fly
+from the running Python's standard library (`stdlib:defs`: every top-level function or class of every stdlib module is
+a document; byte tokens; real and long-tailed, nothing downloaded; documents above `--max-len` truncated). The planner
+plans for a **memory budget per rank** (`--memory-gib`, `[world] memory_gib`; the memory model's figure, not enforced
+by the OS) under which tp1 holds documents up to about 5,000 tokens and tp2 / cp2 the longest (8,192): the demo prints
+the MaxLens and how many steps fit tp1. Two runs see the same steps and the same documents (one seeded sampler,
+Hydraulis packing, which never delays a document):
 
 * **Tidal**: dynamic heterogeneous strategies, candidates from the proposal DP (`strategies = "auto"`), chosen per
-  step by the planner, CP sharding chosen per micro-batch;
+  step by the planner (2*tp1 where the step's documents fit tp1 and it is cheaper; tp2 / cp2 otherwise);
 * **best static**: the homogeneous strategy (k identical pipelines over all ranks, any <TP, PP, CP>) with the least
-  planned time over the same steps, kept for every step.
+  planned time over the same steps, kept for every step; under the budget it must use TP or CP on every step.
 
 Both plan with a cost model fitted on this machine: the demo first profiles the tiny model's forward + backward on one
 rank (about 10 s; `profile.csv` in the output directory) and unprofiled schemes scale the analytic model term by term.
 
-**Honest figures.** This machine is shared and its timings drift, so one run of each says little. The demo runs
-`--rounds` rounds (default 2) of both, in one launch (the ranks start once), alternating the order (Tidal first, then
-static first: ABBA cancels a linear drift). Per round, ratio = static / Tidal (above 1: Tidal is faster); the demo
-reports their median and range and, beside it, the **noise floor**: how much runs of the *same* strategy on the same
-documents differ, (max - min) / median of their totals, the larger of the two strategies'. A ratio whose distance
-from 1 is below the noise floor is reported as "within noise": the measurement cannot tell the two apart.
+**Honest figures.** Timings drift, so one run of each says little. The demo runs `--rounds` rounds (default 2) of
+both, in one launch (the ranks start once), alternating the order (Tidal first, then static first: ABBA cancels a
+linear drift). Per round, ratio = static / Tidal (above 1: Tidal is faster) of wall time, critical path and critical
+path with communication threads; the demo reports their median and range and, beside it, the **noise floor**: how
+much runs of the *same* strategy on the same documents differ, (max - min) / median of their totals, the larger of the
+two strategies'. A ratio whose distance from 1 is below the noise floor is reported as "within noise". One sentence
+then says what the wall-time figure means.
 
-It prints a table (per run: wall time, critical path = the slowest rank's CPU time per step, pull/push share, loss),
-the ratios with their noise floors, and writes `demo.png` (loss curves overlaid, per-step critical path of the first
-round) and the runs' JSONL metrics (`tidal.jsonl`, `static.jsonl`, every row with its `round`).
+It prints a table (per run: strategies and their step counts, wall time, critical path = the slowest rank's CPU time
+per step, pull/push share, loss), the ratios with their noise floors, and writes `demo.png` (loss curves overlaid,
+per-step critical path of the first round) and the runs' JSONL metrics (`tidal.jsonl`, `static.jsonl`, every row with
+its `round`). Last, a **simulated** section (`cli/demo_sim.py`, `--sim-steps`, a few seconds): the speed-up of Tidal
+and Hydraulis over the best static strategy on a simulated A800 cluster, from Hydraulis' measured strategy pools where
+they are found (`--pools`), else from the analytic A800 model, and labelled as not measured.
 """
 
 from __future__ import annotations
@@ -34,23 +41,41 @@ from pathlib import Path
 import numpy as np
 
 from tidal.cli import args as argtypes
+from tidal.cli.demo_sim import strategy_counts
 from tidal.core.errors import TidalError
 
 DEMO_LOSS_RTOL = 1e-3  # float32 runs of the same documents under different strategies (see docs/training.md)
+# 2 ranks (one per core of a small machine); a per-rank memory budget under which the planner's memory model lets tp1
+# hold documents up to about 5,000 tokens and tp2/cp2 up to 8,192 (docs/training.md, "`tidal demo`"; decision 93)
+DEFAULTS = {"steps": 10, "nproc": 2, "max_len": 8192, "tokens_per_step": 8192, "memory_gib": 0.2,
+            "long_docs": "truncate"}
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("demo", help="train Tidal vs the best static strategy on 4 CPU ranks; table + PNG",
-                       description=__doc__)
-    p.add_argument("--steps", type=argtypes.positive, default=10, help="training steps per run")
-    p.add_argument("--nproc", type=argtypes.positive, default=4, help="local gloo ranks")
-    p.add_argument("--max-len", type=argtypes.max_len, default=4096, help="context length")
-    p.add_argument("--tokens-per-step", type=argtypes.tokens_per_step, default=16384, help="tokens per step")
+    p = sub.add_parser("demo", help="train Tidal vs the best static strategy on 2 CPU ranks; table + PNG; "
+                                     "then a simulated A800 cluster", description=__doc__)
+    p.add_argument("--steps", type=argtypes.positive, default=DEFAULTS["steps"], help="training steps per run")
+    p.add_argument("--nproc", type=argtypes.positive, default=DEFAULTS["nproc"],
+                   help="local gloo ranks (one per core measures wall time honestly)")
+    p.add_argument("--max-len", type=argtypes.max_len, default=DEFAULTS["max_len"], help="context length")
+    p.add_argument("--tokens-per-step", type=argtypes.tokens_per_step, default=DEFAULTS["tokens_per_step"],
+                   help="tokens per step")
+    p.add_argument("--memory-gib", type=argtypes.finite_float(0.0, 1e6, low_open=True),
+                   default=DEFAULTS["memory_gib"],
+                   help="memory per rank the planner plans for (GiB; not enforced): small enough that the longest "
+                        "documents need TP or CP and short ones do not")
+    p.add_argument("--long-docs", choices=("split", "truncate"), default=DEFAULTS["long_docs"],
+                   help="documents longer than --max-len")
     p.add_argument("--data", default="stdlib:defs", help="corpus, as [data] source")
     p.add_argument("--out", type=Path, default=Path("tidal-demo"), help="directory for metrics and demo.png")
     p.add_argument("--seed", type=argtypes.seed, default=0, help="data and initialisation seed")
     p.add_argument("--rounds", type=argtypes.positive, default=2,
                    help="rounds of Tidal and static runs, order alternating; 2 or more measure the noise floor")
+    p.add_argument("--sim-steps", type=argtypes.seed, default=4,
+                   help="steps of the simulated A800 section (0: skip it)")
+    p.add_argument("--pools", type=Path, default=None,
+                   help="directory of Hydraulis' strategy pools for the simulated section (default: "
+                        "../shared/data/hydraulis-profiles beside the source tree; analytic A800 model if absent)")
     p.set_defaults(func=run)
 
 
@@ -79,8 +104,8 @@ def base_config(args, strategies: str, metrics: str, cost_model: str = ""):
     from tidal.runtime.optim import OptimConfig
 
     return TrainConfig(
-        model=ModelConfig("tiny", "sdpa"), world=WorldConfig(f"cpux{args.nproc}"),
-        data=DataConfig(args.data, args.max_len, args.tokens_per_step, "split", args.seed),
+        model=ModelConfig("tiny", "sdpa"), world=WorldConfig(f"cpux{args.nproc}", args.memory_gib),
+        data=DataConfig(args.data, args.max_len, args.tokens_per_step, args.long_docs, args.seed),
         planner=PlannerConfig(strategies, "hydraulis", "adaptive", False, cost_model),
         optimizer=OptimConfig(lr=2e-3, warmup_steps=3, decay_steps=max(args.steps, 1)),
         train=TrainSection(args.steps, args.seed, "1f1b", "float32", "float32", metrics, True))
@@ -138,8 +163,16 @@ def run(args) -> int:
     tidal_job = prepare(base_config(args, "auto", "", str(profile)), args.nproc)  # rows written below
     static, planned = best_static(args, tidal_job, str(profile))
     static_job = prepare(base_config(args, static, "", str(profile)), args.nproc)
-    con.print(f"corpus {args.data}: {args.steps} steps of ~{args.tokens_per_step:,} tokens, max-len {args.max_len}, "
-              f"{args.nproc} ranks")
+    budget = memory_budget(tidal_job)
+    con.print(f"corpus {args.data}: {args.steps} steps of ~{args.tokens_per_step:,} tokens, max-len {args.max_len} "
+              f"(longer documents: {args.long_docs}), {args.nproc} ranks")
+    con.print(f"memory budget {args.memory_gib:g} GiB per rank (the planner's memory model; not enforced): MaxLen "
+              + ", ".join(f"{k} {v:,}" for k, v in budget.items()) + " tokens")
+    if "tp1" in budget:
+        longest = step_longest(tidal_job, args.steps)
+        fit = sum(n <= budget["tp1"] for n in longest)
+        con.print(f"steps whose documents all fit tp1: {fit} of {len(longest)} (longest document per step: "
+                  f"{', '.join(f'{n:,}' for n in longest)}); the others need TP or CP")
     con.print(f"Tidal candidates: {', '.join(str(s) for s in tidal_job.candidates)}")
     con.print("best static by planned time: " + ", ".join(f"{k} {v:.2f}s" for k, v in sorted(
         planned.items(), key=lambda kv: kv[1])[:5]) + f" -> [bold]{static}[/]")
@@ -159,10 +192,56 @@ def run(args) -> int:
                     f.write(json.dumps({**row, "round": k + 1}) + "\n")
     summary = summarize(rounds)
     render.demo_table(con, summary, static)
+    con.print(meaning(summary, static, budget))
     png = args.out / "demo.png"
     plot(rounds[0], static, png)
     con.print(f"wrote {png}, {args.out / 'tidal.jsonl'}, {args.out / 'static.jsonl'}")
+    if args.sim_steps:
+        from tidal.cli.demo_sim import print_section, simulate_section
+
+        print_section(con, simulate_section(args.sim_steps, args.pools, args.seed))
     return 0
+
+
+def memory_budget(job) -> dict[str, int]:
+    """MaxLen (tokens) of tp1, tp2 and cp2 under the job's cost model and per-rank memory (the planner's view)."""
+    from tidal.core.scheme import ParallelScheme
+
+    dev, cm = job.cluster.groups[0].device, job.cost_model()
+    out = {}
+    for name, sch in (("tp1", ParallelScheme(1, 1, 1)), ("tp2", ParallelScheme(2, 1, 1)),
+                      ("cp2", ParallelScheme(1, 1, 2))):
+        if sch.num_devices <= job.cluster.num_devices:
+            out[name] = int(cm.max_len(sch, dev))
+    return out
+
+
+def step_longest(job, steps: int) -> list[int]:
+    """The longest sequence of each of the first `steps` steps (the planner's view of the demo's data)."""
+    from tidal.runtime.train import make_planner
+
+    planner, _ = make_planner(job)
+    return [int(max(ps.plan.seq_lengths, default=0)) for ps in planner.steps(steps)]
+
+
+def meaning(s: dict, static: str, budget: dict[str, int]) -> str:
+    """One plain sentence on what the wall-time figure says."""
+    w = s["wall"]
+    tp1 = budget.get("tp1")
+    head = (f"What this means: over the same documents, the best static strategy ({static}) took {w['median']:.3f}x "
+            f"Tidal's wall time (median of {len(s['rounds'])} round(s)). ")
+    if w["noise"] is None:
+        return head + "With one round the noise floor is unknown, so this single ratio may be noise."
+    if w["verdict"] == "within noise":
+        return head + (f"That is within the noise floor ({w['noise']:.1%}): on this machine the two cannot be told "
+                       f"apart.")
+    if w["median"] < 1:
+        return head + (f"{static} is faster by more than the noise floor ({w['noise']:.1%}): Tidal's per-step choices "
+                       f"cost more here than the planner's cost model predicted.")
+    why = (f" Tidal runs data-parallel tp1 ranks on steps whose documents all fit tp1's {tp1:,}-token MaxLen (where "
+           f"its cost model prefers them) and TP/CP on the others; the static strategy pays TP/CP on every step."
+           if tp1 is not None else "")
+    return head + f"Tidal is faster by more than the noise floor ({w['noise']:.1%}).{why}"
 
 
 def run_order(rounds: int) -> list[str]:
@@ -243,7 +322,8 @@ def compare(dyn: list[dict], sta: list[dict]) -> dict:
                                                   / max(sum(sum(r["busy_s"]) for r in rows), 1e-12)),
                      "tokens": int(tot(rows, "tokens")), "final_loss": rows[-1]["loss"],
                      "imbalance": float(np.mean([r["imbalance"] for r in rows])),
-                     "strategies": sorted({r["strategy"] for r in rows})}
+                     "strategies": sorted({r["strategy"] for r in rows}),
+                     "strategy_steps": strategy_counts([r["strategy"] for r in rows])}
     out["speedup_critical_path"] = out["static"]["critical_path_s"] / out["tidal"]["critical_path_s"]
     out["speedup_wall"] = out["static"]["wall_s"] / out["tidal"]["wall_s"]
     out["speedup_process_critical_path"] = (out["static"]["process_critical_path_s"] /

@@ -14,7 +14,7 @@ EXAMPLES = {
              "  torchrun --nproc-per-node 4 -m tidal train --config train.toml --data.max_len 4096",
     "verify": "tidal verify --nproc 4 --strategies 'tp4;2*tp2;4*tp1' --steps 3\n"
               "  tidal verify --nproc 2 --strategies auto --train.sequence_parallel true",
-    "demo": "tidal demo --nproc 2 --steps 10 --out tidal-demo",
+    "demo": "tidal demo --rounds 4 --memory-gib 0.2 --out tidal-demo",
     "profile": "tidal profile --model tiny --cluster cpux4 --out profile.json",
     "report": "tidal report calibration run.jsonl --cost-model analytic",
     "report calibration": "tidal report calibration run.jsonl --skip 2 --png calib.png",

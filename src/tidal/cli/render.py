@@ -154,23 +154,25 @@ def verify_table(con: Console, rows: list[dict], ref_losses: list[float], rep: d
 
 
 def demo_table(con: Console, s: dict, static: str) -> None:
-    """`tidal demo`: one row per run, then per figure the ratio static / Tidal beside its noise floor."""
+    """`tidal demo`: one row per run, then per figure the ratio static / Tidal beside its noise floor (wall time
+    first: with one rank per core it is the figure that counts)."""
     t = Table(title=f"Tidal vs best static ({static}): {s['steps']} steps per run, {len(s['rounds'])} rounds, same "
                     f"documents: {s['same_documents']}", title_justify="left")
-    for c in ("run", "round", "strategies", "wall s", "crit. path s", "+comm s", "imbal.", "pull+push", "loss"):
-        t.add_column(c, justify="left" if c in ("run", "strategies") else "right", overflow="fold",
-                     min_width=11 if c == "strategies" else None)
+    for c in ("run", "round", "strategies (steps)", "wall s", "crit. path s", "+comm s", "imbal.", "pull+push",
+              "loss"):
+        t.add_column(c, justify="left" if c in ("run", "strategies (steps)") else "right", overflow="fold",
+                     min_width=11 if c.startswith("strategies") else None)
     for k, rd in enumerate(s["rounds"]):
         for name in ("tidal", "static"):
             r = rd[name]
-            t.add_row(name, str(k + 1), "\n".join(r["strategies"]), f"{r['wall_s']:.1f}",
+            t.add_row(name, str(k + 1), r["strategy_steps"].replace("; ", "\n"), f"{r['wall_s']:.1f}",
                       f"{r['critical_path_s']:.2f}", f"{r['process_critical_path_s']:.2f}", f"{r['imbalance']:.2f}",
                       f"{r['pull_push_cpu_share']:.1%}", f"{r['final_loss']:.4f}")
     con.print(t)
-    con.print("crit. path: sum over steps of the slowest rank's CPU time; +comm: the same with the communication "
-              "threads' CPU time; pull+push: share of all ranks' CPU time")
-    for key, label in (("critical_path", "critical path"), ("process_critical_path", "with comm. threads"),
-                       ("wall", "wall")):
+    con.print("wall: the timed steps' wall time; crit. path: sum over steps of the slowest rank's CPU time; +comm: the "
+              "same with the communication threads' CPU time; pull+push: share of all ranks' CPU time")
+    for key, label in (("wall", "wall"), ("critical_path", "critical path"),
+                       ("process_critical_path", "with comm. threads")):
         r = s[key]
         noise = "not measured (1 round)" if r["noise"] is None else f"{r['noise']:.1%}"
         con.print(f"{label}: static / Tidal [bold]{r['median']:.3f}x[/] (rounds {r['min']:.3f}-{r['max']:.3f}) | "

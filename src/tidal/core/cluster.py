@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from tidal.core.errors import TidalError
@@ -122,6 +122,15 @@ DEVICE_TYPES: MappingProxyType[str, DeviceType] = MappingProxyType(
                           attn_cp_rect=True, calibrated=False, hbm_bw=50 * GB),
     }
 )
+
+def with_memory(cluster: ClusterSpec, memory_bytes: float) -> ClusterSpec:
+    """The same cluster with every device's memory set to `memory_bytes` (a budget to plan for, e.g. `[world]
+    memory_gib`: the planner and memory model use it; nothing enforces it on the device)."""
+    if not memory_bytes > 0:
+        raise TidalError(f"device memory must be positive, got {memory_bytes}")
+    groups = tuple(NodeGroup(replace(g.device, memory_bytes=float(memory_bytes)), g.devices) for g in cluster.groups)
+    return ClusterSpec(cluster.name, groups)
+
 
 _TERM = re.compile(r"^([a-z][a-z0-9-]*?)x(\d+)$")
 

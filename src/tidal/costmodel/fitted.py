@@ -42,6 +42,7 @@ from tidal.core.model import ModelSpec
 from tidal.core.scheme import ParallelScheme, parse_scheme
 from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.costmodel.base import LatencyCoeffs
+from tidal.costmodel.memory import MemoryConfig
 from tidal.costmodel.robust import robust_fit
 
 PROFILE_FORMAT = "tidal-profile/1"
@@ -186,8 +187,11 @@ class FittedCostModel:
         return json.dumps({**head, **(extra or {}), "schemes": schemes}, indent=1)
 
 
-def fitted_from_rows(rows: list[ProfileRow], model: ModelSpec, cluster: ClusterSpec) -> FittedCostModel:
-    return FittedCostModel(model, cluster, MappingProxyType(fit_rows(rows)), AnalyticCostModel(model, cluster))
+def fitted_from_rows(rows: list[ProfileRow], model: ModelSpec, cluster: ClusterSpec, *,
+                     memory: MemoryConfig | None = None) -> FittedCostModel:
+    """`memory`: the analytic fallback's memory model (MaxLen of unprofiled schemes; default `MemoryConfig()`)."""
+    fallback = AnalyticCostModel(model, cluster) if memory is None else AnalyticCostModel(model, cluster, memory=memory)
+    return FittedCostModel(model, cluster, MappingProxyType(fit_rows(rows)), fallback)
 
 
 def fits_to_json(fits) -> dict:

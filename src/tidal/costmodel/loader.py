@@ -12,15 +12,18 @@ from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec
 from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.costmodel.fitted import MODEL_FORMAT, FittedCostModel, fits_from_json, fitted_from_rows, read_profile
+from tidal.costmodel.memory import MemoryConfig
 from tidal.costmodel.pool import is_pool, parse_pool, pool_cost_model
 
 
-def load_cost_model(path: str | Path, model: ModelSpec, cluster: ClusterSpec) -> FittedCostModel:
+def load_cost_model(path: str | Path, model: ModelSpec, cluster: ClusterSpec, *,
+                    memory: MemoryConfig | None = None) -> FittedCostModel:
     """Read a fitted model file (JSON), a Hydraulis strategy pool (JSON, `costmodel.pool`: a PoolCostModel) or fit
-    a profile CSV on the fly."""
+    a profile CSV on the fly. `memory`: the memory model of a fit's analytic fallback (the MaxLen of schemes with no
+    measured one, e.g. the training job's dtypes); default `MemoryConfig()`. A pool has its own memory regression."""
     p = Path(path)
     if p.suffix.lower() == ".csv":
-        return fitted_from_rows(read_profile(p), model, cluster)
+        return fitted_from_rows(read_profile(p), model, cluster, memory=memory)
     try:
         d = json.loads(p.read_text())
     except OSError as e:
@@ -36,4 +39,5 @@ def load_cost_model(path: str | Path, model: ModelSpec, cluster: ClusterSpec) ->
     fits = fits_from_json(d.get("schemes"), f"cost model {path}")
     if d.get("model") not in (None, model.name):
         raise TidalError(f"{path}: fitted for model {d.get('model')!r}, not {model.name!r}")
-    return FittedCostModel(model, cluster, MappingProxyType(fits), AnalyticCostModel(model, cluster))
+    fallback = AnalyticCostModel(model, cluster) if memory is None else AnalyticCostModel(model, cluster, memory=memory)
+    return FittedCostModel(model, cluster, MappingProxyType(fits), fallback)

@@ -7,6 +7,7 @@ Sections and keys (all optional except where noted; see docs/training.md for the
                  ffn, vocab, rope_theta, norm_eps, tie_embeddings (all shape keys without a preset name; any subset
                  to change a preset)
     [world]      cluster = "cpux4"                  # TYPExN; N must equal the number of ranks
+                 memory_gib = 0                     # per-device memory the planner plans for; 0: the type's own
     [data]       source = "stdlib", max_len, tokens_per_step, long_docs = "split", seed, tokenizer = "",
                  cache_dir = "", cycle = false
     [planner]    strategies = "auto" | "tp2+2*tp1;4*tp1", packing = "hydraulis"|"wlb"|"wlb-fixed"|"fixed",
@@ -33,6 +34,7 @@ TidalError with one line.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -118,6 +120,11 @@ class ModelConfig:
 @dataclass(frozen=True)
 class WorldConfig:
     cluster: str = "cpux4"
+    memory_gib: float = 0.0  # memory per device the planner and memory model plan for; 0: the device type's own
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.memory_gib) and self.memory_gib >= 0):
+            raise TidalError(f"[world] memory_gib must be >= 0 (0: the device type's own), got {self.memory_gib}")
 
 
 @dataclass(frozen=True)

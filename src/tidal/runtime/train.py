@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from tidal.core.cluster import ClusterSpec, get_cluster
+from tidal.core.cluster import ClusterSpec, get_cluster, with_memory
 from tidal.core.errors import EXIT_NONFINITE, TidalError
 from tidal.core.model import ModelSpec, param_table
 from tidal.core.plan import StepPlan
@@ -98,7 +98,8 @@ def build_cost_model(cfg: TrainConfig, spec: ModelSpec, cluster: ClusterSpec):
         if cfg.train.recompute != "none":
             raise TidalError("[train] recompute needs the analytic cost model (its memory model); a cost model file "
                              "has measured MaxLens")
-        return load_cost_model(cfg.planner.cost_model, spec, cluster)
+        # unprofiled schemes' MaxLen from the job's memory model (its dtypes), as without a file
+        return load_cost_model(cfg.planner.cost_model, spec, cluster, memory=train_memory(cfg, cluster))
     mem = train_memory(cfg, cluster)
     if mem.recompute == ("none",):
         return AnalyticCostModel(spec, cluster, memory=mem)
@@ -113,6 +114,8 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
     """Everything that can be checked before ranks start; raises TidalError with one line otherwise."""
     spec = cfg.model.spec()
     cluster = get_cluster(cfg.world.cluster)
+    if cfg.world.memory_gib:
+        cluster = with_memory(cluster, cfg.world.memory_gib * 2**30)
     if nproc is not None and nproc != cluster.num_devices:
         raise TidalError(f"world size {nproc} does not match cluster {cluster.name} ({cluster.num_devices} devices); "
                          f"set [world] cluster to TYPEx{nproc}")
