@@ -41,6 +41,16 @@ def cuda_defaults(tf32: bool = True) -> None:
     torch.backends.cudnn.allow_tf32 = tf32
 
 
+def all_initialised(store, world_size: int, poll_s: float = 0.005) -> None:
+    """Return once every rank's `init_process_group` has returned (a counter in the store, no collective). Without
+    it a rank whose function ends at once can leave, and close its gloo pairs, while a peer is still connecting its
+    full mesh ("Connection closed by peer" in that peer's init, seen in CI). The launcher's overall timeout bounds the
+    wait."""
+    store.add("tidal/initialised", 1)
+    while store.add("tidal/initialised", 0) < world_size:
+        time.sleep(poll_s)
+
+
 def _worker(rank: int, world_size: int, store_path: str, backend: str, timeout_s: float, fn: Callable, args: tuple,
             queue: Any, launcher: int) -> None:
     die_with_parent(launcher)  # never outlive the launcher, whatever ends it (kill -9 included)
@@ -53,6 +63,7 @@ def _worker(rank: int, world_size: int, store_path: str, backend: str, timeout_s
         store = dist.FileStore(store_path, world_size)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
+        all_initialised(store, world_size)
         try:
             result = fn(rank, world_size, *args)
             queue.put((rank, True, result))
