@@ -5,11 +5,11 @@
 
 Two worker processes, one per source tree (PYTHONPATH=<tree>/src, one thread each: OMP/MKL/NUMBA threads 1), each
 import their own `tidal`, build the grid's hand candidates (benchmarks/planner_grid.py of the AFTER tree, so both
-plan the same steps) and warm the compiled loops; each cell's first step is also planned once unmeasured by both. The parent sends the same step to both in an ABBA order (so drift
-in the shared machine's load hits both alike) and records select_step's CPU time (thread_time) and wall time per
-step. It prints, per cell, median / p90 / max of CPU and wall ms before and after, the ratio of the CPU medians, and
-whether both trees gave the same plan (hash of StepPlan without plan_ms); then, per cluster size, the worst cell's
-CPU p90 before and after. Nothing is asserted.
+plan the same steps) and warm the compiled loops; each cell's first step is also planned once unmeasured by both.
+The parent sends the same step to both in an ABBA order (so drift in the shared machine's load hits both alike) and
+records select_step's CPU time (thread_time) and wall time per step. It prints, per cell, median / p90 / max of CPU
+and wall ms before and after, the ratio of the CPU medians, and whether both trees gave the same plan (hash of
+StepPlan without plan_ms); then, per cluster size, the worst cell's CPU p90 before and after. Nothing is asserted.
 """
 
 from __future__ import annotations
