@@ -2,7 +2,7 @@
 training job itself (dry run).
 
 With `--config`, the job is what `tidal train --config` would run: the file and its `--SECTION.KEY` overrides are
-loaded by the same code (`runtime.config.load_config`) and validated by the same `runtime.train.prepare` (model,
+loaded by the same code (`runtime.config.load_config`) and validated by the same `runtime.job.prepare` (model,
 cluster, corpus, memory, candidate strategies placed and costed), and steps are planned with the job's own cost model,
 candidates and planning options over the job's corpus. The flags that the file sets instead (`--model`, `--cluster`,
 `--data`, ...) are refused beside it, naming the override to use, so there is one source for each setting.
@@ -77,7 +77,7 @@ def job_of(args, config, over) -> Job:
     from tidal.cli.train import with_cache_dir
     from tidal.data.sampler import TokenBudgetSampler
     from tidal.runtime.config import load_config
-    from tidal.runtime.train import PROPOSAL_SAMPLE, open_corpus, prepare
+    from tidal.runtime.job import PROPOSAL_SAMPLE, open_corpus, prepare
 
     cfg = with_cache_dir(load_config(config, over))
     job = prepare(cfg)
