@@ -23,7 +23,7 @@ WORKLOAD = {
     "long_docs": ("split", "data.long_docs"), "tokens_per_step": (200_000, "data.tokens_per_step"),
     "seed": (0, "data.seed"), "cost_model": (None, "planner.cost_model"), "strategies": ("auto", "planner.strategies"),
     "packing": ("hydraulis", "planner.packing"), "cp_sharding": ("adaptive", "planner.cp_sharding"),
-    "exact": (False, "planner.exact"),
+    "exact": (False, "planner.exact"), "no_charges": (False, "planner.charges"),
 }
 DEFAULT_STEPS = 10
 
@@ -38,6 +38,8 @@ class Job:
     sampler: Callable[[], Any]  # a fresh TokenBudgetSampler at the start of the job's data
     sample: Any  # document lengths (numpy) the proposal planned from
     steps: int  # [train] steps
+    sync: Any = None  # costmodel.sync.SyncPricing the job's selection charges ([planner] charges; None: not)
+    charge_cp: bool = False  # the selection charges CP kernel imbalance (StepPlanner's `charge_cp`)
 
 
 def resolve(args) -> Job | None:
@@ -98,8 +100,10 @@ def job_of(args, config, over) -> Job:
                         ("max_len", d.max_len), ("long_docs", d.long_docs), ("tokens_per_step", d.tokens_per_step),
                         ("seed", d.seed), ("cost_model", cfg.planner.cost_model or None),
                         ("strategies", cfg.planner.strategies), ("packing", cfg.planner.packing),
-                        ("cp_sharding", cfg.planner.cp_sharding), ("exact", cfg.planner.exact)):
+                        ("cp_sharding", cfg.planner.cp_sharding), ("exact", cfg.planner.exact),
+                        ("no_charges", not cfg.planner.charges)):
         setattr(args, name, value)
     if args.steps is None:
         args.steps = cfg.train.steps
-    return Job(job.cost_model(), job.candidates, options, sampler, sample, cfg.train.steps)
+    sync, policy = job.charges
+    return Job(job.cost_model(), job.candidates, options, sampler, sample, cfg.train.steps, sync, policy is not None)

@@ -26,6 +26,7 @@ from tidal.costmodel.base import pipeline_device
 from tidal.costmodel.loader import load_cost_model
 from tidal.costmodel.memory import AUTO_ORDER, MemoryConfig, auto_recompute, executor_memory
 from tidal.costmodel.recompute import RecomputeCostModel
+from tidal.costmodel.sync import SyncPricing
 from tidal.data.accounting import EpochLedger
 from tidal.data.corpus import corpus_from_spec
 from tidal.models.attention import BACKENDS
@@ -63,6 +64,22 @@ class Prepared:
     def cost_model(self):
         """The planner's cost model (rebuilt where needed: fitted models hold read-only mappings that do not pickle)."""
         return build_cost_model(self.config, self.spec, self.cluster)
+
+    @property
+    def charges(self) -> tuple[SyncPricing | None, str | None]:
+        """What the job's planner charges beyond balanced compute (`planning_charges`)."""
+        return planning_charges(self.config)
+
+
+def planning_charges(cfg: TrainConfig) -> tuple[SyncPricing | None, str | None]:
+    """(pull/push pricing, CP sharding policy) the job's proposal and selection charge (decisions 86, 98): with
+    `[planner] charges` (the default) the gradient pull/push priced as `tidal simulate` executes it
+    (`costmodel.sync.SyncPricing`'s defaults, which are the simulator's `SimConfig().sync`) and the CP kernel
+    imbalance under `[planner] cp_sharding`; (None, None) with `charges = false` (the ablation) or the FlexPipe
+    planner (HBSA prices its own mappings)."""
+    if not cfg.planner.charges or cfg.planner.name != "tidal":
+        return None, None
+    return SyncPricing(), cfg.planner.cp_sharding
 
 
 def train_memory(cfg: TrainConfig, cluster: ClusterSpec) -> MemoryConfig:
@@ -158,8 +175,9 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
             src = corpus.length_source()
             n = PROPOSAL_SAMPLE if src.size is None else min(src.size, PROPOSAL_SAMPLE)
             sample = np.minimum(src.lengths(0, n), cfg.data.max_len)
+        sync, policy = planning_charges(cfg)
         candidates = build_candidates(cm, cfg.planner.strategies, sample, tokens_per_step=cfg.data.tokens_per_step,
-                                      max_len=cfg.data.max_len, seed=cfg.data.seed)
+                                      max_len=cfg.data.max_len, seed=cfg.data.seed, sync=sync, cp_policy=policy)
     for s in candidates:
         if s.num_devices > cluster.num_devices:
             raise TidalError(f"strategy {s} needs {s.num_devices} devices; the world has {cluster.num_devices}")
@@ -199,9 +217,10 @@ def planner_spec(job: Prepared) -> PlannerSpec | FlexPipeSpec:
         return FlexPipeSpec(d.source, d.seed, job.spec.vocab, d.tokenizer, d.cache_dir, d.tokens_per_step, d.max_len,
                             d.long_docs, d.cycle, cfg.planner.cost_model, job.spec, job.cluster, job.candidates,
                             parse_depths(cfg.planner.flexpipe_depths), train_memory(cfg, job.cluster))
+    sync, policy = job.charges
     return PlannerSpec(d.source, d.seed, job.spec.vocab, d.tokenizer, d.cache_dir, d.tokens_per_step, d.max_len,
                        d.long_docs, d.cycle, cfg.planner.cost_model, job.spec, job.cluster, job.candidates,
-                       job.options, train_memory(cfg, job.cluster))
+                       job.options, train_memory(cfg, job.cluster), sync=sync, charge_cp=policy is not None)
 
 
 def make_planner(job: Prepared) -> tuple[StepPlanner, object]:
