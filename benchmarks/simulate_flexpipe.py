@@ -17,7 +17,11 @@ iterations, 2.7 per 100, and recomputes every 4, 25 per 100), the stage counts u
 per decision (median, p90) against the paper's 15 ms; then median / p90 / worst over cells. Then Table 2's stage
 counts beside the ones HBSA's lines 3-6 give under the fitted memory.
 
-Usage: python benchmarks/simulate_flexpipe.py [--steps 100] [--jobs 2] [--quick] [--tidal-memory]
+--batch-docs N makes every step N documents of the stream (truncated at the maximum length), FlexPipe's own "global
+batch size of 4" (§7.2.1: 4 samples, the step's longest one mu), instead of 4 context windows of tokens: the step's
+mu then varies as the paper's does (§2: 95 % of FLANv2 iterations under 4K, §5.2: about 3 % hold long sequences).
+
+Usage: python benchmarks/simulate_flexpipe.py [--steps 100] [--jobs 2] [--quick] [--tidal-memory] [--batch-docs 4]
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from _simcommon import summary
 from tidal.core.cluster import GB, ClusterSpec, DeviceType, NodeGroup
 from tidal.core.model import ModelSpec
 from tidal.costmodel import AnalyticCostModel
-from tidal.data.sampler import TokenBudgetSampler
+from tidal.data.sampler import LongDocStats, Step, TokenBudgetSampler
 from tidal.data.sources import length_source
 from tidal.planner.baselines.flexpipe import TABLE2, FlexPipePlanner, fit_table2
 from tidal.simulator.engine import SimConfig
@@ -62,15 +66,33 @@ def workload_memory(model: ModelSpec):
     return fit_table2(fam)
 
 
+class DocsPerStep:
+    """Steps of `n` consecutive documents of a length source, each truncated at `max_len` (FlexPipe's global batch
+    of `n` samples, §7.2.1)."""
+
+    def __init__(self, src, n: int, max_len: int) -> None:
+        self.src, self.n, self.max_len, self.i = src, n, max_len, 0
+
+    def next_step(self) -> Step:
+        lens = tuple(int(x) for x in np.minimum(self.src.lengths(self.i * self.n, self.n), self.max_len))
+        ids = tuple(range(self.i * self.n, (self.i + 1) * self.n))
+        self.i += 1
+        return Step(self.i - 1, ids, lens, ids, (0,) * self.n, LongDocStats())
+
+
 def cell(args):
-    (model, nodes), max_len, steps, tidal_memory = args
+    (model, nodes), max_len, steps, tidal_memory, batch_docs = args
     cl = _cluster(nodes)
     wm = None if tidal_memory else workload_memory(model)
     cm = AnalyticCostModel(model, cl)
     tokens = 4 * max_len
-    w = Workload(cm, max_len, tokens, steps, 0,
-                 lambda: TokenBudgetSampler(length_source(DATA, 0), tokens, max_len, seed=0),
-                 length_source(DATA, 0).lengths(0, 5000))
+
+    def source():
+        if batch_docs:
+            return DocsPerStep(length_source(DATA, 0), batch_docs, max_len)
+        return TokenBudgetSampler(length_source(DATA, 0), tokens, max_len, seed=0)
+
+    w = Workload(cm, max_len, tokens, steps, 0, source, length_source(DATA, 0).lengths(0, 5000))
     sim = SimConfig()
     flex = run_flexpipe(w, sim, None, workload_memory=wm)
     static = run_flexpipe(w, sim, None, static=True, name="static-pp", workload_memory=wm)
@@ -84,11 +106,15 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="BERT96 and GPT (3.35B) only (the models of Table 2)")
     ap.add_argument("--tidal-memory", action="store_true", help="size stages with Tidal's memory model")
+    ap.add_argument("--batch-docs", type=int, default=0,
+                    help="N documents per step (FlexPipe's global batch of 4 samples) instead of 4 context windows")
     a = ap.parse_args()
     models = [m for m in MODELS if m[0].name in TABLE2] if a.quick else list(MODELS)
     with ProcessPoolExecutor(a.jobs) as ex:
-        cells = list(ex.map(cell, [(m, ml, a.steps, a.tidal_memory) for m, ml in itertools.product(models, LENGTHS)]))
-    print(f"FlexPipe vs static PP, {DATA}, 4 context windows of tokens per step, {a.steps} steps, "
+        cells = list(ex.map(cell, [(m, ml, a.steps, a.tidal_memory, a.batch_docs)
+                                   for m, ml in itertools.product(models, LENGTHS)]))
+    per_step = f"{a.batch_docs} documents" if a.batch_docs else "4 context windows of tokens"
+    print(f"FlexPipe vs static PP, {DATA}, {per_step} per step, {a.steps} steps, "
           f"{'Tidal' if a.tidal_memory else 'FlexPipe Table 2'} memory model")
     print(f"{'model':<10}{'GPUs':>5}{'max len':>8}{'flex/static':>12}{'mega/static':>12}{'reconf/100':>11}"
           f"{'memopt/100':>11}{'stages':>8}{'HBSA ms med':>12}{'p90':>9}  decisions | static mapping")
