@@ -21,7 +21,13 @@ counts beside the ones HBSA's lines 3-6 give under the fitted memory.
 batch size of 4" (§7.2.1: 4 samples, the step's longest one mu), instead of 4 context windows of tokens: the step's
 mu then varies as the paper's does (§2: 95 % of FLANv2 iterations under 4K, §5.2: about 3 % hold long sequences).
 
+--why-no-shrink (with --batch-docs) prints, per Table-2 model and length, the steps where HBSA kept a mapping of more
+stages than the step needs, and the median Eq. 1 time of the current mapping, of the best one with fewer stages (the
+reconfiguration not counted) and of that reconfiguration: condition B shrinks only when the second plus the third is
+below the first.
+
 Usage: python benchmarks/simulate_flexpipe.py [--steps 100] [--jobs 2] [--quick] [--tidal-memory] [--batch-docs 4]
+       [--why-no-shrink]
 """
 
 from __future__ import annotations
@@ -38,9 +44,11 @@ from tidal.core.model import ModelSpec
 from tidal.costmodel import AnalyticCostModel
 from tidal.data.sampler import LongDocStats, Step, TokenBudgetSampler
 from tidal.data.sources import length_source
+from tidal.planner.baselines.fixed import pack_fixed
 from tidal.planner.baselines.flexpipe import TABLE2, FlexPipePlanner, fit_table2
+from tidal.simulator.baselines import UNIT
 from tidal.simulator.engine import SimConfig
-from tidal.simulator.flexpipe import run_flexpipe
+from tidal.simulator.flexpipe import MICRO_BATCHES, run_flexpipe
 from tidal.simulator.systems import Workload, run_system
 
 A100 = DeviceType("a100", 312e12, 80 * GB, 300 * GB, 50 * GB, per_node=4)
@@ -108,7 +116,12 @@ def main() -> None:
     ap.add_argument("--tidal-memory", action="store_true", help="size stages with Tidal's memory model")
     ap.add_argument("--batch-docs", type=int, default=0,
                     help="N documents per step (FlexPipe's global batch of 4 samples) instead of 4 context windows")
+    ap.add_argument("--why-no-shrink", action="store_true",
+                    help="with --batch-docs: what condition B weighs in the steps where HBSA keeps more stages")
     a = ap.parse_args()
+    if a.why_no_shrink:
+        why_no_shrink(a.steps, a.batch_docs or 4)
+        return
     models = [m for m in MODELS if m[0].name in TABLE2] if a.quick else list(MODELS)
     with ProcessPoolExecutor(a.jobs) as ex:
         cells = list(ex.map(cell, [(m, ml, a.steps, a.tidal_memory, a.batch_docs)
@@ -137,6 +150,37 @@ def main() -> None:
     print(f"HBSA time per decision (ms): median {np.median(ms):.2f}, p90 {np.percentile(ms, 90):.2f}, "
           f"max {np.max(ms):.2f} (paper: 15 ms average)")
     table2_stages()
+
+
+def why_no_shrink(steps: int, batch_docs: int) -> None:
+    """HBSA's decisions on `batch_docs`-sample steps (the simulator's packing), and in the steps it keeps a mapping
+    deeper than the step needs: the current mapping's Eq. 1 time, the best shallower one's, its reconfiguration."""
+    print(f"HBSA on {batch_docs} documents per step ({DATA}, {steps} steps): steps kept on more stages than needed, "
+          "median seconds (Eq. 1)")
+    print(f"{'model':<10}{'max len':>8}{'kept deeper':>12}{'current':>9}{'shallower':>10}{'reconfig':>9}  "
+          "final mapping")
+    for model, nodes in MODELS:
+        if model.name not in TABLE2:
+            continue
+        for max_len in LENGTHS[1:]:
+            pl = FlexPipePlanner(AnalyticCostModel(model, _cluster(nodes)), workload_memory=workload_memory(model))
+            src, cur, rows = DocsPerStep(length_source(DATA, 0), batch_docs, max_len), None, []
+            for _ in range(steps):
+                lens = np.asarray(src.next_step().lengths)
+                mu = int(lens.max())
+                nm = len(pack_fixed(lens, UNIT, 1, max(mu, -(-int(lens.sum()) // MICRO_BATCHES))).micro_batches)
+                s1, s2 = float(lens.sum()) / nm, float(np.sum(lens.astype(np.float64) ** 2)) / nm
+                d = pl.decide(mu, s1, s2, nm, cur)
+                n = pl.n_stage(mu, s1)
+                if cur is not None and d.action == "keep" and n < cur.stages:
+                    new, v, _ = pl.search(n, mu, s1, s2, nm, cur)
+                    if new is not None:
+                        sw = pl.switch_time(cur, new)
+                        rows.append((pl.pipeline_time(cur, s1, s2, nm, mu=mu), v - sw, sw))
+                cur = d.mapping
+            med = np.median(np.array(rows), axis=0) if rows else (np.nan,) * 3
+            print(f"{model.name:<10}{max_len:>8}{len(rows):>12}{med[0]:>9.3f}{med[1]:>10.3f}{med[2]:>9.3f}  "
+                  f"{cur.layers} x {cur.gpus}")
 
 
 def _count(config: str, action: str) -> int:
