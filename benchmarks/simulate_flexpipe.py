@@ -17,7 +17,17 @@ iterations, 2.7 per 100, and recomputes every 4, 25 per 100), the stage counts u
 per decision (median, p90) against the paper's 15 ms; then median / p90 / worst over cells. Then Table 2's stage
 counts beside the ones HBSA's lines 3-6 give under the fitted memory.
 
-Usage: python benchmarks/simulate_flexpipe.py [--steps 100] [--jobs 2] [--quick] [--tidal-memory]
+--batch-docs N makes every step N documents of the stream (truncated at the maximum length), FlexPipe's own "global
+batch size of 4" (§7.2.1: 4 samples, the step's longest one mu), instead of 4 context windows of tokens: the step's
+mu then varies as the paper's does (§2: 95 % of FLANv2 iterations under 4K, §5.2: about 3 % hold long sequences).
+
+--why-no-shrink (with --batch-docs) prints, per Table-2 model and length, the steps where HBSA kept a mapping of more
+stages than the step needs, and the median Eq. 1 time of the current mapping, of the best one with fewer stages (the
+reconfiguration not counted) and of that reconfiguration: condition B shrinks only when the second plus the third is
+below the first.
+
+Usage: python benchmarks/simulate_flexpipe.py [--steps 100] [--jobs 2] [--quick] [--tidal-memory] [--batch-docs 4]
+       [--why-no-shrink]
 """
 
 from __future__ import annotations
@@ -32,11 +42,13 @@ from _simcommon import summary
 from tidal.core.cluster import GB, ClusterSpec, DeviceType, NodeGroup
 from tidal.core.model import ModelSpec
 from tidal.costmodel import AnalyticCostModel
-from tidal.data.sampler import TokenBudgetSampler
+from tidal.data.sampler import LongDocStats, Step, TokenBudgetSampler
 from tidal.data.sources import length_source
+from tidal.planner.baselines.fixed import pack_fixed
 from tidal.planner.baselines.flexpipe import TABLE2, FlexPipePlanner, fit_table2
+from tidal.simulator.baselines import UNIT
 from tidal.simulator.engine import SimConfig
-from tidal.simulator.flexpipe import run_flexpipe
+from tidal.simulator.flexpipe import MICRO_BATCHES, run_flexpipe
 from tidal.simulator.systems import Workload, run_system
 
 A100 = DeviceType("a100", 312e12, 80 * GB, 300 * GB, 50 * GB, per_node=4)
@@ -62,15 +74,33 @@ def workload_memory(model: ModelSpec):
     return fit_table2(fam)
 
 
+class DocsPerStep:
+    """Steps of `n` consecutive documents of a length source, each truncated at `max_len` (FlexPipe's global batch
+    of `n` samples, §7.2.1)."""
+
+    def __init__(self, src, n: int, max_len: int) -> None:
+        self.src, self.n, self.max_len, self.i = src, n, max_len, 0
+
+    def next_step(self) -> Step:
+        lens = tuple(int(x) for x in np.minimum(self.src.lengths(self.i * self.n, self.n), self.max_len))
+        ids = tuple(range(self.i * self.n, (self.i + 1) * self.n))
+        self.i += 1
+        return Step(self.i - 1, ids, lens, ids, (0,) * self.n, LongDocStats())
+
+
 def cell(args):
-    (model, nodes), max_len, steps, tidal_memory = args
+    (model, nodes), max_len, steps, tidal_memory, batch_docs = args
     cl = _cluster(nodes)
     wm = None if tidal_memory else workload_memory(model)
     cm = AnalyticCostModel(model, cl)
     tokens = 4 * max_len
-    w = Workload(cm, max_len, tokens, steps, 0,
-                 lambda: TokenBudgetSampler(length_source(DATA, 0), tokens, max_len, seed=0),
-                 length_source(DATA, 0).lengths(0, 5000))
+
+    def source():
+        if batch_docs:
+            return DocsPerStep(length_source(DATA, 0), batch_docs, max_len)
+        return TokenBudgetSampler(length_source(DATA, 0), tokens, max_len, seed=0)
+
+    w = Workload(cm, max_len, tokens, steps, 0, source, length_source(DATA, 0).lengths(0, 5000))
     sim = SimConfig()
     flex = run_flexpipe(w, sim, None, workload_memory=wm)
     static = run_flexpipe(w, sim, None, static=True, name="static-pp", workload_memory=wm)
@@ -84,11 +114,20 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="BERT96 and GPT (3.35B) only (the models of Table 2)")
     ap.add_argument("--tidal-memory", action="store_true", help="size stages with Tidal's memory model")
+    ap.add_argument("--batch-docs", type=int, default=0,
+                    help="N documents per step (FlexPipe's global batch of 4 samples) instead of 4 context windows")
+    ap.add_argument("--why-no-shrink", action="store_true",
+                    help="with --batch-docs: what condition B weighs in the steps where HBSA keeps more stages")
     a = ap.parse_args()
+    if a.why_no_shrink:
+        why_no_shrink(a.steps, a.batch_docs or 4)
+        return
     models = [m for m in MODELS if m[0].name in TABLE2] if a.quick else list(MODELS)
     with ProcessPoolExecutor(a.jobs) as ex:
-        cells = list(ex.map(cell, [(m, ml, a.steps, a.tidal_memory) for m, ml in itertools.product(models, LENGTHS)]))
-    print(f"FlexPipe vs static PP, {DATA}, 4 context windows of tokens per step, {a.steps} steps, "
+        cells = list(ex.map(cell, [(m, ml, a.steps, a.tidal_memory, a.batch_docs)
+                                   for m, ml in itertools.product(models, LENGTHS)]))
+    per_step = f"{a.batch_docs} documents" if a.batch_docs else "4 context windows of tokens"
+    print(f"FlexPipe vs static PP, {DATA}, {per_step} per step, {a.steps} steps, "
           f"{'Tidal' if a.tidal_memory else 'FlexPipe Table 2'} memory model")
     print(f"{'model':<10}{'GPUs':>5}{'max len':>8}{'flex/static':>12}{'mega/static':>12}{'reconf/100':>11}"
           f"{'memopt/100':>11}{'stages':>8}{'HBSA ms med':>12}{'p90':>9}  decisions | static mapping")
@@ -111,6 +150,37 @@ def main() -> None:
     print(f"HBSA time per decision (ms): median {np.median(ms):.2f}, p90 {np.percentile(ms, 90):.2f}, "
           f"max {np.max(ms):.2f} (paper: 15 ms average)")
     table2_stages()
+
+
+def why_no_shrink(steps: int, batch_docs: int) -> None:
+    """HBSA's decisions on `batch_docs`-sample steps (the simulator's packing), and in the steps it keeps a mapping
+    deeper than the step needs: the current mapping's Eq. 1 time, the best shallower one's, its reconfiguration."""
+    print(f"HBSA on {batch_docs} documents per step ({DATA}, {steps} steps): steps kept on more stages than needed, "
+          "median seconds (Eq. 1)")
+    print(f"{'model':<10}{'max len':>8}{'kept deeper':>12}{'current':>9}{'shallower':>10}{'reconfig':>9}  "
+          "final mapping")
+    for model, nodes in MODELS:
+        if model.name not in TABLE2:
+            continue
+        for max_len in LENGTHS[1:]:
+            pl = FlexPipePlanner(AnalyticCostModel(model, _cluster(nodes)), workload_memory=workload_memory(model))
+            src, cur, rows = DocsPerStep(length_source(DATA, 0), batch_docs, max_len), None, []
+            for _ in range(steps):
+                lens = np.asarray(src.next_step().lengths)
+                mu = int(lens.max())
+                nm = len(pack_fixed(lens, UNIT, 1, max(mu, -(-int(lens.sum()) // MICRO_BATCHES))).micro_batches)
+                s1, s2 = float(lens.sum()) / nm, float(np.sum(lens.astype(np.float64) ** 2)) / nm
+                d = pl.decide(mu, s1, s2, nm, cur)
+                n = pl.n_stage(mu, s1)
+                if cur is not None and d.action == "keep" and n < cur.stages:
+                    new, v, _ = pl.search(n, mu, s1, s2, nm, cur)
+                    if new is not None:
+                        sw = pl.switch_time(cur, new)
+                        rows.append((pl.pipeline_time(cur, s1, s2, nm, mu=mu), v - sw, sw))
+                cur = d.mapping
+            med = np.median(np.array(rows), axis=0) if rows else (np.nan,) * 3
+            print(f"{model.name:<10}{max_len:>8}{len(rows):>12}{med[0]:>9.3f}{med[1]:>10.3f}{med[2]:>9.3f}  "
+                  f"{cur.layers} x {cur.gpus}")
 
 
 def _count(config: str, action: str) -> int:

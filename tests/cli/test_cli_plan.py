@@ -138,10 +138,13 @@ def test_python_dash_m_entry_point():
     assert r.returncode == 0 and "--packing" in r.stdout
 
 
-def test_fitted_cost_model_from_profile_on_cpu_cluster(tmp_path):
-    """A profile CSV (format of docs/costmodel.md, as benchmarks/runtime_pipeline.py --out writes) drives the plan;
-    the estimate then comes from the fitted coefficients: one tp1 micro-batch of l tokens costs c + a l^2 + b l."""
-    a, b, c = 2e-7, 4e-5, 1e-2
+FIT = (2e-7, 4e-5, 1e-2)  # a, b, c of the profile below: one tp1 micro-batch of l tokens costs c + a l^2 + b l
+
+
+def _plan_one_doc(tmp_path, *extra):
+    """`tidal plan` of one 300-token document on tiny, cpux4, 4*tp1, with a fitted profile CSV (format of
+    docs/costmodel.md, as benchmarks/runtime_pipeline.py --out writes) as the cost model."""
+    a, b, c = FIT
     rows = [[128], [32] * 4, [512], [256, 256], [1000, 24], [700]]
     text = "# tidal-profile/1 model=tiny device=cpu\nscheme,lengths,seconds\n" + "".join(
         f"tp1,{' '.join(map(str, r))},{c + sum(a * x * x + b * x for x in r):.9f}\n" for r in rows)
@@ -152,7 +155,49 @@ def test_fitted_cost_model_from_profile_on_cpu_cluster(tmp_path):
     out = tmp_path / "p.json"
     assert main(["plan", "--model", "tiny", "--cluster", "cpux4", "--cost-model", str(prof), "--strategies", "4*tp1",
                  "--data", f"lengths:{lens}", "--max-len", "1024", "--tokens-per-step", "1000", "--steps", "1",
-                 "--quiet", "--json", str(out)]) == 0
-    step = Plan.load(out).steps[0]
+                 "--quiet", "--json", str(out), *extra]) == 0
+    return Plan.load(out)
+
+
+def test_fitted_cost_model_from_profile_on_cpu_cluster(tmp_path):
+    """The profile drives the plan: without the charges (`--no-charges`, decision 98's ablation) the estimate is the
+    fitted coefficients' c + a l^2 + b l."""
+    a, b, c = FIT
+    plan = _plan_one_doc(tmp_path, "--no-charges")
+    step = plan.steps[0]
+    assert plan.meta["charges"] is False
     assert step.est_step_time == pytest.approx(c + a * 300**2 + b * 300, rel=1e-6)
     assert step.lower_bound <= step.est_step_time
+
+
+def test_plan_charges_the_pull_and_push_as_costmodel_sync_prices_them(tmp_path):
+    """Decision 98: `tidal plan` charges the gradient pull/push by default, as the simulator executes it. One
+    4096-token document of llama2-7b on one of 16 TP1 pipelines of a800x16: the charged estimate is the uncharged
+    one (`--no-charges`: that micro-batch's forward + backward) plus `costmodel.sync.sync_delay` of the pipeline's
+    pull/push (`pipeline_sync` under the simulator's pricing `SimConfig().sync`, the optimizer state sharded over the
+    16 devices), the forward share of the micro-batch hiding the pull and the backward share the push."""
+    from tidal.core.cluster import get_cluster
+    from tidal.core.model import get_model
+    from tidal.costmodel.sync import SyncPricing, pipeline_sync, sync_delay
+    from tidal.simulator.engine import SimConfig
+
+    lens = tmp_path / "l.txt"
+    lens.write_text("4096\n")
+    args = ["plan", "--model", "llama2-7b", "--cluster", "a800x16", "--strategies", "16*tp1", "--data",
+            f"lengths:{lens}", "--max-len", "4096", "--tokens-per-step", "4096", "--steps", "1", "--quiet", "--json"]
+    assert main([*args, str(tmp_path / "on.json")]) == 0
+    assert main([*args, str(tmp_path / "off.json"), "--no-charges"]) == 0
+    on, off = Plan.load(tmp_path / "on.json"), Plan.load(tmp_path / "off.json")
+    assert on.meta["charges"] is True and off.meta["charges"] is False
+    (pipe,) = [p for p in on.steps[0].pipelines if p.micro_batches]
+    t = off.steps[0].est_step_time
+    pricing = SyncPricing()
+    assert SimConfig().sync == pricing  # the planner's pricing is the simulator's
+    model, cluster = get_model("llama2-7b"), get_cluster("a800x16")
+    pull, push = pipeline_sync(model, cluster, pipe.devices, 1, 1, (model.layers,), 16, pricing)
+    delay = sync_delay(pull, push, np.array([float(model.layers)]), pricing.fwd_share * t,
+                       (1 - pricing.fwd_share) * t, pricing.overlap)
+    assert delay > 0.05 * t  # a term worth charging: 7B parameters pulled and pushed at a device's share of links
+    assert on.steps[0].est_step_time == pytest.approx(t + delay, rel=1e-9)
+    assert pipe.est_time == pytest.approx(t + delay, rel=1e-9)
+    assert on.steps[0].lower_bound <= on.steps[0].est_step_time

@@ -176,3 +176,29 @@ def test_cost_model_watch():
     w = CostModelWatch(0.2)
     assert w.observe(rows([1.0])[0]) is None and "0.50x" in w.observe(rows([0.5])[0], last=True)  # a short run
     assert CostModelWatch(0.0).observe(rows([9.0])[0], last=True) is None  # 0 disables it
+
+
+def test_train_plans_with_the_charges_that_plan_config_shows(tmp_path, capsys):
+    """Decision 98: `[planner] charges` (default true) reaches the training job's planner (`planner_spec`, which
+    `tidal train`/`verify` and the background planner build from), and `tidal plan --config` shows the very steps that
+    planner plans; `--planner.charges false` is the ablation."""
+    from tidal.costmodel.sync import SyncPricing
+    from tidal.runtime.config import load_config
+    from tidal.runtime.train import planner_spec, prepare
+
+    cfg = _cfg(tmp_path)
+    spec = planner_spec(prepare(load_config(cfg)))
+    assert spec.sync == SyncPricing() and spec.charge_cp
+    off = planner_spec(prepare(load_config(cfg, [("planner.charges", "false")])))
+    assert off.sync is None and not off.charge_cp
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--config", str(cfg), "--train.steps", "2", "--quiet", "--json", str(out)]) == 0
+    shown = json.loads(out.read_text())
+    assert shown["meta"]["charges"] is True
+    planner, _ = spec.build()
+    trained = [planner.next().plan.to_dict() for _ in range(2)]
+    assert [{k: v for k, v in s.items() if k != "plan_ms"} for s in trained] == \
+        [{k: v for k, v in s.items() if k != "plan_ms"} for s in shown["steps"]]
+    capsys.readouterr()
+    assert main(["plan", "--config", str(cfg), "--no-charges"]) == 2
+    assert "--planner.charges" in capsys.readouterr().err

@@ -44,6 +44,8 @@ KEY_HELP = {
     "planner.exact": "exact MILP dispatch and packing (small steps only; slow)",
     "planner.name": "'tidal' (selection over the candidate strategies) or 'flexpipe' (HBSA picks depth and split)",
     "planner.flexpipe_depths": "flexpipe only: pipeline depths cycled step by step, e.g. '1,2,4'; empty: HBSA decides",
+    "planner.charges": "charge each candidate's gradient pull/push and CP kernel imbalance in the proposal and the "
+                       "selection, as `tidal simulate` executes them (false: the ablation)",
     "optimizer.lr": "peak learning rate",
     "optimizer.beta1": "AdamW β1",
     "optimizer.beta2": "AdamW β2",

@@ -113,7 +113,7 @@ def base_config(args, strategies: str, metrics: str, cost_model: str = ""):
 
 def best_static(args, tidal_job, cost_model: str) -> tuple[str, dict[str, float]]:
     """The homogeneous strategy with the least planned time over the demo's steps (same cost model and sampler)."""
-    from tidal.runtime.train import make_planner, prepare
+    from tidal.runtime.job import make_planner, prepare
 
     planned: dict[str, float] = {}
     for text in homogeneous_strategies(tidal_job.spec, args.nproc):
@@ -147,7 +147,7 @@ def calibrate(path: Path, max_len: int, seed: int) -> str:
 def run(args) -> int:
     from tidal.cli import render
     from tidal.cli.train import launch
-    from tidal.runtime.train import prepare
+    from tidal.runtime.job import prepare
 
     if args.steps < 1 or args.nproc < 1:
         raise TidalError("--steps and --nproc must be >= 1")
@@ -218,7 +218,7 @@ def memory_budget(job) -> dict[str, int]:
 
 def step_longest(job, steps: int) -> list[int]:
     """The longest sequence of each of the first `steps` steps (the planner's view of the demo's data)."""
-    from tidal.runtime.train import make_planner
+    from tidal.runtime.job import make_planner
 
     planner, _ = make_planner(job)
     return [int(max(ps.plan.seq_lengths, default=0)) for ps in planner.steps(steps)]

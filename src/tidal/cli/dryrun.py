@@ -2,7 +2,7 @@
 training job itself (dry run).
 
 With `--config`, the job is what `tidal train --config` would run: the file and its `--SECTION.KEY` overrides are
-loaded by the same code (`runtime.config.load_config`) and validated by the same `runtime.train.prepare` (model,
+loaded by the same code (`runtime.config.load_config`) and validated by the same `runtime.job.prepare` (model,
 cluster, corpus, memory, candidate strategies placed and costed), and steps are planned with the job's own cost model,
 candidates and planning options over the job's corpus. The flags that the file sets instead (`--model`, `--cluster`,
 `--data`, ...) are refused beside it, naming the override to use, so there is one source for each setting.
@@ -23,7 +23,7 @@ WORKLOAD = {
     "long_docs": ("split", "data.long_docs"), "tokens_per_step": (200_000, "data.tokens_per_step"),
     "seed": (0, "data.seed"), "cost_model": (None, "planner.cost_model"), "strategies": ("auto", "planner.strategies"),
     "packing": ("hydraulis", "planner.packing"), "cp_sharding": ("adaptive", "planner.cp_sharding"),
-    "exact": (False, "planner.exact"),
+    "exact": (False, "planner.exact"), "no_charges": (False, "planner.charges"),
 }
 DEFAULT_STEPS = 10
 
@@ -38,6 +38,8 @@ class Job:
     sampler: Callable[[], Any]  # a fresh TokenBudgetSampler at the start of the job's data
     sample: Any  # document lengths (numpy) the proposal planned from
     steps: int  # [train] steps
+    sync: Any = None  # costmodel.sync.SyncPricing the job's selection charges ([planner] charges; None: not)
+    charge_cp: bool = False  # the selection charges CP kernel imbalance (StepPlanner's `charge_cp`)
 
 
 def resolve(args) -> Job | None:
@@ -77,7 +79,7 @@ def job_of(args, config, over) -> Job:
     from tidal.cli.train import with_cache_dir
     from tidal.data.sampler import TokenBudgetSampler
     from tidal.runtime.config import load_config
-    from tidal.runtime.train import PROPOSAL_SAMPLE, open_corpus, prepare
+    from tidal.runtime.job import PROPOSAL_SAMPLE, open_corpus, prepare
 
     cfg = with_cache_dir(load_config(config, over))
     job = prepare(cfg)
@@ -98,8 +100,10 @@ def job_of(args, config, over) -> Job:
                         ("max_len", d.max_len), ("long_docs", d.long_docs), ("tokens_per_step", d.tokens_per_step),
                         ("seed", d.seed), ("cost_model", cfg.planner.cost_model or None),
                         ("strategies", cfg.planner.strategies), ("packing", cfg.planner.packing),
-                        ("cp_sharding", cfg.planner.cp_sharding), ("exact", cfg.planner.exact)):
+                        ("cp_sharding", cfg.planner.cp_sharding), ("exact", cfg.planner.exact),
+                        ("no_charges", not cfg.planner.charges)):
         setattr(args, name, value)
     if args.steps is None:
         args.steps = cfg.train.steps
-    return Job(job.cost_model(), job.candidates, options, sampler, sample, cfg.train.steps)
+    sync, policy = job.charges
+    return Job(job.cost_model(), job.candidates, options, sampler, sample, cfg.train.steps, sync, policy is not None)

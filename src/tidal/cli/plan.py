@@ -17,6 +17,7 @@ from tidal.core.strategy import Strategy
 from tidal.costmodel.analytic import AnalyticCostModel, analytic_v1
 from tidal.costmodel.base import CostModel
 from tidal.costmodel.loader import load_cost_model
+from tidal.costmodel.sync import SyncPricing
 from tidal.data.sampler import LONG_DOC_POLICIES, TokenBudgetSampler
 from tidal.data.sources import length_source
 from tidal.planner.bounds_lp import prove_selection
@@ -69,6 +70,9 @@ def add_parser(sub) -> None:
     p.add_argument("--cp-sharding", choices=CP_SHARDINGS, default=None,
                    help="how CP pipelines split documents over their ranks; default adaptive")
     p.add_argument("--exact", action="store_true", help="exact MILP dispatch and packing (small instances only)")
+    p.add_argument("--no-charges", action="store_true",
+                   help="plan without charging the gradient pull/push and CP kernel imbalance (the ablation; by "
+                        "default they are charged as `tidal simulate` executes them, decision 98)")
     p.add_argument("--plan-budget-ms", type=argtypes.finite_float(0.0), default=None,
                    help="per-step planning budget: past it the best plan so far is returned (valid, gap reported); "
                         "default 2000, or none (the training job's) with --config")
@@ -109,14 +113,23 @@ def cost_model_of(args) -> CostModel:
     return cost_model_from(args.cost_model, get_model(args.model), get_cluster(args.cluster))
 
 
+def charges_of(args) -> tuple[SyncPricing | None, str | None]:
+    """(pull/push pricing, CP policy) the plan charges: the simulator's (`SimConfig().sync`, `--cp-sharding`), or
+    neither with `--no-charges` (decision 98)."""
+    if getattr(args, "no_charges", False):
+        return None, None
+    return SyncPricing(), args.cp_sharding
+
+
 def candidates_of(args, cm: CostModel) -> tuple[Strategy, ...]:
     """`--strategies`: 'auto' proposes from the first PROPOSAL_SAMPLE documents of `--data`."""
     sample = None
     if args.strategies.strip().lower() == "auto":
         src = length_source(args.data, args.seed)
         sample = src.lengths(0, PROPOSAL_SAMPLE if src.size is None else min(src.size, PROPOSAL_SAMPLE))
+    sync, policy = charges_of(args)
     return build_candidates(cm, args.strategies, sample, tokens_per_step=args.tokens_per_step,
-                            max_len=args.max_len, seed=args.seed)
+                            max_len=args.max_len, seed=args.seed, sync=sync, cp_policy=policy)
 
 
 def plan_run(args, progress=None) -> PlanRun:
@@ -130,9 +143,12 @@ def plan_run(args, progress=None) -> PlanRun:
                                   budget_ms=args.plan_budget_ms)
         sampler = TokenBudgetSampler(length_source(args.data, args.seed), args.tokens_per_step, args.max_len,
                                      long_docs=args.long_docs, seed=args.seed)
+        sync, policy = charges_of(args)
+        charge_cp = policy is not None
     else:
         cm, candidates, options, sampler = job.cost_model, job.candidates, job.options, job.sampler()
-    planner = StepPlanner(cm, candidates, sampler, options)
+        sync, charge_cp = job.sync, job.charge_cp
+    planner = StepPlanner(cm, candidates, sampler, options, sync=sync, charge_cp=charge_cp)
     planned = []
     for ps in chain(planner.steps(args.steps), planner.flush()):
         if args.prove_bound and ps.selection is not None:
@@ -145,7 +161,7 @@ def plan_run(args, progress=None) -> PlanRun:
         raise TidalError(f"data source {args.data} produced no step")
     meta = {"seed": args.seed, "data": args.data, "max_len": args.max_len, "tokens_per_step": args.tokens_per_step,
             "packing": args.packing, "cp_sharding": args.cp_sharding, "exact": args.exact,
-            "prove_bound": args.prove_bound,
+            "prove_bound": args.prove_bound, "charges": sync is not None or charge_cp,
             "long_docs": args.long_docs, "cost_model": str(args.cost_model) if args.cost_model else "analytic"}
     if args.config:
         meta["config"] = str(args.config)

@@ -265,7 +265,7 @@ def run_train(args) -> int:
     from tidal.cli import render
     from tidal.cli.configargs import overrides_of
     from tidal.runtime.config import load_config
-    from tidal.runtime.train import prepare
+    from tidal.runtime.job import prepare
 
     cfg = with_cache_dir(load_config(args.config, overrides_of(args)))
     env = _under_torchrun()
@@ -360,8 +360,8 @@ def replay_reference(job, rows: list[dict]):
     """The single-process run on the documents every step trained; returns (losses, state)."""
     import torch
 
+    from tidal.runtime.job import open_corpus
     from tidal.runtime.reference import ReferenceTrainer
-    from tidal.runtime.train import open_corpus
 
     cfg = job.config
     corpus = open_corpus(cfg, job.spec)
@@ -389,7 +389,7 @@ def run_verify(args) -> int:
     from tidal.cli import render
     from tidal.cli.configargs import overrides_of
     from tidal.runtime.config import with_overrides
-    from tidal.runtime.train import prepare
+    from tidal.runtime.job import prepare
 
     if args.steps < 1 or args.nproc < 1:
         raise TidalError("--steps and --nproc must be >= 1")

@@ -30,6 +30,7 @@ from tidal.core.scheme import ParallelScheme
 from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.costmodel.base import CostModel
 from tidal.costmodel.loader import load_cost_model
+from tidal.costmodel.sync import SyncPricing
 from tidal.planner.bounds import check_lengths
 from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates
 
@@ -119,12 +120,15 @@ class Planner:
     (document lengths representative of the data, e.g. the first 20,000 of the corpus), or ';'-separated strategies
     such as "tp2+2*tp1;4*tp1". `cost_model`: a fitted model or profile from `tidal profile` (path), a CostModel, or
     None for the analytic model of the specs. `budget_ms`: a per-step planning time budget (None: plan to the end).
+    `charges`: the proposal and each step's selection charge every candidate's gradient pull/push and CP kernel
+    imbalance as `tidal simulate` executes them (as `tidal plan` and `tidal train` do; False: the ablation).
     Bad input raises `tidal.core.errors.TidalError` (a ValueError) with one line."""
 
     def __init__(self, model: str | ModelSpec, cluster: str | ClusterSpec, *, max_len: int, tokens_per_step: int,
                  strategies: str = "auto", sample_lengths: Sequence[int] | None = None,
                  cost_model: str | Path | CostModel | None = None, packing: str = "hydraulis",
-                 cp_sharding: str = "adaptive", seed: int = 0, budget_ms: float | None = None) -> None:
+                 cp_sharding: str = "adaptive", seed: int = 0, budget_ms: float | None = None,
+                 charges: bool = True) -> None:
         spec = get_model(model) if isinstance(model, str) else model
         clu = get_cluster(cluster) if isinstance(cluster, str) else cluster
         if packing not in LIBRARY_PACKINGS:
@@ -139,10 +143,12 @@ class Planner:
         sample = None if sample_lengths is None else np.asarray(sample_lengths, dtype=np.int64)
         options = PlanningOptions(max_len=max_len, tokens_per_step=tokens_per_step, packing=packing,
                                   cp_sharding=cp_sharding, seed=seed, budget_ms=budget_ms)
-        cands = build_candidates(cm, strategies, sample, tokens_per_step=tokens_per_step, max_len=max_len, seed=seed)
+        sync = SyncPricing() if charges else None
+        cands = build_candidates(cm, strategies, sample, tokens_per_step=tokens_per_step, max_len=max_len, seed=seed,
+                                 sync=sync, cp_policy=cp_sharding if charges else None)
         self.model, self.cluster, self.cost_model, self.max_len = spec, clu, cm, max_len
         self._feed = _Feed()
-        self._planner = StepPlanner(cm, cands, self._feed, options)
+        self._planner = StepPlanner(cm, cands, self._feed, options, sync=sync, charge_cp=charges)
 
     @property
     def candidates(self) -> tuple[str, ...]:

@@ -157,6 +157,7 @@ class PlannerConfig:
     exact: bool = False  # exact MILP dispatch and packing (small steps only; slow: benchmarks/plan_overlap.py)
     name: str = "tidal"  # "tidal" (Hydraulis-style selection over `strategies`) or "flexpipe" (HBSA per step)
     flexpipe_depths: str = ""  # flexpipe only: "" = HBSA's triggers decide the depth; "1,2,4" = cycle these depths
+    charges: bool = True  # charge each candidate's gradient pull/push and CP kernel imbalance (decisions 86, 98)
 
     def __post_init__(self) -> None:
         if self.name not in PLANNERS:

@@ -52,6 +52,7 @@ from tidal.core.strategy import Strategy
 from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.costmodel.loader import load_cost_model
 from tidal.costmodel.memory import MemoryConfig
+from tidal.costmodel.sync import SyncPricing
 from tidal.data.corpus import corpus_from_spec
 from tidal.data.sampler import TokenBudgetSampler
 from tidal.planner.stepper import PlannedStep, PlanningOptions, StepPlanner
@@ -101,11 +102,14 @@ class PlannerSpec(StreamInputs):
 
     options: PlanningOptions
     memory: MemoryConfig = MemoryConfig()  # the analytic model's memory charge (tidal train: the executor's)
+    sync: SyncPricing | None = None  # the pull/push the selection charges (StepPlanner's `sync`; decision 98)
+    charge_cp: bool = False  # the selection charges CP kernel imbalance under options.cp_sharding
 
     def build(self) -> tuple[StepPlanner, Any]:
         """The planner and the corpus it samples."""
         sampler, cm, corpus = self.sampling(self.memory)
-        return StepPlanner(cm, self.candidates, sampler, self.options), corpus
+        return StepPlanner(cm, self.candidates, sampler, self.options, sync=self.sync,
+                           charge_cp=self.charge_cp), corpus
 
     def __call__(self) -> StepPlanner:
         return self.build()[0]

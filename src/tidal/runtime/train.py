@@ -1,7 +1,7 @@
-"""The training loop behind `tidal train` and `tidal demo`: validate a config, then run it on every rank.
+"""The training loop behind `tidal train`, `tidal verify` and `tidal demo`: one rank's loop over a prepared job.
 
-:func:`prepare` resolves and validates everything before any process group exists (model, cluster vs world size,
-corpus, cost model, candidate strategies placed and costed, planning and execution options). :func:`train_worker`
+The job is validated first, before any process group exists (`runtime.job.prepare`; re-exported here with the
+job's other helpers, which tests and benchmarks import from this module). :func:`train_worker`
 is one rank's loop: rank 0 gets each step's plan from the :class:`tidal.planner.stepper.StepPlanner`, inline or
 computed ahead in a background process (`runtime.planahead`, ``[train] plan_ahead``), and broadcasts the step plan
 and its documents (docs/decisions.md: one planner, no cross-rank determinism assumptions); every rank
@@ -11,10 +11,8 @@ all-gathered so rank 0 writes one JSONL row per step (docs/training.md lists the
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-import os
 import resource
 import signal
 import time
@@ -26,212 +24,35 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from tidal.core.cluster import ClusterSpec, get_cluster, with_memory
-from tidal.core.errors import EXIT_NONFINITE, TidalError
-from tidal.core.model import ModelSpec, param_table
+from tidal.core.errors import EXIT_NONFINITE
 from tidal.core.plan import StepPlan
-from tidal.core.scheme import parse_strategies
-from tidal.core.strategy import Strategy, place
-from tidal.costmodel.analytic import AnalyticCostModel
-from tidal.costmodel.base import pipeline_device
 from tidal.costmodel.flops import mfu, peak_flops, train_flops
-from tidal.costmodel.loader import load_cost_model
-from tidal.costmodel.memory import AUTO_ORDER, MemoryConfig, auto_recompute, executor_memory
-from tidal.costmodel.recompute import RecomputeCostModel
-from tidal.data.accounting import EpochLedger
-from tidal.data.corpus import corpus_from_spec
-from tidal.models.attention import BACKENDS
-from tidal.planner.flexpipe_run import flexpipe_candidates, parse_depths
-from tidal.planner.select import profile_strategies
-from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates, carry_state
+from tidal.planner.stepper import carry_state
 from tidal.runtime import ckptdir
-from tidal.runtime.calibration import REFIT_MODES, OnlineRefit, calibration_fields
-from tidal.runtime.config import TrainConfig, compute_dtype_for, nan_steps
-from tidal.runtime.executor import ExecConfig, Executor, fetch_from
+from tidal.runtime.calibration import OnlineRefit, calibration_fields
+from tidal.runtime.config import nan_steps
+from tidal.runtime.executor import Executor, fetch_from
 from tidal.runtime.gcsync import StepGC
 from tidal.runtime.groups import GroupCache
 from tidal.runtime.guard import Progress, RankMarks
+from tidal.runtime.job import (
+    PROPOSAL_SAMPLE,
+    Prepared,
+    build_cost_model,
+    make_ledger,
+    make_planner,
+    open_corpus,
+    planner_spec,
+    prepare,
+    train_memory,
+)
 from tidal.runtime.launch import cuda_defaults
 from tidal.runtime.lifecycle import StopRequest, exit_code_for
-from tidal.runtime.planahead import PlannerSpec, SetCostModel, open_plans
-from tidal.runtime.pp import SCHEDULES
-from tidal.runtime.reconfig import FlexPipeSpec
+from tidal.runtime.planahead import SetCostModel, open_plans
 
-PROPOSAL_SAMPLE = 20000
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A validated, runnable job (picklable: it travels to spawned ranks)."""
-
-    config: TrainConfig
-    spec: ModelSpec
-    cluster: ClusterSpec
-    candidates: tuple[Strategy, ...]
-    options: PlanningOptions
-    exec_config: ExecConfig
-    resume_from: str = ""  # the verified checkpoint a resumed run starts from (prepare: ckptdir.resolve)
-
-    @property
-    def world(self) -> int:
-        return self.cluster.num_devices
-
-    def cost_model(self):
-        """The planner's cost model (rebuilt where needed: fitted models hold read-only mappings that do not pickle)."""
-        return build_cost_model(self.config, self.spec, self.cluster)
-
-
-def train_memory(cfg: TrainConfig, cluster: ClusterSpec) -> MemoryConfig:
-    """What the executor of this job holds (decision 72), for the planner's MaxLen: the compute dtype as the ranks
-    will resolve it (`auto`: bf16 on a GPU cluster, fp32 on a CPU one), the master dtype as configured, and the
-    configured activation recomputation per stage (decision 90)."""
-    kind = "cpu" if all(g.device.name == "cpu" for g in cluster.groups) else "cuda"
-    mem = executor_memory(compute_dtype_for(cfg.train.compute_dtype, cfg.train.master_dtype, kind),
-                          cfg.train.master_dtype)
-    if cfg.train.recompute == "auto":  # per scheme, the cheapest mode that holds [data] max_len (decision 90)
-        return dataclasses.replace(mem, recompute="auto", recompute_need=cfg.data.max_len)
-    return dataclasses.replace(mem, recompute=cfg.train.recompute)
-
-
-def build_cost_model(cfg: TrainConfig, spec: ModelSpec, cluster: ClusterSpec):
-    if cfg.planner.cost_model:
-        if cfg.train.recompute != "none":
-            raise TidalError("[train] recompute needs the analytic cost model (its memory model); a cost model file "
-                             "has measured MaxLens")
-        # unprofiled schemes' MaxLen from the job's memory model (its dtypes), as without a file
-        return load_cost_model(cfg.planner.cost_model, spec, cluster, memory=train_memory(cfg, cluster))
-    mem = train_memory(cfg, cluster)
-    if mem.recompute == ("none",):
-        return AnalyticCostModel(spec, cluster, memory=mem)
-    # MaxLen under the modes, and the forward each mode repeats charged in the coefficients (costmodel/recompute.py)
-    base = AnalyticCostModel(spec, cluster, memory=dataclasses.replace(mem, recompute="none"))
-    if mem.recompute == ("auto",):
-        return RecomputeCostModel(base, "auto", need=mem.recompute_need)
-    return RecomputeCostModel(base, ",".join(mem.recompute))
-
-
-def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
-    """Everything that can be checked before ranks start; raises TidalError with one line otherwise."""
-    spec = cfg.model.spec()
-    cluster = get_cluster(cfg.world.cluster)
-    if cfg.world.memory_gib:
-        cluster = with_memory(cluster, cfg.world.memory_gib * 2**30)
-    if nproc is not None and nproc != cluster.num_devices:
-        raise TidalError(f"world size {nproc} does not match cluster {cluster.name} ({cluster.num_devices} devices); "
-                         f"set [world] cluster to TYPEx{nproc}")
-    if cfg.model.attn_backend not in BACKENDS:
-        raise TidalError(f"unknown attention backend {cfg.model.attn_backend!r}; choose one of {', '.join(BACKENDS)}")
-    if cfg.train.schedule not in SCHEDULES:
-        raise TidalError(f"unknown pipeline schedule {cfg.train.schedule!r}; choose one of {', '.join(SCHEDULES)}")
-    if cfg.train.steps < 1:
-        raise TidalError(f"[train] steps must be >= 1, got {cfg.train.steps}")
-    for section, value in (("data", cfg.data.seed), ("train", cfg.train.seed)):
-        if value < 0:
-            raise TidalError(f"[{section}] seed must be >= 0, got {value}")
-    if cfg.train.refit not in REFIT_MODES:
-        raise TidalError(f"[train] refit must be one of {', '.join(REFIT_MODES)}, got {cfg.train.refit!r}")
-    if cfg.train.refit_every < 1:
-        raise TidalError(f"[train] refit_every must be >= 1, got {cfg.train.refit_every}")
-    if cfg.train.checkpoint_every < 0:
-        raise TidalError(f"[train] checkpoint_every must be >= 0, got {cfg.train.checkpoint_every}")
-    if (cfg.train.resume or cfg.train.checkpoint_every) and not cfg.train.checkpoint_dir:
-        raise TidalError("[train] resume and checkpoint_every need checkpoint_dir")
-    resume_from = ""
-    if cfg.train.resume:  # missing, damaged or foreign: falls back or fails before any rank starts
-        res = ckptdir.resolve(cfg.train.checkpoint_dir, spec)
-        if res.note and os.environ.get("RANK", "0") == "0":
-            ckptdir.say(res.note)
-        if res.meta["step"] >= cfg.train.steps:
-            raise TidalError(f"resume: {res.path} is at step {res.meta['step']} >= [train] steps {cfg.train.steps}: "
-                             f"nothing left to train (raise --steps)")
-        resume_from = res.path
-    if cfg.train.keep_checkpoints < 0:
-        raise TidalError(f"[train] keep_checkpoints must be >= 0 (0 keeps all), got {cfg.train.keep_checkpoints}")
-    StepGC(cfg.train.gc_every)  # validates gc_every
-    if cfg.train.plan_ahead < 0:
-        raise TidalError(f"[train] plan_ahead must be >= 0 (0 plans inline), got {cfg.train.plan_ahead}")
-    for info in param_table(spec):
-        if info.shape[0] < cluster.num_devices:
-            raise TidalError(f"model {spec.name}: {info.name} has {info.shape[0]} rows, fewer than the "
-                             f"{cluster.num_devices} ranks that shard the optimizer state")
-    corpus = open_corpus(cfg, spec)
-    if corpus.vocab > spec.vocab:
-        raise TidalError(f"corpus {cfg.data.source} has vocabulary {corpus.vocab} > model {spec.name}'s {spec.vocab}")
-    cm = build_cost_model(cfg, spec, cluster)
-    options = PlanningOptions(max_len=cfg.data.max_len, tokens_per_step=cfg.data.tokens_per_step,
-                              packing=cfg.planner.packing, cp_sharding=cfg.planner.cp_sharding, seed=cfg.data.seed,
-                              rotate=cfg.planner.rotate, exact=cfg.planner.exact)
-    sample = None
-    if cfg.planner.name == "flexpipe":  # every (depth, split) HBSA may pick (planner/flexpipe_run.py)
-        candidates = flexpipe_candidates(spec.layers, cluster.num_devices, parse_depths(cfg.planner.flexpipe_depths))
-        for s in candidates:
-            s.pipelines[0].scheme.validate(spec)
-    else:
-        if cfg.planner.strategies.strip().lower() != "auto":  # memory first: clearer than the max_len check
-            profile_strategies(tuple(place(sch, cluster, spec) for sch in parse_strategies(cfg.planner.strategies)),
-                               cm)
-        else:
-            src = corpus.length_source()
-            n = PROPOSAL_SAMPLE if src.size is None else min(src.size, PROPOSAL_SAMPLE)
-            sample = np.minimum(src.lengths(0, n), cfg.data.max_len)
-        candidates = build_candidates(cm, cfg.planner.strategies, sample, tokens_per_step=cfg.data.tokens_per_step,
-                                      max_len=cfg.data.max_len, seed=cfg.data.seed)
-    for s in candidates:
-        if s.num_devices > cluster.num_devices:
-            raise TidalError(f"strategy {s} needs {s.num_devices} devices; the world has {cluster.num_devices}")
-    profile_strategies(candidates, cm)  # a scheme that does not fit memory raises here
-    schemes = ()
-    if cfg.train.recompute == "auto":  # each candidate scheme's modes, as the planner's MaxLen assumed them
-        mem = train_memory(cfg, cluster)
-        table: dict[str, tuple[str, ...]] = {}
-        for p in (p for s in candidates for p in s.pipelines):  # one scheme on two device types: the costlier
-            modes = auto_recompute(spec, p.scheme, pipeline_device(cluster, p), cluster.num_devices, mem)
-            old = table.get(str(p.scheme), modes)
-            table[str(p.scheme)] = tuple(max(a, b, key=AUTO_ORDER.index) for a, b in zip(old, modes))
-        schemes = tuple(sorted(table.items()))
-    ex = ExecConfig(seed=cfg.train.seed, master_dtype=cfg.train.master_dtype, compute_dtype=cfg.train.compute_dtype,
-                    schedule=cfg.train.schedule, attn_backend=cfg.model.attn_backend,
-                    overlap_pull=cfg.train.overlap_pull, sequence_parallel=cfg.train.sequence_parallel,
-                    recompute="none" if cfg.train.recompute == "auto" else cfg.train.recompute,
-                    recompute_schemes=schemes, offload=cfg.train.offload)
-    if cfg.train.metrics:
-        parent = Path(cfg.train.metrics).parent
-        if not parent.is_dir():
-            raise TidalError(f"metrics path {cfg.train.metrics}: directory {parent} does not exist")
-        if Path(cfg.train.metrics).is_dir():
-            raise TidalError(f"metrics path {cfg.train.metrics} is a directory, not a file")
-    return Prepared(cfg, spec, cluster, candidates, options, ex, resume_from)
-
-
-def open_corpus(cfg: TrainConfig, spec: ModelSpec):
-    return corpus_from_spec(cfg.data.source, seed=cfg.data.seed, vocab=spec.vocab, tokenizer=cfg.data.tokenizer or None,
-                            cache_dir=cfg.data.cache_dir or None)
-
-
-def planner_spec(job: Prepared) -> PlannerSpec | FlexPipeSpec:
-    """The picklable, torch-free inputs of the job's planner (what a background planner process builds it from)."""
-    cfg, d = job.config, job.config.data
-    if cfg.planner.name == "flexpipe":
-        return FlexPipeSpec(d.source, d.seed, job.spec.vocab, d.tokenizer, d.cache_dir, d.tokens_per_step, d.max_len,
-                            d.long_docs, d.cycle, cfg.planner.cost_model, job.spec, job.cluster, job.candidates,
-                            parse_depths(cfg.planner.flexpipe_depths), train_memory(cfg, job.cluster))
-    return PlannerSpec(d.source, d.seed, job.spec.vocab, d.tokenizer, d.cache_dir, d.tokens_per_step, d.max_len,
-                       d.long_docs, d.cycle, cfg.planner.cost_model, job.spec, job.cluster, job.candidates,
-                       job.options, train_memory(cfg, job.cluster))
-
-
-def make_planner(job: Prepared) -> tuple[StepPlanner, object]:
-    return planner_spec(job).build()
-
-
-def make_ledger(job: Prepared, corpus) -> EpochLedger | None:
-    """Exactly-once accounting of a finite corpus's epoch (None for infinite or cycling sources)."""
-    src = corpus.length_source()
-    if src.size is None or job.config.data.cycle:
-        return None
-    cut = job.config.data.max_len if job.config.data.long_docs == "truncate" else None
-    return EpochLedger(src.lengths(0, src.size), src.spec, truncate_at=cut)
-
+__all__ = ["PROPOSAL_SAMPLE", "Prepared", "RunResult", "build_cost_model", "make_ledger", "make_planner",
+           "open_corpus", "peak_memory_bytes", "planner_spec", "prepare", "save_checkpoint", "train_memory",
+           "train_worker"]
 
 _RANK_FIELDS = ("busy_s", "compute_busy_s", "process_busy_s", "wall_s", "pull_s", "push_s", "pull_cpu_s",
                 "push_cpu_s", "pull_bytes", "push_bytes", "gc_s", "reconfigured", "moved_groups", "moved_recv_bytes",
@@ -471,7 +292,6 @@ def save_checkpoint(executor: Executor, directory: str, step: int, plans, ledger
     if own:
         saver.close()
     return True
-
 
 
 def _row(index: int, step: StepPlan, job: Prepared, m, per_rank: np.ndarray, plan_s: float, delay: float) -> dict:
