@@ -15,15 +15,30 @@ import numpy as np
 
 from tidal.core.errors import TidalError
 from tidal.costmodel.base import LatencyCoeffs
-from tidal.planner.pipecost import best_v, bound_value
+from tidal.planner.pipecost import best_v, bound_value, stage_q
 
 # Bounds are scaled by (1 - SLACK) so float rounding never lets a bound exceed an estimate computed another way.
 SLACK = 1e-9
 
 
 @dataclass(frozen=True)
+class Eq1Coeffs(LatencyCoeffs):
+    """The latency coefficients of a pipeline priced by Hydraulis Eq. 1 (`PipeCost.eq1`): what `PipeCost.coeffs`
+    returns for such a pipeline, so that the packer and `packing.pipeline_time`, which take (coeffs, PP), price it
+    the same way (decision 97)."""
+
+
+def prices_eq1(coeffs: LatencyCoeffs) -> bool:
+    """Whether coefficients carry the Hydraulis Eq. 1 rule (Eq1Coeffs)."""
+    return isinstance(coeffs, Eq1Coeffs)
+
+
+@dataclass(frozen=True)
 class PipeCost:
-    """What the planner needs to know about one pipeline: slowest-stage coefficients, PP degree and MaxLen."""
+    """What the planner needs to know about one pipeline: slowest-stage coefficients, PP degree and MaxLen, and how a
+    one-stage pipeline is priced: `eq1` False (Tidal, decision 94) as the sum of its micro-batches, V c + W; True
+    (the Hydraulis baseline, decision 97) by Hydraulis Eq. 1, V x its slowest micro-batch. The rule travels with
+    the pipeline (`q`, `coeffs`) into the dispatch, the packer and the estimates; PP >= 2 is priced alike."""
 
     a: float
     b: float
@@ -31,14 +46,22 @@ class PipeCost:
     pp: int
     max_len: int
     d: float = 0.0  # per-document seconds (LatencyCoeffs.d)
+    eq1: bool = False
 
     @staticmethod
-    def of(coeffs: LatencyCoeffs, pp: int, max_len: int) -> PipeCost:
-        return PipeCost(float(coeffs.a), float(coeffs.b), float(coeffs.c), int(pp), int(max_len), float(coeffs.d))
+    def of(coeffs: LatencyCoeffs, pp: int, max_len: int, eq1: bool | None = None) -> PipeCost:
+        """`eq1` None: the rule `coeffs` carries (Eq1Coeffs or not)."""
+        e = prices_eq1(coeffs) if eq1 is None else bool(eq1)
+        return PipeCost(float(coeffs.a), float(coeffs.b), float(coeffs.c), int(pp), int(max_len), float(coeffs.d), e)
+
+    @property
+    def q(self) -> float:
+        """q of the cost formula (pipecost.stage_q): PP - 1, or pipecost.EQ1_Q for a one-stage Eq. 1 pipeline."""
+        return stage_q(self.pp, self.eq1)
 
     @property
     def coeffs(self) -> LatencyCoeffs:
-        return LatencyCoeffs(self.a, self.b, self.c, self.d)
+        return (Eq1Coeffs if self.eq1 else LatencyCoeffs)(self.a, self.b, self.c, self.d)
 
     def work(self, lengths: np.ndarray) -> np.ndarray:
         """Per-document work w(l) = a l^2 + b l + d."""

@@ -60,7 +60,7 @@ class _State:
         self.B = np.array([p.b for p in pipes])
         self.C = np.array([p.c for p in pipes])
         self.D = np.array([p.d for p in pipes])
-        self.Q1 = np.array([p.pp - 1 for p in pipes], dtype=np.float64)
+        self.Q1 = np.array([p.q for p in pipes], dtype=np.float64)  # PipeCost.q: the one-stage rule rides on it
         self.M = np.array([p.max_len for p in pipes], dtype=np.float64)
         self.R = np.sqrt(self.Q1 / np.where(self.C > 0, self.C, 1e-300)).clip(max=1e150)
         self.l = lengths

@@ -24,7 +24,7 @@ def greedy_prep(pipes: Sequence[PipeCost]) -> tuple:
     mcount = np.array([len(m) for m in members], dtype=np.int64)
     arrays = (np.array([p.a for p in classes]), np.array([p.b for p in classes]), np.array([p.c for p in classes]),
               np.array([p.d for p in classes]),
-              np.array([p.pp - 1 for p in classes], dtype=np.int64),
+              np.array([p.q for p in classes], dtype=np.float64),
               np.array([p.max_len for p in classes], dtype=np.int64),
               np.array([j for m in members for j in m], dtype=np.int64),
               np.concatenate([[0], np.cumsum(mcount)[:-1]]).astype(np.int64), mcount,
@@ -59,7 +59,7 @@ def greedy_owner(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarr
     U = [0] * len(pipes)
     G = [0] * len(pipes)
     owner = np.empty(lengths.size, dtype=np.int64)
-    cls = [(k, p.a, p.b, p.c, p.d, p.pp - 1, p.max_len) for k, p in enumerate(classes)]
+    cls = [(k, p.a, p.b, p.c, p.d, p.q, p.max_len) for k, p in enumerate(classes)]
     for i in order.tolist():
         x = int(lengths[i])
         best_key, best_k = None, -1

@@ -157,7 +157,7 @@ def _class_bfd(l_, w, order, nb, kcap, wcap):
     return out
 
 
-def pack_score(bin_of, w, c, pp):
+def pack_score(bin_of, w, c, q):
     """(PP - 1 + used micro-batches) * (c + the slowest one's work), or their sum when PP = 1 (pipecost.packed_value,
     decision 94); sums in index order."""
     nb = 0
@@ -178,17 +178,17 @@ def pack_score(bin_of, w, c, pp):
             tot += T[k]
             if T[k] > mx:
                 mx = T[k]
-    return packed_value(pp - 1, c, tot, c + mx, used)
+    return packed_value(q, c, tot, c + mx, used)
 
 
-def pack_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins, best):
+def pack_attempt(V, l_, w, order, M, c, q, W, wmax, vmin, rounds, tried, best_bins, best):
     """pack_search's attempt(V): LPT into V micro-batches and the move/swap rounds, unless V was tried or its bound
     cannot beat `best`. Returns (value, best bins, best)."""
     if not vmin <= V <= l_.size:
         return np.inf, best_bins, best
     if not np.isnan(tried[V]):
         return tried[V], best_bins, best
-    if pipe_value(pp - 1, c, W, wmax, V) >= best * (1 - 1e-12):
+    if pipe_value(q, c, W, wmax, V) >= best * (1 - 1e-12):
         tried[V] = np.inf
         return np.inf, best_bins, best
     bin_of, ok = lpt(l_, w, order, V, M, c)
@@ -202,20 +202,20 @@ def pack_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_b
         for k in range(V):
             T[k] = T[k] + c
         refine(bin_of, l_, w, T, tok, V, M, rounds, 32)
-        val = pack_score(bin_of, w, c, pp)
+        val = pack_score(bin_of, w, c, q)
     tried[V] = val
     if val < best:
         return val, bin_of, val
     return val, best_bins, best
 
 
-def _pack_search(l_, w, order, M, c, pp, W, wmax, vmin, v_opt, v_hi, rounds):
+def _pack_search(l_, w, order, M, c, q, W, wmax, vmin, v_opt, v_hi, rounds):
     """packing.pack's heuristic: FFD, then LPT + rounds for the candidate V (vmin, v_opt - 1 .. v_opt + 2 and FFD's
     count, within [vmin, v_hi]) by (bound f(V), V), then a walk from the incumbent's V while it improves; a V whose
     bound cannot beat the incumbent is skipped. Returns (bins, score)."""
     n = l_.size
     best_bins = ffd(l_, order, M)
-    best = pack_score(best_bins, w, c, pp)
+    best = pack_score(best_bins, w, c, q)
     tried = np.full(n + 1, np.nan)
     top = 0  # FFD's largest bin index
     for i in range(n):
@@ -236,14 +236,14 @@ def _pack_search(l_, w, order, M, c, pp, W, wmax, vmin, v_opt, v_hi, rounds):
         t = a
         while t > 0:
             v0, v1 = cands[t - 1], cands[t]
-            b0, b1 = pipe_value(pp - 1, c, W, wmax, v0), pipe_value(pp - 1, c, W, wmax, v1)
+            b0, b1 = pipe_value(q, c, W, wmax, v0), pipe_value(q, c, W, wmax, v1)
             if b1 < b0 or (b1 == b0 and v1 < v0):
                 cands[t - 1], cands[t] = v1, v0
                 t -= 1
             else:
                 break
     for t in range(nc):
-        _, best_bins, best = pack_attempt(cands[t], l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins,
+        _, best_bins, best = pack_attempt(cands[t], l_, w, order, M, c, q, W, wmax, vmin, rounds, tried, best_bins,
                                          best)
     seen = np.zeros(n + 1, np.bool_)
     v_best = 0
@@ -254,7 +254,7 @@ def _pack_search(l_, w, order, M, c, pp, W, wmax, vmin, v_opt, v_hi, rounds):
     for step in (1, -1):
         V = v_best + step
         while vmin <= V <= n:
-            val, best_bins, best = pack_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins,
+            val, best_bins, best = pack_attempt(V, l_, w, order, M, c, q, W, wmax, vmin, rounds, tried, best_bins,
                                                best)
             if not val <= best:
                 break

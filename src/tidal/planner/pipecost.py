@@ -26,6 +26,19 @@ import math
 
 import numpy as np
 
+# q of a one-stage pipeline priced by Hydraulis Eq. 1 (PipeCost.eq1, decision 97): the smallest positive float. Every
+# formula here reads q only through `q > 0` (does the slowest micro-batch count?), q + V and q * x; with EQ1_Q the
+# test says yes while q + V == V for every V >= 1 and q * x is at most a subnormal, so f(V) = V max(W / V + c, c +
+# w_max) (Eq. 1: V x the slowest micro-batch) and its minimiser is V_min, float for float, compiled and plain.
+EQ1_Q = 5e-324
+
+
+def stage_q(pp, eq1=False):
+    """The q the formulas take for a pipeline of `pp` stages: pp - 1 (a float), or EQ1_Q for a one-stage pipeline
+    priced by Hydraulis Eq. 1 (`eq1`), whose slowest micro-batch counts; a one-stage pipeline otherwise sums its
+    micro-batches (decision 94)."""
+    return EQ1_Q if eq1 and pp == 1 else float(pp - 1)
+
 
 def pipe_value(q, c, W, wm, v):
     """f(v) = (q + v) * max(W / v + c, c + wm) for q > 0; v (W / v + c) for q = 0 (one stage: the sum of its
