@@ -13,11 +13,11 @@ is its slowest micro-batch's work; `packed_value` writes that with the slowest m
 `packing.finish` and kernels_pack.pack_score call it.
 
 Plain Python on scalars, numba-compilable: kernels.py and kernels_pack.py compile these functions (numba.njit,
-inline; kernels.compile_pipecost) into their loops where numba is installed, and the Python paths (greedy.py,
-bounds.py, packing.py, the fallbacks where numba is absent) call them as they are: one source, the same floats in
-both modes (tests/planner/test_planner_pipecost.py runs both on seeded random inputs). dispatch._cost is the
-numpy-vectorised form of `cost1` (whole arrays of pipelines at once: numpy calls on scalars would cost ~1 us each in
-the Python paths); the same test holds it to `cost1` float for float.
+inline; kernels.compile_pipecost) into their loops where numba is installed, and the Python paths (bounds.py,
+packing.py, the plain loops where numba is absent) call them as they are: one source, the same floats in both modes
+(tests/planner/test_planner_pipecost.py runs both on seeded random inputs). There is no other copy of the formula:
+the dispatch's loads are `cost1` (kernels.pipe_loads), its greedy `add_cost`, the bounds `best_v` / `bound_value`
+(decision 96).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def add_cost(c, q, M, Wj, Tj, Lj, Uj, Gj, x, wx, big):
 
 
 def cost1(a, b, c, d, q1, m, r, Q, S, N, lmax, G):
-    """The dispatch's capacity-aware cost of one pipeline (dispatch._cost is this over arrays): a share with sum
+    """The dispatch's capacity-aware cost of one pipeline (kernels.pipe_loads, local_search): a share with sum
     l^2 = Q, sum l = S, count N, longest lmax and G documents longer than MaxLen m / 2, work w(l) = a l^2 + b l + d;
     min of f over V in [max(1, ceil(S / m), G), max(that, N)], from the floor and ceiling of v_opt computed as
     min(sqrt(W) r, W / w_max) with r = sqrt(q1 / c) per pipeline (precomputed; a huge finite number when
