@@ -102,7 +102,7 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
     q = p.q  # PP - 1, or the one-stage Eq. 1 marker (pipecost.stage_q)
     v_opt, _ = best_v(q, p.c, W, wmax, vmin, n)
     if v_opt == 1:  # one micro-batch meets the lower bound f(1) = PP (c + W): optimal
-        return PackResult((tuple(range(n)),), pp * (c + W))
+        return PackResult((tuple(range(n)),), pipe_value(q, c, W, wmax, 1))
     order = np.argsort(-l_, kind="stable")
     v_util = min(n, max(vmin, int(S // coeffs.util_len())))
     v_hi = min(n, max(v_util, v_opt + 2))  # App. D upper end, widened to contain the bound's minimiser
