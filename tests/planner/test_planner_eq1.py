@@ -108,3 +108,34 @@ def test_step_planner_prices_the_hydraulis_baseline_by_eq1():
     cm = default_cost_model(model, cluster)
     assert all(p.eq1 for p in profile_strategies(cands, cm, eq1=True)[0].pipes)
     assert not any(p.eq1 for p in profile_strategies(cands, cm)[0].pipes)
+
+
+def test_step_planner_estimates_follow_the_pipelines_rule():
+    """StepPlanner(eq1=True) (the simulator's `hydraulis` system) estimates each PP = 1 pipeline of its plan as V x
+    its slowest micro-batch; eq1=False (Tidal) as their sum; set_cost_model keeps the rule."""
+    from tidal.core import get_cluster, get_model, parse_strategy, place
+    from tidal.costmodel import default_cost_model
+    from tidal.data.sampler import TokenBudgetSampler
+    from tidal.data.sources import length_source
+    from tidal.planner.stepper import PlanningOptions, StepPlanner
+
+    model, cluster = get_model("llama2-7b"), get_cluster("a800x16")
+    cm = default_cost_model(model, cluster)
+    cands = [place(parse_strategy("tp8+tp4+4*tp1"), cluster, model)]
+    opts = PlanningOptions(max_len=16384, tokens_per_step=120_000)
+    multi = 0
+    for eq1 in (False, True):
+        src = TokenBudgetSampler(length_source("synthetic:commoncrawl", 0), 120_000, 16384, seed=0)
+        sp = StepPlanner(cm, cands, src, opts, eq1=eq1)
+        sp.set_cost_model(cm)
+        assert all(p.eq1 == eq1 for p in sp.profiles[0].pipes)
+        plan = sp.next().plan
+        lens = np.asarray(plan.seq_lengths)
+        for pl, pc in zip(plan.pipelines, sp.profiles[0].pipes):
+            if pl.pp != 1 or len(pl.micro_batches) < 2:
+                continue
+            multi += 1
+            times = [pc.coeffs.mb_time(lens[list(mb)]) for mb in pl.micro_batches]
+            want = len(times) * max(times) if eq1 else sum(times)
+            assert pl.est_time == pytest.approx(want, rel=1e-9)
+    assert multi >= 2  # both rules were checked on a pipeline of several micro-batches
