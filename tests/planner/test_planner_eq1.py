@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tidal.planner import pipecost
+from tidal.planner.baselines.hydraulis import dispatch_hydraulis
 from tidal.planner.bounds import Eq1Coeffs, PipeCost
 from tidal.planner.dispatch import dispatch
 from tidal.planner.packing import pack, pipeline_time
@@ -88,6 +89,9 @@ def test_one_stage_estimate_follows_each_rule_with_a_dominant_document():
     w = tidal.work(l_)
     assert loads_t == pytest.approx(2 * tidal.c + w.sum(), rel=1e-12)  # V_min = 2 micro-batches, summed
     assert loads_h == pytest.approx(2 * max(w.sum() / 2 + tidal.c, tidal.c + w.max()), rel=1e-12)
+    # Alg. 1's dispatch, re-scored with the pipelines' own rule
+    assert dispatch_hydraulis(l_, [hyd], trials=1).objective == pytest.approx(loads_h, rel=1e-12)
+    assert dispatch_hydraulis(l_, [tidal], trials=1).objective == pytest.approx(loads_t, rel=1e-12)
 
 
 def test_pp2_is_priced_alike():
