@@ -1,14 +1,17 @@
-"""The compiled loops (planner/kernels.py, numba) make the same choices as the Python versions, float for float."""
+"""The planner's loops are written once (kernels.py, kernels_pack.py, baselines/hydraulis.py; decisions 89, 96):
+compiled with numba (`COMPILED`) and run as plain Python (`PLAIN`, the fallback without numba), they make the same
+choices, float for float. The last test plans in a process where numba is hidden and compares the plans."""
 
 import numpy as np
 import pytest
 
+from tidal.core.errors import TidalError
 from tidal.planner import dispatch as d
 from tidal.planner import kernels
 from tidal.planner.bounds import PipeCost
 
 pytestmark = [pytest.mark.unit,
-              pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed (the Python versions run)")]
+              pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed (only the plain loops run)")]
 
 KINDS = [PipeCost(1e-3, 1.0, 0.5, 1, 64), PipeCost(0.5e-3, 0.5, 0.5, 2, 128), PipeCost(2e-4, 0.25, 1.0, 4, 200),
          PipeCost(2e-3, 2.0, 0.1, 1, 40), PipeCost(1e-4, 0.3, 0.0, 2, 150), PipeCost(3e-4, 0.2, 0.2, 1, 256),
@@ -22,15 +25,15 @@ def _case(rng):
     return pipes, l_
 
 
-def test_compiled_greedy_matches_python():
+def test_compiled_greedy_matches_plain():
     rng = np.random.default_rng(0)
     scanned = 0
     for t in range(300):
         pipes, l_ = _case(rng)
         order = None if t % 2 else rng.permutation(l_.size)
-        for scan in (False, True):  # with and without the jump scan (decision 63)
-            np.testing.assert_array_equal(d.greedy_owner(l_, pipes, order, compiled=True, scan=scan),
-                                          d.greedy_owner(l_, pipes, order, compiled=False, scan=scan))
+        for scan in (False, True) if t < 60 else ():  # with and without the jump scan (decision 63); plain is slow
+            np.testing.assert_array_equal(d.greedy_owner(l_, pipes, order, loops=kernels.COMPILED, scan=scan),
+                                          d.greedy_owner(l_, pipes, order, loops=kernels.PLAIN, scan=scan))
         scanned += not np.array_equal(d.greedy_owner(l_, pipes, order, scan=True),
                                       d.greedy_owner(l_, pipes, order, scan=False))
     assert scanned >= 10  # the jump scan changes choices on some of these cases, so both of its paths are compared
@@ -49,10 +52,11 @@ def test_compiled_alg1_matches_plain():
         assert a == b
 
 
-def test_compiled_dispatch_errors_like_python():
+@pytest.mark.parametrize("mode", ["COMPILED", "PLAIN"])
+def test_greedy_refuses_a_sequence_no_pipeline_holds(mode):
     pipes = [PipeCost(1e-3, 1.0, 0.5, 1, 64)]
-    with pytest.raises(Exception, match="exceeds the MaxLen"):
-        d.greedy_owner(np.array([10, 65]), pipes, compiled=True)
+    with pytest.raises(TidalError, match="exceeds the MaxLen"):
+        d.greedy_owner(np.array([10, 65]), pipes, loops=getattr(kernels, mode))
 
 
 def test_compiled_packing_rounds_match_plain():
@@ -83,12 +87,12 @@ def test_compiled_packing_rounds_match_plain():
             np.testing.assert_array_equal(out[0][1], out[1][1])
 
 
-def test_compiled_local_search_matches_python():
-    """The compiled dispatch local search (kernels.local_search, with its pair swaps) makes the same moves as the
-    numpy rounds: same owners, loads and return value, on small (pairs), mid and large (> 256 documents, > 8
-    pipelines: swap partners from the 8 least-loaded pipelines) instances, with many equal lengths in some."""
+def test_compiled_local_search_matches_plain():
+    """The dispatch local search (kernels.local_search, with its pair swaps) compiled and as plain Python: same
+    owners, loads and return value, on small (pairs), mid and large (> 256 documents, > 8 pipelines: swap partners
+    from the 8 least-loaded pipelines) instances, with many equal lengths in some."""
     rng = np.random.default_rng(3)
-    for t in range(300):
+    for t in range(20):
         pipes, l_ = _case(rng)
         if t % 4 == 0:
             l_ = rng.choice(l_[:4], size=l_.size)  # ties: equal lengths and equal loads
@@ -97,10 +101,9 @@ def test_compiled_local_search_matches_python():
         owner = d.greedy_owner(l_, pipes, rng.permutation(l_.size) if t % 2 else None)
         small = l_.size * len(pipes) <= 512
         rounds = 20 + len(pipes) + (l_.size if small else 0)
-        target = 0.0 if t % 3 else float(rng.uniform(0, 1)) * float(d._State(pipes, l_, owner.copy()).load.max())
-        sts = [d._State(pipes, l_, owner.copy()) for _ in range(2)]
-        res = [d._local_search(st, rounds, pairs=small or t % 7 == 0, target=target, compiled=c)
-               for st, c in zip(sts, (True, False))]
+        target = 0.0 if t % 3 else float(rng.uniform(0, 1)) * float(d.SearchState(pipes, l_, owner.copy()).load.max())
+        sts = [d.SearchState(pipes, l_, owner.copy(), loops=lp) for lp in (kernels.COMPILED, kernels.PLAIN)]
+        res = [d.local_search(st, rounds, pairs=small or t % 7 == 0, target=target) for st in sts]
         assert res[0] == res[1]
         np.testing.assert_array_equal(sts[0].owner, sts[1].owner)
         for name in ("load", "S", "Q", "N", "G", "top1", "top2", "cnt1"):
@@ -147,9 +150,10 @@ def test_compiled_pack_matches_plain():
         assert pk.pack(l_, co, pp, M, loops=kp.COMPILED) == pk.pack(l_, co, pp, M, loops=kp.PLAIN)
 
 
-def test_compiled_top_docs_bound_matches_python():
-    """bounds.top_docs_bound's compiled branch and bound (kernels_pack.top_search) gives the same value, node limit
-    fallbacks included."""
+def test_compiled_top_docs_bound_matches_plain():
+    """bounds.top_docs_bound's branch and bound (kernels_pack.top_search) compiled and as plain Python: the same
+    value, node limit fallbacks included."""
+    from tidal.planner import kernels_pack as kp
     from tidal.planner.bounds import top_docs_bound
 
     rng = np.random.default_rng(7)
@@ -159,18 +163,19 @@ def test_compiled_top_docs_bound_matches_python():
             l_ = rng.choice(l_[:3], size=l_.size)  # equal lengths: identical open pipelines
         r = int(rng.integers(1, 9))
         limit = int(rng.choice([5, 50, 3000]))
-        assert top_docs_bound(l_, pipes, r=r, node_limit=limit, compiled=True) == \
-            top_docs_bound(l_, pipes, r=r, node_limit=limit, compiled=False)
+        assert top_docs_bound(l_, pipes, r=r, node_limit=limit, loops=kp.COMPILED) == \
+            top_docs_bound(l_, pipes, r=r, node_limit=limit, loops=kp.PLAIN)
 
 
-def test_compiled_mode_price_search_matches_numpy():
-    """bounds_modes._violated (3+ classes): the compiled price search reaches the numpy version's verdict. The
-    pipeline counts are scaled around the first price row's own ratio, so both verdicts occur; the two sum their dot
-    products in different orders, which could only matter within a few ulps of the threshold (none of these)."""
-    from tidal.planner.bounds_modes import _violated
+def test_compiled_mode_price_search_matches_plain():
+    """bounds_modes.violated (3+ classes): the price search (kernels_pack.mode_violated) compiled and as plain
+    Python reaches the same verdict. The pipeline counts are scaled around the first price row's own ratio, so both
+    verdicts occur."""
+    from tidal.planner import kernels_pack as kp
+    from tidal.planner.bounds_modes import violated
     rng = np.random.default_rng(7)
     verdicts = set()
-    for _ in range(300):
+    for _ in range(200):
         B, K, R = int(rng.integers(1, 200)), int(rng.integers(3, 7)), int(rng.integers(1, 5))
         U = rng.uniform(0.001, 1.0, size=(B, K))
         U[rng.random((B, K)) < 0.3] = np.inf
@@ -182,33 +187,54 @@ def test_compiled_mode_price_search_matches_numpy():
         lhs = float(np.where(np.isfinite(U), Y[0] * U, np.inf).min(axis=1) @ wt)
         cnt *= lhs / float(Y[0] @ cnt) * rng.uniform(0.8, 1.3)
         for rounds in (0, 6):
-            got = _violated(U, wt, cnt, Y, rounds, compiled=True)
-            assert got == _violated(U, wt, cnt, Y, rounds, compiled=False)
+            got = violated(U, wt, cnt, Y, rounds, loops=kp.COMPILED)
+            assert got == violated(U, wt, cnt, Y, rounds, loops=kp.PLAIN)
             verdicts.add(got)
     assert verdicts == {True, False}
 
 
-def test_compiled_mode_price_search_gives_select_steps_bounds_on_placed_candidates(monkeypatch):
-    """The same reported bounds through select_step, compiled or not, on candidates placed by `place()` and costed by
-    the default model (the grid's 16-GPU hand list, 3+ classes on most), on the grid's 200K-token commoncrawl steps
-    (about 320 documents each)."""
+_PLAN = """
+import json, sys
+sys.modules["numba"] = None  # hide numba: every loop runs as plain Python
+sys.path.insert(0, sys.argv[1])
+from test_planner_kernels import plan_hashes
+from tidal.planner import kernels
+assert not kernels.AVAILABLE
+print(json.dumps(plan_hashes()))
+"""
+
+
+def plan_hashes() -> list:
+    """select_step's reported bounds and plan hash on 6 placed candidates of the grid's 16-GPU hand list (3+ classes
+    on most: the mode bound's price search runs) and two 200K-token commoncrawl steps."""
+    import hashlib
+    import json
+
     from tidal.core import get_cluster, get_model, parse_strategy, place
     from tidal.costmodel import default_cost_model
     from tidal.data import sample_steps
-    from tidal.planner import kernels_pack
     from tidal.planner.select import profile_strategies, select_step
 
     model, cluster = get_model("llama2-13b"), get_cluster("a800x16")
-    texts = ("2*tp8", "4*tp4", "tp8+2*tp4", "tp8+tp4+2*tp2", "tp8+4*tp2", "tp8cp2", "tp8+tp4+4*tp1", "2*tp4pp2",
-             "tp8pp2", "tp4+4*tp2+4*tp1")
+    texts = ("4*tp4", "tp8+tp4+2*tp2", "tp8cp2", "tp8+tp4+4*tp1", "2*tp4pp2", "tp4+4*tp2+4*tp1")
     profiles = profile_strategies([place(parse_strategy(s), cluster, model) for s in texts],
                                   default_cost_model(model, cluster))
-    steps = [st.lengths_array() for st in sample_steps("synthetic:commoncrawl", seed=0, tokens_per_step=200_000,
-                                                       max_len=32768, steps=4)[0]]
-    calls = []
-    kernel = kernels_pack.mode_violated
-    monkeypatch.setattr(kernels_pack, "mode_violated", lambda *a: calls.append(1) or kernel(*a))
-    compiled = [[s.lower_bound for s in select_step(l_, profiles).strategies] for l_ in steps]
-    assert len(calls) >= 10  # the compiled search ran on these steps
-    monkeypatch.setattr(kernels_pack, "AVAILABLE", False)
-    assert [[s.lower_bound for s in select_step(l_, profiles).strategies] for l_ in steps] == compiled
+    out = []
+    for st in sample_steps("synthetic:commoncrawl", seed=0, tokens_per_step=200_000, max_len=32768, steps=2)[0]:
+        sel = select_step(st.lengths_array(), profiles)
+        blob = json.dumps(sel.plan.to_dict(timings=False), sort_keys=True).encode()
+        out.append([[s.lower_bound for s in sel.strategies], hashlib.sha256(blob).hexdigest()])
+    return out
+
+
+def test_plain_mode_plans_like_the_compiled_mode():
+    """select_step in a process without numba (every loop plain Python: dispatch, packer, bounds, Alg. 1) gives the
+    same plans and reported bounds as here, with numba."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    plain = subprocess.run([sys.executable, "-c", _PLAN, str(Path(__file__).parent)], capture_output=True, text=True,
+                           check=True).stdout
+    assert json.loads(plain) == json.loads(json.dumps(plan_hashes()))

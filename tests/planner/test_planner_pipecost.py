@@ -1,13 +1,12 @@
-"""The pipeline cost formula has one source (planner/pipecost.py, decision 85): its plain-Python functions and their
-numba compilation (kernels.compile_pipecost) give the same floats on seeded random inputs, the vectorised
-dispatch._cost equals pipecost.cost1, best_v is the minimum over every V (convexity), and one stage (q = 0) is priced
-at the sum of its micro-batches, V c + W (decision 94)."""
+"""The pipeline cost formula has one source (planner/pipecost.py, decisions 85 and 96): its plain-Python functions and
+their numba compilation (kernels.compile_pipecost) give the same floats on seeded random inputs, the dispatch's loads
+(kernels.pipe_loads) are pipecost.cost1 compiled and plain, best_v is the minimum over every V (convexity), and one
+stage (q = 0) is priced at the sum of its micro-batches, V c + W (decision 94)."""
 
 import numpy as np
 import pytest
 
 from tidal.planner import pipecost
-from tidal.planner.dispatch import _cost
 
 pytestmark = pytest.mark.unit
 
@@ -54,8 +53,10 @@ def test_compiled_and_plain_python_give_the_same_floats():
             assert jit[name](*args) == getattr(pipecost, name)(*args), (name, args)
 
 
-def test_dispatch_cost_is_cost1_over_arrays():
-    """dispatch._cost (numpy, whole arrays) against pipecost.cost1 (plain Python; compiled too where numba is)."""
+def test_dispatch_loads_are_cost1():
+    """kernels.pipe_loads (the dispatch's per-pipeline loads) compiled and as plain Python against pipecost.cost1."""
+    from tidal.planner import kernels
+
     rng = np.random.default_rng(2)
     n = 500
     A = rng.lognormal(-20, 1, n) * (rng.random(n) < 0.9)
@@ -63,6 +64,7 @@ def test_dispatch_cost_is_cost1_over_arrays():
     C = np.where(rng.random(n) < 0.15, 0.0, rng.lognormal(-2, 1, n))
     Dd = rng.lognormal(-8, 1, n)
     Q1 = rng.integers(0, 8, n).astype(np.float64)
+    Q1[rng.random(n) < 0.1] = pipecost.EQ1_Q  # one-stage pipelines priced by Hydraulis Eq. 1 (decision 97)
     M = rng.integers(256, 65536, n).astype(np.float64)
     R = np.sqrt(Q1 / np.where(C > 0, C, 1e-300)).clip(max=1e150)
     N = np.where(rng.random(n) < 0.1, 0.0, rng.integers(1, 400, n).astype(np.float64))
@@ -70,17 +72,14 @@ def test_dispatch_cost_is_cost1_over_arrays():
     S = np.where(N > 0, np.minimum(N * lmax, rng.uniform(1, 40, n) * M), 0.0)
     Q = S * lmax * rng.uniform(0.1, 1, n)
     G = rng.integers(0, 4, n).astype(np.float64)
-    vec = _cost(A, B, C, Q1, M, Q, S, N, lmax, G, R, Dd)
-    fns = [pipecost.cost1]
-    try:
-        from tidal.planner import kernels
-        if kernels.AVAILABLE:
-            fns.append(kernels.compile_pipecost()["cost1"])
-    except ImportError:  # pragma: no cover
-        pass
-    for f in fns:
-        one = [f(A[j], B[j], C[j], Dd[j], Q1[j], M[j], R[j], Q[j], S[j], N[j], lmax[j], G[j]) for j in range(n)]
-        np.testing.assert_array_equal(vec, np.array(one))
+    want = np.array([pipecost.cost1(A[j], B[j], C[j], Dd[j], Q1[j], M[j], R[j], Q[j], S[j], N[j], lmax[j], G[j])
+                     for j in range(n)])
+    for loops in (kernels.PLAIN, kernels.COMPILED):
+        if loops is None:  # pragma: no cover - numba not installed
+            continue
+        load = np.zeros(n)
+        loops.pipe_loads(A, B, C, Dd, Q1, M, R, Q, S, N, lmax, G, load)
+        np.testing.assert_array_equal(load, want)
 
 
 def test_one_stage_is_priced_at_the_sum_of_its_micro_batches():

@@ -10,20 +10,36 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
 from tidal.core.errors import TidalError
 from tidal.costmodel.base import LatencyCoeffs
-from tidal.planner.pipecost import best_v, bound_value
+from tidal.planner.pipecost import best_v, stage_q
 
 # Bounds are scaled by (1 - SLACK) so float rounding never lets a bound exceed an estimate computed another way.
 SLACK = 1e-9
 
 
 @dataclass(frozen=True)
+class Eq1Coeffs(LatencyCoeffs):
+    """The latency coefficients of a pipeline priced by Hydraulis Eq. 1 (`PipeCost.eq1`): what `PipeCost.coeffs`
+    returns for such a pipeline, so that the packer and `packing.pipeline_time`, which take (coeffs, PP), price it
+    the same way (decision 97)."""
+
+
+def prices_eq1(coeffs: LatencyCoeffs) -> bool:
+    """Whether coefficients carry the Hydraulis Eq. 1 rule (Eq1Coeffs)."""
+    return isinstance(coeffs, Eq1Coeffs)
+
+
+@dataclass(frozen=True)
 class PipeCost:
-    """What the planner needs to know about one pipeline: slowest-stage coefficients, PP degree and MaxLen."""
+    """What the planner needs to know about one pipeline: slowest-stage coefficients, PP degree and MaxLen, and how a
+    one-stage pipeline is priced: `eq1` False (Tidal, decision 94) as the sum of its micro-batches, V c + W; True
+    (the Hydraulis baseline, decision 97) by Hydraulis Eq. 1, V x its slowest micro-batch. The rule travels with
+    the pipeline (`q`, `coeffs`) into the dispatch, the packer and the estimates; PP >= 2 is priced alike."""
 
     a: float
     b: float
@@ -31,14 +47,22 @@ class PipeCost:
     pp: int
     max_len: int
     d: float = 0.0  # per-document seconds (LatencyCoeffs.d)
+    eq1: bool = False
 
     @staticmethod
-    def of(coeffs: LatencyCoeffs, pp: int, max_len: int) -> PipeCost:
-        return PipeCost(float(coeffs.a), float(coeffs.b), float(coeffs.c), int(pp), int(max_len), float(coeffs.d))
+    def of(coeffs: LatencyCoeffs, pp: int, max_len: int, eq1: bool | None = None) -> PipeCost:
+        """`eq1` None: the rule `coeffs` carries (Eq1Coeffs or not)."""
+        e = prices_eq1(coeffs) if eq1 is None else bool(eq1)
+        return PipeCost(float(coeffs.a), float(coeffs.b), float(coeffs.c), int(pp), int(max_len), float(coeffs.d), e)
+
+    @property
+    def q(self) -> float:
+        """q of the cost formula (pipecost.stage_q): PP - 1, or pipecost.EQ1_Q for a one-stage Eq. 1 pipeline."""
+        return stage_q(self.pp, self.eq1)
 
     @property
     def coeffs(self) -> LatencyCoeffs:
-        return LatencyCoeffs(self.a, self.b, self.c, self.d)
+        return (Eq1Coeffs if self.eq1 else LatencyCoeffs)(self.a, self.b, self.c, self.d)
 
     def work(self, lengths: np.ndarray) -> np.ndarray:
         """Per-document work w(l) = a l^2 + b l + d."""
@@ -201,91 +225,30 @@ def prepare_lengths(lengths) -> StepLengths:
     return StepLengths(full, uniq, wt, refs, float(np.quantile(full, 0.9)) if full.size else 0.0)
 
 
-class _Abort(Exception):
-    pass
-
-
 def top_docs_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], r: int = 6, node_limit: int = 3000,
-                   grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None, compiled: bool = True) -> float:
+                   grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None,
+                   loops: SimpleNamespace | None = None) -> float:
     """min over dispatches of only the r longest documents of max_j f_j, f_j the pipeline_bound of the documents on j,
-    by exhaustive branch and bound (identical pipelines merged). f only grows when a document is added (W, w_max and
-    V_min grow; the new top V = U + 1 costs >= (PP + U)(c + w_max) >= f(U)), so this bounds the full step. Falls back
-    to fewer documents when the search exceeds `node_limit` nodes; 0.0 if even one document is too many. The search
-    runs compiled (kernels_pack.top_search, the same nodes) when numba is there and `compiled`."""
-    from tidal.planner import kernels_pack
+    by exhaustive branch and bound (identical pipelines merged; kernels_pack.top_search, the one source). f only
+    grows when a document is added (W, w_max and V_min grow; the new top V = U + 1 costs >= (PP + U)(c + w_max) >=
+    f(U)), so this bounds the full step. Falls back to fewer documents when the search exceeds `node_limit` nodes;
+    0.0 if even one document is too many. `loops`: kernels_pack.loops() (compiled where numba is installed) unless
+    given (kernels_pack.PLAIN: plain Python)."""
+    if loops is None:
+        from tidal.planner import kernels_pack
 
+        loops = kernels_pack.loops()
     l_ = np.sort(np.asarray(lengths, dtype=np.int64))[::-1]
     classes, cnt = group_pipes(pipes) if grouped is None else grouped
-    if compiled and kernels_pack.AVAILABLE:
-        arr = [np.array([getattr(p, f) for p in classes]) for f in ("a", "b", "c", "pp", "max_len", "d")]
-        top = np.ascontiguousarray(l_[:r])
-        while r >= 1:
-            v = kernels_pack.top_search(top[:r], arr[0], arr[1], arr[5], arr[2], arr[3].astype(np.int64) - 1,
-                                        arr[4].astype(np.int64), cnt, node_limit)
-            if v >= 0:
-                return v
-            r //= 2
-        return 0.0
+    arr = [np.array([getattr(p, f) for p in classes]) for f in ("a", "b", "c", "pp", "max_len", "d")]
+    top = np.ascontiguousarray(l_[:r])
     while r >= 1:
-        try:
-            return _top_search([int(x) for x in l_[:r]], classes, cnt, node_limit)
-        except _Abort:
-            r //= 2
+        v = loops.top_search(top[:r], arr[0], arr[1], arr[5], arr[2], arr[3].astype(np.int64) - 1,
+                             arr[4].astype(np.int64), cnt, node_limit)
+        if v >= 0:
+            return v
+        r //= 2
     return 0.0
-
-
-def _top_search(top: list[int], classes: tuple[PipeCost, ...], cnt: np.ndarray, node_limit: int) -> float:
-    best = [float("inf")]
-    nodes = [0]
-    used = [0] * len(classes)
-    open_: list[list] = []  # [class, W, tokens, wmax, count] of every opened pipeline
-
-    def f(p: PipeCost, w: float, tok: int, wmax: float, cnt: int) -> float:
-        return bound_value(p.pp - 1, p.c, p.max_len, w, tok, wmax, cnt)
-
-    def rec(t: int, cur: float) -> None:
-        nodes[0] += 1
-        if nodes[0] > node_limit:
-            raise _Abort
-        if cur >= best[0]:
-            return
-        if t == len(top):
-            best[0] = cur
-            return
-        x = top[t]
-        opts = []
-        seen = set()
-        for o in open_:
-            p = classes[o[0]]
-            key = tuple(o)
-            if x <= p.max_len and key not in seen:  # identical open pipelines are one branch
-                seen.add(key)
-                wx = p.w1(x)
-                opts.append((f(p, o[1] + wx, o[2] + x, max(o[3], wx), o[4] + 1), o, -1))
-        for k, p in enumerate(classes):
-            if used[k] < cnt[k] and x <= p.max_len:  # unopened pipelines of a class are interchangeable
-                wx = p.w1(x)
-                opts.append((f(p, wx, x, wx, 1), None, k))
-        opts.sort(key=lambda z: z[0])
-        for d, o, k in opts:
-            if max(cur, d) >= best[0]:
-                break
-            p = classes[o[0] if o is not None else k]
-            wx = p.w1(x)
-            if o is not None:
-                saved = o[:]
-                o[1], o[2], o[3], o[4] = o[1] + wx, o[2] + x, max(o[3], wx), o[4] + 1
-                rec(t + 1, max(cur, d))
-                o[:] = saved
-            else:
-                used[k] += 1
-                open_.append([k, wx, x, wx, 1])
-                rec(t + 1, max(cur, d))
-                open_.pop()
-                used[k] -= 1
-
-    rec(0, 0.0)
-    return best[0]
 
 
 def _timed(Y, w, wt, tau, cnt, C, P, lo: float, mt: tuple | None = None) -> float:

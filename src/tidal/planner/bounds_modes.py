@@ -35,6 +35,8 @@ affects tightness.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from tidal.planner.bounds import SLACK, StrategyBound
@@ -117,35 +119,21 @@ def _violated_two(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray) -> bool:
     return bool(ends or np.any(lhs > rhs * (1 + 1e-9)))
 
 
-def _violated(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray, Y: np.ndarray, rounds: int,
-              compiled: bool = True) -> bool:
+def violated(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray, Y: np.ndarray, rounds: int,
+             loops: SimpleNamespace | None = None) -> bool:
     """Some price row (from Y, R x K, or multiplicative updates of the best of them: raise the prices of the classes
-    whose argmin-assigned cost exceeds their pipeline count) certifies sum_i min_k y_k u_ik > sum_k y_k cnt_k.
-    Three or more classes run compiled (kernels_pack.mode_violated) when numba is there and `compiled`."""
+    whose argmin-assigned cost exceeds their pipeline count) certifies sum_i min_k y_k u_ik > sum_k y_k cnt_k. Two
+    classes: exactly (_violated_two). Three or more: kernels_pack.mode_violated (the one source; `loops`:
+    kernels_pack.loops(), compiled where numba is installed, unless given)."""
     if cnt.size == 2:
         return _violated_two(U, wt, cnt)
-    if compiled:
+    if loops is None:
         from tidal.planner import kernels_pack
-        if kernels_pack.AVAILABLE:
-            f = np.float64
-            return bool(kernels_pack.mode_violated(np.ascontiguousarray(U, f), np.ascontiguousarray(wt, f),
-                                                   np.ascontiguousarray(cnt, f), np.ascontiguousarray(Y, f),
-                                                   int(rounds)))
-    fin = np.isfinite(U)
-    ys = Y
-    for it in range(rounds + 1):
-        yu = np.where(fin[None], ys[:, None, :] * U[None], np.inf)  # R x B x K
-        gap = yu.min(axis=2) @ wt / np.maximum(ys @ cnt, 1e-300)  # lhs / rhs per row
-        if np.any(gap > 1 + 1e-9):
-            return True
-        r = int(np.argmax(gap))
-        y = ys[r]
-        arg = np.argmin(yu[r], axis=1)
-        load = np.bincount(arg, weights=U[np.arange(arg.size), arg] * wt, minlength=cnt.size)
-        ratio = np.clip((load + 1e-30) / np.maximum(cnt, 1e-30), 0.25, 4.0)
-        ys = y[None, :] * ratio[None, :] ** (np.array([[0.25], [0.5], [1.0]]) / (1 + it / 4))
-        ys = ys / ys.sum(axis=1, keepdims=True)
-    return False
+
+        loops = kernels_pack.loops()
+    f = np.float64
+    return bool(loops.mode_violated(np.ascontiguousarray(U, f), np.ascontiguousarray(wt, f),
+                                    np.ascontiguousarray(cnt, f), np.ascontiguousarray(Y, f), int(rounds)))
 
 
 def infeasible(T: float, sb: StrategyBound, Y: np.ndarray, rounds: int = 6) -> bool:
@@ -160,7 +148,7 @@ def infeasible(T: float, sb: StrategyBound, Y: np.ndarray, rounds: int = 6) -> b
         if cnt.size == 1:
             if float(Ut[:, 0] @ wt) > cnt[0] * (1 + 1e-9):
                 return True
-        elif _violated(Ut, wt, cnt, Y, rounds):
+        elif violated(Ut, wt, cnt, Y, rounds):
             return True
     return False
 

@@ -21,8 +21,9 @@ from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec
 from tidal.costmodel.base import LatencyCoeffs
 from tidal.costmodel.kernel import KernelModel, kernel_for
+from tidal.planner.bounds import prices_eq1
 from tidal.planner.cp_sharding import segment_pieces
-from tidal.planner.pipecost import packed_value
+from tidal.planner.pipecost import packed_value, stage_q
 
 MODES = ("per-seq", "per-doc")
 
@@ -115,7 +116,8 @@ def cp_imbalance(doc_lengths, cp: int, kernel: KernelModel, mode: str) -> float:
 
 def charged_pipeline_time(lengths, micro_batches: Sequence[Sequence[int]], coeffs: LatencyCoeffs, pp: int, cp: int,
                           modes: Sequence[str], kernel: KernelModel) -> float:
-    """`packing.pipeline_time` ((PP - 1 + V) x the slowest micro-batch, their sum when PP = 1) with every CP
+    """`packing.pipeline_time` ((PP - 1 + V) x the slowest micro-batch, their sum when PP = 1 unless `coeffs` carry
+    Hydraulis Eq. 1) with every CP
     micro-batch's attention term charged `cp_imbalance` under its sharding mode, as the simulator charges it."""
     arr = np.asarray(lengths, dtype=np.int64)
     mbs = [(m, mb) for m, mb in enumerate(micro_batches) if len(mb)]
@@ -130,4 +132,4 @@ def charged_pipeline_time(lengths, micro_batches: Sequence[Sequence[int]], coeff
         worst = max(worst, t)
         total += t
     c = float(coeffs.c)
-    return packed_value(pp - 1, c, total - len(mbs) * c, worst, len(mbs))
+    return packed_value(stage_q(pp, prices_eq1(coeffs)), c, total - len(mbs) * c, worst, len(mbs))

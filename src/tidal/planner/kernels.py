@@ -1,18 +1,15 @@
-"""Compiled loops for the planner's sequential hot spots (numba, optional; decision in docs/decisions.md).
+"""The dispatch's loops, written once (numba-compiled where installed, plain Python otherwise; decisions 49, 89, 96).
 
-Some loops cannot be vectorised because each step depends on the previous one: the dispatch greedy (list
-scheduling, longest first) and the dispatch local search (moves, swaps and pair swaps off the bottleneck pipeline,
-one round at a time); Hydraulis Alg. 1 (baselines/hydraulis.py) too. In Python the greedy costs about 3 µs per
-sequence at 1024 GPUs; the local search's numpy rounds cost tens of small numpy calls each. Compiled, they make the
-same choices float for float (no fastmath, the same operation order; tests compare them with the Python versions) at
-10-40x the speed. The packer's and the bounds' loops are in kernels_pack.py.
+The dispatch greedy (list scheduling, longest first, with its jump scan) and the dispatch local search (moves, swaps
+and pair swaps off the bottleneck pipeline, one round at a time) cannot be vectorised: each step depends on the
+previous one. They are their only implementation: `COMPILED` holds them compiled (numba.njit, cached on disk, no
+fastmath), `PLAIN` the same functions as plain Python (`plain`: a namespace where they call each other uncompiled),
+and `loops()` picks the first available; the tests run both and compare them float for float. numba is a core
+dependency (decision 92): the plain mode is the reference and a slow fallback (it indexes numpy arrays one element
+at a time). The pipeline cost formula (pipecost.py, `compile_pipecost`) is inlined into them. The packer's and the
+bounds' loops are in kernels_pack.py, Hydraulis Alg. 1 in baselines/hydraulis.py, by the same pattern.
 
-Two ways to keep one source (issue 27 item 2): the pipeline cost formula (pipecost.py, `compile_pipecost`), Alg. 1
-and the packer's loops (kernels_pack.py) are written once and compiled where numba is installed; without it the same
-functions run as plain Python (`plain` gives them a namespace where they call each other uncompiled). The greedy and
-the local search still have numpy twins (greedy.py, dispatch.py), the reference where numba is absent.
-
-`AVAILABLE` is False when numba is not installed. Import this module lazily (importing numba takes about a second).
+Import this module lazily (importing numba takes about a second).
 """
 from __future__ import annotations
 
@@ -33,7 +30,7 @@ except ImportError:  # pragma: no cover - exercised where numba is absent
 AVAILABLE = njit is not None
 
 
-def _sift_down(key, ids, off, n, pos):
+def sift_down(key, ids, off, n, pos):
     """Restore the min-heap on key/ids[off:off + n] (ordered by (key, id)) from position pos downwards."""
     while True:
         left = 2 * pos + 1
@@ -51,7 +48,7 @@ def _sift_down(key, ids, off, n, pos):
             return
 
 
-def _sift_up(key, ids, off, pos):
+def sift_up(key, ids, off, pos):
     while pos > 0:
         par = (pos - 1) // 2
         if key[off + pos] < key[off + par] or (key[off + pos] == key[off + par] and ids[off + pos] < ids[off + par]):
@@ -62,8 +59,9 @@ def _sift_up(key, ids, off, pos):
             return
 
 
-def _greedy(lengths, order, ca, cb, cc, cd, cq, cm, members, moff, mcount, pmax, scan):
-    """greedy.greedy_owner compiled: each sequence (in `order`) to the eligible pipeline with the least resulting cost,
+def greedy(lengths, order, ca, cb, cc, cd, cq, cm, members, moff, mcount, pmax, scan):
+    """The dispatch greedy (greedy.greedy_owner): each sequence (in `order`) to the eligible pipeline with the least
+    resulting cost (pipecost.add_cost),
     trying per class its first empty pipeline and its least-loaded used one (heap top by (cost, index)), or every
     used one (if `scan`) when adding to the least-loaded one costs more than the document's work plus one
     micro-batch.
@@ -125,13 +123,13 @@ def _greedy(lengths, order, ca, cb, cc, cd, cq, cm, members, moff, mcount, pmax,
             hkey[off + n] = best_v
             hid[off + n] = j
             hsize[k] = n + 1
-            _sift_up(hkey, hid, off, n)
+            sift_up(hkey, hid, off, n)
         else:  # j is in the heap (its top unless a jump scan chose another); its key only grows
             p = 0
             while hid[off + p] != j:
                 p += 1
             hkey[off + p] = best_v
-            _sift_down(hkey, hid, off, hsize[k], p)
+            sift_down(hkey, hid, off, hsize[k], p)
         W[j] += wbest
         T[j] += x
         U[j] += 1
@@ -142,7 +140,7 @@ def _greedy(lengths, order, ca, cb, cc, cd, cq, cm, members, moff, mcount, pmax,
     return owner, -1
 
 
-def _ls_refresh(j, owner, lf, A, B, C, D, Q1, M, R, S, Q, N, G, top1, cnt1, top2, load):
+def ls_refresh(j, owner, lf, A, B, C, D, Q1, M, R, S, Q, N, G, top1, cnt1, top2, load):
     m = 0.0
     cnt = 0
     for i in range(owner.size):
@@ -162,8 +160,8 @@ def _ls_refresh(j, owner, lf, A, B, C, D, Q1, M, R, S, Q, N, G, top1, cnt1, top2
     load[j] = cost1(A[j], B[j], C[j], D[j], Q1[j], M[j], R[j], Q[j], S[j], N[j], m, G[j])
 
 
-def _ls_move(i, k, owner, lf, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load):
-    """dispatch._State.move: document i to pipeline k, O(1) sums and an O(B) scan of the two pipelines' top lengths."""
+def ls_move(i, k, owner, lf, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load):
+    """Document i to pipeline k (local_search's move), O(1) sums and an O(B) scan of the two pipelines' top lengths."""
     j = owner[i]
     x = lf[i]
     S[j] -= x
@@ -175,16 +173,21 @@ def _ls_move(i, k, owner, lf, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, t
     Q[k] += x * x
     N[k] += 1
     owner[i] = k
-    _ls_refresh(j, owner, lf, A, B, C, D, Q1, M, R, S, Q, N, G, top1, cnt1, top2, load)
-    _ls_refresh(k, owner, lf, A, B, C, D, Q1, M, R, S, Q, N, G, top1, cnt1, top2, load)
+    ls_refresh(j, owner, lf, A, B, C, D, Q1, M, R, S, Q, N, G, top1, cnt1, top2, load)
+    ls_refresh(k, owner, lf, A, B, C, D, Q1, M, R, S, Q, N, G, top1, cnt1, top2, load)
 
 
-def _local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load, max_rounds, max_docs,
-                  pairs, target, min_gain):
-    """dispatch._local_search (and _pair_swap) compiled, on the arrays of a dispatch._State (updated in place). The
-    candidate moves are scanned in the numpy version's flat order with a strict improvement test, so the first best
-    is the same move. Per pipeline the cost arrays A, B, C, D (and Q1 = PP - 1, M = MaxLen, R, H = M / 2) come in as
-    arrays. Returns True when no move improves (or the target is met), False when max_rounds ran out."""
+def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load, max_rounds, max_docs,
+                 pairs, target, min_gain):
+    """The dispatch's local search (dispatch.local_search), on the arrays of a dispatch.SearchState (updated in
+    place). Per round: find the bottleneck pipeline j; for up to `max_docs` of its documents (one per distinct
+    length, longest first) try every move to another eligible pipeline, then every swap with a document of another
+    pipeline (on large steps, B > 256 and more than 8 pipelines, only with the 8 least-loaded ones), then, when
+    nothing helped, `pairs` is set and j holds 2-24 documents, two of j's documents for one of another (pair_swap).
+    Moves are scanned in a fixed order with a strict improvement test, so the first best is taken; a move must lower
+    max(new cost of j, new cost of the other) below j's cost by more than `min_gain` (relative). Per pipeline the
+    cost arrays A, B, C, D (and Q1 = PipeCost.q, M = MaxLen, R = sqrt(Q1 / c), H = M / 2) come in as arrays.
+    Returns True when no move improves (or the load is <= `target`), False when max_rounds ran out."""
     n_p = S.size
     n = owner.size
     mine = np.empty(n, np.int64)
@@ -291,21 +294,22 @@ def _local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1
                     if v < best:
                         best, bi, bk, be, bp = v, sel[u], ke, e, -1
             if bi < 0 and pairs and 2 <= nm <= 24:
-                bi, bk, be, bp = _pair_swap(j, mine[:nm], uidx[:ue], lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G,
+                bi, bk, be, bp = pair_swap(j, mine[:nm], uidx[:ue], lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G,
                                             top1, cnt1, top2, best)
         if bi < 0:
             return True
-        _ls_move(bi, bk, owner, lf, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load)
+        ls_move(bi, bk, owner, lf, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load)
         if be >= 0:
-            _ls_move(be, j, owner, lf, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load)
+            ls_move(be, j, owner, lf, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load)
         if bp >= 0:
-            _ls_move(bp, bk, owner, lf, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load)
+            ls_move(bp, bk, owner, lf, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load)
     return False
 
 
-def _pair_swap(j, mine, eidx, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, best):
-    """dispatch._pair_swap compiled: two documents of j (by sorted position u < v) for one document of another
-    pipeline, in the numpy version's flat order. Returns (i, k, e, i2), i = -1 when nothing beats `best`."""
+def pair_swap(j, mine, eidx, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, best):
+    """local_search's pair swap: two documents of j (by sorted position u < v, longest first) for one document of
+    another pipeline (in `eidx`), every pair scanned in order. Returns (i, k, e, i2), i = -1 when nothing beats
+    `best`."""
     order = mine[np.argsort(-lf[mine], kind="mergesort")]
     nm = order.size
     aj, bj, cj, dj, qj, mj, rj, hj = A[j], B[j], C[j], D[j], Q1[j], M[j], R[j], H[j]
@@ -354,6 +358,12 @@ def _pair_swap(j, mine, eidx, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, to
     return bi, bk, be, bp
 
 
+def pipe_loads(A, B, C, D, Q1, M, R, Q, S, N, top1, G, load):
+    """load[j] = pipecost.cost1 of every pipeline j (the dispatch's capacity-aware cost: SearchState's loads)."""
+    for j in range(load.size):
+        load[j] = cost1(A[j], B[j], C[j], D[j], Q1[j], M[j], R[j], Q[j], S[j], N[j], top1[j], G[j])
+
+
 def plain(funcs: dict, env: dict) -> types.SimpleNamespace:
     """The functions `funcs` ({name their callers use: function}) as plain Python, each calling the others by those
     names uncompiled, with `env` (modules and helpers) as their other globals: the one source run where numba is
@@ -378,15 +388,29 @@ def compile_pipecost() -> dict:
     return ns
 
 
+# the dispatch's loops by the names their callers use: plain Python (the reference, and the fallback without numba)
+# and compiled (the same source)
+_DISPATCH = {"sift_down": sift_down, "sift_up": sift_up, "greedy": greedy, "ls_refresh": ls_refresh,
+             "ls_move": ls_move, "pair_swap": pair_swap, "local_search": local_search, "pipe_loads": pipe_loads}
+PLAIN = plain(_DISPATCH, {"np": np, "add_cost": add_cost, "cost1": cost1})
+
 if AVAILABLE:
     _pc = compile_pipecost()
     add_cost, cost1 = _pc["add_cost"], _pc["cost1"]
-    _sift_down = njit(cache=True)(_sift_down)
-    _sift_up = njit(cache=True)(_sift_up)
-    greedy = njit(cache=True)(_greedy)
-    _ls_refresh = njit(cache=True)(_ls_refresh)
-    _ls_move = njit(cache=True)(_ls_move)
-    _pair_swap = njit(cache=True)(_pair_swap)
-    local_search = njit(cache=True)(_local_search)
+    sift_down = njit(cache=True)(sift_down)
+    sift_up = njit(cache=True)(sift_up)
+    greedy = njit(cache=True)(greedy)
+    ls_refresh = njit(cache=True)(ls_refresh)
+    ls_move = njit(cache=True)(ls_move)
+    pair_swap = njit(cache=True)(pair_swap)
+    local_search = njit(cache=True)(local_search)
+    pipe_loads = njit(cache=True)(pipe_loads)
+    COMPILED = types.SimpleNamespace(greedy=greedy, local_search=local_search, pipe_loads=pipe_loads)
 else:  # pragma: no cover
-    greedy = local_search = None
+    COMPILED = None
+
+
+def loops() -> types.SimpleNamespace:
+    """The dispatch's loops (greedy, local_search, pipe_loads): compiled where numba is installed, else plain Python
+    (the same source)."""
+    return COMPILED if COMPILED is not None else PLAIN

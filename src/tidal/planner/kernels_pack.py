@@ -1,15 +1,12 @@
-"""The packer's loops, written once, and the compiled loops of the bounds (numba, optional; see kernels.py and
-decisions 49 and 89).
+"""The packer's and the bounds' loops, written once (see kernels.py and decisions 49, 89 and 96).
 
-The packer (packing.pack): LPT, the move/swap rounds, FFD and the search over micro-batch counts. They are its only
-implementation: `COMPILED` holds them compiled (numba.njit, cached on disk) where numba is installed, `PLAIN` holds the
-same functions as plain Python (kernels.plain), and `loops()` picks the first available. The tests run both on seeded
-inputs.
-
-The bounds' branch and bound (bounds.top_docs_bound), the mode bound's price search (bounds_modes._violated, up to the
-summation order of its dot products, see `_mode_violated`) and the class fill's best fit decreasing (classfill._bfd)
-are compiled twins of Python versions (the reference when numba is absent; tests compare the two). Import this module
-lazily (importing numba takes a second).
+The packer (packing.pack): LPT, the move/swap rounds, FFD and the search over micro-batch counts. The bounds: the
+top-documents branch and bound (bounds.top_docs_bound: `top_search`, `ts_expand`) and the mode bound's price search
+(bounds_modes.violated: `mode_violated`). They are their only implementation: `COMPILED` holds them compiled
+(numba.njit, cached on disk) where numba is installed, `PLAIN` holds the same functions as plain Python
+(kernels.plain), and `loops()` picks the first available. The tests run both on seeded inputs and compare them
+float for float. The class fill's best fit decreasing (`_class_bfd`) is still a compiled twin of classfill._bfd.
+Import this module lazily (importing numba takes a second).
 """
 from __future__ import annotations
 
@@ -157,7 +154,7 @@ def _class_bfd(l_, w, order, nb, kcap, wcap):
     return out
 
 
-def pack_score(bin_of, w, c, pp):
+def pack_score(bin_of, w, c, q):
     """(PP - 1 + used micro-batches) * (c + the slowest one's work), or their sum when PP = 1 (pipecost.packed_value,
     decision 94); sums in index order."""
     nb = 0
@@ -178,17 +175,17 @@ def pack_score(bin_of, w, c, pp):
             tot += T[k]
             if T[k] > mx:
                 mx = T[k]
-    return packed_value(pp - 1, c, tot, c + mx, used)
+    return packed_value(q, c, tot, c + mx, used)
 
 
-def pack_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins, best):
+def pack_attempt(V, l_, w, order, M, c, q, W, wmax, vmin, rounds, tried, best_bins, best):
     """pack_search's attempt(V): LPT into V micro-batches and the move/swap rounds, unless V was tried or its bound
     cannot beat `best`. Returns (value, best bins, best)."""
     if not vmin <= V <= l_.size:
         return np.inf, best_bins, best
     if not np.isnan(tried[V]):
         return tried[V], best_bins, best
-    if pipe_value(pp - 1, c, W, wmax, V) >= best * (1 - 1e-12):
+    if pipe_value(q, c, W, wmax, V) >= best * (1 - 1e-12):
         tried[V] = np.inf
         return np.inf, best_bins, best
     bin_of, ok = lpt(l_, w, order, V, M, c)
@@ -202,20 +199,20 @@ def pack_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_b
         for k in range(V):
             T[k] = T[k] + c
         refine(bin_of, l_, w, T, tok, V, M, rounds, 32)
-        val = pack_score(bin_of, w, c, pp)
+        val = pack_score(bin_of, w, c, q)
     tried[V] = val
     if val < best:
         return val, bin_of, val
     return val, best_bins, best
 
 
-def _pack_search(l_, w, order, M, c, pp, W, wmax, vmin, v_opt, v_hi, rounds):
+def _pack_search(l_, w, order, M, c, q, W, wmax, vmin, v_opt, v_hi, rounds):
     """packing.pack's heuristic: FFD, then LPT + rounds for the candidate V (vmin, v_opt - 1 .. v_opt + 2 and FFD's
     count, within [vmin, v_hi]) by (bound f(V), V), then a walk from the incumbent's V while it improves; a V whose
     bound cannot beat the incumbent is skipped. Returns (bins, score)."""
     n = l_.size
     best_bins = ffd(l_, order, M)
-    best = pack_score(best_bins, w, c, pp)
+    best = pack_score(best_bins, w, c, q)
     tried = np.full(n + 1, np.nan)
     top = 0  # FFD's largest bin index
     for i in range(n):
@@ -236,14 +233,14 @@ def _pack_search(l_, w, order, M, c, pp, W, wmax, vmin, v_opt, v_hi, rounds):
         t = a
         while t > 0:
             v0, v1 = cands[t - 1], cands[t]
-            b0, b1 = pipe_value(pp - 1, c, W, wmax, v0), pipe_value(pp - 1, c, W, wmax, v1)
+            b0, b1 = pipe_value(q, c, W, wmax, v0), pipe_value(q, c, W, wmax, v1)
             if b1 < b0 or (b1 == b0 and v1 < v0):
                 cands[t - 1], cands[t] = v1, v0
                 t -= 1
             else:
                 break
     for t in range(nc):
-        _, best_bins, best = pack_attempt(cands[t], l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins,
+        _, best_bins, best = pack_attempt(cands[t], l_, w, order, M, c, q, W, wmax, vmin, rounds, tried, best_bins,
                                          best)
     seen = np.zeros(n + 1, np.bool_)
     v_best = 0
@@ -254,7 +251,7 @@ def _pack_search(l_, w, order, M, c, pp, W, wmax, vmin, v_opt, v_hi, rounds):
     for step in (1, -1):
         V = v_best + step
         while vmin <= V <= n:
-            val, best_bins, best = pack_attempt(V, l_, w, order, M, c, pp, W, wmax, vmin, rounds, tried, best_bins,
+            val, best_bins, best = pack_attempt(V, l_, w, order, M, c, q, W, wmax, vmin, rounds, tried, best_bins,
                                                best)
             if not val <= best:
                 break
@@ -262,8 +259,8 @@ def _pack_search(l_, w, order, M, c, pp, W, wmax, vmin, v_opt, v_hi, rounds):
     return best_bins, best
 
 
-def _ts_expand(t, x, A, B, D, C, Q, M, cnt, used, ocls, oW, otok, owm, ocnt, n_o, fd, fw):
-    """The options of bounds._top_search's rec for document x at depth t, into fd[t] / fw[t] sorted by bound (stable):
+def ts_expand(t, x, A, B, D, C, Q, M, cnt, used, ocls, oW, otok, owm, ocnt, n_o, fd, fw):
+    """The options of top_search's node for document x at depth t, into fd[t] / fw[t] sorted by bound (stable):
     each distinct open pipeline (identical open ones are one branch), then a new pipeline of each class with one left.
     fw: >= 0 an open pipeline, -1 - k a new one of class k. Returns their number."""
     K = A.size
@@ -298,10 +295,14 @@ def _ts_expand(t, x, A, B, D, C, Q, M, cnt, used, ocls, oW, otok, owm, ocnt, n_o
     return no
 
 
-def _top_search(top, A, B, D, C, Q, M, cnt, limit):
-    """bounds._top_search compiled, as an explicit depth-first stack (numba cannot cache recursive functions): min over
-    dispatches of the documents `top` (longest first) of the max pipeline bound, visiting the same nodes in the same
-    order. -1.0 when the search passes `limit` nodes."""
+def top_search(top, A, B, D, C, Q, M, cnt, limit):
+    """bounds.top_docs_bound's branch and bound: min over dispatches of the documents `top` (longest first) of the max
+    pipeline bound (pipecost.bound_value; classes k of identical pipelines with A, B, D, C, Q = PP - 1, M = MaxLen and
+    cnt pipelines each). Depth t places top[t] on each option (ts_expand: an open pipeline, identical open ones being
+    one branch, or a new pipeline of a class with one left, unopened pipelines of a class being interchangeable),
+    cheapest bound first; a branch stops once max(its bound so far, the option's) reaches the best leaf. An explicit
+    depth-first stack, not recursion (numba cannot cache recursive functions). -1.0 when the search passes `limit`
+    nodes."""
     n = top.size
     K = A.size
     used = np.zeros(K, np.int64)
@@ -329,7 +330,7 @@ def _top_search(top, A, B, D, C, Q, M, cnt, limit):
     if n == 0:
         return 0.0
     n_o = 0
-    fno[0] = _ts_expand(0, top[0], A, B, D, C, Q, M, cnt, used, ocls, oW, otok, owm, ocnt, n_o, fd, fw)
+    fno[0] = ts_expand(0, top[0], A, B, D, C, Q, M, cnt, used, ocls, oW, otok, owm, ocnt, n_o, fd, fw)
     fpos[0] = 0
     fcur[0] = 0.0
     t = 0
@@ -371,7 +372,7 @@ def _top_search(top, A, B, D, C, Q, M, cnt, limit):
             if t + 1 == n:
                 best = nc
             else:
-                fno[t + 1] = _ts_expand(t + 1, top[t + 1], A, B, D, C, Q, M, cnt, used, ocls, oW, otok, owm, ocnt, n_o,
+                fno[t + 1] = ts_expand(t + 1, top[t + 1], A, B, D, C, Q, M, cnt, used, ocls, oW, otok, owm, ocnt, n_o,
                                         fd, fw)
                 fpos[t + 1] = 0
                 fcur[t + 1] = nc
@@ -387,11 +388,13 @@ def _top_search(top, A, B, D, C, Q, M, cnt, limit):
     return best
 
 
-def _mode_violated(U, wt, cnt, Y, rounds):
-    """bounds_modes._violated for three or more classes, compiled: the same price rows, the same multiplicative
-    updates, the same verdict. numpy sums `min_k y_k u_ik * wt_i` over documents with BLAS (blocked) and this loop
-    in order, so a gap within a few ulps of 1 + 1e-9 could be judged apart; either verdict is a valid certificate
-    (the inequality is checked as computed), so the bound stays proven and may differ by one bisection step."""
+def mode_violated(U, wt, cnt, Y, rounds):
+    """bounds_modes.violated's price search for three or more classes: does some price row y certify
+    sum_i min_k y_k U[i, k] wt[i] > (1 + 1e-9) sum_k y_k cnt[k]? The rows are Y's (R x K), then `rounds` multiplicative
+    updates of the best row (the one with the largest ratio of the two sides): each class's price is raised by its
+    argmin-assigned cost over its pipeline count (clipped to [0.25, 4]) to the powers 0.25, 0.5 and 1 (damped by
+    1 + it / 4), giving three normalised rows. Infinite U[i, k]: document i does not fit class k. Any row found is a
+    valid certificate (the inequality is checked as computed)."""
     K = U.shape[1]
     B = U.shape[0]
     expo = np.array([0.25, 0.5, 1.0])
@@ -442,28 +445,30 @@ def _mode_violated(U, wt, cnt, Y, rounds):
 
 # the packer's loops by the names their callers use, plain and compiled
 _PACK = {"lpt": _lpt, "refine": _refine, "ffd": ffd, "pack_score": pack_score, "pack_attempt": pack_attempt,
-         "pack_search": _pack_search}
-PLAIN = plain(_PACK, {"np": np, "pipe_value": pipe_value, "packed_value": packed_value})
+         "pack_search": _pack_search, "ts_expand": ts_expand, "top_search": top_search,
+         "mode_violated": mode_violated}
+PLAIN = plain(_PACK, {"np": np, "pipe_value": pipe_value, "packed_value": packed_value, "bound_value": bound_value})
 
 if AVAILABLE:
     _pc = compile_pipecost()
     bound_value, pipe_value, packed_value = _pc["bound_value"], _pc["pipe_value"], _pc["packed_value"]
-    mode_violated = njit(cache=True)(_mode_violated)
+    mode_violated = njit(cache=True)(mode_violated)
     lpt = njit(cache=True)(_lpt)
     refine = njit(cache=True)(_refine)
     ffd = njit(cache=True)(ffd)
     pack_score = njit(cache=True)(pack_score)
     pack_attempt = njit(cache=True)(pack_attempt)
     pack_search = njit(cache=True)(_pack_search)
-    _ts_expand = njit(cache=True)(_ts_expand)
-    top_search = njit(cache=True)(_top_search)
+    ts_expand = njit(cache=True)(ts_expand)
+    top_search = njit(cache=True)(top_search)
     class_bfd = njit(cache=True)(_class_bfd)
     COMPILED = types.SimpleNamespace(lpt=lpt, refine=refine, ffd=ffd, pack_score=pack_score, pack_attempt=pack_attempt,
-                                     pack_search=pack_search)
+                                     pack_search=pack_search, ts_expand=ts_expand, top_search=top_search,
+                                     mode_violated=mode_violated)
 else:  # pragma: no cover
-    top_search = mode_violated = class_bfd = COMPILED = None
+    class_bfd = COMPILED = None
 
 
 def loops() -> types.SimpleNamespace:
-    """The packer's loops: compiled where numba is installed, else plain Python (the same source)."""
+    """The packer's and the bounds' loops: compiled where numba is installed, else plain Python (the same source)."""
     return COMPILED if COMPILED is not None else PLAIN

@@ -24,8 +24,8 @@ import numpy as np
 
 from tidal.core.errors import TidalError
 from tidal.costmodel.base import LatencyCoeffs
-from tidal.planner.bounds import PipeCost, check_lengths, check_pipe
-from tidal.planner.pipecost import best_v, packed_value, pipe_value
+from tidal.planner.bounds import PipeCost, check_lengths, check_pipe, prices_eq1
+from tidal.planner.pipecost import best_v, packed_value, pipe_value, stage_q
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,9 @@ class Packer(Protocol):
 
 
 def pipeline_time(lengths, micro_batches, coeffs: LatencyCoeffs, pp: int) -> float:
-    """(PP - 1 + V) * max micro-batch time of a packing; the sum of the micro-batch times when PP = 1 (decision 94);
-    0 for no micro-batches."""
+    """(PP - 1 + V) * max micro-batch time of a packing; the sum of the micro-batch times when PP = 1 (decision 94),
+    or V * the slowest one when `coeffs` carry Hydraulis Eq. 1 (bounds.Eq1Coeffs, decision 97); 0 for no
+    micro-batches."""
     mbs = [mb for mb in micro_batches if len(mb)]
     if not mbs:
         return 0.0
@@ -49,7 +50,7 @@ def pipeline_time(lengths, micro_batches, coeffs: LatencyCoeffs, pp: int) -> flo
     a, b, d, c = coeffs.a, coeffs.b, coeffs.d, float(coeffs.c)
     # the per-micro-batch work as coeffs.mb_time sums it (c + this is mb_time), and as `finish` sums it: same floats
     works = [float(np.sum(a * x * x + b * x + d)) for x in (l_[list(mb)] for mb in mbs)]
-    return packed_value(pp - 1, c, float(sum(works)), max(c + x for x in works), len(mbs))
+    return packed_value(stage_q(pp, prices_eq1(coeffs)), c, float(sum(works)), max(c + x for x in works), len(mbs))
 
 
 def validate(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int) -> np.ndarray:
@@ -74,7 +75,8 @@ def finish(bin_of: np.ndarray, l_: np.ndarray, coeffs: LatencyCoeffs, pp: int,
     # (a l^2 + b l + d in float64, same operation order), summed per micro-batch in the same order, so the same floats
     c = float(coeffs.c)
     works = [float(np.sum(w[list(mb)])) for mb in mbs]
-    return PackResult(mbs, packed_value(pp - 1, c, float(sum(works)), max(c + x for x in works), len(mbs)))
+    q = stage_q(pp, prices_eq1(coeffs))
+    return PackResult(mbs, packed_value(q, c, float(sum(works)), max(c + x for x in works), len(mbs)))
 
 
 def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool = False,
@@ -97,18 +99,19 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
     c = p.c
     S, W, wmax = int(l_.sum()), float(w.sum()), float(w.max())
     vmin = max(1, -(-S // max_len))
-    v_opt, _ = best_v(p.pp - 1, p.c, W, wmax, vmin, n)
+    q = p.q  # PP - 1, or the one-stage Eq. 1 marker (pipecost.stage_q)
+    v_opt, _ = best_v(q, p.c, W, wmax, vmin, n)
     if v_opt == 1:  # one micro-batch meets the lower bound f(1) = PP (c + W): optimal
-        return PackResult((tuple(range(n)),), pp * (c + W))
+        return PackResult((tuple(range(n)),), pipe_value(q, c, W, wmax, 1))
     order = np.argsort(-l_, kind="stable")
     v_util = min(n, max(vmin, int(S // coeffs.util_len())))
     v_hi = min(n, max(v_util, v_opt + 2))  # App. D upper end, widened to contain the bound's minimiser
     rounds = 20 + 2 * n
 
     def bound(V: int) -> float:
-        return pipe_value(pp - 1, c, W, wmax, V)
+        return pipe_value(q, c, W, wmax, V)
 
-    best_bins, best = loops.pack_search(l_, w, order, max_len, c, pp, W, wmax, vmin, v_opt, v_hi, rounds)
+    best_bins, best = loops.pack_search(l_, w, order, max_len, c, q, W, wmax, vmin, v_opt, v_hi, rounds)
     if exact:
         from tidal.planner.exact import pack_milp_fixed_v
 
@@ -116,8 +119,8 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
             if bound(V) >= best * (1 - 1e-9):
                 break
             b = pack_milp_fixed_v(l_, w, V, max_len, c, time_limit=time_limit)
-            if b is not None and loops.pack_score(b, w, c, pp) < best:
-                best_bins, best = b, loops.pack_score(b, w, c, pp)
+            if b is not None and loops.pack_score(b, w, c, q) < best:
+                best_bins, best = b, loops.pack_score(b, w, c, q)
     # renumber bins densely (np.unique's inverse, without its sort), and check MaxLen here, where it is one bincount:
     # select._pack_groups trusts pack's micro-batches (each sequence exactly once by construction of finish)
     used = np.bincount(best_bins) > 0

@@ -13,11 +13,11 @@ is its slowest micro-batch's work; `packed_value` writes that with the slowest m
 `packing.finish` and kernels_pack.pack_score call it.
 
 Plain Python on scalars, numba-compilable: kernels.py and kernels_pack.py compile these functions (numba.njit,
-inline; kernels.compile_pipecost) into their loops where numba is installed, and the Python paths (greedy.py,
-bounds.py, packing.py, the fallbacks where numba is absent) call them as they are: one source, the same floats in
-both modes (tests/planner/test_planner_pipecost.py runs both on seeded random inputs). dispatch._cost is the
-numpy-vectorised form of `cost1` (whole arrays of pipelines at once: numpy calls on scalars would cost ~1 us each in
-the Python paths); the same test holds it to `cost1` float for float.
+inline; kernels.compile_pipecost) into their loops where numba is installed, and the Python paths (bounds.py,
+packing.py, the plain loops where numba is absent) call them as they are: one source, the same floats in both modes
+(tests/planner/test_planner_pipecost.py runs both on seeded random inputs). There is no other copy of the formula:
+the dispatch's loads are `cost1` (kernels.pipe_loads), its greedy `add_cost`, the bounds `best_v` / `bound_value`
+(decision 96).
 """
 
 from __future__ import annotations
@@ -25,6 +25,19 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+# q of a one-stage pipeline priced by Hydraulis Eq. 1 (PipeCost.eq1, decision 97): the smallest positive float. Every
+# formula here reads q only through `q > 0` (does the slowest micro-batch count?), q + V and q * x; with EQ1_Q the
+# test says yes while q + V == V for every V >= 1 and q * x is at most a subnormal, so f(V) = V max(W / V + c, c +
+# w_max) (Eq. 1: V x the slowest micro-batch) and its minimiser is V_min, float for float, compiled and plain.
+EQ1_Q = 5e-324
+
+
+def stage_q(pp, eq1=False):
+    """The q the formulas take for a pipeline of `pp` stages: pp - 1 (a float), or EQ1_Q for a one-stage pipeline
+    priced by Hydraulis Eq. 1 (`eq1`), whose slowest micro-batch counts; a one-stage pipeline otherwise sums its
+    micro-batches (decision 94)."""
+    return EQ1_Q if eq1 and pp == 1 else float(pp - 1)
 
 
 def pipe_value(q, c, W, wm, v):
@@ -105,7 +118,7 @@ def add_cost(c, q, M, Wj, Tj, Lj, Uj, Gj, x, wx, big):
 
 
 def cost1(a, b, c, d, q1, m, r, Q, S, N, lmax, G):
-    """The dispatch's capacity-aware cost of one pipeline (dispatch._cost is this over arrays): a share with sum
+    """The dispatch's capacity-aware cost of one pipeline (kernels.pipe_loads, local_search): a share with sum
     l^2 = Q, sum l = S, count N, longest lmax and G documents longer than MaxLen m / 2, work w(l) = a l^2 + b l + d;
     min of f over V in [max(1, ceil(S / m), G), max(that, N)], from the floor and ceiling of v_opt computed as
     min(sqrt(W) r, W / w_max) with r = sqrt(q1 / c) per pipeline (precomputed; a huge finite number when

@@ -42,10 +42,11 @@ class StrategyProfile:
 
 
 def profile_strategies(candidates: Sequence[Strategy], cost_model: CostModel, sync: SyncPricing | None = None,
-                       cp_policy: str | None = None) -> tuple[StrategyProfile, ...]:
+                       cp_policy: str | None = None, *, eq1: bool = False) -> tuple[StrategyProfile, ...]:
     """Cost every pipeline of every candidate with `cost_model` (coefficients of its bounding device type); with
     `sync`, each pipeline's gradient pull/push is charged in select_step's estimates, and with `cp_policy` (a CP
-    sharding policy) each CP pipeline's kernel imbalance (charges.charge: the simulator's prices)."""
+    sharding policy) each CP pipeline's kernel imbalance (charges.charge: the simulator's prices). `eq1`: price
+    one-stage pipelines by Hydraulis Eq. 1 (PipeCost.eq1; the Hydraulis baseline, decision 97)."""
     if not candidates:
         raise TidalError("no candidate strategy to plan with")
     out = []
@@ -56,7 +57,7 @@ def profile_strategies(candidates: Sequence[Strategy], cost_model: CostModel, sy
             ml = cost_model.max_len(p.scheme, dev)
             if ml < 1:
                 raise TidalError(f"strategy {s}: {p.scheme.short()} does not fit in {dev.name} memory (MaxLen 0)")
-            pipes.append(PipeCost.of(cost_model.coeffs(p.scheme, dev), p.scheme.pp, ml))
+            pipes.append(PipeCost.of(cost_model.coeffs(p.scheme, dev), p.scheme.pp, ml, eq1))
             splits.append(p.scheme.stage_layers(cost_model.model.layers))
         ch = charges_of(s, tuple(pipes), splits, cost_model, sync, cp_policy)
         out.append(StrategyProfile(s, tuple(pipes), tuple(splits), ch))

@@ -157,16 +157,20 @@ class StepPlanner:
     """Plans a stream of steps; `next()` -> PlannedStep or None when the source and the WLB queues are empty."""
 
     def __init__(self, cost_model: CostModel, candidates: Sequence[Strategy], source: StepSource,
-                 options: PlanningOptions, *, sync: SyncPricing | None = None, charge_cp: bool = False) -> None:
+                 options: PlanningOptions, *, sync: SyncPricing | None = None, charge_cp: bool = False,
+                 eq1: bool = False) -> None:
         """`sync`: charge each candidate pipeline's gradient pull/push in the selection (costmodel.sync, as the
         simulator prices it); `charge_cp`: charge CP kernel imbalance under `options.cp_sharding` in the selection
-        too, not only in the chosen plan (charges.charge, decision 86). Both off: the estimates as before."""
+        too, not only in the chosen plan (charges.charge, decision 86). Both off: the estimates as before. `eq1`:
+        price one-stage pipelines by Hydraulis Eq. 1 (the Hydraulis baseline, decision 97; PipeCost.eq1)."""
         if not isinstance(options, PlanningOptions):
             raise TidalError(f"options must be PlanningOptions, got {type(options).__name__}")
         self.cost_model = cost_model
         self.candidates: tuple[Strategy, ...] = tuple(candidates)
         self._charging = (sync, options.cp_sharding if charge_cp else None)
-        self.profiles: tuple[StrategyProfile, ...] = profile_strategies(self.candidates, cost_model, *self._charging)
+        self._eq1 = bool(eq1)
+        self.profiles: tuple[StrategyProfile, ...] = profile_strategies(self.candidates, cost_model, *self._charging,
+                                                                        eq1=self._eq1)
         self.source = source
         self.options = options
         self._packer = PACKERS[options.packing]
@@ -189,7 +193,7 @@ class StepPlanner:
         force and the stream, so replaying the same sequence of models replays the same plans."""
         if cost_model.model != self.cost_model.model or cost_model.cluster != self.cost_model.cluster:
             raise TidalError("set_cost_model: the new cost model is for another model or cluster")
-        self.profiles = profile_strategies(self.candidates, cost_model, *self._charging)
+        self.profiles = profile_strategies(self.candidates, cost_model, *self._charging, eq1=self._eq1)
         self.cost_model = cost_model
         if self._wcfg is not None:
             self._wcfg = replace(self._wcfg, coeffs=self.profiles[0].pipes[0].coeffs)

@@ -73,12 +73,12 @@ def run_static(name: str, w: Workload, sim: SimConfig, cfg: baselines.StaticConf
 
 
 def run_planner(name: str, w: Workload, sim: SimConfig, candidates, options: PlanningOptions, progress: Progress,
-                *, config: str, t_plan: float = 0.0, charged: bool = False) -> SystemRun:
+                *, config: str, t_plan: float = 0.0, charged: bool = False, eq1: bool = False) -> SystemRun:
     """`charged`: the planner charges the pull/push and CP imbalance as `sim` executes them (Tidal's planner; the
-    papers' planners do not)."""
+    papers' planners do not). `eq1`: one-stage pipelines priced by Hydraulis Eq. 1 (the Hydraulis baseline)."""
     run = SystemRun(name, config, plan_s=t_plan)
     planner = StepPlanner(w.cost_model, candidates, w.source_factory(), options,
-                          sync=sim.sync if charged else None, charge_cp=charged)
+                          sync=sim.sync if charged else None, charge_cp=charged, eq1=eq1)
     s = _simulator(w, sim)
     prev = None
     for ps in chain(planner.steps(w.steps), planner.flush()):
@@ -155,7 +155,7 @@ def sys_hydraulis(w, sim, progress):
     cands = propose(np.minimum(w.sample_lengths, w.max_len), cm, tokens_per_step=w.tokens_per_step,
                     max_len=w.max_len, schemes=hydraulis_schemes(cm), seed=w.seed).strategies
     return run_planner("hydraulis", w, sim, cands, _options(w, packing="hydraulis"), progress,
-                       config=" ; ".join(str(c) for c in cands), t_plan=time.perf_counter() - t0)
+                       config=" ; ".join(str(c) for c in cands), t_plan=time.perf_counter() - t0, eq1=True)
 
 
 def sys_tidal(w, sim, progress, *, charged: bool = True, name: str = "tidal"):

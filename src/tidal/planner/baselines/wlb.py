@@ -238,12 +238,6 @@ def wlb_flush(state: WLBState, cfg: WLBConfig) -> tuple[list[WLBStep], WLBState]
     return out, state
 
 
-def wlb_pack_time(step: WLBStep, pp: int) -> float:
-    """(pp - 1 + V) * max micro-batch time of a WLB step's non-empty micro-batches."""
-    times = [x for x in step.mb_times if x > 0]
-    return (pp - 1 + len(times)) * max(times) if times else 0.0
-
-
 def _best_count(lengths: np.ndarray, coeffs: LatencyCoeffs, pp: int, max_len: int) -> tuple[list[list[int]], float]:
     """Stateless in-pipeline WLB packing: try every micro-batch count V from ceil(total / max_len) upward and keep
     the V minimising (pp - 1 + V) * max micro-batch time (stop once the bound (pp - 1 + V) * max(c + W_max) is no
