@@ -13,12 +13,15 @@ from dataclasses import dataclass
 
 from tidal.core.errors import TidalError
 
+# The improvement passes of select.assign (planner/passes.py), in the one order they run (docs/planner.md opens with it)
+PASS_ORDER = ("late_restarts", "shrink", "polish", "next_best", "fill", "class_fill")
+
 
 @dataclass(frozen=True)
 class PlannerConfig:
-    # the improvement passes of select.assign as a whole (False: the proposal's cheap planner) and the dispatch
-    # greedy's jump scan (decision 63)
-    improve: bool = True
+    # the improvement passes select.assign runs (passes.py, decision 95), by name, in PASS_ORDER (() in the proposal's
+    # cheap planner), and the dispatch greedy's jump scan (decision 63)
+    passes: tuple[str, ...] = PASS_ORDER
     scan: bool = True
     # dispatch (decision 64): steps with B x D up to restart_max get random-order restarts; the best restart_keep of
     # them (by objective) are packed by assign
@@ -46,12 +49,10 @@ class PlannerConfig:
     polish_rounds: int = 40  # decision 60 (0: no polish)
     polish_light: int = 8  # polish's swap partners: this many least-loaded pipelines on steps of > 256 documents
     # single-micro-batch fill (decision 68): filled up to the bound times 1 + fill_slack when above it by fill_gap
-    fill: bool = True
     fill_slack: float = 5e-3
     fill_gap: float = 5e-3
     fill_per_step: int = 1
     # class fill (decision 69)
-    class_fill: bool = True
     class_gap: float = 8e-3  # tried when the plan is above the bound by this factor
     class_per_step: int = 1
     class_rest_left: tuple[int, int, int] = (1, 0, 0)  # the other pipelines' assign: retries, late restarts, fill
@@ -78,6 +79,10 @@ class PlannerConfig:
             else:  # tuples
                 if not isinstance(v, tuple) or any(isinstance(x, bool) for x in v):
                     raise TidalError(f"PlannerConfig.{f.name} must be a tuple, got {v!r}")
+        if not all(isinstance(x, str) for x in self.passes) or len(set(self.passes)) != len(self.passes) \
+                or tuple(x for x in PASS_ORDER if x in self.passes) != self.passes:
+            raise TidalError(f"PlannerConfig.passes must be distinct names of {PASS_ORDER} in that order, got "
+                             f"{self.passes!r}")
         for name in ("restart_keep", "shrink_rounds", "class_min_v"):
             if getattr(self, name) < 1:
                 raise TidalError(f"PlannerConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -97,7 +102,7 @@ class PlannerConfig:
     def cheap(cls) -> PlannerConfig:
         """The strategy proposal's planner: the first dispatch, its alternatives and packing, no improvement passes
         and no jump scan (a candidate's estimate over many steps, not one step's plan)."""
-        return cls(improve=False, scan=False)
+        return cls(passes=(), scan=False)
 
 
 DEFAULT = PlannerConfig()
