@@ -14,12 +14,12 @@ from tidal.planner import classfill as cf
 from tidal.planner import kernels_pack
 from tidal.planner import select as sel
 from tidal.planner.bounds import PipeCost, strategy_bound
-from tidal.planner.config import PlannerConfig
+from tidal.planner.config import PASS_ORDER, PlannerConfig
 from tidal.planner.packing import pipeline_time
 
 pytestmark = pytest.mark.unit
-NO_CLASS_FILL = PlannerConfig(class_fill=False)
-BARE = PlannerConfig(improve=False)  # no improvement passes (the jump scan stays)
+NO_CLASS_FILL = PlannerConfig(passes=PASS_ORDER[:-1])
+BARE = PlannerConfig(passes=())  # no improvement passes (the jump scan stays)
 SETTINGS = dict(derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                          HealthCheck.data_too_large])
 

@@ -13,7 +13,9 @@ from tidal.planner.select import assign, select_step
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize("bad", [dict(fill=1), dict(improve="yes"), dict(restart_keep=0), dict(restart_max=-1),
+@pytest.mark.parametrize("bad", [dict(passes=("fill", "shrink")), dict(passes=("bogus",)),
+                                 dict(passes=("polish", "polish")), dict(scan="yes"), dict(restart_keep=0),
+                                 dict(restart_max=-1),
                                  dict(restart_max=2.0), dict(shrink_gap=1.5), dict(late_gap=-0.1),
                                  dict(polish_rounds=True), dict(shrink_fracs=(0.9, 1.5)), dict(shrink_fracs=[0.9]),
                                  dict(class_slacks=(1.0,)), dict(class_v=(-1,)), dict(class_rest_left=(1, 0)),
@@ -28,7 +30,7 @@ def test_frozen_and_presets():
     with pytest.raises(dataclasses.FrozenInstanceError):
         DEFAULT.fill = False  # type: ignore[misc]
     assert PlannerConfig() == DEFAULT
-    assert PROPOSAL == PlannerConfig.cheap() == PlannerConfig(improve=False, scan=False)
+    assert PROPOSAL == PlannerConfig.cheap() == PlannerConfig(passes=(), scan=False)
 
 
 def test_config_reaches_the_passes():
