@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from planner_synth import PROFILES, profile_steps
 
 from tidal.planner.bounds import strategy_bound
-from tidal.planner.config import PASS_ORDER, PlannerConfig
+from tidal.planner.config import PlannerConfig
 from tidal.planner.passes import Allowance
 from tidal.planner.select import assign
 
@@ -69,7 +69,7 @@ def test_late_restarts_are_valid_and_never_worse(tier, gen, n, k, seed):
     B x D > late_restart_max one restart with the dispatch's full local search (decision 65; "big": every step here
     is made one). The plan is valid and never worse than the first dispatch alone (passes=()). It is not
     compared with the retry without the restarts: the retry starts from whichever plan won, so either can end lower
-    on a given step; the grid measures the net (docs/planner.md, "Sixth round")."""
+    on a given step; the grid measures the net (decision 95's ablation)."""
     cfg = PlannerConfig()
     if tier == "big":
         cfg = PlannerConfig(late_restart_max=cfg.restart_max, late_gap_big=0.0)
@@ -103,14 +103,12 @@ def test_late_restarts_on_a_large_step():
                                    analytic_v1(model, cluster))
     l_ = sample_steps("synthetic:commoncrawl", seed=0, tokens_per_step=200_000, max_len=32768,
                       steps=4)[0][3].lengths_array()
-    # the restarts alone (polish, decision 60, gains on this step too; the class fill, decision 69: 1.006 x)
-    cfg = PlannerConfig(polish_rounds=0, passes=PASS_ORDER[:-1])
+    cfg = PlannerConfig()  # (polish and the class fill, which gained on this step too, were dropped: decision 95)
     assert l_.size * len(profs[0].pipes) > cfg.restart_max
     bound = strategy_bound(l_, profs[0].pipes)
     plan = sel.select_step(l_, profs, config=cfg).plan
     _check_plan(l_, plan.pipelines)
-    before = sel.select_step(l_, profs, config=PlannerConfig(polish_rounds=0, passes=PASS_ORDER[:-1],
-                                                             late_restarts=0)).plan.est_step_time
+    before = sel.select_step(l_, profs, config=PlannerConfig(late_restarts=0)).plan.est_step_time
     assert plan.est_step_time <= before < 1.015 * bound  # 1.0036 x since decision 94 (PP = 1 priced as a sum)
 
 

@@ -17,20 +17,19 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Protocol
 
 import numpy as np
 
 from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan
-from tidal.planner.classfill import class_plan, pick_class
 from tidal.planner.config import PASS_ORDER, PlannerConfig
 from tidal.planner.dispatch import dispatch, restart_dispatch
 from tidal.planner.fill import fill_dispatch, worth_filling
 from tidal.planner.packing import Packer, pack, pipeline_time
-from tidal.planner.polish import polish
 from tidal.planner.profiles import StrategyProfile
 
 Plans = tuple[PipelinePlan, ...]
@@ -47,8 +46,6 @@ class Context:
     deadline: float | None  # perf_counter
     cfg: PlannerConfig
     objective: float  # the first dispatch's objective (the MaxLen retry compares packed pipelines with it)
-    extra: list  # dispatch_alternatives' next-best restarts (next_best)
-    assign: Callable  # select.assign, for the class fill's other pipelines
 
     def on_time(self) -> bool:
         return self.deadline is None or time.perf_counter() < self.deadline
@@ -63,8 +60,7 @@ class Allowance:
 
     @classmethod
     def for_step(cls, cfg: PlannerConfig) -> Allowance:
-        return cls({"late_restarts": cfg.late_per_step, "shrink": cfg.shrink_per_step, "fill": cfg.fill_per_step,
-                    "class_fill": cfg.class_per_step})
+        return cls({"late_restarts": cfg.late_per_step, "shrink": cfg.shrink_per_step, "fill": cfg.fill_per_step})
 
     def left(self, name: str) -> bool:
         return self.counts is None or self.counts.get(name, 1) > 0
@@ -85,7 +81,7 @@ class Pass(Protocol):
 
 
 def improve(ctx: Context, est: float, plans: Plans, left: Allowance, beat: float = float("inf"),
-            passes: dict[str, Pass] | None = None) -> tuple[float, Plans]:
+            passes: Mapping[str, Pass] | None = None) -> tuple[float, Plans]:
     """The passes of ctx.cfg.passes in order under the module doc's one rule; (estimate, plans). `passes` maps names
     to passes (default PASSES; a test may give its own)."""
     table = PASSES if passes is None else passes
@@ -95,16 +91,6 @@ def improve(ctx: Context, est: float, plans: Plans, left: Allowance, beat: float
             res = p.run(ctx, est, plans, left)
             if res is not None and res[0] < est:
                 est, plans = res
-    return est, plans
-
-
-def polished(ctx: Context, est: float, plans: Plans) -> tuple[float, Plans]:
-    """`polish` on a plan a pass produced, when the polish pass is on and the plan is above ctx.target by more than
-    cfg.shrink_done (decisions 64, 68)."""
-    cfg = ctx.cfg
-    if "polish" in cfg.passes and cfg.polish_rounds and ctx.target * (1 + cfg.shrink_done) < est:
-        return polish(ctx.lengths, ctx.prof.pipes, plans, est, target=ctx.target, rounds=cfg.polish_rounds,
-                      light=cfg.polish_light)
     return est, plans
 
 
@@ -173,44 +159,10 @@ class Shrink:
         return best
 
 
-class Polish:
-    """Decision 60: polish.polish (cfg.polish_rounds rounds) when above the bound by cfg.shrink_done."""
-    name = "polish"
-
-    def gap(self, ctx: Context) -> float:
-        return ctx.cfg.shrink_done
-
-    def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
-        if not ctx.cfg.polish_rounds:
-            return None
-        return polish(ctx.lengths, ctx.prof.pipes, plans, est, target=ctx.target, rounds=ctx.cfg.polish_rounds,
-                      light=ctx.cfg.polish_light)
-
-
-class NextBest:
-    """Decision 64: the next-best restarts of a small step (dispatch_alternatives' `extra`, up to
-    cfg.restart_keep - 1), each packed if its dispatch objective is below the plan, and polished if faster."""
-    name = "next_best"
-
-    def gap(self, ctx: Context) -> float:
-        return 0.0
-
-    def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
-        best = None
-        for alt in ctx.extra:
-            if not ctx.on_time() or alt.objective >= est:
-                continue
-            est2, plans2 = pack_groups(ctx.lengths, ctx.prof, alt.groups, ctx.packer, False, limit=est,
-                                       order=by_load(alt))
-            if est2 < est:
-                est, plans = best = polished(ctx, est2, plans2)
-        return best
-
-
 class Fill:
     """Decision 68: the plan re-dispatched with its token-full single-micro-batch pipelines filled first
-    (fill.fill_dispatch, cap the bound times 1 + cfg.fill_slack), packed and polished; gap cfg.fill_gap. One
-    re-dispatch spends one of the allowance."""
+    (fill.fill_dispatch, cap the bound times 1 + cfg.fill_slack) and packed; gap cfg.fill_gap. One re-dispatch spends
+    one of the allowance."""
     name = "fill"
 
     def gap(self, ctx: Context) -> float:
@@ -226,39 +178,11 @@ class Fill:
         groups = fill_dispatch(ctx.lengths, ctx.prof.pipes, plans, cap, deadline=ctx.deadline)
         if groups is None:
             return None
-        est2, plans2 = pack_groups(ctx.lengths, ctx.prof, groups, ctx.packer, False, limit=est)
-        if est2 < est and ctx.on_time():
-            est2, plans2 = polished(ctx, est2, plans2)
-        return est2, plans2
+        return pack_groups(ctx.lengths, ctx.prof, groups, ctx.packer, False, limit=est)
 
 
-class ClassFill:
-    """Decision 69: a class of many-micro-batch PP = 1 pipelines filled bin by bin (classfill.class_plan), the other
-    pipelines planned by assign with the allowance cfg.class_rest_left (MaxLen retries, late restarts, fills) and no
-    class fill of their own; gap cfg.class_gap; the default packer only. Spends one when the plan has such a class."""
-    name = "class_fill"
-
-    def gap(self, ctx: Context) -> float:
-        return ctx.cfg.class_gap
-
-    def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
-        cfg = ctx.cfg
-        if ctx.packer is not pack or ctx.target <= 0:
-            return None
-        pick = pick_class(ctx.prof.pipes, plans, cfg)
-        if pick is None:
-            return None
-        left.spend(self.name)
-        shrink, late, fill = cfg.class_rest_left
-
-        def rest(sub_l: np.ndarray, sub: StrategyProfile, T: float):
-            return ctx.assign(sub_l, sub, target=T, deadline=ctx.deadline, fallback=False, config=cfg,
-                              allowance=Allowance({"shrink": shrink, "late_restarts": late, "fill": fill,
-                                                   "class_fill": 0}))
-        return class_plan(ctx.lengths, ctx.prof, plans, est, ctx.target, rest, ctx.deadline, pick, cfg)
-
-
-PASSES: dict[str, Pass] = {p.name: p for p in (LateRestarts(), Shrink(), Polish(), NextBest(), Fill(), ClassFill())}
+# the registry (read-only: a test gives `improve` its own table instead of changing this one)
+PASSES: Mapping[str, Pass] = MappingProxyType({p.name: p for p in (LateRestarts(), Shrink(), Fill())})
 assert tuple(PASSES) == PASS_ORDER
 
 

@@ -88,10 +88,8 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
         # the dispatch objective is a bound on the packed time: a restart that lowers it can pack worse, so the first
         # dispatch and each alternative (best restart, jump-scan greedy) are packed and the fastest kept (ties to the
         # earliest)
-        extra: list = []  # the next-best restarts (the next_best pass)
         first, alts = dispatch_alternatives(l_, prof.pipes, seed=seed, target=target, deadline=deadline,
-                                            scan=cfg.scan, extra=extra if "next_best" in cfg.passes else None,
-                                            config=cfg)
+                                            scan=cfg.scan, config=cfg)
         est, plans = pack_groups(l_, prof, first.groups, packer, exact)
         for alt in alts:
             if deadline is not None and time.perf_counter() >= deadline:
@@ -100,7 +98,7 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
             if est2 < est:
                 est, plans = est2, plans2
         if cfg.passes:
-            ctx = Context(l_, prof, packer, seed, target, deadline, cfg, first.objective, extra, assign)
+            ctx = Context(l_, prof, packer, seed, target, deadline, cfg, first.objective)
             est, plans = improve(ctx, est, plans, Allowance() if allowance is None else allowance, shrink_below)
     if fallback and est > target and (deadline is None or time.perf_counter() < deadline):
         hy = _hydraulis_plan(l_, prof, packer, seed, exact, est)
