@@ -66,14 +66,14 @@ def _mb_times(l_: np.ndarray, mbs, pc: PipeCost) -> np.ndarray:
 
 def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack, seed: int = 0,
            exact: bool = False, target: float = 0.0, deadline: float | None = None,
-           fallback: bool = True, shrink_below: float = float("inf"), allowance: Allowance | None = None,
+           fallback: bool = True, improve_below: float = float("inf"), allowance: Allowance | None = None,
            config: PlannerConfig = DEFAULT) -> tuple[float, tuple[PipelinePlan, ...]]:
     """Two-stage assignment on one strategy: (step estimate, per-pipeline plans with step indices). `target` (a
     lower bound) lets the dispatch local search stop once it meets it (nothing better exists); `deadline` (perf_counter)
     cuts the local search short. `config` (config.PlannerConfig) holds every knob. The first dispatch and its
     alternatives (dispatch_alternatives) are packed and the fastest kept; then, on the heuristic path, the improvement
     passes of config.passes run (passes.improve: each while the plan is above `target` by more than its gap, `target`
-    is below `shrink_below` (select_step passes the incumbent: a candidate whose bound cannot beat it gets no pass),
+    is below `improve_below` (select_step passes the incumbent: a candidate whose bound cannot beat it gets no pass),
     the deadline allows and its `allowance` is left; its result kept only if faster). `allowance`
     (passes.Allowance): select_step's per-step allowances; None: no limit. With `fallback`, Hydraulis' dispatch
     (dispatch_hydraulis, config.hydraulis_trials shuffles, `seed`) followed by the same packer is also tried when its
@@ -99,7 +99,7 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
                 est, plans = est2, plans2
         if cfg.passes:
             ctx = Context(l_, prof, packer, seed, target, deadline, cfg, first.objective)
-            est, plans = improve(ctx, est, plans, Allowance() if allowance is None else allowance, shrink_below)
+            est, plans = improve(ctx, est, plans, Allowance() if allowance is None else allowance, improve_below)
     if fallback and est > target and (deadline is None or time.perf_counter() < deadline):
         hy = _hydraulis_plan(l_, prof, packer, seed, exact, est)
         if hy is not None:
@@ -197,7 +197,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
             continue
         est, plans = charged(k, assign(l_, profiles[k], packer=packer, seed=seed, exact=exact,
                                        target=bounds[k] - off[k], deadline=deadline, fallback=False,
-                                       shrink_below=float("inf") if best is None else best[0] / (1 + tol) - off[k],
+                                       improve_below=float("inf") if best is None else best[0] / (1 + tol) - off[k],
                                        allowance=allowance, config=cfg))
         ests[k] = est
         if best is None or (est, k) < (best[0], best[1]):
