@@ -1,11 +1,10 @@
 """Exact joint dispatch + packing of one step on one candidate, by MILP (HiGHS), against the planner (issue 9).
 
-The planner's two stages (dispatch, then packing) and its passes are heuristics; its step bound is a relaxation. On a
-small step this script asks HiGHS for the joint optimum of one candidate whose pipelines all have PP = 1: each
+The planner's two stages (dispatch, then packing) and its polish are heuristics; its step bound is a relaxation. On
+a small step this script asks HiGHS for the joint optimum of one candidate whose pipelines all have PP = 1: each
 document goes to one micro-batch of one pipeline, micro-batch tokens <= MaxLen, and a pipeline with V micro-batches
 takes V x its slowest one (c + sum of w). Printed: the candidate's refined and mode-aware bounds, the planner's plan
-without and with its improvement passes (PlannerConfig.passes), and the MILP's best plan and dual bound when the time
-limit ends.
+without and with polish, and the MILP's best plan and dual bound when the time limit ends.
 
 The MILP only considers up to --max-mbs micro-batches per pipeline, so its plans are valid but its dual bound holds
 for that restriction only (not a bound on the planner's problem).
@@ -108,14 +107,14 @@ def main() -> None:
     sb = StrategyBound(l_, prof.pipes)
     rb = sb.refined()
     mb = mode_bound(sb, rb, 10 * rb)
-    plain = sel.assign(l_, prof, target=rb, config=PlannerConfig(passes=()))[0]
-    passes = sel.assign(l_, prof, target=rb)[0]
+    plain = sel.assign(l_, prof, target=rb, config=PlannerConfig(polish_rounds=0))[0]
+    polished = sel.assign(l_, prof, target=rb)[0]
     print(f"# {args.model} {args.cluster} {args.strategy} {args.data} seed {args.seed} step {args.step}: "
           f"{l_.size} documents, {len(prof.pipes)} pipelines")
     print(f"bound: refined {rb:.4f} s, mode-aware {mb:.4f} s")
-    print(f"planner: {plain:.4f} s without its passes ({plain / rb:.4f} x bound), {passes:.4f} s with them "
-          f"({passes / rb:.4f} x)")
-    res, nv, nr, dt = solve(l_, prof.pipes, args.max_mbs, max(rb, mb), max(plain, passes), args.time_limit)
+    print(f"planner: {plain:.4f} s without polish ({plain / rb:.4f} x bound), {polished:.4f} s with it "
+          f"({polished / rb:.4f} x)")
+    res, nv, nr, dt = solve(l_, prof.pipes, args.max_mbs, max(rb, mb), max(plain, polished), args.time_limit)
     best = getattr(res, "fun", None)
     print(f"MILP ({nv} variables, {nr} rows, <= {args.max_mbs} micro-batches per pipeline): {res.message.strip()} "
           f"after {dt:.1f} s")

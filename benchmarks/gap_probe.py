@@ -7,10 +7,10 @@ every candidate, or the one named by --candidate:
   (`StrategyBound.refined`), mode-aware (`bounds_modes.mode_bound`) and LP-priced (`bounds_lp.lp_bound`);
 - `s` of the mode relaxation's LP at the best of those bounds (`bounds_lp.lp_prices`): s < 0 means the LP is feasible
   there with -s spare pipelines per pipeline, so no certificate of that relaxation can raise the bound;
-- the best plan that --restarts seeded random-order dispatches find (`dispatch.restart_dispatch`, --rounds local-
-  search rounds each), each packed: a far costlier search than the planner's. What it gains over the planner is plan-
-  side gap; what stays between it and the bound is the bound's or the heuristics' together, and an exact solver is
-  needed to split it (benchmarks/exact_joint.py on small steps).
+- the best plan that --restarts seeded random-order dispatches find (`dispatch.restart_dispatch`, --rounds
+  local-search rounds each), each packed and polished (`polish.polish`, 400 rounds): a far costlier search than the
+  planner's. What it gains over the planner is plan-side gap; what stays between it and the bound is the bound's or
+  the heuristics' together, and an exact solver is needed to split it (benchmarks/exact_joint.py on small steps).
 
 Then, per step, the best plan over the candidates against the least bound, planner and restarts: their medians over
 the steps say how much of a cell's gap a far costlier plan search could recover.
@@ -38,6 +38,7 @@ from tidal.planner.bounds_modes import mode_bound
 from tidal.planner.dispatch import restart_dispatch
 from tidal.planner.packing import pack
 from tidal.planner.passes import pack_groups
+from tidal.planner.polish import polish
 
 
 def probe(l_: np.ndarray, prof, restarts: int, rounds: int) -> dict:
@@ -54,7 +55,9 @@ def probe(l_: np.ndarray, prof, restarts: int, rounds: int) -> dict:
         alt = restart_dispatch(l_, prof.pipes, 1, seed=1000 + r, max_rounds=rounds)
         if alt is None:
             continue
-        best = min(best, pack_groups(l_, prof, alt.groups, pack, False)[0])
+        e2, plans = pack_groups(l_, prof, alt.groups, pack, False)
+        e3, _ = polish(l_, prof.pipes, plans, e2, rounds=400)
+        best = min(best, e3)
     return {"est": est, "refined": refined, "mode": mode, "lp": lp, "bound": bound,
             "lp_s": None if out is None else out[0], "search": best, "search_s": time.perf_counter() - t0}
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from tidal.core.errors import TidalError
 
 # The improvement passes of select.assign (planner/passes.py), in the one order they run (docs/planner.md opens with it)
-PASS_ORDER = ("late_restarts", "shrink", "fill")
+PASS_ORDER = ("late_restarts", "shrink", "polish", "fill")
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ class PlannerConfig:
     late_big_restarts: int = 1
     late_gap_big: float = 5e-3
     late_rounds: int = 20
+    polish_rounds: int = 40  # decision 60 (0: no polish)
+    polish_light: int = 8  # polish's swap partners: this many least-loaded pipelines on steps of > 256 documents
     # single-micro-batch fill (decision 68): filled up to the bound times 1 + fill_slack when above it by fill_gap
     fill_slack: float = 5e-3
     fill_gap: float = 5e-3

@@ -30,6 +30,7 @@ from tidal.planner.config import PASS_ORDER, PlannerConfig
 from tidal.planner.dispatch import dispatch, restart_dispatch
 from tidal.planner.fill import fill_dispatch, worth_filling
 from tidal.planner.packing import Packer, pack, pipeline_time
+from tidal.planner.polish import polish
 from tidal.planner.profiles import StrategyProfile
 
 Plans = tuple[PipelinePlan, ...]
@@ -91,6 +92,16 @@ def improve(ctx: Context, est: float, plans: Plans, left: Allowance, beat: float
             res = p.run(ctx, est, plans, left)
             if res is not None and res[0] < est:
                 est, plans = res
+    return est, plans
+
+
+def polished(ctx: Context, est: float, plans: Plans) -> tuple[float, Plans]:
+    """`polish` on a plan a pass produced, when the polish pass is on and the plan is above ctx.target by more than
+    cfg.shrink_done (decisions 64, 68)."""
+    cfg = ctx.cfg
+    if "polish" in cfg.passes and cfg.polish_rounds and ctx.target * (1 + cfg.shrink_done) < est:
+        return polish(ctx.lengths, ctx.prof.pipes, plans, est, target=ctx.target, rounds=cfg.polish_rounds,
+                      light=cfg.polish_light)
     return est, plans
 
 
@@ -159,10 +170,24 @@ class Shrink:
         return best
 
 
+class Polish:
+    """Decision 60: polish.polish (cfg.polish_rounds rounds) when above the bound by cfg.shrink_done."""
+    name = "polish"
+
+    def gap(self, ctx: Context) -> float:
+        return ctx.cfg.shrink_done
+
+    def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
+        if not ctx.cfg.polish_rounds:
+            return None
+        return polish(ctx.lengths, ctx.prof.pipes, plans, est, target=ctx.target, rounds=ctx.cfg.polish_rounds,
+                      light=ctx.cfg.polish_light)
+
+
 class Fill:
     """Decision 68: the plan re-dispatched with its token-full single-micro-batch pipelines filled first
-    (fill.fill_dispatch, cap the bound times 1 + cfg.fill_slack) and packed; gap cfg.fill_gap. One re-dispatch spends
-    one of the allowance."""
+    (fill.fill_dispatch, cap the bound times 1 + cfg.fill_slack), packed and polished; gap cfg.fill_gap. One
+    re-dispatch spends one of the allowance."""
     name = "fill"
 
     def gap(self, ctx: Context) -> float:
@@ -178,11 +203,14 @@ class Fill:
         groups = fill_dispatch(ctx.lengths, ctx.prof.pipes, plans, cap, deadline=ctx.deadline)
         if groups is None:
             return None
-        return pack_groups(ctx.lengths, ctx.prof, groups, ctx.packer, False, limit=est)
+        est2, plans2 = pack_groups(ctx.lengths, ctx.prof, groups, ctx.packer, False, limit=est)
+        if est2 < est and ctx.on_time():
+            est2, plans2 = polished(ctx, est2, plans2)
+        return est2, plans2
 
 
 # the registry (read-only: a test gives `improve` its own table instead of changing this one)
-PASSES: Mapping[str, Pass] = MappingProxyType({p.name: p for p in (LateRestarts(), Shrink(), Fill())})
+PASSES: Mapping[str, Pass] = MappingProxyType({p.name: p for p in (LateRestarts(), Shrink(), Polish(), Fill())})
 assert tuple(PASSES) == PASS_ORDER
 
 

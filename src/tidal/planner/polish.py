@@ -1,0 +1,166 @@
+"""Micro-batch-level local search across pipelines (decision 60): the last step of the two-stage assignment.
+
+The dispatch balances an objective that assumes a pipeline's work splits evenly over its micro-batches; packing then
+finds how unevenly a few long documents really split. A pipeline's time is (PP - 1 + V) x its slowest micro-batch (PP =
+1: their sum, decision 94), so
+on a pipeline holding, say, documents of 9,325, 6,867 and 6,670 tokens in two micro-batches, no split is even, and
+neither stage can see that another pipeline's micro-batch had room for one of them.
+
+`polish` works on the packed plan itself, with the real objective: each round takes the slowest micro-batch of the
+slowest pipeline and evaluates, in one vectorised pass, moving each of its documents into any micro-batch of another
+pipeline that has token room, and swapping it with any document of another pipeline. Each candidate's value is the
+exact new time of both pipelines (the micro-batch times are sums of per-document work plus c, so no re-packing is
+needed); the best move is taken if it lowers that pair's maximum by more than `min_gain` (relative), so the search
+terminates. Pipelines keep their micro-batch count unless a move empties one. Plans are rebuilt and re-timed with
+packing.pipeline_time, and the result is kept only if faster, so it is never worse and always valid.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tidal.core.errors import TidalError
+from tidal.core.plan import PipelinePlan
+from tidal.planner.bounds import PipeCost
+from tidal.planner.config import DEFAULT
+from tidal.planner.packing import pipeline_time
+
+
+def polish(lengths: np.ndarray, pipes: tuple[PipeCost, ...], plans: tuple[PipelinePlan, ...], est: float, *,
+           target: float = 0.0, rounds: int = 40, max_docs: int = 16,
+           min_gain: float = 1e-4, light: int = DEFAULT.polish_light) -> tuple[float, tuple[PipelinePlan, ...]]:
+    """Improve a packed plan by moving and swapping documents between micro-batches of different pipelines
+    (module doc). `plans` must hold every index of `lengths` once (TidalError otherwise). Stops after `rounds`, at
+    `target` (a lower bound), or when no move gains. Returns (estimate, plans): the input unchanged unless the
+    result is strictly faster."""
+    P = len(pipes)
+    mb_docs = [list(mb) for p in plans for mb in p.micro_batches]
+    if P < 2 or not mb_docs:
+        return est, plans
+    lf = np.asarray(lengths, dtype=np.float64)
+    A = np.array([p.a for p in pipes])
+    B = np.array([p.b for p in pipes])
+    C = np.array([p.c for p in pipes])
+    Dd = np.array([p.d for p in pipes])
+    M = np.array([p.max_len for p in pipes], dtype=np.float64)
+    mb_pipe = np.array([j for j, p in enumerate(plans) for _ in p.micro_batches], dtype=np.int64)
+    n_mb = len(mb_docs)
+    doc_mb = np.full(lf.size, -1, dtype=np.int64)
+    for m, docs in enumerate(mb_docs):
+        doc_mb[docs] = m
+    if np.any(doc_mb < 0):
+        raise TidalError(f"polish: sequence {int(np.flatnonzero(doc_mb < 0)[0])} is in no micro-batch of the plan")
+    alive = np.ones(n_mb, dtype=bool)
+    w_own = A[mb_pipe[doc_mb]] * lf * lf + B[mb_pipe[doc_mb]] * lf + Dd[mb_pipe[doc_mb]]  # work where it is
+    mb_t = C[mb_pipe] + np.bincount(doc_mb, weights=w_own, minlength=n_mb)
+    mb_tok = np.bincount(doc_mb, weights=lf, minlength=n_mb)
+    Q1 = np.array([p.pp - 1 for p in pipes], dtype=np.float64)
+    changed = np.zeros(P, dtype=bool)
+
+    def pipe_state():
+        t = np.where(alive, mb_t, -np.inf)
+        top1 = np.full(P, -np.inf)
+        np.maximum.at(top1, mb_pipe, t)
+        arg = np.full(P, n_mb, dtype=np.int64)  # first micro-batch at the top, per pipeline (n_mb: none)
+        is_top = alive & (t == top1[mb_pipe])
+        np.minimum.at(arg, mb_pipe[is_top], np.flatnonzero(is_top))
+        t2 = np.where(np.arange(n_mb) == arg[mb_pipe], -np.inf, t)
+        top2 = np.full(P, -np.inf)
+        np.maximum.at(top2, mb_pipe, t2)
+        V = np.bincount(mb_pipe[alive], minlength=P).astype(np.float64)
+        tot = np.bincount(mb_pipe[alive], weights=mb_t[alive], minlength=P)  # one stage: the sum (decision 94)
+        time = np.where(V > 0, np.where(Q1 > 0, (Q1 + V) * np.maximum(top1, 0.0), tot), 0.0)
+        return top1, top2, arg, V, time
+
+    for _ in range(rounds):
+        top1, top2, arg, V, time = pipe_state()
+        j = int(np.argmax(time))
+        tj = time[j]
+        if tj <= target:
+            break
+        ms = int(arg[j])
+        mine = np.flatnonzero(doc_mb == ms)
+        xs_all = lf[mine]
+        order = np.argsort(-xs_all, kind="stable")[:max_docs]
+        sel, xs = mine[order], xs_all[order]
+        wj = A[j] * xs * xs + B[j] * xs + Dd[j]
+        fj = Q1[j] + V[j]
+        sec = max(top2[j], 0.0)
+        left = mb_t[ms] - wj
+        if Q1[j] > 0:
+            new_j = np.where(mine.size == 1, (fj - 1) * sec if fj - 1 > Q1[j] else 0.0, fj * np.maximum(sec, left))
+        else:
+            new_j = tj - wj - (C[j] if mine.size == 1 else 0.0)
+        # moves: documents of ms into any live micro-batch of another pipeline with token room
+        cand = np.flatnonzero(alive & (mb_pipe != j))
+        best_val, best = tj * (1 - min_gain), None
+        if cand.size:
+            k = mb_pipe[cand]
+            wk = A[k][None, :] * xs[:, None] ** 2 + B[k][None, :] * xs[:, None] + Dd[k][None, :]
+            other = np.where(cand == arg[k], top2[k], top1[k])[None, :]
+            nk = np.where(Q1[k][None, :] > 0, (Q1[k] + V[k])[None, :] * np.maximum(other, mb_t[cand][None, :] + wk),
+                          time[k][None, :] + wk)
+            ok = mb_tok[cand][None, :] + xs[:, None] <= M[k][None, :]
+            val = np.where(ok, np.maximum(new_j[:, None], nk), np.inf)
+            u = int(np.argmin(val))
+            if val.flat[u] < best_val:
+                a, b = divmod(u, cand.size)
+                best_val, best = float(val.flat[u]), (int(sel[a]), int(cand[b]), -1)
+        # swaps: a document of ms with any document of another pipeline (on large steps, of the `light` least loaded
+        # pipelines only, as in the dispatch's local search: that is where the bottleneck's work can go)
+        if lf.size > 256 and light < P:
+            near = np.argsort(time, kind="stable")[:light]
+            e_idx = np.flatnonzero(np.isin(mb_pipe[doc_mb], near[near != j]))
+        else:
+            e_idx = np.flatnonzero(mb_pipe[doc_mb] != j)
+        if e_idx.size:
+            me = doc_mb[e_idx]
+            k = mb_pipe[me]
+            le = lf[e_idx][None, :]
+            wje = A[j] * le * le + B[j] * le + Dd[j]
+            nj = fj * np.maximum(sec, mb_t[ms] - wj[:, None] + wje) if Q1[j] > 0 else tj - wj[:, None] + wje
+            wkd = A[k][None, :] * xs[:, None] ** 2 + B[k][None, :] * xs[:, None] + Dd[k][None, :]
+            wke = (A[k] * le * le + B[k] * le + Dd[k])  # 1 x E
+            other = np.where(me == arg[k], top2[k], top1[k])[None, :]
+            nk = np.where(Q1[k][None, :] > 0,
+                          (Q1[k] + V[k])[None, :] * np.maximum(other, mb_t[me][None, :] - wke + wkd),
+                          time[k][None, :] - wke + wkd)
+            ok = ((mb_tok[ms] - xs[:, None] + le <= M[j]) & (mb_tok[me][None, :] - le + xs[:, None] <= M[k][None, :])
+                  & (le != xs[:, None]))
+            val = np.where(ok, np.maximum(nj, nk), np.inf)
+            u = int(np.argmin(val))
+            if val.flat[u] < best_val:
+                a, b = divmod(u, e_idx.size)
+                best_val, best = float(val.flat[u]), (int(sel[a]), int(me[b]), int(e_idx[b]))
+        if best is None:
+            break
+        d, m2, e = best
+        k2 = int(mb_pipe[m2])
+
+        def place(doc: int, src: int, dst: int) -> None:
+            ps, pd = mb_pipe[src], mb_pipe[dst]
+            x = lf[doc]
+            mb_t[src] -= A[ps] * x * x + B[ps] * x + Dd[ps]
+            mb_tok[src] -= x
+            mb_t[dst] += A[pd] * x * x + B[pd] * x + Dd[pd]
+            mb_tok[dst] += x
+            doc_mb[doc] = dst
+            mb_docs[src].remove(doc)
+            mb_docs[dst].append(doc)
+            alive[dst] = True  # a swap refills the micro-batch its first half emptied
+            alive[src] = bool(mb_docs[src])
+
+        place(d, ms, m2)
+        if e >= 0:
+            place(e, m2, ms)
+        changed[j] = changed[k2] = True
+    if not changed.any():
+        return est, plans
+    out = list(plans)
+    for j in np.flatnonzero(changed):
+        mbs = sorted((tuple(sorted(mb_docs[m])) for m in np.flatnonzero(alive & (mb_pipe == j))), key=lambda g: g[0])
+        p = plans[j]
+        out[j] = PipelinePlan(p.tp, p.pp, p.cp, p.devices, p.max_len, tuple(mbs),
+                              pipeline_time(lf, mbs, pipes[j].coeffs, pipes[j].pp), (), p.layer_split)
+    new = max(p.est_time for p in out)
+    return (new, tuple(out)) if new < est else (est, plans)
