@@ -37,6 +37,7 @@ from tidal.planner.bounds_lp import lp_bound, lp_prices
 from tidal.planner.bounds_modes import mode_bound
 from tidal.planner.dispatch import restart_dispatch
 from tidal.planner.packing import pack
+from tidal.planner.passes import pack_groups
 from tidal.planner.polish import polish
 
 
@@ -54,7 +55,7 @@ def probe(l_: np.ndarray, prof, restarts: int, rounds: int) -> dict:
         alt = restart_dispatch(l_, prof.pipes, 1, seed=1000 + r, max_rounds=rounds)
         if alt is None:
             continue
-        e2, plans = sel._pack_groups(l_, prof, alt.groups, pack, False)
+        e2, plans = pack_groups(l_, prof, alt.groups, pack, False)
         e3, _ = polish(l_, prof.pipes, plans, e2, rounds=400)
         best = min(best, e3)
     return {"est": est, "refined": refined, "mode": mode, "lp": lp, "bound": bound,

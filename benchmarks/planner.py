@@ -6,6 +6,7 @@ and token first-fit-decreasing. Prints figures; nothing is asserted.
     python benchmarks/planner.py --grid [--models M,..] [--clusters C,..] [--cands proposal,hand] [--sources S,..]
                                  [--seeds 0,1,2] [--held-out-seeds 10,11,12] [--held-out-sources stdlib]
                                  [--steps 10] [--hy-trials 1] [--budget-ms X] [--prove] [--out grid.json]
+                                 [--passes all|none|NAME,..] [--drop NAME,..]   (decision 95's ablation)
 """
 
 from __future__ import annotations
@@ -229,6 +230,9 @@ def main() -> None:
     ap.add_argument("--hy-max-devices", type=int, default=1024, help="grid: hydraulis column up to this cluster size")
     ap.add_argument("--budget-ms", type=float, default=None, help="grid: per-step planning budget")
     ap.add_argument("--out", default=None, help="grid: write the rows as JSON")
+    ap.add_argument("--passes", default="all", help="grid: the improvement passes to run (names from "
+                    "config.PASS_ORDER, comma-separated; 'all' or 'none'; decision 95's ablation)")
+    ap.add_argument("--drop", default="", help="grid: passes to leave out (comma-separated names)")
     ap.add_argument("--prove", action="store_true",
                     help="grid: est/lb against the LP-priced bound (bounds_lp.prove_selection, timed apart)")
     a = ap.parse_args()

@@ -29,6 +29,7 @@ from tidal.costmodel import default_cost_model
 from tidal.data import sample_steps
 from tidal.planner.baselines.hydraulis import dispatch_hydraulis
 from tidal.planner.bounds_lp import prove_selection
+from tidal.planner.config import DEFAULT, PASS_ORDER, PlannerConfig
 from tidal.planner.packing import pack
 from tidal.planner.select import assign, profile_strategies, select_step
 
@@ -120,7 +121,7 @@ def q(xs, p):
 
 
 def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, budget_ms, prove=False,
-             split="tuning"):
+             split="tuning", config: PlannerConfig = DEFAULT):
     # the proposal of a held-out source is made from its own lengths (seed 99), as for every source
     names, profs, prop_s = grid.candidates(model, cluster, how, source)
     row = {"model": model, "cluster": cluster, "cands": how, "source": source, "split": split,
@@ -140,7 +141,7 @@ def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, b
             l_ = st.lengths_array()
             try:
                 c0, w0 = time.thread_time(), time.perf_counter()
-                sel = select_step(l_, profs, seed=0, **kw)
+                sel = select_step(l_, profs, seed=0, config=config, **kw)
                 plan = sel.plan
                 cut += bool(getattr(sel, "cut_short", False))
                 cpu.append((time.thread_time() - c0) * 1e3)
@@ -160,7 +161,7 @@ def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, b
                 for prof in profs:
                     if int(l_.max()) > prof.max_len:
                         continue
-                    ours = assign(l_, prof, seed=0)[0]
+                    ours = assign(l_, prof, seed=0, config=config)[0]
                     hy = _hydraulis(l_, prof, hy_trials)
                     best_hy = min(best_hy, hy)
                     hy_pairs += 1
@@ -245,12 +246,25 @@ def splits(args) -> list[tuple[str, list[int], list[str]]]:
     return out
 
 
+def config_of(args) -> PlannerConfig:
+    """The planner config of --passes (names, or 'all', or 'none') less --drop (names): the ablation of decision 95."""
+    spec = getattr(args, "passes", "all")
+    keep = PASS_ORDER if spec == "all" else () if spec == "none" else tuple(x for x in spec.split(",") if x)
+    drop = {x for x in getattr(args, "drop", "").split(",") if x}
+    unknown = (set(keep) | drop) - set(PASS_ORDER)
+    if unknown:
+        raise TidalError(f"unknown pass(es) {sorted(unknown)}; the passes are {', '.join(PASS_ORDER)}")
+    return PlannerConfig(passes=tuple(x for x in PASS_ORDER if x in keep and x not in drop))
+
+
 def main(args) -> None:
     rows = []
+    config = config_of(args)
     with tempfile.TemporaryDirectory() as tmp:
         grid = Grid(Path(tmp))
         print(f"grid: steps/seed {args.steps}, splits {[(n, sd, src) for n, sd, src in splits(args)]}, hydraulis "
-              f"trials {args.hy_trials}, budget {args.budget_ms} ms; times in ms per step (cpu = thread_time); "
+              f"trials {args.hy_trials}, budget {args.budget_ms} ms, passes {','.join(config.passes) or 'none'}; "
+              f"times in ms per step (cpu = thread_time); "
               f"compiled planner loops loaded in {warm_kernels():.2f} s (once per process, not in any step)")
         print(HEADER)
         for model in args.models.split(","):
@@ -260,7 +274,7 @@ def main(args) -> None:
                         for source in sources:
                             trials = args.hy_trials if get_cluster(cluster).num_devices <= args.hy_max_devices else 0
                             row = run_cell(grid, model, cluster, how, source, seeds, args.steps, trials,
-                                           args.budget_ms, args.prove, split)
+                                           args.budget_ms, args.prove, split, config)
                             rows.append(row)
                             print(fmt(row), flush=True)
     if args.out:

@@ -8,7 +8,8 @@ from planner_synth import MAX_LEN, PROFILES
 from tidal.planner.bounds import ClassArrays, StrategyBound, group_pipes, prepare_lengths, strategy_bound
 from tidal.planner.dispatch import dispatch_alternatives
 from tidal.planner.packing import pack
-from tidal.planner.select import _pack_groups, assign
+from tidal.planner.passes import pack_groups
+from tidal.planner.select import assign
 
 pytestmark = pytest.mark.unit
 
@@ -46,7 +47,7 @@ def test_assign_keeps_the_faster_of_first_dispatch_and_best_restart():
                 continue
             est = assign(l_, prof, fallback=False)[0]
             first, alts = dispatch_alternatives(l_, prof.pipes)
-            assert est <= _pack_groups(l_, prof, first.groups, pack, False)[0]
+            assert est <= pack_groups(l_, prof, first.groups, pack, False)[0]
             for alt in alts:
                 assert alt.objective < first.objective
-                assert est <= _pack_groups(l_, prof, alt.groups, pack, False)[0]
+                assert est <= pack_groups(l_, prof, alt.groups, pack, False)[0]

@@ -13,10 +13,12 @@ from tidal.planner.select import assign, select_step
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize("bad", [dict(fill=1), dict(improve="yes"), dict(restart_keep=0), dict(restart_max=-1),
-                                 dict(restart_max=2.0), dict(shrink_gap=1.5), dict(late_gap=-0.1),
-                                 dict(polish_rounds=True), dict(shrink_fracs=(0.9, 1.5)), dict(shrink_fracs=[0.9]),
-                                 dict(class_slacks=(1.0,)), dict(class_v=(-1,)), dict(class_rest_left=(1, 0)),
+@pytest.mark.parametrize("bad", [dict(passes=("fill", "late_restarts")), dict(passes=("class_fill",)),
+                                 dict(passes=("fill", "fill")), dict(passes=["fill"]), dict(scan="yes"),
+                                 dict(restart_keep=0), dict(restart_max=-1), dict(restart_max=2.0),
+                                 dict(fill_gap=1.5), dict(late_gap=-0.1), dict(late_restarts=True),
+                                 dict(shrink_fracs=(0.9, 1.5)), dict(shrink_fracs=[0.9]), dict(shrink_rounds=0),
+                                 dict(polish_rounds=True),
                                  dict(late_restart_max_big=100)])
 def test_bad_knobs_are_one_line_errors(bad):
     with pytest.raises(TidalError) as e:
@@ -26,9 +28,9 @@ def test_bad_knobs_are_one_line_errors(bad):
 
 def test_frozen_and_presets():
     with pytest.raises(dataclasses.FrozenInstanceError):
-        DEFAULT.fill = False  # type: ignore[misc]
+        DEFAULT.passes = ()  # type: ignore[misc]
     assert PlannerConfig() == DEFAULT
-    assert PROPOSAL == PlannerConfig.cheap() == PlannerConfig(improve=False, scan=False)
+    assert PROPOSAL == PlannerConfig.cheap() == PlannerConfig(passes=(), scan=False)
 
 
 def test_config_reaches_the_passes():

@@ -13,11 +13,11 @@ from planner_synth import profile, profile_steps, real_step
 from tidal.core.plan import PipelinePlan
 from tidal.planner import select as sel
 from tidal.planner.bounds import PipeCost, strategy_bound
-from tidal.planner.config import PlannerConfig
+from tidal.planner.config import PASS_ORDER, PlannerConfig
 from tidal.planner.fill import fill_dispatch, single_pipes
 
 pytestmark = pytest.mark.unit
-NO_FILL = PlannerConfig(fill=False)
+NO_FILL = PlannerConfig(passes=tuple(p for p in PASS_ORDER if p != "fill"))
 SETTINGS = dict(derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                          HealthCheck.data_too_large])
 

@@ -12,14 +12,12 @@ from tidal.core.plan import PipelinePlan
 from tidal.core.scheme import ParallelScheme
 from tidal.planner import select as sel
 from tidal.planner.bounds import PipeCost, strategy_bound
-from tidal.planner.config import PlannerConfig
+from tidal.planner.config import PASS_ORDER, PlannerConfig
 from tidal.planner.packing import pipeline_time
 from tidal.planner.polish import polish
 from tidal.planner.select import StrategyProfile, assign
 
-# assign without polish, and without the next-best restarts packed after it (decision 64), which can reach what
-# polish reaches on their own
-NO_POLISH = PlannerConfig(polish_rounds=0, restart_keep=1)
+NO_POLISH = PlannerConfig(passes=tuple(p for p in PASS_ORDER if p != "polish"))  # assign without the polish pass
 
 
 SETTINGS = dict(derandomize=True, deadline=None,

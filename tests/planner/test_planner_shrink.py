@@ -10,9 +10,10 @@ from planner_synth import PROFILES, profile_steps
 
 from tidal.planner.bounds import strategy_bound
 from tidal.planner.config import PlannerConfig
+from tidal.planner.passes import Allowance
 from tidal.planner.select import assign
 
-BARE = PlannerConfig(improve=False)  # the first dispatch alone
+BARE = PlannerConfig(passes=())  # the first dispatch alone
 SETTINGS = dict(derandomize=True, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -66,9 +67,9 @@ def test_late_restarts_are_valid_and_never_worse(tier, gen, n, k, seed):
     """Steps with B x D > restart_max (where dispatch_alternatives runs no restarts) get late_restarts
     random-order restarts before the retry when the packed plan is above the bound (decision 59), and steps with
     B x D > late_restart_max one restart with the dispatch's full local search (decision 65; "big": every step here
-    is made one). The plan is valid and never worse than the first dispatch alone (improve=False). It is not
+    is made one). The plan is valid and never worse than the first dispatch alone (passes=()). It is not
     compared with the retry without the restarts: the retry starts from whichever plan won, so either can end lower
-    on a given step; the grid measures the net (docs/planner.md, "Sixth round")."""
+    on a given step; the grid measures the net (decision 95's ablation)."""
     cfg = PlannerConfig()
     if tier == "big":
         cfg = PlannerConfig(late_restart_max=cfg.restart_max, late_gap_big=0.0)
@@ -78,9 +79,9 @@ def test_late_restarts_are_valid_and_never_worse(tier, gen, n, k, seed):
     l_ = np.minimum(np.ceil(rng.lognormal(3.0, 0.9, n)), prof.max_len).astype(np.int64)
     assert l_.size * len(prof.pipes) > cfg.restart_max
     # allowances as good as unlimited, but one candidate with late restarts: its use shows the restarts ran
-    left = [10**9, 1, 10**9, 10**9]
-    est, plans = assign(l_, prof, seed=seed, shrink_left=left, config=cfg)
-    assert left[1] == 0  # the restarts ran (a bare assign has target 0, so every plan is above it)
+    left = Allowance({"late_restarts": 1})
+    est, plans = assign(l_, prof, seed=seed, allowance=left, config=cfg)
+    assert not left.left("late_restarts")  # the restarts ran (a bare assign has target 0, so every plan is above it)
     _check_plan(l_, plans)
     assert est == max(p.est_time for p in plans)
     assert est >= strategy_bound(l_, prof.pipes)
@@ -102,14 +103,12 @@ def test_late_restarts_on_a_large_step():
                                    analytic_v1(model, cluster))
     l_ = sample_steps("synthetic:commoncrawl", seed=0, tokens_per_step=200_000, max_len=32768,
                       steps=4)[0][3].lengths_array()
-    # the restarts alone (polish, decision 60, gains on this step too; the class fill, decision 69: 1.006 x)
-    cfg = PlannerConfig(polish_rounds=0, class_fill=False)
+    cfg = PlannerConfig(polish_rounds=0)  # the restarts alone (polish, decision 60, gains on this step too)
     assert l_.size * len(profs[0].pipes) > cfg.restart_max
     bound = strategy_bound(l_, profs[0].pipes)
     plan = sel.select_step(l_, profs, config=cfg).plan
     _check_plan(l_, plan.pipelines)
-    before = sel.select_step(l_, profs, config=PlannerConfig(polish_rounds=0, class_fill=False,
-                                                             late_restarts=0)).plan.est_step_time
+    before = sel.select_step(l_, profs, config=PlannerConfig(polish_rounds=0, late_restarts=0)).plan.est_step_time
     assert plan.est_step_time <= before < 1.015 * bound  # 1.0036 x since decision 94 (PP = 1 priced as a sum)
 
 

@@ -6,7 +6,6 @@ answer equals the exhaustive minimum over candidates (ties go to the lower candi
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import time
 from collections.abc import Sequence
@@ -20,13 +19,11 @@ from tidal.planner.baselines.hydraulis import dispatch_hydraulis
 from tidal.planner.bounds import PipeCost, StrategyBound, check_lengths, pipeline_bound, prepare_lengths
 from tidal.planner.bounds_modes import mode_bound
 from tidal.planner.charges import charge
-from tidal.planner.classfill import class_plan, pick_class
 from tidal.planner.config import DEFAULT, PlannerConfig
-from tidal.planner.dispatch import dispatch, dispatch_alternatives, restart_dispatch
-from tidal.planner.fill import fill_dispatch, worth_filling
+from tidal.planner.dispatch import dispatch, dispatch_alternatives
 from tidal.planner.metrics import max_over_mean, mb_imbalance, rank_spread
-from tidal.planner.packing import Packer, pack, pipeline_time
-from tidal.planner.polish import polish
+from tidal.planner.packing import Packer, pack
+from tidal.planner.passes import Allowance, Context, by_load, flatten, improve, pack_groups
 from tidal.planner.profiles import StrategyProfile as StrategyProfile  # callers import both from here
 from tidal.planner.profiles import profile_strategies as profile_strategies
 
@@ -61,218 +58,53 @@ class StepSelection:
     cut_short: bool = False  # the time budget ended the search early (the plan is valid, its bound still proven)
 
 
-def _flatten(mbs) -> tuple[np.ndarray, np.ndarray, int]:
-    """(sequence indices of all micro-batches in order, the micro-batch of each, micro-batch count)."""
-    sizes = [len(mb) for mb in mbs]
-    flat = np.fromiter((i for mb in mbs for i in mb), dtype=np.int64, count=sum(sizes))
-    return flat, np.repeat(np.arange(len(sizes)), sizes), len(sizes)
-
-
 def _mb_times(l_: np.ndarray, mbs, pc: PipeCost) -> np.ndarray:
     """c + sum of w over each micro-batch (for reports: one vectorised pass, not a float-exact pipeline_time)."""
-    flat, mb_of, v = _flatten(mbs)
+    flat, mb_of, v = flatten(mbs)
     return pc.c + np.bincount(mb_of, weights=pc.work(l_[flat]), minlength=v)
-
-
-def _check_packing(mbs, n: int, sub: np.ndarray, max_len: int) -> None:
-    """Every one of the packer's n sequences exactly once, no micro-batch over max_len tokens (one-line errors)."""
-    flat, mb_of, v = _flatten(mbs)
-    if flat.size != n or (n and (flat.min() < 0 or flat.max() >= n or np.bincount(flat, minlength=n).max() != 1)):
-        raise TidalError(f"packer returned a packing that does not hold each of its {n} sequences exactly once")
-    tokens = np.bincount(mb_of, weights=sub[flat], minlength=v)
-    if tokens.size and tokens.max() > max_len:  # token counts < 2^53: the float sums are exact
-        raise TidalError(f"packer returned a micro-batch of {int(tokens.max())} tokens > MaxLen {max_len}")
 
 
 def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack, seed: int = 0,
            exact: bool = False, target: float = 0.0, deadline: float | None = None,
-           fallback: bool = True, shrink_below: float = float("inf"), shrink_left: list[int] | None = None,
+           fallback: bool = True, improve_below: float = float("inf"), allowance: Allowance | None = None,
            config: PlannerConfig = DEFAULT) -> tuple[float, tuple[PipelinePlan, ...]]:
     """Two-stage assignment on one strategy: (step estimate, per-pipeline plans with step indices). `target` (a
     lower bound) lets the dispatch local search stop once it meets it (nothing better exists); `deadline` (perf_counter)
-    cuts the local search short. `config` (config.PlannerConfig) holds every knob named below as c.<knob>. With
-    `fallback`, Hydraulis' dispatch (dispatch_hydraulis, c.hydraulis_trials shuffles, `seed`) followed by the same
-    packer is also tried when its dispatch cost (a lower bound on its packed time) is below our estimate, and the
-    better plan kept: the result is never worse than that baseline (unless the deadline passed before it ran). With
-    c.improve (heuristic path only), a packing that overshoots its dispatch because micro-batches could not be
-    filled to MaxLen triggers dispatch retries with a smaller effective MaxLen (c.shrink_fracs) if `target` <
-    `shrink_below` (select_step passes the incumbent: a candidate whose bound cannot beat it is not retried), each
-    retry taking one from `shrink_left[0]` if given (select_step's per-step allowance); the fastest packed plan is
-    kept. Before the retry, on steps too large for dispatch_alternatives' restarts (c.restart_max < B x D <=
-    c.late_restart_max), a plan above `target` by more than c.late_gap gets c.late_restarts random-order restarts
-    (_restart_plan, decision 59; same `shrink_below` gate, `shrink_left[1]` is select_step's allowance of such
-    candidates) and the faster plan goes on to the retry; a larger step (up to c.late_restart_max_big) more than
-    c.late_gap_big above gets c.late_big_restarts with the dispatch's full local search (decision 65). After the
-    retry, a plan still more than c.shrink_done above `target` is polished (polish.polish, c.polish_rounds rounds,
-    decision 60). Last, the next-best restarts of a small step (dispatch_alternatives' `extra`, up to
-    c.restart_keep - 1) are packed, and polished if one is faster (decision 64). Then, if c.fill and the plan is
-    more than c.fill_gap above `target` and has a token-full single-micro-batch pipeline (fill.worth_filling), it is
-    re-dispatched with those pipelines filled first (_fill_plan, decision 68; `shrink_left[2]` is select_step's
-    allowance). Last, if c.class_fill and still more than c.class_gap above, a class of many-micro-batch PP = 1
-    pipelines is filled bin by bin and the others planned apart (_class_plan, decision 69; `shrink_left[3]`).
-    c.improve = False turns all six off; the result is never worse than with them off. c.scan: the dispatch
-    greedy's jump scan (decision 63). The strategy proposal plans with PlannerConfig.cheap() (both off)."""
+    cuts the local search short. `config` (config.PlannerConfig) holds every knob. The first dispatch and its
+    alternatives (dispatch_alternatives) are packed and the fastest kept; then, on the heuristic path, the improvement
+    passes of config.passes run (passes.improve: each while the plan is above `target` by more than its gap, `target`
+    is below `improve_below` (select_step passes the incumbent: a candidate whose bound cannot beat it gets no pass),
+    the deadline allows and its `allowance` is left; its result kept only if faster). `allowance`
+    (passes.Allowance): select_step's per-step allowances; None: no limit. With `fallback`, Hydraulis' dispatch
+    (dispatch_hydraulis, config.hydraulis_trials shuffles, `seed`) followed by the same packer is also tried when its
+    dispatch cost (a lower bound on its packed time) is below our estimate, and the better plan kept: the result is
+    never worse than that baseline (unless the deadline passed before it ran)."""
     cfg = config
-    shrink, scan = cfg.improve, cfg.scan
     l_ = np.asarray(lengths, dtype=np.int64)
     if exact:
         disp = dispatch(l_, prof.pipes, exact=True, seed=seed, target=target, deadline=deadline, config=cfg)
-        est, plans = _pack_groups(l_, prof, disp.groups, packer, exact)
+        est, plans = pack_groups(l_, prof, disp.groups, packer, exact)
     else:
         # the dispatch objective is a bound on the packed time: a restart that lowers it can pack worse, so the first
         # dispatch and each alternative (best restart, jump-scan greedy) are packed and the fastest kept (ties to the
         # earliest)
-        extra: list = []  # the next-best restarts, packed last (with `shrink`)
         first, alts = dispatch_alternatives(l_, prof.pipes, seed=seed, target=target, deadline=deadline,
-                                            scan=scan, extra=extra if shrink else None,
-                                            config=cfg)
-        est, plans = _pack_groups(l_, prof, first.groups, packer, exact)
+                                            scan=cfg.scan, config=cfg)
+        est, plans = pack_groups(l_, prof, first.groups, packer, exact)
         for alt in alts:
             if deadline is not None and time.perf_counter() >= deadline:
                 break
-            est2, plans2 = _pack_groups(l_, prof, alt.groups, packer, exact, limit=est, order=_by_load(alt))
+            est2, plans2 = pack_groups(l_, prof, alt.groups, packer, exact, limit=est, order=by_load(alt))
             if est2 < est:
                 est, plans = est2, plans2
-        big = l_.size * len(prof.pipes) > cfg.late_restart_max
-        if shrink and target * (1 + (cfg.late_gap_big if big else cfg.late_gap)) < est and target < shrink_below \
-                and cfg.restart_max < l_.size * len(prof.pipes) <= cfg.late_restart_max_big \
-                and (shrink_left is None or shrink_left[1] > 0) \
-                and (deadline is None or time.perf_counter() < deadline):
-            if shrink_left is not None:
-                shrink_left[1] -= 1
-            res = _restart_plan(l_, prof, packer, seed, target, deadline, est,
-                                cfg.late_big_restarts if big else cfg.late_restarts, None if big else cfg.late_rounds)
-            if res is not None:  # the retry below then starts from it (it is not compared with the first again)
-                est, plans = res
-        if shrink and target < est and target < shrink_below:
-            est, plans = _shrink_retry(l_, prof, packer, seed, target, deadline, est, plans, first.objective,
-                                       shrink_left, cfg)
-        if cfg.polish_rounds and shrink and target * (1 + cfg.shrink_done) < est and target < shrink_below \
-                and (deadline is None or time.perf_counter() < deadline):
-            est, plans = polish(l_, prof.pipes, plans, est, target=target, rounds=cfg.polish_rounds,
-                                light=cfg.polish_light)
-        # the next-best restarts last, so everything above is as without them (decision 64)
-        for alt in extra:
-            if (deadline is not None and time.perf_counter() >= deadline) or alt.objective >= est:
-                continue
-            est2, plans2 = _pack_groups(l_, prof, alt.groups, packer, exact, limit=est, order=_by_load(alt))
-            if est2 < est:
-                est, plans = est2, plans2
-                if cfg.polish_rounds and shrink and target * (1 + cfg.shrink_done) < est:
-                    est, plans = polish(l_, prof.pipes, plans, est, target=target, rounds=cfg.polish_rounds,
-                                        light=cfg.polish_light)
-        if cfg.fill and shrink and target > 0 and target * (1 + cfg.fill_gap) < est and target < shrink_below \
-                and (shrink_left is None or shrink_left[2] > 0) \
-                and (deadline is None or time.perf_counter() < deadline):
-            est, plans = _fill_plan(l_, prof, packer, target, est, plans, shrink_left, deadline, cfg)
-        if cfg.class_fill and packer is pack and shrink and target > 0 and target * (1 + cfg.class_gap) < est \
-                and target < shrink_below and (shrink_left is None or shrink_left[3] > 0) \
-                and (deadline is None or time.perf_counter() < deadline):
-            est, plans = _class_plan(l_, prof, target, est, plans, shrink_left, deadline, cfg)
+        if cfg.passes:
+            ctx = Context(l_, prof, packer, seed, target, deadline, cfg, first.objective)
+            est, plans = improve(ctx, est, plans, Allowance() if allowance is None else allowance, improve_below)
     if fallback and est > target and (deadline is None or time.perf_counter() < deadline):
         hy = _hydraulis_plan(l_, prof, packer, seed, exact, est)
         if hy is not None:
             return hy
     return est, plans
-
-
-def _shrink_retry(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: int, target: float,
-                  deadline: float | None, est: float, plans: tuple[PipelinePlan, ...],
-                  objective: float, left: list[int] | None = None,
-                  cfg: PlannerConfig = DEFAULT) -> tuple[float, tuple[PipelinePlan, ...]]:
-    """The dispatch charges ceil(tokens / MaxLen) micro-batches; when a pipeline's packing needed more and that set
-    the step time above the dispatch objective, dispatch again with that pipeline class's MaxLen scaled down (so it
-    is given fewer tokens than it can nominally hold) and pack with the real MaxLen; keep the fastest plan. Every
-    packed plan is checked against the real MaxLen, so the result is valid whatever the retries dispatched."""
-    pipes = prof.pipes
-    over = set()
-    for pl, pc in zip(plans, pipes):
-        # first, so the token sums run only for these (800 pipelines)
-        if pl.est_time > objective * (1 + cfg.shrink_gap):
-            tokens = sum(int(l_[list(mb)].sum()) for mb in pl.micro_batches)
-            if len(pl.micro_batches) > -(-tokens // pc.max_len):
-                over.add(pc)
-    if not over:
-        return est, plans
-    longest = int(l_.max())
-    for frac in cfg.shrink_fracs:
-        if (deadline is not None and time.perf_counter() > deadline) or (left is not None and left[0] <= 0):
-            break
-        shrunk = [dataclasses.replace(pc, max_len=max(1, int(pc.max_len * frac))) if pc in over else pc
-                  for pc in pipes]
-        if longest > max(pc.max_len for pc in shrunk):
-            continue
-        if left is not None:
-            left[0] -= 1
-        disp = dispatch(l_, shrunk, seed=seed, restarts=0, target=target, deadline=deadline,
-                        max_rounds=cfg.shrink_rounds, config=cfg)
-        # packed most-loaded first, given up at the first pipeline that is no faster than the plan it must beat
-        est2, plans2 = _pack_groups(l_, prof, disp.groups, packer, False, limit=est, order=_by_load(disp))
-        if est2 < est:  # not monotone in the fraction (which documents still fit changes), so all are tried
-            est, plans = est2, plans2
-            if est <= target * (1 + cfg.shrink_done):
-                break
-    return est, plans
-
-
-def _by_load(disp) -> list[int]:
-    """Pipeline indices by descending dispatch load (ties by index): _pack_groups' order when it may give up early."""
-    return sorted(range(len(disp.loads)), key=lambda j: (-disp.loads[j], j))
-
-
-def _restart_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: int, target: float,
-                  deadline: float | None, est: float, restarts: int,
-                  rounds: int | None) -> tuple[float, tuple[PipelinePlan, ...]] | None:
-    """config.late_restarts random-order restarts (dispatch.restart_dispatch) of a step too large for
-    dispatch_alternatives' own, packed (most-loaded pipeline first, given up at the first that reaches `est`) if
-    the best restart's dispatch objective, a lower bound on its packed time, is below `est`; the plan if faster
-    than `est`, else None. Decision 59."""
-    alt = restart_dispatch(l_, prof.pipes, restarts, seed=seed, below=est, target=target, deadline=deadline,
-                           max_rounds=rounds)
-    if alt is None:
-        return None
-    est2, plans = _pack_groups(l_, prof, alt.groups, packer, False, limit=est, order=_by_load(alt))
-    return (est2, plans) if est2 < est else None
-
-
-def _fill_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, target: float, est: float,
-               plans: tuple[PipelinePlan, ...], left: list[int] | None,
-               deadline: float | None = None,
-               cfg: PlannerConfig = DEFAULT) -> tuple[float, tuple[PipelinePlan, ...]]:
-    """The plan re-dispatched with its single-micro-batch pipelines filled first (fill.fill_dispatch, cap `target`
-    times 1 + cfg.fill_slack), packed and polished, if faster than `est`; else (est, plans). A re-dispatch takes one
-    from `left[2]` (select_step's per-step allowance) if given. Decision 68."""
-    cap = target * (1 + cfg.fill_slack)
-    if not worth_filling(l_, prof.pipes, plans, cap, est):
-        return est, plans
-    if left is not None:
-        left[2] -= 1
-    groups = fill_dispatch(l_, prof.pipes, plans, cap, deadline=deadline)
-    if groups is None:
-        return est, plans
-    est2, plans2 = _pack_groups(l_, prof, groups, packer, False, limit=est)
-    if est2 < est and cfg.polish_rounds and target * (1 + cfg.shrink_done) < est2 \
-            and (deadline is None or time.perf_counter() < deadline):
-        est2, plans2 = polish(l_, prof.pipes, plans2, est2, target=target, rounds=cfg.polish_rounds,
-                              light=cfg.polish_light)
-    return (est2, plans2) if est2 < est else (est, plans)
-
-
-def _class_plan(l_: np.ndarray, prof: StrategyProfile, target: float, est: float, plans: tuple[PipelinePlan, ...],
-                left: list[int] | None, deadline: float | None,
-                cfg: PlannerConfig = DEFAULT) -> tuple[float, tuple[PipelinePlan, ...]]:
-    """classfill.class_plan, the other pipelines planned by `assign` (without a class fill of their own); it takes
-    one from `left[3]` (select_step's allowance) if given and the plan has such a class. Decision 69."""
-    pick = pick_class(prof.pipes, plans, cfg)
-    if pick is None:
-        return est, plans
-    if left is not None:
-        left[3] -= 1
-
-    def rest(sub_l: np.ndarray, sub: StrategyProfile, T: float):
-        return assign(sub_l, sub, target=T, deadline=deadline, fallback=False,
-                      shrink_left=[*cfg.class_rest_left, 0], config=cfg)
-    return class_plan(l_, prof, plans, est, target, rest, deadline, pick, cfg)
 
 
 def _hydraulis_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: int, exact: bool,
@@ -281,48 +113,10 @@ def _hydraulis_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed:
     bound on its packed time, is below `limit`)."""
     hy = dispatch_hydraulis(l_, prof.pipes, trials=cfg.hydraulis_trials, seed=seed)
     if hy.objective < limit:
-        est, plans = _pack_groups(l_, prof, hy.groups, packer, exact)
+        est, plans = pack_groups(l_, prof, hy.groups, packer, exact)
         if est < limit:
             return est, plans
     return None
-
-
-def _pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Packer, exact: bool,
-                 limit: float = float("inf"), order=None) -> tuple[float, tuple[PipelinePlan, ...]]:
-    """Pack every pipeline's group: (step estimate, plans). With a finite `limit`, packing stops at the first pipeline
-    whose time reaches it and returns (inf, ()): `order` (pipeline indices, e.g. by descending dispatch load) says
-    which are packed first."""
-    plans: list = [None] * len(prof.pipes)
-    lf = lengths.astype(np.float64)  # once, not per pipeline in pipeline_time
-    for j in (range(len(prof.pipes)) if order is None else order):
-        pipe, group = prof.pipes[j], groups[j]
-        pl = prof.strategy.pipelines[j]
-        idx = np.asarray(group, dtype=np.int64)
-        if idx.size == 0:
-            mbs: tuple[tuple[int, ...], ...] = ()
-            est = 0.0
-        else:
-            sub = lengths[idx]
-            est = None
-            if packer is pack and pipe.pp == 1 and pipe.c > 0 and not exact and int(sub.sum()) <= pipe.max_len:
-                # pack's own answer, without its per-call overhead (hundreds of such pipelines at 1024 GPUs): with
-                # PP = 1 and c > 0, one micro-batch (c + W) beats every V >= 2 (>= W + V c), so pack returns it.
-                mbs = (tuple(idx.tolist()),)
-            else:
-                res = packer(sub, pipe.coeffs, pipe.pp, pipe.max_len, exact=exact)
-                if packer is not pack:  # pack checks its own (decision 69's review: 0.8 ms per step here)
-                    _check_packing(res.micro_batches, idx.size, sub, pipe.max_len)
-                gl = idx.tolist()
-                mbs = tuple(tuple(gl[i] for i in mb) for mb in res.micro_batches if len(mb))
-                if packer is pack:  # its est_time is pipeline_time of these micro-batches (the same floats)
-                    est = res.est_time
-            if est is None:  # another packer's est_time is not trusted
-                est = pipeline_time(lf, mbs, pipe.coeffs, pipe.pp)
-        if est >= limit:
-            return float("inf"), ()
-        plans[j] = PipelinePlan(pl.scheme.tp, pl.scheme.pp, pl.scheme.cp, pl.devices, pipe.max_len, mbs, est,
-                                layer_split=prof.layer_splits[j])
-    return max((p.est_time for p in plans), default=0.0), tuple(plans)
 
 
 def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer = pack, seed: int = 0,
@@ -384,9 +178,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
                          f"{top}); split or truncate long documents before planning")
     ests: list[float | None] = [None] * len(profiles)
     best: tuple[float, int, tuple[PipelinePlan, ...]] | None = None
-    # retry dispatches (decision 58), candidates with late restarts (decision 59) and fill re-dispatches (decision 68)
-    # left for this step
-    shrink_left = [cfg.shrink_per_step, cfg.late_per_step, cfg.fill_per_step, cfg.class_per_step]
+    allowance = Allowance.for_step(cfg)  # the passes' costly attempts left for this step (passes.Allowance)
     cut = False
     # Best-first over candidates with lazy refinement: a candidate is assigned only once it has the least refined
     # bound among those left, so candidates whose quick bound is loose do not get assigned early.
@@ -405,8 +197,8 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
             continue
         est, plans = charged(k, assign(l_, profiles[k], packer=packer, seed=seed, exact=exact,
                                        target=bounds[k] - off[k], deadline=deadline, fallback=False,
-                                       shrink_below=float("inf") if best is None else best[0] / (1 + tol) - off[k],
-                                       shrink_left=shrink_left, config=cfg))
+                                       improve_below=float("inf") if best is None else best[0] / (1 + tol) - off[k],
+                                       allowance=allowance, config=cfg))
         ests[k] = est
         if best is None or (est, k) < (best[0], best[1]):
             best = (est, k, plans)

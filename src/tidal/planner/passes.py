@@ -1,0 +1,278 @@
+"""The improvement passes of `select.assign` as one pipeline (issue 27, decision 95).
+
+After the first dispatch and its alternatives are packed, `improve` runs the passes named in `PlannerConfig.passes`,
+in PASS_ORDER, under one rule: a pass runs while
+
+- the plan is more than its gap above the candidate's bound `target` (est > target (1 + gap)),
+- the candidate's bound can still beat the step's incumbent (target < `beat`, select_step's pruning),
+- the step's time budget (deadline) has not passed, and
+- its per-step allowance (`Allowance`, created by select_step) is not spent;
+
+its result is kept only if strictly faster. A pass spends its allowance itself, once per costly attempt (a
+re-dispatch), so a pass that finds nothing to do costs nothing. Every pass returns a valid plan of all the step's
+documents or None.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Protocol
+
+import numpy as np
+
+from tidal.core.errors import TidalError
+from tidal.core.plan import PipelinePlan
+from tidal.planner.config import PASS_ORDER, PlannerConfig
+from tidal.planner.dispatch import dispatch, restart_dispatch
+from tidal.planner.fill import fill_dispatch, worth_filling
+from tidal.planner.packing import Packer, pack, pipeline_time
+from tidal.planner.polish import polish
+from tidal.planner.profiles import StrategyProfile
+
+Plans = tuple[PipelinePlan, ...]
+
+
+@dataclass
+class Context:
+    """One candidate's assignment, as the passes see it."""
+    lengths: np.ndarray  # int64
+    prof: StrategyProfile
+    packer: Packer
+    seed: int
+    target: float  # the candidate's lower bound (0: none)
+    deadline: float | None  # perf_counter
+    cfg: PlannerConfig
+    objective: float  # the first dispatch's objective (the MaxLen retry compares packed pipelines with it)
+
+    def on_time(self) -> bool:
+        return self.deadline is None or time.perf_counter() < self.deadline
+
+
+class Allowance:
+    """How many more costly attempts each pass may make in this step (select_step makes one per step and passes it
+    to every candidate's assign): keyed by pass name; a pass not named has no limit; None: no limit at all."""
+
+    def __init__(self, counts: dict[str, int] | None = None):
+        self.counts = None if counts is None else dict(counts)
+
+    @classmethod
+    def for_step(cls, cfg: PlannerConfig) -> Allowance:
+        return cls({"late_restarts": cfg.late_per_step, "shrink": cfg.shrink_per_step, "fill": cfg.fill_per_step})
+
+    def left(self, name: str) -> bool:
+        return self.counts is None or self.counts.get(name, 1) > 0
+
+    def spend(self, name: str) -> None:
+        if self.counts is not None and name in self.counts:
+            self.counts[name] -= 1
+
+
+class Pass(Protocol):
+    name: str
+
+    def gap(self, ctx: Context) -> float:
+        """Skipped unless the plan is more than this factor above ctx.target."""
+
+    def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
+        """A candidate plan (kept by `improve` only if faster), or None."""
+
+
+def improve(ctx: Context, est: float, plans: Plans, left: Allowance, beat: float = float("inf"),
+            passes: Mapping[str, Pass] | None = None) -> tuple[float, Plans]:
+    """The passes of ctx.cfg.passes in order under the module doc's one rule; (estimate, plans). `passes` maps names
+    to passes (default PASSES; a test may give its own)."""
+    table = PASSES if passes is None else passes
+    for name in ctx.cfg.passes:
+        p = table[name]
+        if ctx.target * (1 + p.gap(ctx)) < est and ctx.target < beat and left.left(name) and ctx.on_time():
+            res = p.run(ctx, est, plans, left)
+            if res is not None and res[0] < est:
+                est, plans = res
+    return est, plans
+
+
+def polished(ctx: Context, est: float, plans: Plans) -> tuple[float, Plans]:
+    """`polish` on a plan a pass produced, when the polish pass is on and the plan is above ctx.target by more than
+    cfg.shrink_done (decisions 64, 68)."""
+    cfg = ctx.cfg
+    if "polish" in cfg.passes and cfg.polish_rounds and ctx.target * (1 + cfg.shrink_done) < est:
+        return polish(ctx.lengths, ctx.prof.pipes, plans, est, target=ctx.target, rounds=cfg.polish_rounds,
+                      light=cfg.polish_light)
+    return est, plans
+
+
+class LateRestarts:
+    """Decisions 59, 65: random-order restarts (dispatch.restart_dispatch) of a step too large for the dispatch's own
+    (cfg.restart_max < B x D <= cfg.late_restart_max: cfg.late_restarts of cfg.late_rounds rounds, gap cfg.late_gap;
+    up to cfg.late_restart_max_big: cfg.late_big_restarts with the full local search, gap cfg.late_gap_big)."""
+    name = "late_restarts"
+
+    def gap(self, ctx: Context) -> float:
+        return ctx.cfg.late_gap_big if _size(ctx) > ctx.cfg.late_restart_max else ctx.cfg.late_gap
+
+    def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
+        cfg = ctx.cfg
+        if not cfg.restart_max < _size(ctx) <= cfg.late_restart_max_big:
+            return None
+        left.spend(self.name)
+        big = _size(ctx) > cfg.late_restart_max
+        alt = restart_dispatch(ctx.lengths, ctx.prof.pipes, cfg.late_big_restarts if big else cfg.late_restarts,
+                               seed=ctx.seed, below=est, target=ctx.target, deadline=ctx.deadline,
+                               max_rounds=None if big else cfg.late_rounds)
+        if alt is None:
+            return None
+        return pack_groups(ctx.lengths, ctx.prof, alt.groups, ctx.packer, False, limit=est, order=by_load(alt))
+
+
+class Shrink:
+    """Decision 58: the dispatch charges ceil(tokens / MaxLen) micro-batches; when a pipeline's packing needed more
+    and that set the step time above the dispatch objective (by cfg.shrink_gap), dispatch again with that pipeline
+    class's MaxLen scaled by each of cfg.shrink_fracs in turn (so it is given fewer tokens than it can nominally hold)
+    and pack with the real MaxLen; the fastest plan. Each re-dispatch spends one of the allowance."""
+    name = "shrink"
+
+    def gap(self, ctx: Context) -> float:
+        return 0.0
+
+    def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
+        cfg, l_, pipes = ctx.cfg, ctx.lengths, ctx.prof.pipes
+        over = set()
+        for pl, pc in zip(plans, pipes):
+            # first, so the token sums run only for these (800 pipelines)
+            if pl.est_time > ctx.objective * (1 + cfg.shrink_gap):
+                tokens = sum(int(l_[list(mb)].sum()) for mb in pl.micro_batches)
+                if len(pl.micro_batches) > -(-tokens // pc.max_len):
+                    over.add(pc)
+        if not over:
+            return None
+        longest = int(l_.max())
+        best = None
+        for frac in cfg.shrink_fracs:
+            if (ctx.deadline is not None and time.perf_counter() > ctx.deadline) or not left.left(self.name):
+                break
+            shrunk = [dataclasses.replace(pc, max_len=max(1, int(pc.max_len * frac))) if pc in over else pc
+                      for pc in pipes]
+            if longest > max(pc.max_len for pc in shrunk):
+                continue
+            left.spend(self.name)
+            disp = dispatch(l_, shrunk, seed=ctx.seed, restarts=0, target=ctx.target, deadline=ctx.deadline,
+                            max_rounds=cfg.shrink_rounds, config=cfg)
+            # packed most-loaded first, given up at the first pipeline that is no faster than the plan it must beat
+            est2, plans2 = pack_groups(l_, ctx.prof, disp.groups, ctx.packer, False, limit=est, order=by_load(disp))
+            if est2 < est:  # not monotone in the fraction (which documents still fit changes), so all are tried
+                est, plans = best = est2, plans2
+                if est <= ctx.target * (1 + cfg.shrink_done):
+                    break
+        return best
+
+
+class Polish:
+    """Decision 60: polish.polish (cfg.polish_rounds rounds) when above the bound by cfg.shrink_done."""
+    name = "polish"
+
+    def gap(self, ctx: Context) -> float:
+        return ctx.cfg.shrink_done
+
+    def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
+        if not ctx.cfg.polish_rounds:
+            return None
+        return polish(ctx.lengths, ctx.prof.pipes, plans, est, target=ctx.target, rounds=ctx.cfg.polish_rounds,
+                      light=ctx.cfg.polish_light)
+
+
+class Fill:
+    """Decision 68: the plan re-dispatched with its token-full single-micro-batch pipelines filled first
+    (fill.fill_dispatch, cap the bound times 1 + cfg.fill_slack), packed and polished; gap cfg.fill_gap. One
+    re-dispatch spends one of the allowance."""
+    name = "fill"
+
+    def gap(self, ctx: Context) -> float:
+        return ctx.cfg.fill_gap
+
+    def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
+        if ctx.target <= 0:
+            return None
+        cap = ctx.target * (1 + ctx.cfg.fill_slack)
+        if not worth_filling(ctx.lengths, ctx.prof.pipes, plans, cap, est):
+            return None
+        left.spend(self.name)
+        groups = fill_dispatch(ctx.lengths, ctx.prof.pipes, plans, cap, deadline=ctx.deadline)
+        if groups is None:
+            return None
+        est2, plans2 = pack_groups(ctx.lengths, ctx.prof, groups, ctx.packer, False, limit=est)
+        if est2 < est and ctx.on_time():
+            est2, plans2 = polished(ctx, est2, plans2)
+        return est2, plans2
+
+
+# the registry (read-only: a test gives `improve` its own table instead of changing this one)
+PASSES: Mapping[str, Pass] = MappingProxyType({p.name: p for p in (LateRestarts(), Shrink(), Polish(), Fill())})
+assert tuple(PASSES) == PASS_ORDER
+
+
+def _size(ctx: Context) -> int:
+    return ctx.lengths.size * len(ctx.prof.pipes)
+
+
+def by_load(disp) -> list[int]:
+    """Pipeline indices by descending dispatch load (ties by index): pack_groups' order when it may give up early."""
+    return sorted(range(len(disp.loads)), key=lambda j: (-disp.loads[j], j))
+
+
+def check_packing(mbs, n: int, sub: np.ndarray, max_len: int) -> None:
+    """Every one of the packer's n sequences exactly once, no micro-batch over max_len tokens (one-line errors)."""
+    flat, mb_of, v = flatten(mbs)
+    if flat.size != n or (n and (flat.min() < 0 or flat.max() >= n or np.bincount(flat, minlength=n).max() != 1)):
+        raise TidalError(f"packer returned a packing that does not hold each of its {n} sequences exactly once")
+    tokens = np.bincount(mb_of, weights=sub[flat], minlength=v)
+    if tokens.size and tokens.max() > max_len:  # token counts < 2^53: the float sums are exact
+        raise TidalError(f"packer returned a micro-batch of {int(tokens.max())} tokens > MaxLen {max_len}")
+
+
+def flatten(mbs) -> tuple[np.ndarray, np.ndarray, int]:
+    """(sequence indices of all micro-batches in order, the micro-batch of each, micro-batch count)."""
+    sizes = [len(mb) for mb in mbs]
+    flat = np.fromiter((i for mb in mbs for i in mb), dtype=np.int64, count=sum(sizes))
+    return flat, np.repeat(np.arange(len(sizes)), sizes), len(sizes)
+
+
+def pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Packer, exact: bool,
+                limit: float = float("inf"), order=None) -> tuple[float, Plans]:
+    """Pack every pipeline's group: (step estimate, plans). With a finite `limit`, packing stops at the first pipeline
+    whose time reaches it and returns (inf, ()): `order` (pipeline indices, e.g. by descending dispatch load) says
+    which are packed first."""
+    plans: list = [None] * len(prof.pipes)
+    lf = lengths.astype(np.float64)  # once, not per pipeline in pipeline_time
+    for j in (range(len(prof.pipes)) if order is None else order):
+        pipe, group = prof.pipes[j], groups[j]
+        pl = prof.strategy.pipelines[j]
+        idx = np.asarray(group, dtype=np.int64)
+        if idx.size == 0:
+            mbs: tuple[tuple[int, ...], ...] = ()
+            est = 0.0
+        else:
+            sub = lengths[idx]
+            est = None
+            if packer is pack and pipe.pp == 1 and pipe.c > 0 and not exact and int(sub.sum()) <= pipe.max_len:
+                # pack's own answer, without its per-call overhead (hundreds of such pipelines at 1024 GPUs): with
+                # PP = 1 and c > 0, one micro-batch (c + W) beats every V >= 2 (>= W + V c), so pack returns it.
+                mbs = (tuple(idx.tolist()),)
+            else:
+                res = packer(sub, pipe.coeffs, pipe.pp, pipe.max_len, exact=exact)
+                if packer is not pack:  # pack checks its own (decision 69's review: 0.8 ms per step here)
+                    check_packing(res.micro_batches, idx.size, sub, pipe.max_len)
+                gl = idx.tolist()
+                mbs = tuple(tuple(gl[i] for i in mb) for mb in res.micro_batches if len(mb))
+                if packer is pack:  # its est_time is pipeline_time of these micro-batches (the same floats)
+                    est = res.est_time
+            if est is None:  # another packer's est_time is not trusted
+                est = pipeline_time(lf, mbs, pipe.coeffs, pipe.pp)
+        if est >= limit:
+            return float("inf"), ()
+        plans[j] = PipelinePlan(pl.scheme.tp, pl.scheme.pp, pl.scheme.cp, pl.devices, pipe.max_len, mbs, est,
+                                layer_split=prof.layer_splits[j])
+    return max((p.est_time for p in plans), default=0.0), tuple(plans)
