@@ -15,7 +15,7 @@ pytestmark = pytest.mark.unit
 
 @pytest.mark.parametrize("bad", [dict(passes=("fill", "late_restarts")), dict(passes=("class_fill",)),
                                  dict(passes=("fill", "fill")), dict(passes=["fill"]), dict(scan="yes"),
-                                 dict(restart_keep=0), dict(restart_max=-1), dict(restart_max=2.0),
+                                 dict(restart_max=-1), dict(restart_max=2.0),
                                  dict(fill_gap=1.5), dict(late_gap=-0.1), dict(late_restarts=True),
                                  dict(shrink_fracs=(0.9, 1.5)), dict(shrink_fracs=[0.9]), dict(shrink_rounds=0),
                                  dict(polish_rounds=True),

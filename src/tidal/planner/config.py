@@ -23,10 +23,8 @@ class PlannerConfig:
     # cheap planner), and the dispatch greedy's jump scan (decision 63)
     passes: tuple[str, ...] = PASS_ORDER
     scan: bool = True
-    # dispatch (decision 64): steps with B x D up to restart_max get random-order restarts; dispatch_alternatives
-    # keeps the best restart_keep of them (by objective) when asked for its `extra` (assign no longer asks: decision 95)
+    # dispatch (decision 64): steps with B x D up to restart_max get random-order restarts; the best is an alternative
     restart_max: int = 1024
-    restart_keep: int = 4
     hydraulis_trials: int = 1  # shuffles of Hydraulis Alg. 1 that assign also packs (its never-worse guarantee)
     # MaxLen shrink retries (decision 58): fractions tried in turn, the overshoot that triggers them, local-search
     # rounds per retry, the gap to the bound that stops them, retries per select_step
@@ -73,9 +71,8 @@ class PlannerConfig:
                 or tuple(x for x in PASS_ORDER if x in self.passes) != self.passes:
             raise TidalError(f"PlannerConfig.passes must be distinct names of {PASS_ORDER} in that order, got "
                              f"{self.passes!r}")
-        for name in ("restart_keep", "shrink_rounds"):
-            if getattr(self, name) < 1:
-                raise TidalError(f"PlannerConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.shrink_rounds < 1:
+            raise TidalError(f"PlannerConfig.shrink_rounds must be >= 1, got {self.shrink_rounds}")
         if not all(isinstance(x, (int, float)) and 0 < x <= 1 for x in self.shrink_fracs):
             raise TidalError(f"PlannerConfig.shrink_fracs must be fractions in (0, 1], got {self.shrink_fracs!r}")
         if self.late_restart_max_big < self.late_restart_max:

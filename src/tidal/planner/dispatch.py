@@ -150,8 +150,7 @@ def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: i
 
 def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, max_rounds: int | None = None,
                           restarts: int = 4, target: float = 0.0, deadline: float | None = None,
-                          scan: bool = True, extra: list[DispatchResult] | None = None,
-                          config: PlannerConfig = DEFAULT) -> tuple[DispatchResult, tuple[DispatchResult, ...]]:
+                          scan: bool = True, config: PlannerConfig = DEFAULT) -> tuple[DispatchResult, tuple[DispatchResult, ...]]:
     """The greedy dispatch and its local search, and alternatives, each only if its objective is lower: the best of
     `restarts` seeded random-order restarts, each followed by the same local search, on small instances (B x D <=
     config.restart_max, decision 64), and the jump-scan greedy below.
@@ -160,9 +159,7 @@ def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, 
     <= `target` (e.g. a lower bound: nothing better is possible), and at `deadline` (a time.perf_counter value: the
     greedy dispatch always completes, so the result is always valid). `scan`: when the first dispatch's bottleneck is
     set by its longest document (_lumpy), also the greedy with its jump scan (greedy_owner), an alternative when its
-    objective is below the first's (then after the same local search). `extra`, when given, receives the next-best
-    restarts (up to config.restart_keep - 1, best first), which are not in the alternatives: select.assign packs them
-    last, so what it did with the alternatives is unchanged (decision 64)."""
+    objective is below the first's (then after the same local search)."""
     l_ = check_lengths(lengths)
     check_pipes(pipes)
     top = max(p.max_len for p in pipes)
@@ -180,11 +177,9 @@ def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, 
     if l_.size * len(pipes) <= config.restart_max and restarts and done and first > target:
         # Small instances: a few seeded random-order restarts (they escape LPT's worst cases and the local search's
         # local optima).
-        found = restart_dispatches(l_, pipes, restarts, keep=1 if extra is None else config.restart_keep, seed=seed,
-                                   max_rounds=rounds, below=first, target=target, deadline=deadline, prep=prep)
-        alts = found[:1]
-        if extra is not None:
-            extra.extend(found[1:])
+        best = restart_dispatch(l_, pipes, restarts, seed=seed, max_rounds=rounds, below=first, target=target,
+                                deadline=deadline, prep=prep)
+        alts = [best] if best is not None else []
     if scan and done and first > target and _lumpy(st):
         # the bottleneck costs V (c + w_max): its longest document, not its work, sets it (decision 63)
         sc = SearchState(pipes, l_, greedy_owner(l_, pipes, prep=prep, scan=True))
@@ -209,35 +204,23 @@ def restart_dispatch(lengths: np.ndarray, pipes: Sequence[PipeCost], restarts: i
                      deadline: float | None = None, prep: tuple | None = None,
                      scan: bool = False) -> DispatchResult | None:
     """The best of `restarts` seeded random-order greedy dispatches, each followed by the local search (`max_rounds`,
-    default as dispatch_alternatives), or None if none has an objective below `below`. Stops at the first whose
-    objective is <= `target` or when `deadline` passes."""
-    found = restart_dispatches(lengths, pipes, restarts, keep=1, seed=seed, max_rounds=max_rounds, below=below,
-                               target=target, deadline=deadline, prep=prep, scan=scan)
-    return found[0] if found else None
-
-
-def restart_dispatches(lengths: np.ndarray, pipes: Sequence[PipeCost], restarts: int, *, keep: int, seed: int = 0,
-                       max_rounds: int | None = None, below: float = float("inf"), target: float = 0.0,
-                       deadline: float | None = None, prep: tuple | None = None,
-                       scan: bool = False) -> list[DispatchResult]:
-    """restart_dispatch's restarts, the `keep` best with objectives below `below`, best first (ties: earlier restart
-    first). The objective only bounds the packed time, so a caller that packs may want more than the best
-    (decision 64)."""
+    default as dispatch_alternatives), or None if none has an objective below `below` (ties: the earlier restart).
+    Stops at the first whose objective is <= `target` or when `deadline` passes."""
     l_ = lengths
     small = l_.size * len(pipes) <= 512
     rounds = max_rounds if max_rounds is not None else 20 + len(pipes) + (l_.size if small else 0)
     prep = greedy_prep(pipes) if prep is None else prep
     rng = np.random.default_rng(seed)
-    found: list[tuple[float, int, SearchState]] = []
-    for r in range(restarts):
+    best: tuple[float, SearchState] | None = None
+    for _ in range(restarts):
         cand = SearchState(pipes, l_, greedy_owner(l_, pipes, rng.permutation(l_.size), prep=prep, scan=scan))
         done = local_search(cand, rounds, pairs=small, target=target, deadline=deadline)
         obj = float(cand.load.max())
-        if obj < below:
-            found = sorted(found + [(obj, r, cand)], key=lambda z: (z[0], z[1]))[:keep]
-        if not done or (found and found[0][0] <= target):
+        if obj < below and (best is None or obj < best[0]):
+            best = (obj, cand)
+        if not done or (best is not None and best[0] <= target):
             break
-    return [_result(st, len(pipes)) for _, _, st in found]
+    return None if best is None else _result(best[1], len(pipes))
 
 
 def search_from(lengths: np.ndarray, pipes: Sequence[PipeCost], owner: np.ndarray, rounds: int, *,

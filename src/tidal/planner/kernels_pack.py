@@ -5,7 +5,7 @@ top-documents branch and bound (bounds.top_docs_bound: `top_search`, `ts_expand`
 (bounds_modes.violated: `mode_violated`). They are their only implementation: `COMPILED` holds them compiled
 (numba.njit, cached on disk) where numba is installed, `PLAIN` holds the same functions as plain Python
 (kernels.plain), and `loops()` picks the first available. The tests run both on seeded inputs and compare them
-float for float. The class fill's best fit decreasing (`_class_bfd`) is still a compiled twin of classfill._bfd.
+float for float.
 Import this module lazily (importing numba takes a second).
 """
 from __future__ import annotations
@@ -126,32 +126,6 @@ def ffd(l_, order, M):
         room[k] -= x
         bin_of[i] = k
     return bin_of
-
-
-def _class_bfd(l_, w, order, nb, kcap, wcap):
-    """classfill._bfd compiled: the same bins (the least work room left after the document, ties to the lowest)."""
-    troom = np.full(nb, kcap, np.int64)
-    wroom = np.full(nb, wcap)
-    out = np.full(l_.size, -1, np.int64)
-    for t in range(order.size):
-        i = order[t]
-        x = l_[i]
-        wx = w[i]
-        if x > kcap:
-            continue
-        kb = -1
-        best = math.inf
-        for k in range(nb):
-            if troom[k] >= x and wroom[k] >= wx:
-                r = wroom[k] - wx
-                if r < best:
-                    best = r
-                    kb = k
-        if kb >= 0:
-            troom[kb] -= x
-            wroom[kb] -= wx
-            out[i] = kb
-    return out
 
 
 def pack_score(bin_of, w, c, q):
@@ -461,12 +435,11 @@ if AVAILABLE:
     pack_search = njit(cache=True)(_pack_search)
     ts_expand = njit(cache=True)(ts_expand)
     top_search = njit(cache=True)(top_search)
-    class_bfd = njit(cache=True)(_class_bfd)
     COMPILED = types.SimpleNamespace(lpt=lpt, refine=refine, ffd=ffd, pack_score=pack_score, pack_attempt=pack_attempt,
                                      pack_search=pack_search, ts_expand=ts_expand, top_search=top_search,
                                      mode_violated=mode_violated)
 else:  # pragma: no cover
-    class_bfd = COMPILED = None
+    COMPILED = None
 
 
 def loops() -> types.SimpleNamespace:
