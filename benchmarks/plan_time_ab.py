@@ -10,7 +10,8 @@ once unmeasured by both. The parent sends the same step to both in an ABBA order
 load hits both alike) and records select_step's CPU time (thread_time) and wall time per step. It prints, per cell,
 median / p90 / max of CPU and wall ms before and after, the ratio of the CPU medians, and whether both trees gave
 the same plan (hash of StepPlan without plan_ms); then, per cluster size, the worst cell's CPU p90 before and after.
-Nothing is asserted. A source with fewer steps than asked (stdlib at 1024 GPUs) is measured on the steps it has.
+Nothing is asserted. A source with fewer steps than asked (stdlib at 1024 GPUs) is measured on the steps it has; a
+step no candidate can hold is skipped (both trees).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import hashlib, json, sys, tempfile, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from planner_grid import MAX_LEN, TOKENS, Grid, warm_kernels
-from tidal.core import get_cluster
+from tidal.core import TidalError, get_cluster
 from tidal.data import sample_steps
 from tidal.planner.select import select_step
 tmp = tempfile.TemporaryDirectory()
@@ -51,7 +52,11 @@ for line in sys.stdin:
         print(json.dumps({"skip": True}), flush=True)
         continue
     c0, w0 = time.thread_time(), time.perf_counter()
-    plan = select_step(ls[q["step"]], profs, seed=0).plan
+    try:
+        plan = select_step(ls[q["step"]], profs, seed=0).plan
+    except TidalError:  # e.g. a document longer than every candidate's MaxLen: not a plan-time figure
+        print(json.dumps({"skip": True}), flush=True)
+        continue
     cpu, wall = (time.thread_time() - c0) * 1e3, (time.perf_counter() - w0) * 1e3
     h = hashlib.sha256(json.dumps(plan.to_dict(timings=False), sort_keys=True).encode()).hexdigest()[:16]
     print(json.dumps({"cpu": cpu, "wall": wall, "hash": h}), flush=True)
