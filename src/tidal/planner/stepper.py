@@ -104,8 +104,8 @@ def build_candidates(cost_model: CostModel, strategies: str, sample_lengths: np.
                      cp_policy: str | None = None, schemes=None, refine: bool = False) -> tuple[Strategy, ...]:
     """Candidate strategies: "auto" runs the proposal DP on `sample_lengths` (clipped to max_len; `sync`, `cp_policy`:
     its sampled planning charges them, as StepPlanner's; `schemes`: the proposal's scheme space, default
-    proposal.scheme_space's; `refine`: the proposal's local search, decision 99); anything else is parsed as `;`-separated strategies and
-    placed on the cluster. Checks that some scheme holds max_len tokens."""
+    proposal.scheme_space's; `refine`: the proposal's local search, decision 99); anything else is parsed as
+    `;`-separated strategies and placed on the cluster. Checks that some scheme holds max_len tokens."""
     model, cluster = cost_model.model, cost_model.cluster
     if strategies.strip().lower() == "auto":
         if sample_lengths is None or len(sample_lengths) == 0:
