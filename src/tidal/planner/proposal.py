@@ -43,6 +43,7 @@ from tidal.planner.proposal_search import bound_sums, evaluate, sample_steps, se
 REFINE_STARTS = 2
 REFINE_ROUNDS = 3
 REFINE_WIDTH = 8
+REFINE_EVAL_STEPS = 10  # sampled evaluation steps with refine (default eval_steps; 10 without)
 
 
 @dataclass(frozen=True)
@@ -244,7 +245,7 @@ def _improve(combo: tuple[int, ...], val: float, used: list[int], K: dict, N: in
 
 def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: int, n_devices: int | None = None,
             bin_width: int = 256, d_step: float = 0.1, cutoffs: int = 4, max_candidates: int = 8,
-            schemes: Sequence[ParallelScheme] | None = None, eval_steps: int = 10, pool_factor: int = 3,
+            schemes: Sequence[ParallelScheme] | None = None, eval_steps: int | None = None, pool_factor: int = 3,
             seed: int = 0, sync: SyncPricing | None = None, cp_policy: str | None = None,
             refine: bool = False) -> Proposal:
     """Candidate strategies for `lengths` (a sample of the dataset's document lengths) on cost_model's cluster.
@@ -253,6 +254,8 @@ def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: in
     (with `sync` / `cp_policy`, charged as StepPlanner charges them: charges.charge). The set always holds a strategy
     that runs a max_len sequence when the pool has one (`_keep_long`)."""
     N = n_devices or cost_model.cluster.num_devices
+    if eval_steps is None:
+        eval_steps = REFINE_EVAL_STEPS if refine else 10
     if tokens_per_step < 1 or max_len < 1 or bin_width < 1 or not 0 < d_step <= 1 or N < 1:
         raise TidalError("propose needs tokens_per_step, max_len, bin_width, n_devices >= 1 and 0 < d_step <= 1")
     space = tuple(schemes) if schemes is not None else scheme_space(cost_model, N)
