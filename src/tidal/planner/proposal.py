@@ -36,13 +36,14 @@ from tidal.core.strategy import Strategy, place
 from tidal.costmodel.base import CostModel, pipeline_device
 from tidal.costmodel.sync import SyncPricing
 from tidal.planner.bounds import PipeCost, strategy_bound, work_capacity
-from tidal.planner.proposal_search import bound_sums, evaluate, sample_steps, search
+from tidal.planner.proposal_search import bound_rows, evaluate, sample_steps, search
 
 # refine=True (decision 99): the local search's starts (best pool strategies), rounds per start and strategies
 # evaluated per round; chosen on tuning seeds 0 and 1 of paper_tables.py's Fig. 13 cells
 REFINE_STARTS = 2
 REFINE_ROUNDS = 3
 REFINE_WIDTH = 8
+REFINE_PHASES = 2  # 1: climb from the best pool strategies only; 2: then from the greedy cover's picks too
 REFINE_EVAL_STEPS = 10  # sampled evaluation steps with refine (default eval_steps; 10 without)
 
 
@@ -320,21 +321,8 @@ def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: in
     steps = sample_steps(lengths, tokens_per_step, max_len, eval_steps, seed, long_step=sample_top < max_len)
     E, lens = evaluate(steps, [st for _, st in pool], cost_model, seed, sync, cp_policy)
     if refine:
-        # climb from the best pool strategies on the charged estimate itself (proposal_search.search)
-        order = sorted(range(len(pool)), key=lambda i: (float(np.mean(E[i])), pool[i][0]))
-        starts = [pool[i][0] for i in order[:REFINE_STARTS] if np.isfinite(E[i]).all()]
-        found = search(starts, space, cost_model, N, steps, {c: E[i] for i, (c, _) in enumerate(pool)},
-                       lambda sts: evaluate(steps, sts, cost_model, seed, sync, cp_policy)[0],
-                       lambda sts: bound_sums(steps, sts, cost_model, sync, cp_policy),
-                       rounds=REFINE_ROUNDS, width=REFINE_WIDTH)
-        if found:
-            for c, (st, _) in found.items():
-                pool.append((c, st))
-                scored[c] = expected_cost(full, [pc[k] for k in c])
-            E = np.vstack([E, np.array([row for _, row in found.values()])])
-            cl = cost_model.cluster
-            lens = lens + [max(cost_model.max_len(p.scheme, pipeline_device(cl, p)) for p in st.pipelines)
-                           for st, _ in found.values()]
+        E, lens = _refine(pool, E, lens, scored, full, pc, space, cost_model, N, steps, seed, sync, cp_policy,
+                          max_candidates)
     chosen = _keep_long(_greedy_cover(E, max_candidates), E, lens, max_len, max_candidates)
     return Proposal(tuple(pool[i][1] for i in chosen), tuple(scored[pool[i][0]] for i in chosen),
                     tuple(float(E[i].mean()) for i in chosen), dp_best, space)
@@ -387,6 +375,39 @@ def _dp_pool(lengths, K0: dict, pc0, full, top_bin: int, N: int, tokens_per_step
             if g not in scored:
                 scored[g] = expected_cost(full, [pc[k] for k in combo])
     return scored
+
+
+def _refine(pool, E, lens, scored, full, pc, space, cost_model, N, steps, seed, sync, cp_policy, k):
+    """proposal_search.search from the REFINE_STARTS best pool strategies (score: the mean estimate), then from each
+    of the greedy cover's first REFINE_STARTS picks (score: the mean of its minimum with the other picks' rows); every
+    strategy evaluated joins `pool` (in place), `scored`, and the returned rows of estimates and MaxLens."""
+    cl = cost_model.cluster
+
+    def run(sts):
+        return evaluate(steps, sts, cost_model, seed, sync, cp_policy)[0]
+
+    def bounds(sts):
+        return bound_rows(steps, sts, cost_model, sync, cp_policy)
+
+    for phase in range(REFINE_PHASES):
+        if phase == 0:
+            order = sorted(range(len(pool)), key=lambda i: (float(np.mean(E[i])), pool[i][0]))
+            starts = [(pool[i][0], np.mean) for i in order[:REFINE_STARTS] if np.isfinite(E[i]).all()]
+        else:
+            chosen = _greedy_cover(E, k)[:REFINE_STARTS]
+            starts = []
+            for i in chosen:
+                rest = [j for j in _greedy_cover(E, k) if j != i]
+                other = E[rest].min(axis=0) if rest else np.full(E.shape[1], np.inf)
+                starts.append((pool[i][0], lambda row, o=other: float(np.mean(np.minimum(row, o)))))
+        found = search(starts, space, cost_model, N, {c: E[i] for i, (c, _) in enumerate(pool)}, run, bounds,
+                       rounds=REFINE_ROUNDS, width=REFINE_WIDTH)
+        for c, (st, row) in found.items():
+            pool.append((c, st))
+            scored[c] = expected_cost(full, [pc[x] for x in c])
+            E = np.vstack([E, row[None, :]])
+            lens = lens + [max(cost_model.max_len(p.scheme, pipeline_device(cl, p)) for p in st.pipelines)]
+    return E, lens
 
 
 def _keep_long(chosen: list[int], E: np.ndarray, max_lens: Sequence[int], max_len: int, k: int) -> list[int]:

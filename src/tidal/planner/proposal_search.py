@@ -62,20 +62,20 @@ def evaluate(steps: Sequence[np.ndarray], strategies: Sequence[Strategy], cost_m
     return E, [prof.max_len for prof in profs]
 
 
-def bound_sums(steps: Sequence[np.ndarray], strategies: Sequence[Strategy], cost_model: CostModel,
+def bound_rows(steps: Sequence[np.ndarray], strategies: Sequence[Strategy], cost_model: CostModel,
                sync: SyncPricing | None, cp_policy: str | None) -> np.ndarray:
-    """Per strategy, the sum over the steps of its quick step bound plus its charge floor (<= the sum of its
-    estimates; inf when a step holds a document it cannot run)."""
+    """Per strategy and step, its quick step bound plus its charge floor (<= its estimate; inf when the step holds a
+    document it cannot run)."""
     from tidal.planner.bounds import StrategyBound
     from tidal.planner.select import profile_strategies
 
     profs = profile_strategies(strategies, cost_model, sync, cp_policy)
-    out = np.zeros(len(profs))
+    out = np.full((len(profs), len(steps)), np.inf)
     for i, p in enumerate(profs):
         off = 0.0 if p.charges is None else p.charges.floor
-        for step in steps:
-            out[i] += np.inf if int(step.max()) > p.max_len else StrategyBound(
-                step, p.pipes, grouped=p.grouped, arrays=p.class_arrays).quick + off
+        for s, step in enumerate(steps):
+            if int(step.max()) <= p.max_len:
+                out[i, s] = StrategyBound(step, p.pipes, grouped=p.grouped, arrays=p.class_arrays).quick + off
     return out
 
 
@@ -120,40 +120,44 @@ def neighbours(combo: Combo, space: Sequence[ParallelScheme], n_devices: int) ->
     return sorted(c for c in out if c and sum(n[k] for k in c) <= n_devices)
 
 
-def search(starts: Sequence[Combo], space: Sequence[ParallelScheme], cost_model: CostModel, n_devices: int,
-           steps: Sequence[np.ndarray], known: dict[Combo, np.ndarray],
+def search(starts: Sequence[tuple[Combo, Callable[[np.ndarray], float]]], space: Sequence[ParallelScheme],
+           cost_model: CostModel, n_devices: int, known: dict[Combo, np.ndarray],
            run: Callable[[list[Strategy]], np.ndarray], bounds: Callable[[list[Strategy]], np.ndarray], *,
            rounds: int = 3, width: int = 8) -> dict[Combo, tuple[Strategy, np.ndarray]]:
-    """Hill climbing on the mean charged estimate from each of `starts` (combos whose rows of estimates over `steps`
-    are in `known`). `run(strategies)` gives their rows of estimates, `bounds(strategies)` their bound sums. Returns
-    every strategy it evaluated: combo -> (placed strategy, row)."""
+    """Hill climbing from each start (combo, score): the score of a row of estimates over the evaluation steps is
+    nondecreasing in every entry (the mean, or the mean of its minimum with the other chosen strategies' rows).
+    `known`: the rows evaluated so far (the starts' included); `run(strategies)` gives their rows, `bounds(strategies)`
+    their rows of bounds (<= the estimates, so a neighbour whose bound row scores no better is never evaluated).
+    Returns every strategy it evaluated: combo -> (placed strategy, row)."""
     found: dict[Combo, tuple[Strategy, np.ndarray]] = {}
-    val = {c: float(np.mean(r)) for c, r in known.items()}  # mean estimate of every strategy evaluated so far
-    tried: set[Combo] = set(known)  # evaluated, or pruned by its bound, or not placeable
-    for start in starts:
+    rows = dict(known)
+    for start, score in starts:
         cur = start
-        if not np.isfinite(val[cur]):
+        if not np.isfinite(score(rows[cur])):
             continue
+        pruned: set[Combo] = set()  # for this start's score
         for _ in range(rounds):
-            placed: list[tuple[Combo, Strategy]] = []
             near = neighbours(cur, space, n_devices)
+            cur_val = score(rows[cur])
+            placed: list[tuple[Combo, Strategy]] = []
             for c in near:
-                if c in tried:
+                if c in rows or c in pruned:
                     continue
-                tried.add(c)
                 try:
                     placed.append((c, place(tuple(space[k] for k in c), cost_model.cluster, cost_model.model)))
                 except TidalError:
-                    continue
+                    pruned.add(c)
             if placed:
-                lb = bounds([st for _, st in placed]) / max(1, len(steps))
-                keep = [i for i in sorted(range(len(placed)), key=lambda i: (lb[i], placed[i][0]))
-                        if lb[i] < val[cur]][:width]
+                lb = bounds([st for _, st in placed])
+                lv = [score(r) for r in lb]
+                order = sorted(range(len(placed)), key=lambda i: (lv[i], placed[i][0]))
+                keep = [i for i in order if lv[i] < cur_val][:width]
+                pruned.update(placed[i][0] for i in order if i not in keep)
                 if keep:
                     for i, row in zip(keep, run([placed[i][1] for i in keep])):
                         found[placed[i][0]] = (placed[i][1], row)
-                        val[placed[i][0]] = float(np.mean(row))
-            best = min((val[c], c) for c in [cur, *near] if c in val)
+                        rows[placed[i][0]] = row
+            best = min((score(rows[c]), c) for c in [cur, *near] if c in rows)
             if best[1] == cur:
                 break
             cur = best[1]
