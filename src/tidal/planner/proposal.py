@@ -16,7 +16,8 @@ n_t is nonincreasing in t, so t*(L) = min{t : n_t[L] <= N} is found by bisection
 fractional pipeline counts of the backtracked solution are rounded (floor/ceil per scheme, leftover devices filled),
 improved by an integer local search on `expected_cost`; the best ones over a few cutoffs L <= max_len
 (inter-iteration variation of the longest document) plus the homogeneous strategies form a pool, which is planned on
-a few sampled steps (select.assign) and reduced to a greedy cover (see docs/planner.md).
+a few sampled steps (select.assign) and reduced to a greedy cover (see docs/planner.md). `refine` (decision 99) adds
+the DP over the CP = 1 schemes alone and a local search on the charged sampled estimate (proposal_search.py).
 Cost: O(G K B^2) for G bisection steps, K schemes and B length bins (independent of N) plus the sampled planning.
 """
 
