@@ -16,7 +16,8 @@ n_t is nonincreasing in t, so t*(L) = min{t : n_t[L] <= N} is found by bisection
 fractional pipeline counts of the backtracked solution are rounded (floor/ceil per scheme, leftover devices filled),
 improved by an integer local search on `expected_cost`; the best ones over a few cutoffs L <= max_len
 (inter-iteration variation of the longest document) plus the homogeneous strategies form a pool, which is planned on
-a few sampled steps (select.assign) and reduced to a greedy cover (see docs/planner.md).
+a few sampled steps (select.assign) and reduced to a greedy cover (see docs/planner.md). `refine` (decision 99) adds
+the DP over the CP = 1 schemes alone and a local search on the charged sampled estimate (proposal_search.py).
 Cost: O(G K B^2) for G bisection steps, K schemes and B length bins (independent of N) plus the sampled planning.
 """
 
@@ -33,10 +34,18 @@ from tidal.core.cluster import DeviceType
 from tidal.core.errors import TidalError
 from tidal.core.scheme import ParallelScheme, format_strategy
 from tidal.core.strategy import Strategy, place
-from tidal.costmodel.base import CostModel
+from tidal.costmodel.base import CostModel, pipeline_device
 from tidal.costmodel.sync import SyncPricing
 from tidal.planner.bounds import PipeCost, strategy_bound, work_capacity
-from tidal.planner.config import PROPOSAL
+from tidal.planner.proposal_search import bound_rows, evaluate, sample_steps, search
+
+# refine=True (decision 99): the local search's starts (best pool strategies), rounds per start and strategies
+# evaluated per round; chosen on tuning seeds 0 and 1 of paper_tables.py's Fig. 13 cells
+REFINE_STARTS = 2
+REFINE_ROUNDS = 3
+REFINE_WIDTH = 8
+REFINE_PHASES = 2  # 1: climb from the best pool strategies only; 2: then from the greedy cover's picks too
+REFINE_EVAL_STEPS = 10  # sampled evaluation steps with refine (default eval_steps; 10 without)
 
 
 @dataclass(frozen=True)
@@ -238,14 +247,17 @@ def _improve(combo: tuple[int, ...], val: float, used: list[int], K: dict, N: in
 
 def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: int, n_devices: int | None = None,
             bin_width: int = 256, d_step: float = 0.1, cutoffs: int = 4, max_candidates: int = 8,
-            schemes: Sequence[ParallelScheme] | None = None, eval_steps: int = 10, pool_factor: int = 3,
-            seed: int = 0, sync: SyncPricing | None = None, cp_policy: str | None = None) -> Proposal:
+            schemes: Sequence[ParallelScheme] | None = None, eval_steps: int | None = None, pool_factor: int = 3,
+            seed: int = 0, sync: SyncPricing | None = None, cp_policy: str | None = None,
+            refine: bool = False) -> Proposal:
     """Candidate strategies for `lengths` (a sample of the dataset's document lengths) on cost_model's cluster.
     Pool: the DP's roundings (two per cutoff) and the homogeneous strategies, best `pool_factor * max_candidates` by
     expected_cost; final set: greedy cover of `eval_steps` steps sampled with `seed` and planned by select.assign
     (with `sync` / `cp_policy`, charged as StepPlanner charges them: charges.charge). The set always holds a strategy
     that runs a max_len sequence when the pool has one (`_keep_long`)."""
     N = n_devices or cost_model.cluster.num_devices
+    if eval_steps is None:
+        eval_steps = REFINE_EVAL_STEPS if refine else 10
     if tokens_per_step < 1 or max_len < 1 or bin_width < 1 or not 0 < d_step <= 1 or N < 1:
         raise TidalError("propose needs tokens_per_step, max_len, bin_width, n_devices >= 1 and 0 < d_step <= 1")
     space = tuple(schemes) if schemes is not None else scheme_space(cost_model, N)
@@ -259,6 +271,73 @@ def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: in
     top_bin = int(nonempty[-1]) + 1
     if full[0][top_bin - 1] > K["max_len"].max():
         raise TidalError(f"no scheme holds a {int(full[0][top_bin - 1])}-token document; lower max_len")
+    scored = _dp_pool(lengths, K, pc, full, top_bin, N, tokens_per_step, max_len, bin_width, d_step, cutoffs,
+                      np.arange(len(space)))
+    dp_best = min(scored.values(), default=math.inf)
+    families: list[dict[tuple[int, ...], float]] = [dict(scored), {}, {}, {}]
+    cp1 = np.array([k for k, s in enumerate(space) if s.cp == 1], dtype=np.int64)
+    if refine and 0 < cp1.size < len(space):
+        # the DP over the CP = 1 schemes alone: CP schemes can crowd out, in the relaxation, the TP mixes that run
+        # faster once the sync and the CP imbalance are charged
+        families[3] = {c: v for c, v in _dp_pool(lengths, K, pc, full, top_bin, N, tokens_per_step, max_len,
+                                                 bin_width, d_step, cutoffs, cp1).items() if c not in scored}
+    # homogeneous strategies of every scheme that holds the longest document (the classical baselines)
+    top_len = full[0][top_bin - 1]
+    longs = [k for k in range(len(space)) if K["max_len"][k] >= top_len]
+    for k in longs:
+        m = int(N // K["n"][k])
+        if m >= 1:
+            families[1][(k,) * m] = expected_cost(full, [pc[k]] * m)
+    # mixes: 1/8, 1/4 or 1/2 of the devices on one of the 4 fastest long-capable schemes, the rest on one PP = 1
+    # scheme of at most 4 devices (e.g. 2*tp8+12*tp4): the relaxation undervalues such mid-size pools
+    fast = sorted(longs, key=lambda k: (K["pp"][k] * (K["c"][k] + K["a"][k] * top_len ** 2 + K["b"][k] * top_len), k))
+    small = [k for k in range(len(space)) if K["pp"][k] == 1 and K["n"][k] <= 4]
+    for k in fast[:4]:
+        for frac in (8, 4, 2):
+            m = max(1, int(N // frac // K["n"][k]))
+            rest = N - m * K["n"][k]
+            for k2 in small:
+                m2 = int(rest // K["n"][k2])
+                if k2 != k and m2 >= 1:
+                    combo = tuple(sorted((k,) * m + (k2,) * m2, key=lambda x: (-K["n"][x], x)))
+                    families[2][combo] = expected_cost(full, [pc[x] for x in combo])
+    if not any(families):
+        raise TidalError(f"strategy proposal found no strategy within {N} devices")
+    for fam in families[1:]:
+        scored.update(fam)
+    pool: list[tuple[tuple[int, ...], Strategy]] = []
+    quota = max(1, pool_factor * max_candidates // 3)
+    for f, fam in enumerate(families):
+        taken = 0
+        for combo in sorted(fam, key=lambda c: (fam[c], c)):
+            if taken >= (len(fam) if f == 1 else quota):  # every homogeneous baseline is simulated
+                break
+            if combo in (c for c, _ in pool):
+                continue
+            try:
+                pool.append((combo, place(tuple(space[k] for k in combo), cost_model.cluster, cost_model.model)))
+            except TidalError:
+                continue
+            taken += 1
+    # refine: always one step with a max_len document, so that the search and the cover value how fast a candidate set
+    # runs one (rare in the sample, yet frequent enough in the steps: a 16-GPU 32K run without it lost 6 %)
+    steps = sample_steps(lengths, tokens_per_step, max_len, eval_steps, seed,
+                         long_step=sample_top < max_len or refine)
+    E, lens = evaluate(steps, [st for _, st in pool], cost_model, seed, sync, cp_policy)
+    if refine:
+        E, lens = _refine(pool, E, lens, scored, full, pc, space, cost_model, N, steps, seed, sync, cp_policy,
+                          max_candidates)
+    chosen = _keep_long(_greedy_cover(E, max_candidates), E, lens, max_len, max_candidates)
+    return Proposal(tuple(pool[i][1] for i in chosen), tuple(scored[pool[i][0]] for i in chosen),
+                    tuple(float(E[i].mean()) for i in chosen), dp_best, space)
+
+
+def _dp_pool(lengths, K0: dict, pc0, full, top_bin: int, N: int, tokens_per_step: int, max_len: int,
+             bin_width: int, d_step: float, cutoffs: int, subset: np.ndarray) -> dict[tuple[int, ...], float]:
+    """The DP's strategies over the schemes `subset` (indices into the scheme space): its two best roundings per
+    cutoff L, by expected_cost on the full histogram, as combos of scheme-space indices."""
+    K = {f: v[subset] for f, v in K0.items()}
+    pc = [pc0[k] for k in subset]
     scored: dict[tuple[int, ...], float] = {}
     # cutoffs L: the longest bin and a few shorter ones (steps without the longest documents)
     Ls = sorted({max(1, int(round(top_bin / 2 ** i))) for i in range(cutoffs)}, reverse=True)
@@ -296,84 +375,43 @@ def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: in
             combo, val = _improve(start, local[start], used, K, N, hist, pc)
             local[combo] = val
         for combo in sorted(local, key=lambda c: (local[c], c))[:2]:
-            if combo not in scored:
-                scored[combo] = expected_cost(full, [pc[k] for k in combo])
-    dp_best = min(scored.values(), default=math.inf)
-    families: list[dict[tuple[int, ...], float]] = [dict(scored), {}, {}]
-    # homogeneous strategies of every scheme that holds the longest document (the classical baselines)
-    top_len = full[0][top_bin - 1]
-    longs = [k for k in range(len(space)) if K["max_len"][k] >= top_len]
-    for k in longs:
-        m = int(N // K["n"][k])
-        if m >= 1:
-            families[1][(k,) * m] = expected_cost(full, [pc[k]] * m)
-    # mixes: 1/8, 1/4 or 1/2 of the devices on one of the 4 fastest long-capable schemes, the rest on one PP = 1
-    # scheme of at most 4 devices (e.g. 2*tp8+12*tp4): the relaxation undervalues such mid-size pools
-    fast = sorted(longs, key=lambda k: (K["pp"][k] * (K["c"][k] + K["a"][k] * top_len ** 2 + K["b"][k] * top_len), k))
-    small = [k for k in range(len(space)) if K["pp"][k] == 1 and K["n"][k] <= 4]
-    for k in fast[:4]:
-        for frac in (8, 4, 2):
-            m = max(1, int(N // frac // K["n"][k]))
-            rest = N - m * K["n"][k]
-            for k2 in small:
-                m2 = int(rest // K["n"][k2])
-                if k2 != k and m2 >= 1:
-                    combo = tuple(sorted((k,) * m + (k2,) * m2, key=lambda x: (-K["n"][x], x)))
-                    families[2][combo] = expected_cost(full, [pc[x] for x in combo])
-    if not any(families):
-        raise TidalError(f"strategy proposal found no strategy within {N} devices")
-    for fam in families[1:]:
-        scored.update(fam)
-    pool: list[tuple[tuple[int, ...], Strategy]] = []
-    quota = max(1, pool_factor * max_candidates // len(families))
-    for f, fam in enumerate(families):
-        taken = 0
-        for combo in sorted(fam, key=lambda c: (fam[c], c)):
-            if taken >= (len(fam) if f == 1 else quota):  # every homogeneous baseline is simulated
-                break
-            if combo in (c for c, _ in pool):
-                continue
-            try:
-                pool.append((combo, place(tuple(space[k] for k in combo), cost_model.cluster, cost_model.model)))
-            except TidalError:
-                continue
-            taken += 1
-    E, lens = _simulate(lengths, [st for _, st in pool], cost_model, tokens_per_step, max_len, eval_steps, seed,
-                        long_step=sample_top < max_len, sync=sync, cp_policy=cp_policy)
-    chosen = _keep_long(_greedy_cover(E, max_candidates), E, lens, max_len, max_candidates)
-    return Proposal(tuple(pool[i][1] for i in chosen), tuple(scored[pool[i][0]] for i in chosen),
-                    tuple(float(E[i].mean()) for i in chosen), dp_best, space)
+            g = tuple(int(subset[k]) for k in combo)
+            if g not in scored:
+                scored[g] = expected_cost(full, [pc[k] for k in combo])
+    return scored
 
 
-def _simulate(lengths, strategies, cost_model, tokens_per_step, max_len, eval_steps, seed,
-              long_step: bool = False, sync: SyncPricing | None = None,
-              cp_policy: str | None = None) -> tuple[np.ndarray, list[int]]:
-    """Estimated step time of every strategy on `eval_steps` steps sampled (seeded) from `lengths` (inf when a step
-    holds a document longer than the strategy's largest MaxLen). `long_step`: one more step, the first sampled one
-    plus a max_len document, so that the greedy cover's first pick can run a max_len sequence. Also each strategy's
-    largest MaxLen."""
-    from tidal.planner.charges import charge
-    from tidal.planner.select import assign, profile_strategies
+def _refine(pool, E, lens, scored, full, pc, space, cost_model, N, steps, seed, sync, cp_policy, k):
+    """proposal_search.search from the REFINE_STARTS best pool strategies (score: the mean estimate), then from each
+    of the greedy cover's first REFINE_STARTS picks (score: the mean of its minimum with the other picks' rows); every
+    strategy evaluated joins `pool` (in place), `scored`, and the returned rows of estimates and MaxLens."""
+    cl = cost_model.cluster
 
-    rng = np.random.default_rng(seed)
-    l_all = np.minimum(np.asarray(lengths, dtype=np.int64), max_len)
-    per = max(1, int(2 * tokens_per_step / max(1.0, float(l_all.mean()))) + 8)
-    profs = profile_strategies(strategies, cost_model, sync, cp_policy)
-    E = np.full((len(strategies), eval_steps + long_step), np.inf)
-    first = None
-    for s in range(eval_steps + long_step):
-        if s < eval_steps:
-            draw = l_all[rng.integers(0, l_all.size, size=per)]
-            step = draw[: int(np.searchsorted(np.cumsum(draw), tokens_per_step)) + 1]
-            first = step if first is None else first
+    def run(sts):
+        return evaluate(steps, sts, cost_model, seed, sync, cp_policy)[0]
+
+    def bounds(sts):
+        return bound_rows(steps, sts, cost_model, sync, cp_policy)
+
+    for phase in range(REFINE_PHASES):
+        if phase == 0:
+            order = sorted(range(len(pool)), key=lambda i: (float(np.mean(E[i])), pool[i][0]))
+            starts = [(pool[i][0], np.mean) for i in order[:REFINE_STARTS] if np.isfinite(E[i]).all()]
         else:
-            step = np.append(first if first is not None else [], max_len).astype(np.int64)
-        for i, prof in enumerate(profs):
-            if int(step.max()) <= prof.max_len:
-                # decisions 58 and 63: the cover as before (with them it took tp1 mixes with loose bounds)
-                est, plans = assign(step, prof, seed=seed, config=PROPOSAL)
-                E[i, s] = est if prof.charges is None else charge(step, prof.pipes, prof.charges, plans)[0]
-    return E, [prof.max_len for prof in profs]
+            chosen = _greedy_cover(E, k)[:REFINE_STARTS]
+            starts = []
+            for i in chosen:
+                rest = [j for j in _greedy_cover(E, k) if j != i]
+                other = E[rest].min(axis=0) if rest else np.full(E.shape[1], np.inf)
+                starts.append((pool[i][0], lambda row, o=other: float(np.mean(np.minimum(row, o)))))
+        found = search(starts, space, cost_model, N, {c: E[i] for i, (c, _) in enumerate(pool)}, run, bounds,
+                       rounds=REFINE_ROUNDS, width=REFINE_WIDTH)
+        for c, (st, row) in found.items():
+            pool.append((c, st))
+            scored[c] = expected_cost(full, [pc[x] for x in c])
+            E = np.vstack([E, row[None, :]])
+            lens = lens + [max(cost_model.max_len(p.scheme, pipeline_device(cl, p)) for p in st.pipelines)]
+    return E, lens
 
 
 def _keep_long(chosen: list[int], E: np.ndarray, max_lens: Sequence[int], max_len: int, k: int) -> list[int]:

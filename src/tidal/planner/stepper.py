@@ -101,18 +101,18 @@ class PlannedStep:
 
 def build_candidates(cost_model: CostModel, strategies: str, sample_lengths: np.ndarray | None, *,
                      tokens_per_step: int, max_len: int, seed: int, sync: SyncPricing | None = None,
-                     cp_policy: str | None = None, schemes=None) -> tuple[Strategy, ...]:
+                     cp_policy: str | None = None, schemes=None, refine: bool = False) -> tuple[Strategy, ...]:
     """Candidate strategies: "auto" runs the proposal DP on `sample_lengths` (clipped to max_len; `sync`, `cp_policy`:
     its sampled planning charges them, as StepPlanner's; `schemes`: the proposal's scheme space, default
-    proposal.scheme_space's); anything else is parsed as `;`-separated strategies and
-    placed on the cluster. Checks that some scheme holds max_len tokens."""
+    proposal.scheme_space's; `refine`: the proposal's local search, decision 99); anything else is parsed as
+    `;`-separated strategies and placed on the cluster. Checks that some scheme holds max_len tokens."""
     model, cluster = cost_model.model, cost_model.cluster
     if strategies.strip().lower() == "auto":
         if sample_lengths is None or len(sample_lengths) == 0:
             raise TidalError("strategies 'auto' needs a sample of document lengths to propose candidates from")
         sample = np.minimum(np.asarray(sample_lengths, dtype=np.int64), max_len)
         cands = propose(sample, cost_model, tokens_per_step=tokens_per_step, max_len=max_len, seed=seed, sync=sync,
-                        cp_policy=cp_policy, schemes=schemes).strategies
+                        cp_policy=cp_policy, schemes=schemes, refine=refine).strategies
     else:
         cands = tuple(place(s, cluster, model) for s in parse_strategies(strategies))
     if not cands:

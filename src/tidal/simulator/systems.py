@@ -171,7 +171,7 @@ def sys_tidal(w, sim, progress, *, charged: bool = True, name: str = "tidal"):
     space = scheme_space(cm, cm.cluster.num_devices, max_tp=min(HYDRAULIS_MAX_TP, cm.cluster.num_devices))
     cands = build_candidates(cm, "auto", w.sample_lengths, tokens_per_step=w.tokens_per_step,
                              max_len=w.max_len, seed=w.seed, sync=sim.sync if charged else None,
-                             cp_policy="adaptive" if charged else None, schemes=space)
+                             cp_policy="adaptive" if charged else None, schemes=space, refine=True)
     return run_planner(name, w, sim, cands, _options(w, packing="hydraulis", cp_sharding="adaptive"), progress,
                        config=" ; ".join(str(c) for c in cands), t_plan=time.perf_counter() - t0, charged=charged)
 

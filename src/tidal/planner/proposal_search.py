@@ -1,0 +1,164 @@
+"""The proposal's sampled evaluation and its local search on it (decision 99).
+
+`sample_steps` draws the evaluation steps (seeded) from the dataset's length sample; `evaluate` plans every strategy
+on each of them with select.assign and, when charged, `charges.charge` (the pull/push and CP imbalance as the
+simulator executes them): the estimate StepPlanner's selection will see. The DP and its relaxation price neither the
+sync nor the CP imbalance, so the pool it proposes can miss the strategy that is fastest once they are charged (e.g.
+2*tp2+4*tp1 of llama2-7b on 8 A800s, where the relaxation prefers CP mixes). `search` climbs from the best pool
+strategies on the charged estimate itself: each round it generates a strategy's neighbours (one pipeline's scheme
+replaced by another of as many devices, one pipeline split into two halves, two equal pipelines merged into one),
+ranks them by their proven step bounds on the evaluation steps (bound + charge floor <= estimate), evaluates the
+`width` best and moves to the best one while the mean estimate falls. Every strategy evaluated joins the pool, so
+the greedy cover can also take a neighbour that wins only some steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from tidal.core.errors import TidalError
+from tidal.core.scheme import ParallelScheme
+from tidal.core.strategy import Strategy, place
+from tidal.costmodel.base import CostModel
+from tidal.costmodel.sync import SyncPricing
+from tidal.planner.config import PROPOSAL
+
+Combo = tuple[int, ...]
+
+
+def sample_steps(lengths, tokens_per_step: int, max_len: int, eval_steps: int, seed: int,
+                 long_step: bool = False) -> list[np.ndarray]:
+    """`eval_steps` steps sampled (seeded) from `lengths`; `long_step`: one more, the first sampled one plus a
+    max_len document, so that the greedy cover's first pick can run a max_len sequence."""
+    rng = np.random.default_rng(seed)
+    l_all = np.minimum(np.asarray(lengths, dtype=np.int64), max_len)
+    per = max(1, int(2 * tokens_per_step / max(1.0, float(l_all.mean()))) + 8)
+    out: list[np.ndarray] = []
+    for _ in range(eval_steps):
+        draw = l_all[rng.integers(0, l_all.size, size=per)]
+        out.append(draw[: int(np.searchsorted(np.cumsum(draw), tokens_per_step)) + 1])
+    if long_step:
+        out.append(np.append(out[0] if out else [], max_len).astype(np.int64))
+    return out
+
+
+def evaluate(steps: Sequence[np.ndarray], strategies: Sequence[Strategy], cost_model: CostModel, seed: int,
+             sync: SyncPricing | None = None, cp_policy: str | None = None) -> tuple[np.ndarray, list[int]]:
+    """Estimated (charged when `sync` / `cp_policy`) step time of every strategy on every step (inf when a step holds
+    a document longer than the strategy's largest MaxLen), and each strategy's largest MaxLen."""
+    from tidal.planner.charges import charge
+    from tidal.planner.select import assign, profile_strategies
+
+    profs = profile_strategies(strategies, cost_model, sync, cp_policy)
+    E = np.full((len(strategies), len(steps)), np.inf)
+    for s, step in enumerate(steps):
+        for i, prof in enumerate(profs):
+            if int(step.max()) <= prof.max_len:
+                # decisions 58 and 63: the cover as before (with them it took tp1 mixes with loose bounds)
+                est, plans = assign(step, prof, seed=seed, config=PROPOSAL)
+                E[i, s] = est if prof.charges is None else charge(step, prof.pipes, prof.charges, plans)[0]
+    return E, [prof.max_len for prof in profs]
+
+
+def bound_rows(steps: Sequence[np.ndarray], strategies: Sequence[Strategy], cost_model: CostModel,
+               sync: SyncPricing | None, cp_policy: str | None) -> np.ndarray:
+    """Per strategy and step, its quick step bound plus its charge floor (<= its estimate; inf when the step holds a
+    document it cannot run)."""
+    from tidal.planner.bounds import StrategyBound
+    from tidal.planner.select import profile_strategies
+
+    profs = profile_strategies(strategies, cost_model, sync, cp_policy)
+    out = np.full((len(profs), len(steps)), np.inf)
+    for i, p in enumerate(profs):
+        off = 0.0 if p.charges is None else p.charges.floor
+        for s, step in enumerate(steps):
+            if int(step.max()) <= p.max_len:
+                out[i, s] = StrategyBound(step, p.pipes, grouped=p.grouped, arrays=p.class_arrays).quick + off
+    return out
+
+
+def neighbours(combo: Combo, space: Sequence[ParallelScheme], n_devices: int) -> list[Combo]:
+    """Strategies one move from `combo` (indices into `space`, canonical order: most devices first): one pipeline's
+    scheme replaced by another of as many devices, one pipeline split into two of half its devices (one scheme), two
+    pipelines of equal size merged into one of their devices; then any devices left over filled with the smallest
+    scheme the strategy already uses. Sorted, without `combo` itself."""
+    n = [s.num_devices for s in space]
+    by_n: dict[int, list[int]] = {}
+    for k in range(len(space)):
+        by_n.setdefault(n[k], []).append(k)
+
+    def canon(c: list[int]) -> Combo:
+        dev = sum(n[k] for k in c)
+        if c and dev < n_devices:
+            small = min(c, key=lambda k: (n[k], k))
+            c = c + [small] * ((n_devices - dev) // n[small])
+        return tuple(sorted(c, key=lambda k: (-n[k], k)))
+
+    out: set[Combo] = set()
+    kinds = sorted(set(combo))
+    for k in kinds:
+        rest = list(combo)
+        rest.remove(k)
+        for k2 in by_n[n[k]]:
+            if k2 != k:
+                out.add(canon(rest + [k2]))
+        if n[k] % 2 == 0:
+            for k2 in by_n.get(n[k] // 2, []):
+                out.add(canon(rest + [k2, k2]))
+    for i, k in enumerate(kinds):
+        for k2 in kinds[i:]:
+            if n[k] != n[k2] or (k == k2 and combo.count(k) < 2):
+                continue
+            rest = list(combo)
+            rest.remove(k)
+            rest.remove(k2)
+            for k3 in by_n.get(2 * n[k], []):
+                out.add(canon(rest + [k3]))
+    out.discard(tuple(combo))
+    return sorted(c for c in out if c and sum(n[k] for k in c) <= n_devices)
+
+
+def search(starts: Sequence[tuple[Combo, Callable[[np.ndarray], float]]], space: Sequence[ParallelScheme],
+           cost_model: CostModel, n_devices: int, known: dict[Combo, np.ndarray],
+           run: Callable[[list[Strategy]], np.ndarray], bounds: Callable[[list[Strategy]], np.ndarray], *,
+           rounds: int = 3, width: int = 8) -> dict[Combo, tuple[Strategy, np.ndarray]]:
+    """Hill climbing from each start (combo, score): the score of a row of estimates over the evaluation steps is
+    nondecreasing in every entry (the mean, or the mean of its minimum with the other chosen strategies' rows).
+    `known`: the rows evaluated so far (the starts' included); `run(strategies)` gives their rows, `bounds(strategies)`
+    their rows of bounds (<= the estimates, so a neighbour whose bound row scores no better is never evaluated).
+    Returns every strategy it evaluated: combo -> (placed strategy, row)."""
+    found: dict[Combo, tuple[Strategy, np.ndarray]] = {}
+    rows = dict(known)
+    for start, score in starts:
+        cur = start
+        if not np.isfinite(score(rows[cur])):
+            continue
+        pruned: set[Combo] = set()  # for this start's score
+        for _ in range(rounds):
+            near = neighbours(cur, space, n_devices)
+            cur_val = score(rows[cur])
+            placed: list[tuple[Combo, Strategy]] = []
+            for c in near:
+                if c in rows or c in pruned:
+                    continue
+                try:
+                    placed.append((c, place(tuple(space[k] for k in c), cost_model.cluster, cost_model.model)))
+                except TidalError:
+                    pruned.add(c)
+            if placed:
+                lb = bounds([st for _, st in placed])
+                lv = [score(r) for r in lb]
+                order = sorted(range(len(placed)), key=lambda i: (lv[i], placed[i][0]))
+                keep = [i for i in order if lv[i] < cur_val][:width]
+                pruned.update(placed[i][0] for i in order if i not in keep)
+                if keep:
+                    for i, row in zip(keep, run([placed[i][1] for i in keep])):
+                        found[placed[i][0]] = (placed[i][1], row)
+                        rows[placed[i][0]] = row
+            best = min((score(rows[c]), c) for c in [cur, *near] if c in rows)
+            if best[1] == cur:
+                break
+            cur = best[1]
+    return found

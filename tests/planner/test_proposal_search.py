@@ -1,0 +1,76 @@
+"""The proposal's refine option (decision 99): the CP = 1 DP family and the local search on the charged sampled
+estimate (planner/proposal_search.py)."""
+
+import numpy as np
+import pytest
+
+from tidal.core import get_cluster, get_model
+from tidal.core.strategy import place
+from tidal.costmodel import default_cost_model
+from tidal.costmodel.base import pipeline_device
+from tidal.planner.proposal import propose, scheme_space
+from tidal.planner.proposal_search import bound_rows, evaluate, neighbours, sample_steps
+from tidal.simulator.engine import SimConfig
+
+pytestmark = pytest.mark.unit
+
+
+def _lengths(seed, n=3000):
+    rng = np.random.default_rng(seed)
+    return np.clip(rng.lognormal(6.5, 1.5, size=n), 1, 16384).astype(np.int64)
+
+
+def _setup(cluster="a800x8"):
+    cm = default_cost_model(get_model("llama2-7b"), get_cluster(cluster))
+    return cm, scheme_space(cm, cm.cluster.num_devices, max_cp=4, max_pp=4)
+
+
+def test_neighbours_are_one_move_within_the_devices():
+    cm, space = _setup()
+    idx = {s.short(): k for k, s in enumerate(space)}
+    n = [s.num_devices for s in space]
+    combo = tuple(sorted([idx["tp4"]] + [idx["tp1"]] * 4, key=lambda k: (-n[k], k)))
+    near = neighbours(combo, space, 8)
+    assert near == sorted(set(near)) and combo not in near
+    for c in near:
+        assert sum(n[k] for k in c) == 8  # the leftover is always filled here (tp1 is used)
+        assert list(c) == sorted(c, key=lambda k: (-n[k], k))
+    names = {"+".join(space[k].short() for k in c) for c in near}
+    assert "tp2+tp2+tp1+tp1+tp1+tp1" in names  # tp4 split into two tp2
+    assert "tp2cp2+tp1+tp1+tp1+tp1" in names  # tp4 swapped for another 4-device scheme
+    assert "tp4+tp2+tp1+tp1" in names  # two tp1 merged into a tp2
+
+
+def test_bound_rows_are_below_the_estimates():
+    cm, space = _setup()
+    steps = sample_steps(_lengths(1), 40_000, 16384, 3, seed=0, long_step=True)
+    sts = [place(s, cm.cluster, cm.model) for s in (tuple(space[k] for k in range(len(space)) if space[k].tp == 8),)]
+    idx = {s.short(): k for k, s in enumerate(space)}
+    sts.append(place((space[idx["tp4"]], space[idx["tp2"]], space[idx["tp1"]], space[idx["tp1"]]), cm.cluster,
+                     cm.model))
+    sync = SimConfig().sync
+    E, _ = evaluate(steps, sts, cm, 0, sync, "adaptive")
+    lb = bound_rows(steps, sts, cm, sync, "adaptive")
+    assert lb.shape == E.shape and np.isfinite(E).any()
+    assert np.all((lb <= E * (1 + 1e-9)) | ~np.isfinite(E))
+    assert np.array_equal(np.isfinite(lb), np.isfinite(E))  # inf exactly where a step holds a too long document
+
+
+def test_refine_candidates_feasible_hold_max_len_deterministic_and_no_worse():
+    cm, space = _setup()
+    # no max_len document in the sample: plain and refine then evaluate the same steps (both add the max_len step)
+    lengths, sync = np.minimum(_lengths(3), 12000), SimConfig().sync
+    kw = dict(tokens_per_step=40_000, max_len=16384, schemes=space, eval_steps=3, seed=4, sync=sync,
+              cp_policy="adaptive")
+    a = propose(lengths, cm, refine=True, **kw)
+    b = propose(lengths.copy(), cm, refine=True, **kw)
+    plain = propose(lengths, cm, **kw)
+    assert [str(s) for s in a.strategies] == [str(s) for s in b.strategies] and a.simulated == b.simulated
+    assert 1 <= len(a.strategies) <= 8
+    for st in a.strategies:
+        assert st.num_devices <= cm.cluster.num_devices
+        assert all(cm.max_len(p.scheme, pipeline_device(cm.cluster, p)) >= 1 for p in st.pipelines)
+    assert any(max(cm.max_len(p.scheme, pipeline_device(cm.cluster, p)) for p in st.pipelines) >= 16384
+               for st in a.strategies)
+    # the refined pool holds the plain one, evaluated on the same steps: its best single strategy is no worse
+    assert a.simulated[0] <= plain.simulated[0] + 1e-12
