@@ -150,7 +150,8 @@ def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: i
 
 def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, max_rounds: int | None = None,
                           restarts: int = 4, target: float = 0.0, deadline: float | None = None,
-                          scan: bool = True, config: PlannerConfig = DEFAULT) -> tuple[DispatchResult, tuple[DispatchResult, ...]]:
+                          scan: bool = True,
+                          config: PlannerConfig = DEFAULT) -> tuple[DispatchResult, tuple[DispatchResult, ...]]:
     """The greedy dispatch and its local search, and alternatives, each only if its objective is lower: the best of
     `restarts` seeded random-order restarts, each followed by the same local search, on small instances (B x D <=
     config.restart_max, decision 64), and the jump-scan greedy below.

@@ -10,7 +10,6 @@ Import this module lazily (importing numba takes a second).
 """
 from __future__ import annotations
 
-import math
 import types
 
 import numpy as np
