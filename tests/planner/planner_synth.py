@@ -65,3 +65,18 @@ def real_step(model: str, cluster: str, strategy: str, source: str, seed: int, s
     prof = profile_strategies([place(parse_strategy(strategy), c, m)], analytic_v1(m, c))[0]
     l_ = sample_steps(source, seed=seed, tokens_per_step=tokens, max_len=32768, steps=step + 1)[0][step]
     return prof, l_.lengths_array()
+
+
+def formula_cases(n: int, seed: int):
+    """(q, c, M, W, tok, wm, cnt, g) with PP = 1 and c = 0 among them (the formula's special cases)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        q = int(rng.integers(0, 8)) if rng.random() < 0.8 else 0
+        c = 0.0 if rng.random() < 0.15 else float(rng.lognormal(-2, 1))
+        M = int(rng.integers(256, 65536))
+        cnt = int(rng.integers(1, 400))
+        tok = int(rng.integers(1, 40 * M))
+        wm = 0.0 if rng.random() < 0.05 else float(rng.lognormal(-1, 1))
+        W = wm * float(rng.uniform(1, cnt))
+        g = int(rng.integers(0, 4))
+        yield q, c, M, W, tok, wm, cnt, g

@@ -4,6 +4,7 @@ V x its slowest micro-batch. The rule rides on pipecost.stage_q's q into the sam
 
 import numpy as np
 import pytest
+from planner_synth import formula_cases
 
 from tidal.planner import pipecost
 from tidal.planner.baselines.hydraulis import dispatch_hydraulis
@@ -14,18 +15,6 @@ from tidal.planner.packing import pack, pipeline_time
 pytestmark = pytest.mark.unit
 
 Q = pipecost.EQ1_Q
-
-
-def _cases(n: int, seed: int):
-    rng = np.random.default_rng(seed)
-    for _ in range(n):
-        c = 0.0 if rng.random() < 0.15 else float(rng.lognormal(-2, 1))
-        M = int(rng.integers(256, 65536))
-        cnt = int(rng.integers(1, 400))
-        tok = int(rng.integers(1, 40 * M))
-        wm = 0.0 if rng.random() < 0.05 else float(rng.lognormal(-1, 1))
-        W = wm * float(rng.uniform(1, cnt))
-        yield c, M, W, tok, wm, cnt, int(rng.integers(0, 4))
 
 
 def _fns():
@@ -54,7 +43,7 @@ def test_eq1_formulas_are_v_times_the_slowest_micro_batch(mode):
     if mode >= len(fns):
         pytest.skip("numba not installed")
     f = fns[mode]
-    for c, M, W, tok, wm, cnt, g in _cases(300, 7):
+    for _, c, M, W, tok, wm, cnt, g in formula_cases(300, 7):
         vmin = max(1, -(-tok // M))
         vmax = max(vmin, cnt)
         for v in (vmin, vmax):

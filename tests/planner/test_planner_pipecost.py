@@ -5,29 +5,15 @@ stage (q = 0) is priced at the sum of its micro-batches, V c + W (decision 94)."
 
 import numpy as np
 import pytest
+from planner_synth import formula_cases
 
 from tidal.planner import pipecost
 
 pytestmark = pytest.mark.unit
 
 
-def _cases(n: int, seed: int):
-    """(q, c, M, W, tok, wm, cnt, g) with PP = 1 and c = 0 among them (the formula's special cases)."""
-    rng = np.random.default_rng(seed)
-    for _ in range(n):
-        q = int(rng.integers(0, 8)) if rng.random() < 0.8 else 0
-        c = 0.0 if rng.random() < 0.15 else float(rng.lognormal(-2, 1))
-        M = int(rng.integers(256, 65536))
-        cnt = int(rng.integers(1, 400))
-        tok = int(rng.integers(1, 40 * M))
-        wm = 0.0 if rng.random() < 0.05 else float(rng.lognormal(-1, 1))
-        W = wm * float(rng.uniform(1, cnt))
-        g = int(rng.integers(0, 4))
-        yield q, c, M, W, tok, wm, cnt, g
-
-
 def test_best_v_is_the_minimum_over_every_v():
-    for q, c, M, W, tok, wm, cnt, _ in _cases(300, 0):
+    for q, c, M, W, tok, wm, cnt, _ in formula_cases(300, 0):
         vmin = max(1, -(-tok // M))
         vmax = max(vmin, cnt)
         v, val = pipecost.best_v(q, c, W, wm, vmin, vmax)
@@ -41,7 +27,7 @@ def test_compiled_and_plain_python_give_the_same_floats():
     from tidal.planner import kernels
 
     jit = kernels.compile_pipecost()
-    for q, c, M, W, tok, wm, cnt, g in _cases(400, 1):
+    for q, c, M, W, tok, wm, cnt, g in formula_cases(400, 1):
         vmin = max(1, -(-tok // M))
         vmax = max(vmin, cnt)
         for name, args in [("pipe_value", (q, c, W, wm, vmin)), ("v_opt", (q, c, W, wm)),
@@ -86,7 +72,7 @@ def test_one_stage_is_priced_at_the_sum_of_its_micro_batches():
     """q = 0: f(V) = V c + W whatever w_max (the micro-batches run one after another), so best_v takes V_min; q >= 1:
     the steady-state formula (q + V) max(W / V + c, c + w_max), unchanged. A packed pipeline (packed_value) costs the
     same with w_max its slowest micro-batch's work."""
-    for q, c, M, W, tok, wm, cnt, g in _cases(300, 3):
+    for q, c, M, W, tok, wm, cnt, g in formula_cases(300, 3):
         vmin = max(1, -(-tok // M))
         vmax = max(vmin, cnt)
         for v in (vmin, vmax):
