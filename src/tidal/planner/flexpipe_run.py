@@ -22,7 +22,6 @@ on a small model every depth fits memory, so HBSA's own triggers keep one stage.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -213,10 +212,6 @@ class FlexPipeStepPlanner:
 def reconfigurations(choices: Sequence[FlexPipeChoice]) -> int:
     """Steps whose (depth, split) differs from the step before (the first step is not one)."""
     return sum(1 for a, b in zip(choices, choices[1:]) if (a.depth, a.split) != (b.depth, b.split))
-
-
-def per_100(count: int, steps: int) -> float:
-    return 100.0 * count / max(1, steps - 1) if steps > 1 else math.nan
 
 
 __all__ = ["FlexPipeChoice", "FlexPipeStepPlanner", "candidate_index", "flexpipe_candidates", "layer_splits",
