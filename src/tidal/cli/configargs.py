@@ -46,6 +46,8 @@ KEY_HELP = {
     "planner.flexpipe_depths": "flexpipe only: pipeline depths cycled step by step, e.g. '1,2,4'; empty: HBSA decides",
     "planner.charges": "charge each candidate's gradient pull/push and CP kernel imbalance in the proposal and the "
                        "selection, as `tidal simulate` executes them (false: the ablation)",
+    "planner.refine": "strategies 'auto': refine the proposal by a local search on its sampled estimate, as the "
+                      "simulator's tidal system does (false: the plain proposal, 2.5-4x faster to propose)",
     "optimizer.lr": "peak learning rate",
     "optimizer.beta1": "AdamW β1",
     "optimizer.beta2": "AdamW β2",

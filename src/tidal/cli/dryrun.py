@@ -24,6 +24,7 @@ WORKLOAD = {
     "seed": (0, "data.seed"), "cost_model": (None, "planner.cost_model"), "strategies": ("auto", "planner.strategies"),
     "packing": ("hydraulis", "planner.packing"), "cp_sharding": ("adaptive", "planner.cp_sharding"),
     "exact": (False, "planner.exact"), "no_charges": (False, "planner.charges"),
+    "no_refine": (False, "planner.refine"),
 }
 DEFAULT_STEPS = 10
 
@@ -101,7 +102,7 @@ def job_of(args, config, over) -> Job:
                         ("seed", d.seed), ("cost_model", cfg.planner.cost_model or None),
                         ("strategies", cfg.planner.strategies), ("packing", cfg.planner.packing),
                         ("cp_sharding", cfg.planner.cp_sharding), ("exact", cfg.planner.exact),
-                        ("no_charges", not cfg.planner.charges)):
+                        ("no_charges", not cfg.planner.charges), ("no_refine", not cfg.planner.refine)):
         setattr(args, name, value)
     if args.steps is None:
         args.steps = cfg.train.steps

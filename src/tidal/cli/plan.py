@@ -73,6 +73,9 @@ def add_parser(sub) -> None:
     p.add_argument("--no-charges", action="store_true",
                    help="plan without charging the gradient pull/push and CP kernel imbalance (the ablation; by "
                         "default they are charged as `tidal simulate` executes them, decision 98)")
+    p.add_argument("--no-refine", action="store_true",
+                   help="--strategies auto: the plain proposal, without the local search on its sampled estimate that "
+                        "the simulator's tidal system runs (faster to propose; decisions 99, 101)")
     p.add_argument("--plan-budget-ms", type=argtypes.finite_float(0.0), default=None,
                    help="per-step planning budget: past it the best plan so far is returned (valid, gap reported); "
                         "default 2000, or none (the training job's) with --config")
@@ -129,7 +132,8 @@ def candidates_of(args, cm: CostModel) -> tuple[Strategy, ...]:
         sample = src.lengths(0, PROPOSAL_SAMPLE if src.size is None else min(src.size, PROPOSAL_SAMPLE))
     sync, policy = charges_of(args)
     return build_candidates(cm, args.strategies, sample, tokens_per_step=args.tokens_per_step,
-                            max_len=args.max_len, seed=args.seed, sync=sync, cp_policy=policy)
+                            max_len=args.max_len, seed=args.seed, sync=sync, cp_policy=policy,
+                            refine=not getattr(args, "no_refine", False))
 
 
 def plan_run(args, progress=None) -> PlanRun:
@@ -161,7 +165,7 @@ def plan_run(args, progress=None) -> PlanRun:
         raise TidalError(f"data source {args.data} produced no step")
     meta = {"seed": args.seed, "data": args.data, "max_len": args.max_len, "tokens_per_step": args.tokens_per_step,
             "packing": args.packing, "cp_sharding": args.cp_sharding, "exact": args.exact,
-            "prove_bound": args.prove_bound, "charges": sync is not None or charge_cp,
+            "prove_bound": args.prove_bound, "charges": sync is not None or charge_cp, "refine": not args.no_refine,
             "long_docs": args.long_docs, "cost_model": str(args.cost_model) if args.cost_model else "analytic"}
     if args.config:
         meta["config"] = str(args.config)

@@ -158,6 +158,7 @@ class PlannerConfig:
     name: str = "tidal"  # "tidal" (Hydraulis-style selection over `strategies`) or "flexpipe" (HBSA per step)
     flexpipe_depths: str = ""  # flexpipe only: "" = HBSA's triggers decide the depth; "1,2,4" = cycle these depths
     charges: bool = True  # charge each candidate's gradient pull/push and CP kernel imbalance (decisions 86, 98)
+    refine: bool = True  # the proposal's local search on the sampled estimate (strategies "auto"; decisions 99, 101)
 
     def __post_init__(self) -> None:
         if self.name not in PLANNERS:

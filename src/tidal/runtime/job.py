@@ -177,7 +177,8 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
             sample = np.minimum(src.lengths(0, n), cfg.data.max_len)
         sync, policy = planning_charges(cfg)
         candidates = build_candidates(cm, cfg.planner.strategies, sample, tokens_per_step=cfg.data.tokens_per_step,
-                                      max_len=cfg.data.max_len, seed=cfg.data.seed, sync=sync, cp_policy=policy)
+                                      max_len=cfg.data.max_len, seed=cfg.data.seed, sync=sync, cp_policy=policy,
+                                      refine=cfg.planner.refine)
     for s in candidates:
         if s.num_devices > cluster.num_devices:
             raise TidalError(f"strategy {s} needs {s.num_devices} devices; the world has {cluster.num_devices}")
