@@ -90,3 +90,19 @@ def test_plan_no_refine_flag_is_recorded(tmp_path):
     assert json.loads(out.read_text())["meta"]["refine"] is False
     assert main(args) == 0
     assert json.loads(out.read_text())["meta"]["refine"] is True
+
+
+def test_library_planner_refines_as_tidal_plan():
+    """`tidal.Planner(refine=)` proposes the candidates `build_candidates(refine=)` does (charged, as `tidal plan`)."""
+    from tidal.costmodel.sync import SyncPricing
+    from tidal.data.sources import length_source
+    from tidal.planner.api import Planner
+    from tidal.planner.stepper import build_candidates
+
+    sample = length_source("synthetic:commoncrawl", 0).lengths(0, 2000)
+    kw = dict(max_len=2048, tokens_per_step=8192)
+    for refine in (True, False):
+        p = Planner("tiny", "cpux8", sample_lengths=sample, refine=refine, **kw)
+        want = build_candidates(p.cost_model, "auto", sample, seed=0, sync=SyncPricing(), cp_policy="adaptive",
+                                refine=refine, **kw)
+        assert p.candidates == tuple(str(s) for s in want)

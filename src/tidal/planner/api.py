@@ -122,13 +122,15 @@ class Planner:
     None for the analytic model of the specs. `budget_ms`: a per-step planning time budget (None: plan to the end).
     `charges`: the proposal and each step's selection charge every candidate's gradient pull/push and CP kernel
     imbalance as `tidal simulate` executes them (as `tidal plan` and `tidal train` do; False: the ablation).
+    `refine`: with "auto", the proposal's local search on its sampled estimate, as `tidal plan`, `tidal train` and
+    the simulator's `tidal` system run it (decisions 99, 101; False: the plain proposal, faster to propose).
     Bad input raises `tidal.core.errors.TidalError` (a ValueError) with one line."""
 
     def __init__(self, model: str | ModelSpec, cluster: str | ClusterSpec, *, max_len: int, tokens_per_step: int,
                  strategies: str = "auto", sample_lengths: Sequence[int] | None = None,
                  cost_model: str | Path | CostModel | None = None, packing: str = "hydraulis",
                  cp_sharding: str = "adaptive", seed: int = 0, budget_ms: float | None = None,
-                 charges: bool = True) -> None:
+                 charges: bool = True, refine: bool = True) -> None:
         spec = get_model(model) if isinstance(model, str) else model
         clu = get_cluster(cluster) if isinstance(cluster, str) else cluster
         if packing not in LIBRARY_PACKINGS:
@@ -145,7 +147,7 @@ class Planner:
                                   cp_sharding=cp_sharding, seed=seed, budget_ms=budget_ms)
         sync = SyncPricing() if charges else None
         cands = build_candidates(cm, strategies, sample, tokens_per_step=tokens_per_step, max_len=max_len, seed=seed,
-                                 sync=sync, cp_policy=cp_sharding if charges else None)
+                                 sync=sync, cp_policy=cp_sharding if charges else None, refine=refine)
         self.model, self.cluster, self.cost_model, self.max_len = spec, clu, cm, max_len
         self._feed = _Feed()
         self._planner = StepPlanner(cm, cands, self._feed, options, sync=sync, charge_cp=charges)
