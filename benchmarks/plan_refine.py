@@ -4,14 +4,17 @@
 
 For each (cluster, seed): llama2-7b, synthetic commoncrawl, max_len 16384, 100,000 tokens per step, `--steps` steps
 planned by `tidal plan` (charged, as by default) with refine and with `--no-refine`. Prints per cell the planned
-(estimated) time of all steps and the proposal's wall and CPU time, then refine / plain over the cells: median, p90
-and worst. The estimates are the planner's (decision 99 found them within ~1 % of the simulation); the times are one
-process's and noisy on a loaded machine.
+(estimated) time of all steps and `tidal plan`'s wall and CPU time (proposal and planning; the first run of the
+process includes numba's compilation), then refine / plain over the cells: median, p90 and worst. The estimates are
+the planner's (decision 99 found them within ~1 % of the simulation); the times are one process's and noisy on a
+loaded machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import tempfile
 import time
 from pathlib import Path
@@ -37,9 +40,12 @@ def main() -> None:
                 for refine in (True, False):
                     out = Path(tmp) / f"{cluster}-{seed}-{refine}.json"
                     t, c = time.perf_counter(), time.process_time()
-                    assert tidal(["plan", "--model", "llama2-7b", "--cluster", cluster, "--max-len", "16384",
-                                  "--tokens-per-step", "100000", "--steps", str(args.steps), "--seed", str(seed),
-                                  "--quiet", "--json", str(out), *([] if refine else ["--no-refine"])]) == 0
+                    quiet = io.StringIO()  # tidal plan's summary table
+                    with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+                        rc = tidal(["plan", "--model", "llama2-7b", "--cluster", cluster, "--max-len", "16384",
+                                    "--tokens-per-step", "100000", "--steps", str(args.steps), "--seed", str(seed),
+                                    "--quiet", "--json", str(out), *([] if refine else ["--no-refine"])])
+                    assert rc == 0, quiet.getvalue()
                     wall, cpu = time.perf_counter() - t, time.process_time() - c
                     plan = Plan.load(out)
                     total[refine] = sum(s.est_step_time for s in plan.steps)
