@@ -63,10 +63,12 @@ def mode_arrays(T: float, C: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.
     return tau, cap
 
 
-def _costs(T: float, sb: StrategyBound, thetas: np.ndarray) -> np.ndarray:
-    """u_ik(T) for each theta variant: array (R_theta, B, K); inf where document i fits class k in no mode."""
+def _costs(T: float, sb: StrategyBound, thetas: np.ndarray,
+           arrays: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """u_ik(T) for each theta variant: array (R_theta, B, K); inf where document i fits class k in no mode.
+    `arrays`: mode_arrays(T, ...) when the caller has them."""
     ca = sb.ca
-    tau, cap = mode_arrays(T, ca.C, ca.P)  # K x VB
+    tau, cap = mode_arrays(T, ca.C, ca.P) if arrays is None else arrays  # K x VB
     w = sb.w  # B x K
     elig = (np.isfinite(sb.wm)[:, :, None]
             & (ca.C[None, :, None] + w[:, :, None] <= tau[None, :, :] * (1 + 1e-12))
@@ -77,17 +79,20 @@ def _costs(T: float, sb: StrategyBound, thetas: np.ndarray) -> np.ndarray:
     tok = sb.l_[:, None, None] / (v[None, None, :] * ca.M[None, :, None])  # B x K x VB
     out = []
     for th in thetas:  # th: K x VB (merged column forced to 1)
-        u = th[None] * work + (1.0 - th[None]) * tok
+        # th is 0 or 1 and work, tok are finite and >= 0, so th work + (1 - th) tok is exactly one of them
+        u = np.where(th[None] > 0.5, work, tok) if np.all((th == 0.0) | (th == 1.0)) else \
+            th[None] * work + (1.0 - th[None]) * tok
         out.append(np.where(elig, u, np.inf).min(axis=2))
     return np.array(out)
 
 
-def _thetas(T: float, sb: StrategyBound) -> np.ndarray:
+def _thetas(T: float, sb: StrategyBound, cap: np.ndarray | None = None) -> np.ndarray:
     """theta variants (K x VB each; one at present): per mode work (1) or tokens (0), whichever a pipeline filled
     with the step's mean document would exhaust first. (All-work, and tokens in mode 1 only, were tried as well: on
     the issue-9 cells they proved nothing more and doubled the cost.)"""
     ca = sb.ca
-    _, cap = mode_arrays(T, ca.C, ca.P)
+    if cap is None:
+        _, cap = mode_arrays(T, ca.C, ca.P)
     v = np.arange(1, VB + 1, dtype=np.float64)[None, :]
     rho = (sb.w * sb.wt[:, None]).sum(axis=0) / max(float((sb.l_ * sb.wt).sum()), 1e-300)  # work per token, per class
     th = (rho[:, None] * v * ca.M[:, None] >= cap).astype(np.float64)
@@ -140,7 +145,8 @@ def infeasible(T: float, sb: StrategyBound, Y: np.ndarray, rounds: int = 6) -> b
     """True when some theta variant and price vector prove that no plan has step time <= T (see the module doc; any
     certificate found is valid, the search only makes finding one likelier). One class: the costs of all documents
     must fit in its pipeline count."""
-    U = _costs(T, sb, _thetas(T, sb))  # Rt x B x K
+    arrays = mode_arrays(T, sb.ca.C, sb.ca.P)  # the same T: computed once for the thetas and the costs
+    U = _costs(T, sb, _thetas(T, sb, arrays[1]), arrays)  # Rt x B x K
     if not np.all(np.isfinite(U[0].min(axis=1))):
         return True  # some document fits nowhere at T (eligibility does not depend on theta)
     cnt, wt = sb.ca.cnt, sb.wt
