@@ -348,7 +348,9 @@ class StrategyBound:
         self.ca, self.full, self.l_, self.wt, self.w = ca, full, l_, wt, w
         self.wm = np.where(elig, w, np.inf)
         # Price candidates: inverse work of each class at a few reference lengths, plus uniform.
-        Y = np.vstack([1.0 / np.maximum(A * r * r + B * r + Dd, 1e-300) for r in refs] + [np.ones(len(ca.classes))])
+        r = refs[:, None]  # one row per reference length, the same floats as one expression per length
+        Y = np.vstack([1.0 / np.maximum(A[None, :] * r * r + B[None, :] * r + Dd[None, :], 1e-300),
+                       np.ones((1, len(ca.classes)))])
         Y = Y / Y.sum(axis=1, keepdims=True)
         vals = self._bound_for(Y)
         self.Y0, self.ys = Y, [Y[int(np.argmax(vals))]]
