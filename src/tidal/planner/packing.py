@@ -127,11 +127,9 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
             b = pack_milp_fixed_v(l_, w, V, max_len, c, time_limit=time_limit)
             if b is not None and loops.pack_score(b, w, c, q) < best:
                 best_bins, best = b, loops.pack_score(b, w, c, q)
-    # renumber bins densely (np.unique's inverse, without its sort), and check MaxLen here, where it is one bincount:
-    # select._pack_groups trusts pack's micro-batches (each sequence exactly once by construction of finish)
-    used = np.bincount(best_bins) > 0
-    dense = (np.cumsum(used) - 1)[best_bins]
-    tokens = np.bincount(dense, weights=l_)
+    # check MaxLen here, where it is one bincount: passes.pack_groups trusts pack's micro-batches (each sequence
+    # exactly once by construction of finish, which drops unused bin numbers itself, so no dense renumbering)
+    tokens = np.bincount(best_bins, weights=l_)
     if tokens.max() > max_len:  # token counts < 2^53: the float sums are exact
         raise TidalError(f"packing produced a micro-batch of {int(tokens.max())} tokens > MaxLen {max_len}")
-    return finish(dense.astype(np.int64), l_, coeffs, pp, w)
+    return finish(best_bins.astype(np.int64, copy=False), l_, coeffs, pp, w)
