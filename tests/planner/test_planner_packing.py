@@ -75,3 +75,23 @@ def test_pack_checks_its_own_micro_batches():
 
     with pytest.raises(TidalError, match="tokens > MaxLen 100"):
         pack([60, 60, 60, 60], COEFFS[0], 1, 100, loops=SimpleNamespace(pack_search=one_bin))
+
+
+def test_finish_groups_and_times_exactly_as_pipeline_time():
+    # finish (every packer's last step): micro-batches ascending within, ordered by first index, empty bins dropped;
+    # its time with the per-document work given is the same float as pipeline_time of those micro-batches
+    from tidal.planner.bounds import PipeCost
+    from tidal.planner.packing import finish
+
+    rng = np.random.default_rng(3)
+    for trial in range(40):
+        n = int(rng.integers(1, 60))
+        l_ = rng.integers(1, 5000, size=n).astype(np.int64)
+        bins = rng.integers(0, int(rng.integers(1, 12)), size=n).astype(np.int64)
+        co, pp = COEFFS[trial % len(COEFFS)], 1 + trial % 3
+        want = tuple(tuple(int(i) for i in np.flatnonzero(bins == b)) for b in np.unique(bins))
+        want = tuple(sorted(want, key=lambda g: g[0]))
+        for w in (None, PipeCost.of(co, pp, 5000).work(l_)):
+            res = finish(bins, l_, co, pp, w)
+            assert res.micro_batches == want
+            assert res.est_time == pipeline_time(l_, want, co, pp)

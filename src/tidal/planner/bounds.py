@@ -123,13 +123,23 @@ def work_capacity(t: np.ndarray, c: np.ndarray, pp: np.ndarray) -> np.ndarray:
     """Largest work W (seconds of sum a l^2 + b l) one pipeline can finish within time t, relaxing V to any real >= 1:
     cap(t) = sup_{V >= 1} V * (t / (PP - 1 + V) - c). With q = PP - 1 the optimum is V = sqrt(t q / c) - q, giving
     (sqrt(t) - sqrt(q c))^2 when that V exceeds 1 (t > PP^2 c / q), else V = 1 and t / PP - c. Nondecreasing in t."""
-    t = np.asarray(t, dtype=np.float64)
+    return _capacity(np.asarray(t, dtype=np.float64), _capacity_consts(c, pp))
+
+
+def _capacity_consts(c, pp) -> tuple:
+    """What work_capacity needs of the pipelines alone (c, PP): computed once where it is evaluated at many t."""
     c = np.asarray(c, dtype=np.float64)
     p = np.asarray(pp, dtype=np.float64)
     q = p - 1.0
     with np.errstate(divide="ignore", invalid="ignore"):
         thr = np.where(q > 0, p * p * c / np.where(q > 0, q, 1.0), np.inf)
-    root = np.sqrt(t) - np.sqrt(q * c)
+    return p, c, thr, np.sqrt(q * c)
+
+
+def _capacity(t: np.ndarray, consts: tuple) -> np.ndarray:
+    """work_capacity(t, c, pp) from _capacity_consts(c, pp)."""
+    p, c, thr, sq = consts
+    root = np.sqrt(t) - sq
     return np.maximum(np.where(t > thr, root * root, t / p - c), 0.0)
 
 
@@ -348,7 +358,9 @@ class StrategyBound:
         self.ca, self.full, self.l_, self.wt, self.w = ca, full, l_, wt, w
         self.wm = np.where(elig, w, np.inf)
         # Price candidates: inverse work of each class at a few reference lengths, plus uniform.
-        Y = np.vstack([1.0 / np.maximum(A * r * r + B * r + Dd, 1e-300) for r in refs] + [np.ones(len(ca.classes))])
+        r = refs[:, None]  # one row per reference length, the same floats as one expression per length
+        Y = np.vstack([1.0 / np.maximum(A[None, :] * r * r + B[None, :] * r + Dd[None, :], 1e-300),
+                       np.ones((1, len(ca.classes)))])
         Y = Y / Y.sum(axis=1, keepdims=True)
         vals = self._bound_for(Y)
         self.Y0, self.ys = Y, [Y[int(np.argmax(vals))]]
@@ -376,13 +388,15 @@ class StrategyBound:
         ys = [best_y]
         if len(classes) > 1:
             y = best_y.copy()
+            cap_consts = _capacity_consts(C, P)  # the same for every round
+            rows, steps = np.arange(l_.size), np.array([[0.25], [0.5], [1.0]])
             for _ in range(rounds):
                 t = max(best, 1e-300)
                 arg = np.argmin(wm * y[None, :], axis=1)
-                loads = np.bincount(arg, weights=w[np.arange(l_.size), arg] * wt, minlength=len(classes))
-                capk = cnt * work_capacity(np.full(len(classes), t), C, P)
+                loads = np.bincount(arg, weights=w[rows, arg] * wt, minlength=len(classes))
+                capk = cnt * _capacity(np.full(len(classes), t), cap_consts)
                 ratio = (loads + 1e-30) / np.maximum(capk, 1e-30)
-                cand = y * np.clip(ratio, 0.25, 4.0) ** np.array([[0.25], [0.5], [1.0]])
+                cand = y * np.clip(ratio, 0.25, 4.0) ** steps
                 cand = cand / cand.sum(axis=1, keepdims=True)
                 v = self._bound_for(cand)
                 k = int(np.argmax(v))

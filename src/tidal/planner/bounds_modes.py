@@ -63,31 +63,42 @@ def mode_arrays(T: float, C: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.
     return tau, cap
 
 
-def _costs(T: float, sb: StrategyBound, thetas: np.ndarray) -> np.ndarray:
-    """u_ik(T) for each theta variant: array (R_theta, B, K); inf where document i fits class k in no mode."""
+def _step_arrays(sb: StrategyBound) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What _costs needs that does not depend on T (computed once per mode_bound, the same floats): where w is
+    finite (B x K x 1), w (B x K x 1), c + w (B x K x 1) and the token terms l_i / (v M_k) (B x K x VB)."""
     ca = sb.ca
-    tau, cap = mode_arrays(T, ca.C, ca.P)  # K x VB
-    w = sb.w  # B x K
-    elig = (np.isfinite(sb.wm)[:, :, None]
-            & (ca.C[None, :, None] + w[:, :, None] <= tau[None, :, :] * (1 + 1e-12))
-            & (cap[None, :, :] >= 0.0))  # B x K x VB
-    with np.errstate(divide="ignore", invalid="ignore"):
-        work = np.where(w[:, :, None] > 0, w[:, :, None] / np.where(cap > 0, cap, 1.0)[None], 0.0)
+    w3 = sb.w[:, :, None]
     v = np.arange(1, VB + 1, dtype=np.float64)
-    tok = sb.l_[:, None, None] / (v[None, None, :] * ca.M[None, :, None])  # B x K x VB
+    tok = sb.l_[:, None, None] / (v[None, None, :] * ca.M[None, :, None])
+    return np.isfinite(sb.wm)[:, :, None], w3, ca.C[None, :, None] + w3, tok
+
+
+def _costs(T: float, sb: StrategyBound, thetas: np.ndarray,
+           arrays: tuple[np.ndarray, np.ndarray] | None = None, step: tuple | None = None) -> np.ndarray:
+    """u_ik(T) for each theta variant: array (R_theta, B, K); inf where document i fits class k in no mode.
+    `arrays`: mode_arrays(T, ...), `step`: _step_arrays(sb), when the caller has them."""
+    ca = sb.ca
+    tau, cap = mode_arrays(T, ca.C, ca.P) if arrays is None else arrays  # K x VB
+    finite, w3, cw, tok = _step_arrays(sb) if step is None else step
+    elig = finite & (cw <= tau[None, :, :] * (1 + 1e-12)) & (cap[None, :, :] >= 0.0)  # B x K x VB
+    with np.errstate(divide="ignore", invalid="ignore"):
+        work = np.where(w3 > 0, w3 / np.where(cap > 0, cap, 1.0)[None], 0.0)
     out = []
     for th in thetas:  # th: K x VB (merged column forced to 1)
-        u = th[None] * work + (1.0 - th[None]) * tok
+        # th is 0 or 1 and work, tok are finite and >= 0, so th work + (1 - th) tok is exactly one of them
+        u = np.where(th[None] > 0.5, work, tok) if np.all((th == 0.0) | (th == 1.0)) else \
+            th[None] * work + (1.0 - th[None]) * tok
         out.append(np.where(elig, u, np.inf).min(axis=2))
     return np.array(out)
 
 
-def _thetas(T: float, sb: StrategyBound) -> np.ndarray:
+def _thetas(T: float, sb: StrategyBound, cap: np.ndarray | None = None) -> np.ndarray:
     """theta variants (K x VB each; one at present): per mode work (1) or tokens (0), whichever a pipeline filled
     with the step's mean document would exhaust first. (All-work, and tokens in mode 1 only, were tried as well: on
     the issue-9 cells they proved nothing more and doubled the cost.)"""
     ca = sb.ca
-    _, cap = mode_arrays(T, ca.C, ca.P)
+    if cap is None:
+        _, cap = mode_arrays(T, ca.C, ca.P)
     v = np.arange(1, VB + 1, dtype=np.float64)[None, :]
     rho = (sb.w * sb.wt[:, None]).sum(axis=0) / max(float((sb.l_ * sb.wt).sum()), 1e-300)  # work per token, per class
     th = (rho[:, None] * v * ca.M[:, None] >= cap).astype(np.float64)
@@ -136,11 +147,12 @@ def violated(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray, Y: np.ndarray, roun
                                     np.ascontiguousarray(cnt, f), np.ascontiguousarray(Y, f), int(rounds)))
 
 
-def infeasible(T: float, sb: StrategyBound, Y: np.ndarray, rounds: int = 6) -> bool:
+def infeasible(T: float, sb: StrategyBound, Y: np.ndarray, rounds: int = 6, step: tuple | None = None) -> bool:
     """True when some theta variant and price vector prove that no plan has step time <= T (see the module doc; any
     certificate found is valid, the search only makes finding one likelier). One class: the costs of all documents
-    must fit in its pipeline count."""
-    U = _costs(T, sb, _thetas(T, sb))  # Rt x B x K
+    must fit in its pipeline count. `step`: _step_arrays(sb), when the caller has it."""
+    arrays = mode_arrays(T, sb.ca.C, sb.ca.P)  # the same T: computed once for the thetas and the costs
+    U = _costs(T, sb, _thetas(T, sb, arrays[1]), arrays, step)  # Rt x B x K
     if not np.all(np.isfinite(U[0].min(axis=1))):
         return True  # some document fits nowhere at T (eligibility does not depend on theta)
     cnt, wt = sb.ca.cnt, sb.wt
@@ -159,14 +171,15 @@ def mode_bound(sb: StrategyBound, lo: float, hi: float, iters: int = 7) -> float
     if sb.final is not None or not hi > lo:
         return lo
     Y = np.vstack(sb.prices())
+    step = _step_arrays(sb)  # the same for every T tried
     a, b = min(lo * (1 + MIN_GAIN), hi), hi
-    if not infeasible(a, sb, Y):  # most candidates: nothing (or less than MIN_GAIN) to gain, one evaluation
+    if not infeasible(a, sb, Y, step=step):  # most candidates: nothing (or less than MIN_GAIN) to gain, one evaluation
         return lo
-    if infeasible(b, sb, Y):
+    if infeasible(b, sb, Y, step=step):
         return max(lo, b * (1 - SLACK))
     for _ in range(iters if sb.ca.cnt.size <= 2 else min(iters, 4)):  # 3+ classes: a price search per point
         m = 0.5 * (a + b)
-        if infeasible(m, sb, Y):
+        if infeasible(m, sb, Y, step=step):
             a = m
         else:
             b = m

@@ -64,17 +64,23 @@ def validate(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int) -> np.ndarra
 
 def finish(bin_of: np.ndarray, l_: np.ndarray, coeffs: LatencyCoeffs, pp: int,
             w: np.ndarray | None = None) -> PackResult:
-    order = np.argsort(bin_of, kind="stable").tolist()  # ascending indices within each bin
+    order = np.argsort(bin_of, kind="stable")  # ascending indices within each bin
     cnt = np.bincount(bin_of)
-    ends = np.cumsum(cnt[cnt > 0]).tolist()
-    # Deterministic order: micro-batches by first (smallest) index.
-    mbs = tuple(sorted((tuple(order[a:b]) for a, b in zip([0] + ends[:-1], ends)), key=lambda g: g[0]))
+    cnt = cnt[cnt > 0]
+    ends = np.cumsum(cnt)
+    starts = ends - cnt
+    # Deterministic order: micro-batches by first (smallest) index (distinct, so any sort gives the same order).
+    by_first = np.argsort(order[starts])
+    starts_l, ends_l, ol = starts[by_first].tolist(), ends[by_first].tolist(), order.tolist()
+    mbs = tuple(tuple(ol[a:b]) for a, b in zip(starts_l, ends_l))
     if w is None:
         return PackResult(mbs, pipeline_time(l_, mbs, coeffs, pp))
     # pipeline_time with the per-document work computed once: w holds the same element values mb_time computes
-    # (a l^2 + b l + d in float64, same operation order), summed per micro-batch in the same order, so the same floats
+    # (a l^2 + b l + d in float64, same operation order), summed per micro-batch in the same order (a contiguous
+    # slice of w in the micro-batch's index order, as w[list(mb)] is), so the same floats
     c = float(coeffs.c)
-    works = [float(np.sum(w[list(mb)])) for mb in mbs]
+    wo = w[order]
+    works = [float(wo[a:b].sum()) for a, b in zip(starts_l, ends_l)]
     q = stage_q(pp, prices_eq1(coeffs))
     return PackResult(mbs, packed_value(q, c, float(sum(works)), max(c + x for x in works), len(mbs)))
 
@@ -121,11 +127,9 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
             b = pack_milp_fixed_v(l_, w, V, max_len, c, time_limit=time_limit)
             if b is not None and loops.pack_score(b, w, c, q) < best:
                 best_bins, best = b, loops.pack_score(b, w, c, q)
-    # renumber bins densely (np.unique's inverse, without its sort), and check MaxLen here, where it is one bincount:
-    # select._pack_groups trusts pack's micro-batches (each sequence exactly once by construction of finish)
-    used = np.bincount(best_bins) > 0
-    dense = (np.cumsum(used) - 1)[best_bins]
-    tokens = np.bincount(dense, weights=l_)
+    # check MaxLen here, where it is one bincount: passes.pack_groups trusts pack's micro-batches (each sequence
+    # exactly once by construction of finish, which drops unused bin numbers itself, so no dense renumbering)
+    tokens = np.bincount(best_bins, weights=l_)
     if tokens.max() > max_len:  # token counts < 2^53: the float sums are exact
         raise TidalError(f"packing produced a micro-batch of {int(tokens.max())} tokens > MaxLen {max_len}")
-    return finish(dense.astype(np.int64), l_, coeffs, pp, w)
+    return finish(best_bins.astype(np.int64, copy=False), l_, coeffs, pp, w)

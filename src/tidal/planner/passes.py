@@ -266,7 +266,7 @@ def pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Pack
                 if packer is not pack:  # pack checks its own (decision 69's review: 0.8 ms per step here)
                     check_packing(res.micro_batches, idx.size, sub, pipe.max_len)
                 gl = idx.tolist()
-                mbs = tuple(tuple(gl[i] for i in mb) for mb in res.micro_batches if len(mb))
+                mbs = tuple(tuple(map(gl.__getitem__, mb)) for mb in res.micro_batches if len(mb))
                 if packer is pack:  # its est_time is pipeline_time of these micro-batches (the same floats)
                     est = res.est_time
             if est is None:  # another packer's est_time is not trusted
