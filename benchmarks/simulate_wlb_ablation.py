@@ -130,12 +130,12 @@ def print_paper(cells) -> None:
     """WLB-LLM Fig. 13 (7B-128K) beside the simulated 128K cells: paper, simulated per dataset, error."""
     print("\nWLB-LLM Fig. 13 breakdown (7B-128K, §6.3) vs simulated (128K cells), target within +-10 %:")
     c128 = [c for c in cells if c["ctx"] == 131072]
-    print(f"  {'step':<15}{'paper':>7}" + "".join(f"{c['data']:>13}" for c in c128) + f"{'error':>16}")
+    print(f"  {'step':<15}{'paper':>7}" + "".join(f"{c['data']:>13}" for c in c128) + "  error")
     for n, p in PAPER_128K.items():
         sim = [ratios(c)[n] for c in c128]
         err = [s / p - 1 for s in sim]
         print(f"  {n:<15}{p:>7.2f}" + "".join(f"{s:>13.3f}" for s in sim)
-              + f"{', '.join(f'{e:+.1%}' for e in err):>16}")
+              + "  " + ", ".join(f"{e:+.1%}" for e in err))
 
 
 if __name__ == "__main__":
