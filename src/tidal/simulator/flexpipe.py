@@ -103,7 +103,8 @@ def run_flexpipe(w, sim_cfg: SimConfig, progress, *, static: bool = False, name:
         s1 = float(lens.sum()) / len(mbs)
         s2 = float(np.sum(lens.astype(np.float64) ** 2)) / len(mbs)
         if static:
-            mp, rc, sw = fixed, planner.o_plan(fixed, mu, s1) or (0.0,) * fixed.stages, 0.0
+            rc = planner.o_plan(fixed, mu, s1) or planner.o_plan(fixed, mu, s1, capped=False)
+            mp, rc, sw = fixed, rc or (0.0,) * fixed.stages, 0.0
             decisions.append("static")
         else:
             dec = planner.decide(mu, s1, s2, len(mbs), current)

@@ -247,16 +247,18 @@ class FlexPipePlanner:
         return all(self.stage_bytes(n, i, mp.stages, self.tokens(mu, s1, g)) <= self.budget()
                    for i, (n, g) in enumerate(zip(mp.layers, mp.gpus)))
 
-    def o_plan(self, mp: Mapping, mu: int, s1: float = 0.0) -> tuple[float, ...] | None:
-        """Least recompute fraction per stage so that every stage fits (None: recomputation is not enough, or it
-        would have to save more than `memopt_share` of a stage's bytes)."""
+    def o_plan(self, mp: Mapping, mu: int, s1: float = 0.0, capped: bool = True) -> tuple[float, ...] | None:
+        """Least recompute fraction per stage so that every stage fits (None: recomputation is not enough, or, when
+        `capped`, it would have to save more than `memopt_share` of a stage's bytes: HBSA then reconfigures; the
+        uncapped plan is the last resort when no mapping holds the step within the cap)."""
+        share = self.memopt_share if capped else 1.0
         out = []
         for i, (n, g) in enumerate(zip(mp.layers, mp.gpus)):
             tk = self.tokens(mu, s1, g)
             full, none = self.stage_bytes(n, i, mp.stages, tk), self.stage_bytes(n, i, mp.stages, tk, 1.0)
             if full <= self.budget():
                 out.append(0.0)
-            elif none > self.budget() or full - self.budget() > self.memopt_share * full:
+            elif none > self.budget() or full - self.budget() > share * full:
                 return None
             else:
                 out.append(min(1.0, math.ceil((full - self.budget()) / (full - none) * n) / n))
@@ -291,9 +293,10 @@ class FlexPipePlanner:
         for i in range(1, top + 1):
             if self.fits(self.even(i), mu, s1):
                 return i
-        for i in range(1, top + 1):  # nothing fits as is: the fewest stages that fit with recomputation
-            if self.o_plan(self.even(i), mu, s1) is not None:
-                return i
+        for capped in (True, False):  # nothing fits as is: the fewest stages that fit with recomputation
+            for i in range(1, top + 1):
+                if self.o_plan(self.even(i), mu, s1, capped) is not None:
+                    return i
         raise TidalError(f"FlexPipe: no pipeline of at most {self.D} stages holds a {mu}-token micro-batch")
 
     def bounds(self, N: int, mu: int, s1: float) -> tuple[int, int, int, int]:
@@ -380,7 +383,7 @@ class FlexPipePlanner:
         d = self._decide(mu, s1, s2, n_micro, current)
         if any(d.recompute) or self.fits(d.mapping, mu, s1):
             return d
-        plan = self.o_plan(d.mapping, mu, s1)
+        plan = self.o_plan(d.mapping, mu, s1) or self.o_plan(d.mapping, mu, s1, capped=False)
         if plan is None:
             raise TidalError(f"FlexPipe: mapping {d.mapping.layers} x {d.mapping.gpus} cannot hold {mu} tokens")
         return Decision(d.mapping, d.action, plan, self.pipeline_time(d.mapping, s1, s2, n_micro, plan, mu),
@@ -395,7 +398,8 @@ class FlexPipePlanner:
             new, v, count = self.search(N, mu, s1, s2, n_micro, current)
             if new is None:  # the bounds admit no partition: fall back to the even split of N stages
                 new = self.even(N)
-                rc = None if self.fits(new, mu, s1) else self.o_plan(new, mu, s1)
+                rc = None if self.fits(new, mu, s1) else (self.o_plan(new, mu, s1)
+                                                          or self.o_plan(new, mu, s1, capped=False))
                 v = self.pipeline_time(new, s1, s2, n_micro, rc, mu) + self.switch_time(current, new)
         ms = (time.perf_counter() - t0) * 1e3
         if current is None:
