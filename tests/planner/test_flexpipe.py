@@ -147,3 +147,18 @@ def test_paper_setup_grows_for_a_long_iteration_and_shrinks_after_it():
     (_, s0), _, (a2, s2), (a3, _), (a4, s4) = acts
     assert a2 == "grow" and s2 > s0 and a3 == "keep"
     assert a4 == "shrink" and s4 == s0  # fewer GPUs per pipeline win again on the short iteration
+
+
+def test_capped_memopt_falls_back_to_full_recomputation_when_nothing_else_holds():
+    """GPT (13B) on 32 A100s at 8K (simulate_flexpipe.py's largest cell): no even mapping holds it within Table 2's
+    O_plan share, so the fewest stages and the decision take the uncapped recomputation instead of failing."""
+    gpt13 = ModelSpec("gpt-13b", 40, 5120, 40, 40, 20480, 50257)
+    pl = FlexPipePlanner(AnalyticCostModel(gpt13, ClusterSpec("t", (NodeGroup(A100, 32),))),
+                         workload_memory=fit_table2(GPT), memopt_share=TABLE2_MEMOPT_SHARE)
+    top = min(pl.D, gpt13.layers)
+    assert all(pl.o_plan(pl.even(i), 8192) is None and not pl.fits(pl.even(i), 8192) for i in range(1, top + 1))
+    n = pl.n_stage(8192)
+    assert pl.o_plan(pl.even(n), 8192, capped=False) is not None
+    assert pl.o_plan(pl.even(n - 1), 8192, capped=False) is None
+    d = pl.decide(8192, 8192.0, 8192.0 ** 2, 4, None)
+    assert any(d.recompute) and d.mapping.stages == n
