@@ -184,11 +184,12 @@ def run_flexpipe(steps: int, jobs: int) -> None:
     import simulate_flexpipe as fp
 
     models = [m for m in fp.MODELS if m[0].name in fp.TABLE2]
-    grid = [(m, ml, steps, False) for m, ml in itertools.product(models, fp.LENGTHS)]
+    # FlexPipe's set-up (`simulate_flexpipe.py --paper-setup`): 4 samples per step, Fig. 2(c)'s per-stage overhead
+    grid = [(m, ml, steps, False, 4, True, 0) for m, ml in itertools.product(models, fp.LENGTHS)]
     with ProcessPoolExecutor(jobs) as ex:
         cells = list(ex.map(fp.cell, grid))
-    print(f"\nFlexPipe on its workloads (BERT96 on 8 A100s, GPT-3.35B on 16; FLANv2-like; {steps} steps), "
-          f"FlexPipe's Table-2 memory model")
+    print(f"\nFlexPipe on its workloads (BERT96 on 8 A100s, GPT-3.35B on 16; FLANv2-like, 4 samples per step; "
+          f"{steps} steps), FlexPipe's Table-2 memory model and Fig. 2(c)'s per-stage overhead")
     print(f"{'model':<10}{'max len':>8}{'flex/static':>12}{'grow+shrink/100':>16}{'paper':>7}{'memopt/100':>11}"
           f"{'paper':>7}{'stages':>8}")
     rec, mo = [], []

@@ -26,8 +26,17 @@ stages than the step needs, and the median Eq. 1 time of the current mapping, of
 reconfiguration not counted) and of that reconfiguration: condition B shrinks only when the second plus the third is
 below the first.
 
+--paper-setup runs FlexPipe on the workload and cost shape its paper describes: its global batch of 4 samples (as
+--batch-docs 4) and a per-stage overhead of every micro-batch operation (`FlexPipePlanner.stage_overhead_s`) fitted
+per model so that Eq. 1's time on 8 one-GPU stages over 3 is Fig. 2(c)'s 7.08 / 4.7 s (GPT (3.35B), 3K samples: more
+GPUs lose on short samples; the other models are assumed to share that shape), and a memory optimisation that saves
+at most Table 2's largest O_plan share of M_peak (25 / 185 GB, 13.5 %: larger overflows reconfigure). Planned and
+executed alike, static-pp included; megatron, which Tidal's engine runs without that overhead, is left out. It
+prints the fitted overheads, Fig. 2(c)'s times on 1-8 stages, and a reconfiguration's time beside the paper's 0.95 s
+(§7.4, GPT (3.35B) adding stages). The paper's 2.7 regrowths per 100 steps are GPT (3.35B) on 16 A100s' (§5.2).
+
 Usage: python benchmarks/simulate_flexpipe.py [--steps 100] [--jobs 2] [--quick] [--tidal-memory] [--batch-docs 4]
-       [--why-no-shrink]
+       [--why-no-shrink] [--paper-setup] [--seed 0]
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from __future__ import annotations
 import argparse
 import itertools
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 from _simcommon import summary
@@ -45,7 +55,15 @@ from tidal.costmodel import AnalyticCostModel
 from tidal.data.sampler import LongDocStats, Step, TokenBudgetSampler
 from tidal.data.sources import length_source
 from tidal.planner.baselines.fixed import pack_fixed
-from tidal.planner.baselines.flexpipe import TABLE2, FlexPipePlanner, fit_table2
+from tidal.planner.baselines.flexpipe import (
+    FIG2C,
+    TABLE2,
+    TABLE2_MEMOPT_SHARE,
+    FlexPipePlanner,
+    fig2c_times,
+    fit_fig2c,
+    fit_table2,
+)
 from tidal.simulator.baselines import UNIT
 from tidal.simulator.engine import SimConfig
 from tidal.simulator.flexpipe import MICRO_BATCHES, run_flexpipe
@@ -88,23 +106,32 @@ class DocsPerStep:
         return Step(self.i - 1, ids, lens, ids, (0,) * self.n, LongDocStats())
 
 
+def stage_overhead(model: ModelSpec, nodes: int, wm) -> float:
+    """Fig. 2(c)'s per-stage overhead for `model` (`fit_fig2c`; --paper-setup)."""
+    return fit_fig2c(FlexPipePlanner(AnalyticCostModel(model, _cluster(nodes)), fwd_share=SimConfig().fwd_share,
+                                     workload_memory=wm))
+
+
 def cell(args):
-    (model, nodes), max_len, steps, tidal_memory, batch_docs = args
+    (model, nodes), max_len, steps, tidal_memory, batch_docs, paper, seed = args
     cl = _cluster(nodes)
     wm = None if tidal_memory else workload_memory(model)
     cm = AnalyticCostModel(model, cl)
+    delta = stage_overhead(model, nodes, wm) if paper else 0.0
+    share = TABLE2_MEMOPT_SHARE if paper else 1.0
     tokens = 4 * max_len
 
     def source():
         if batch_docs:
-            return DocsPerStep(length_source(DATA, 0), batch_docs, max_len)
-        return TokenBudgetSampler(length_source(DATA, 0), tokens, max_len, seed=0)
+            return DocsPerStep(length_source(DATA, seed), batch_docs, max_len)
+        return TokenBudgetSampler(length_source(DATA, seed), tokens, max_len, seed=seed)
 
-    w = Workload(cm, max_len, tokens, steps, 0, source, length_source(DATA, 0).lengths(0, 5000))
+    w = Workload(cm, max_len, tokens, steps, seed, source, length_source(DATA, seed).lengths(0, 5000))
     sim = SimConfig()
-    flex = run_flexpipe(w, sim, None, workload_memory=wm)
-    static = run_flexpipe(w, sim, None, static=True, name="static-pp", workload_memory=wm)
-    mega = run_system("megatron", w, sim)
+    flex = run_flexpipe(w, sim, None, workload_memory=wm, stage_overhead_s=delta, memopt_share=share)
+    static = run_flexpipe(w, sim, None, static=True, name="static-pp", workload_memory=wm, stage_overhead_s=delta,
+                          memopt_share=share)
+    mega = None if paper else run_system("megatron", w, sim)
     return dict(model=model.name, gpus=4 * nodes, max_len=max_len, flex=flex, static=static, mega=mega)
 
 
@@ -118,17 +145,23 @@ def main() -> None:
                     help="N documents per step (FlexPipe's global batch of 4 samples) instead of 4 context windows")
     ap.add_argument("--why-no-shrink", action="store_true",
                     help="with --batch-docs: what condition B weighs in the steps where HBSA keeps more stages")
+    ap.add_argument("--seed", type=int, default=0, help="data seed")
+    ap.add_argument("--paper-setup", action="store_true",
+                    help="FlexPipe's batch of 4 samples and Fig. 2(c)'s per-stage overhead")
     a = ap.parse_args()
+    if a.paper_setup:
+        a.batch_docs = a.batch_docs or 4
     if a.why_no_shrink:
-        why_no_shrink(a.steps, a.batch_docs or 4)
+        why_no_shrink(a.steps, a.batch_docs or 4, a.paper_setup)
         return
     models = [m for m in MODELS if m[0].name in TABLE2] if a.quick else list(MODELS)
     with ProcessPoolExecutor(a.jobs) as ex:
-        cells = list(ex.map(cell, [(m, ml, a.steps, a.tidal_memory, a.batch_docs)
+        cells = list(ex.map(cell, [(m, ml, a.steps, a.tidal_memory, a.batch_docs, a.paper_setup, a.seed)
                                    for m, ml in itertools.product(models, LENGTHS)]))
     per_step = f"{a.batch_docs} documents" if a.batch_docs else "4 context windows of tokens"
-    print(f"FlexPipe vs static PP, {DATA}, {per_step} per step, {a.steps} steps, "
-          f"{'Tidal' if a.tidal_memory else 'FlexPipe Table 2'} memory model")
+    print(f"FlexPipe vs static PP, {DATA}, seed {a.seed}, {per_step} per step, {a.steps} steps, "
+          f"{'Tidal' if a.tidal_memory else 'FlexPipe Table 2'} memory model"
+          + (", Fig. 2(c)'s per-stage overhead" if a.paper_setup else ""))
     print(f"{'model':<10}{'GPUs':>5}{'max len':>8}{'flex/static':>12}{'mega/static':>12}{'reconf/100':>11}"
           f"{'memopt/100':>11}{'stages':>8}{'HBSA ms med':>12}{'p90':>9}  decisions | static mapping")
     ratios, rec, mo, ms = [], [], [], []
@@ -140,19 +173,45 @@ def main() -> None:
         mo.append(100 * _count(f.config, "memopt") / max(1, len(f.steps)))
         ms += f.decision_ms
         stages = sorted({st.count(",") + 1 for st in f.strategies})
-        print(f"{c['model']:<10}{c['gpus']:>5}{c['max_len']:>8}{r:>12.3f}{m.tokens_per_s / s.tokens_per_s:>12.3f}"
+        mr = f"{m.tokens_per_s / s.tokens_per_s:>12.3f}" if m is not None else f"{'-':>12}"
+        print(f"{c['model']:<10}{c['gpus']:>5}{c['max_len']:>8}{r:>12.3f}{mr}"
               f"{rec[-1]:>11.1f}{mo[-1]:>11.1f}{'-'.join(map(str, (stages[0], stages[-1]))):>8}"
               f"{np.median(f.decision_ms):>12.2f}{np.percentile(f.decision_ms, 90):>9.2f}  "
               f"{f.config.split(';')[0]} | {s.strategies[0]}")
     print(f"\nflexpipe / static PP (tokens/s): {summary(ratios)}")
     print(f"reconfigurations (grow/shrink) per 100 steps: {summary(rec)} (paper: {PAPER_RECONF_PER_100:.1f})")
+    gpt = [i for i, c in enumerate(cells) if c["model"] == "gpt-3.35b"]
+    if gpt:
+        print("  GPT (3.35B) on 16 A100s, the paper's cell, at " + " / ".join(str(cells[i]["max_len"]) for i in gpt)
+              + ": grow/shrink " + " / ".join(f"{rec[i]:.1f}" for i in gpt) + f" per 100 steps (paper "
+              f"{PAPER_RECONF_PER_100:.1f}), memory optimisations " + " / ".join(f"{mo[i]:.1f}" for i in gpt)
+              + f" (paper {PAPER_MEMOPT_PER_100:.0f})")
     print(f"memory optimisations per 100 steps: {summary(mo)} (paper: {PAPER_MEMOPT_PER_100:.0f})")
     print(f"HBSA time per decision (ms): median {np.median(ms):.2f}, p90 {np.percentile(ms, 90):.2f}, "
           f"max {np.max(ms):.2f} (paper: 15 ms average)")
     table2_stages()
+    if a.paper_setup:
+        fig2c(models, a.tidal_memory)
 
 
-def why_no_shrink(steps: int, batch_docs: int) -> None:
+def fig2c(models, tidal_memory: bool) -> None:
+    """The fitted per-stage overheads, Eq. 1 on 1-8 one-GPU stages at Fig. 2(c)'s 3K, and a reconfiguration's time."""
+    length, g1, t1, g2, t2 = FIG2C
+    print(f"\nFig. 2(c) (GPT (3.35B), {length}-token samples, batch 4): paper {t1} s on {g1} GPUs (its fastest), "
+          f"{t2} s on {g2} ({t2 / t1:.3f}x); simulated Eq. 1 seconds on 1-8 one-GPU stages with the fitted overhead:")
+    for model, nodes in models:
+        wm = None if tidal_memory else workload_memory(model)
+        pl = FlexPipePlanner(AnalyticCostModel(model, _cluster(nodes)), fwd_share=SimConfig().fwd_share,
+                             workload_memory=wm)
+        d = fit_fig2c(pl)
+        ts = fig2c_times(replace(pl, stage_overhead_s=d), range(1, 9))
+        grow = pl.switch_time(pl.even(4), pl.even(5))
+        print(f"  {model.name:<10} overhead {d:.3f} s/stage/micro-batch  "
+              + " ".join(f"{t:.2f}" for t in ts) + f"  fastest {int(np.argmin(ts)) + 1}, 8/3 {ts[7] / ts[2]:.3f}; "
+              f"4 -> 5 stages reconfigures in {grow:.2f} s (paper, GPT (3.35B): 0.95 s)")
+
+
+def why_no_shrink(steps: int, batch_docs: int, paper: bool = False) -> None:
     """HBSA's decisions on `batch_docs`-sample steps (the simulator's packing), and in the steps it keeps a mapping
     deeper than the step needs: the current mapping's Eq. 1 time, the best shallower one's, its reconfiguration."""
     print(f"HBSA on {batch_docs} documents per step ({DATA}, {steps} steps): steps kept on more stages than needed, "
@@ -163,7 +222,10 @@ def why_no_shrink(steps: int, batch_docs: int) -> None:
         if model.name not in TABLE2:
             continue
         for max_len in LENGTHS[1:]:
-            pl = FlexPipePlanner(AnalyticCostModel(model, _cluster(nodes)), workload_memory=workload_memory(model))
+            wm = workload_memory(model)
+            pl = FlexPipePlanner(AnalyticCostModel(model, _cluster(nodes)), workload_memory=wm,
+                                 stage_overhead_s=stage_overhead(model, nodes, wm) if paper else 0.0,
+                                 memopt_share=TABLE2_MEMOPT_SHARE if paper else 1.0)
             src, cur, rows = DocsPerStep(length_source(DATA, 0), batch_docs, max_len), None, []
             for _ in range(steps):
                 lens = np.asarray(src.next_step().lengths)

@@ -14,7 +14,12 @@ documents do not fit. Reported: speedup of each over plain-4d on mean tokens/s, 
 p90 / worst over the per-step ratios of the static rows (same steps); the var-len rows move documents between steps,
 so only their throughput ratios are comparable; then the paper's Fig. 13 breakdown (7B-128K) beside the simulated.
 
+Datasets: synthetic commoncrawl and github (Hydraulis' corpora) and wlb-llm, a stand-in for WLB-LLM's own 128K corpus
+(docs/data.md): a long-document tail whose weight reproduces Table 2's original imbalance degree, 1.44. The Table 2
+section prints each dataset's imbalance degrees (`simulator.wlbstats`) beside the paper's at 128K.
+
 Usage: python benchmarks/simulate_wlb_ablation.py [--steps 30] [--jobs 2] [--seed 1] [--no-tidal]
+           [--data commoncrawl,github,wlb-llm] [--context 64,128] [--table2-steps 200]
 """
 
 from __future__ import annotations
@@ -28,12 +33,12 @@ from _simcommon import summary, workload
 
 from tidal.core import ParallelScheme
 from tidal.core.strategy import place
-from tidal.simulator import baselines
+from tidal.simulator import baselines, wlbstats
 from tidal.simulator.engine import SimConfig
 from tidal.simulator.systems import _options, run_planner, run_static, run_system
 
 SETUPS = ((65536, "h100x32", ParallelScheme(4, 4, 2)), (131072, "h100x64", ParallelScheme(8, 4, 2)))
-DATA = ("synthetic:commoncrawl", "synthetic:github")
+DATA = ("synthetic:commoncrawl", "synthetic:github", "synthetic:wlb-llm")
 
 
 # WLB-LLM Fig. 13 (§6.3 "Speedup Breakdown", 7B-128K), speed-up over Plain-4D
@@ -66,8 +71,10 @@ def ratios(c) -> dict[str, float]:
     return {n: r.tokens_per_s / base for n, r in c["runs"].items()}
 
 
-def run_cells(steps: int, jobs: int, seed: int, with_tidal: bool = True) -> list[dict]:
-    grid = [(s, d, steps, seed, with_tidal) for s, d in itertools.product(SETUPS, DATA)]
+def run_cells(steps: int, jobs: int, seed: int, with_tidal: bool = True, data=DATA, contexts=(64, 128)) -> list[dict]:
+    setups = [s for s in SETUPS if s[0] // 1024 in contexts]
+    grid = [(s, d, steps, seed, with_tidal) for s, d in itertools.product(setups, data)
+            if d != "synthetic:wlb-llm" or s[0] == 131072]  # WLB-LLM's corpus is described at 128K only
     with ProcessPoolExecutor(jobs) as ex:
         return list(ex.map(cell, grid))
 
@@ -78,8 +85,14 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1, help="data seed (1: held out; nothing here is tuned)")
     ap.add_argument("--no-tidal", action="store_true")
+    ap.add_argument("--data", default=",".join(d.split(":")[1] for d in DATA),
+                    help="comma-separated synthetic datasets (default: all three)")
+    ap.add_argument("--context", default="64,128", help="context windows in K (64, 128)")
+    ap.add_argument("--table2-steps", type=int, default=200,
+                    help="steps per dataset for the Table 2 imbalance degrees (0: skip)")
     a = ap.parse_args()
-    cells = run_cells(a.steps, a.jobs, a.seed, not a.no_tidal)
+    data = tuple(f"synthetic:{d}" for d in a.data.split(","))
+    cells = run_cells(a.steps, a.jobs, a.seed, not a.no_tidal, data, tuple(int(c) for c in a.context.split(",")))
     print(f"WLB-LLM ablation on llama2-7b, speedup over plain-4d in tokens/s ({a.steps} steps, seed {a.seed})")
     names = [n for n in NAMES if n in cells[0]["runs"]]
     print(f"{'context':>8} {'data':<12}{'MaxLen':>8} " + "".join(f"{n:>15}" for n in names) + f"{'plain s/step':>14}")
@@ -92,19 +105,37 @@ def main() -> None:
         r = np.concatenate([np.asarray(c["runs"]["plain-4d"].step_times) / np.asarray(c["runs"][n].step_times)
                             for c in cells])
         print(f"  {n:<14} {summary(r)}")
-    print_paper(cells)
+    if any(c["ctx"] == 131072 for c in cells):
+        print_paper(cells)
+    if a.table2_steps:
+        print_table2(data, a.table2_steps, a.seed)
+
+
+def print_table2(data, steps: int, seed: int) -> None:
+    """WLB-LLM Table 2's imbalance degrees (7B-128K, PP 4) on each dataset's steps, paper vs simulated."""
+    ctx, cluster, scheme = SETUPS[1]
+    print(f"\nWLB-LLM Table 2 imbalance degree (max x PP / total, 128K, {steps} steps, seed {seed}), paper vs data:")
+    print(f"  {'packing':<12}{'paper':>7}" + "".join(f"{d.split(':')[1]:>13}" for d in data))
+    rows = {}
+    for d in data:
+        w = workload("llama2-7b", cluster, d, ctx, 4 * ctx, steps, seed)
+        co = w.cost_model.coeffs(scheme, w.cost_model.cluster.device_type(0))
+        sampler = w.source_factory()
+        rows[d] = wlbstats.table2([sampler.next_step().lengths_array() for _ in range(steps)], co, ctx)
+    for k, p in wlbstats.PAPER_TABLE2.items():
+        print(f"  {k:<12}{p:>7.2f}" + "".join(f"{rows[d][k]:>13.3f}" for d in data))
 
 
 def print_paper(cells) -> None:
     """WLB-LLM Fig. 13 (7B-128K) beside the simulated 128K cells: paper, simulated per dataset, error."""
     print("\nWLB-LLM Fig. 13 breakdown (7B-128K, §6.3) vs simulated (128K cells), target within +-10 %:")
     c128 = [c for c in cells if c["ctx"] == 131072]
-    print(f"  {'step':<15}{'paper':>7}" + "".join(f"{c['data']:>13}" for c in c128) + f"{'error':>16}")
+    print(f"  {'step':<15}{'paper':>7}" + "".join(f"{c['data']:>13}" for c in c128) + "  error")
     for n, p in PAPER_128K.items():
         sim = [ratios(c)[n] for c in c128]
         err = [s / p - 1 for s in sim]
         print(f"  {n:<15}{p:>7.2f}" + "".join(f"{s:>13.3f}" for s in sim)
-              + f"{', '.join(f'{e:+.1%}' for e in err):>16}")
+              + "  " + ", ".join(f"{e:+.1%}" for e in err))
 
 
 if __name__ == "__main__":

@@ -97,3 +97,12 @@ def test_text_file_accepts_exactly_positive_ints(tmp_path_factory, items):
     else:
         with pytest.raises(TidalError):
             load_lengths(f)
+
+
+def test_wlb_llm_tail_as_documented():
+    """synthetic:wlb-llm: commoncrawl's body and 0.2 % of documents in a Pareto(1) tail on [64K, 128K]: no document
+    longer than WLB-LLM's 128K context (its Fig. 3), and the tail holds about 0.2 % of the documents."""
+    x = length_source("synthetic:wlb-llm", 0).lengths(0, 400_000)
+    assert x.max() <= 131072
+    assert (x >= 65536).mean() == pytest.approx(0.002, rel=0.15)
+    assert np.median(x) == pytest.approx(260, rel=0.1)

@@ -2,6 +2,7 @@
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -9,7 +10,15 @@ from tidal.core.cluster import GB, ClusterSpec, DeviceType, NodeGroup
 from tidal.core.model import ModelSpec
 from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.costmodel.memory import MEMORY_V1
-from tidal.planner.baselines.flexpipe import FlexPipePlanner, Mapping
+from tidal.planner.baselines.flexpipe import (
+    FIG2C,
+    TABLE2_MEMOPT_SHARE,
+    FlexPipePlanner,
+    Mapping,
+    fig2c_times,
+    fit_fig2c,
+    fit_table2,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -90,3 +99,66 @@ def test_switch_time_counts_new_layers():
     assert fp.switch_time(a, a) == 0 and fp.switch_time(None, a) == 0
     # GPUs 2, 3 held layers 8..15 and now hold 4..15: 4 new layers of 16 B per parameter over host_bw
     assert fp.switch_time(a, b) == pytest.approx(4 * GPT.layer_params() * 16 / fp.host_bw)
+
+
+def _paper_planner():
+    """GPT (3.35B) on 16 A100s under FlexPipe's own memory model (Table 2 fit), Fig. 2(c)'s per-stage overhead and
+    Table 2's largest O_plan share: `simulate_flexpipe.py --paper-setup`."""
+    pl = FlexPipePlanner(AnalyticCostModel(GPT, ClusterSpec("t", (NodeGroup(A100, 16),))),
+                         workload_memory=fit_table2(GPT))
+    return pl, replace(pl, stage_overhead_s=fit_fig2c(pl), memopt_share=TABLE2_MEMOPT_SHARE)
+
+
+def test_fig2c_overhead_reproduces_its_ratio_and_adds_per_stage_and_micro_batch():
+    base, pl = _paper_planner()
+    d = pl.stage_overhead_s
+    assert d > 0
+    length, g1, t1, g2, t2 = FIG2C
+    a, b = fig2c_times(pl, (g1, g2))
+    assert b / a == pytest.approx(t2 / t1, rel=1e-9)  # Fig. 2(c): 8 GPUs 7.08 s, 3 GPUs 4.7 s
+    ts = fig2c_times(pl, range(3, 9))
+    assert all(x < y for x, y in zip(ts, ts[1:]))  # beyond 3 GPUs, more GPUs lose on 3K samples (as Fig. 2(c))
+    assert fig2c_times(base, (8,))[0] < fig2c_times(base, (3,))[0]  # without the overhead they win
+    for mp, n in ((Mapping((5, 6, 5), (5, 5, 6)), 4), (Mapping((2, 3, 3, 3, 3, 2), (3, 2, 2, 3, 2, 4)), 7)):
+        # Eq. 1 = sum t_i + (n - 1) max t_i: the overhead adds (stages + n_micro - 1) of itself, for any mapping
+        grow = pl.pipeline_time(mp, 5000.0, 9e6, n, mu=3000) - base.pipeline_time(mp, 5000.0, 9e6, n, mu=3000)
+        assert grow == pytest.approx((mp.stages + n - 1) * d, rel=1e-9)
+    assert abs(TABLE2_MEMOPT_SHARE - 25 / 185) < 1e-12  # GPT (3.35B) at 512: 15 + 10 GB of 185 GB
+
+
+def test_memopt_share_caps_the_memory_optimisation():
+    base, pl = _paper_planner()
+    mp = base.even(4)
+    mus = [mu for mu in range(2048, 8193, 128) if base.o_plan(mp, mu) is not None and not base.fits(mp, mu)]
+    assert mus  # some lengths overflow 4 stages and recomputation alone would hold them
+    capped = [mu for mu in mus if pl.o_plan(mp, mu) is None]
+    assert capped and capped != mus  # the cap refuses the larger overflows only
+    for mu in mus:
+        full = max(pl.stage_bytes(n, i, 4, pl.tokens(mu, 0.0, g)) for i, (n, g) in enumerate(zip(mp.layers, mp.gpus)))
+        assert (pl.o_plan(mp, mu) is None) == ((full - pl.budget()) > pl.memopt_share * full)
+
+
+def test_paper_setup_grows_for_a_long_iteration_and_shrinks_after_it():
+    _, pl = _paper_planner()
+    cur, acts = None, []
+    for mu in (512, 512, 3072, 3072, 512):
+        d = pl.decide(mu, float(mu), float(mu) ** 2, 4, cur)
+        cur, acts = d.mapping, acts + [(d.action, d.mapping.stages)]
+    (_, s0), _, (a2, s2), (a3, _), (a4, s4) = acts
+    assert a2 == "grow" and s2 > s0 and a3 == "keep"
+    assert a4 == "shrink" and s4 == s0  # fewer GPUs per pipeline win again on the short iteration
+
+
+def test_capped_memopt_falls_back_to_full_recomputation_when_nothing_else_holds():
+    """GPT (13B) on 32 A100s at 8K (simulate_flexpipe.py's largest cell): no even mapping holds it within Table 2's
+    O_plan share, so the fewest stages and the decision take the uncapped recomputation instead of failing."""
+    gpt13 = ModelSpec("gpt-13b", 40, 5120, 40, 40, 20480, 50257)
+    pl = FlexPipePlanner(AnalyticCostModel(gpt13, ClusterSpec("t", (NodeGroup(A100, 32),))),
+                         workload_memory=fit_table2(GPT), memopt_share=TABLE2_MEMOPT_SHARE)
+    top = min(pl.D, gpt13.layers)
+    assert all(pl.o_plan(pl.even(i), 8192) is None and not pl.fits(pl.even(i), 8192) for i in range(1, top + 1))
+    n = pl.n_stage(8192)
+    assert pl.o_plan(pl.even(n), 8192, capped=False) is not None
+    assert pl.o_plan(pl.even(n - 1), 8192, capped=False) is None
+    d = pl.decide(8192, 8192.0, 8192.0 ** 2, 4, None)
+    assert any(d.recompute) and d.mapping.stages == n

@@ -14,11 +14,11 @@ from tidal.costmodel.base import LatencyCoeffs
 from tidal.data.sampler import TokenBudgetSampler
 from tidal.data.sources import length_source
 from tidal.planner.baselines import wlb
-from tidal.planner.baselines.flexpipe import TABLE2, FlexPipePlanner, fit_table2
+from tidal.planner.baselines.flexpipe import TABLE2, FlexPipePlanner, Mapping, fit_table2
 from tidal.simulator import paper
 from tidal.simulator.baselines import Variant
-from tidal.simulator.engine import SimConfig
-from tidal.simulator.flexpipe import run_flexpipe
+from tidal.simulator.engine import SimConfig, Simulator
+from tidal.simulator.flexpipe import run_flexpipe, simulate_mapping
 from tidal.simulator.runs import Workload
 from tidal.simulator.systems import hydraulis_schemes, run_system
 
@@ -161,3 +161,17 @@ def test_flexpipe_regrows_under_its_memory_model():
     stages = {s.count(",") + 1 for s in theirs.strategies}
     assert {s.count(",") + 1 for s in ours.strategies} == {1}  # Tidal's memory: one stage holds BERT96 at 8K
     assert min(stages) >= 2 and theirs.switches >= 1  # FlexPipe's: several stages, and HBSA reconfigures
+
+
+def test_flexpipe_simulation_charges_the_per_stage_overhead():
+    """`simulate_mapping` adds FlexPipe's per-stage overhead to every stage's forward + backward of each micro-batch:
+    the step grows by at least n_micro overheads (the first stage runs them all in turn) and at most by the
+    stages + n_micro - 1 that Eq. 1 charges."""
+    cm = AnalyticCostModel(GPT335, ClusterSpec("a100x16", (NodeGroup(A100, 16),)))
+    sim = Simulator(cm, SimConfig())
+    lens, mbs = np.array([3000, 2000, 1000, 500]), ((0,), (1,), (2,), (3,))
+    mp = Mapping((4, 4, 4, 4), (4, 4, 4, 4))
+    d = 0.25
+    a = simulate_mapping(sim, mp, (0.0,) * 4, lens, mbs, 0.0).step_time
+    b = simulate_mapping(sim, mp, (0.0,) * 4, lens, mbs, 0.0, d).step_time
+    assert 4 * d <= b - a <= (4 + 4 - 1) * d * (1 + 1e-9)

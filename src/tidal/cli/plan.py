@@ -42,8 +42,8 @@ def add_workload_args(p) -> None:
     p.add_argument("--cluster", default=None,
                    help="cluster, TYPExN[+TYPExM] e.g. a800x64, h800x16+h20x32; default a800x64")
     p.add_argument("--data", default=None,
-                   help="synthetic:commoncrawl|github|flanv2 or lengths:FILE (.npy or one integer per line); default "
-                        "synthetic:commoncrawl")
+                   help="synthetic:commoncrawl|github|flanv2|wlb-llm or lengths:FILE (.npy or one integer per line); "
+                        "default synthetic:commoncrawl")
     p.add_argument("--max-len", type=argtypes.max_len, default=None,
                    help="context length: longest sequence in a step; default 32768")
     p.add_argument("--long-docs", choices=LONG_DOC_POLICIES, default=None,

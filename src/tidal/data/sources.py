@@ -5,6 +5,7 @@ Spec strings (see docs/data.md for every parameter and where it comes from):
     synthetic:commoncrawl   seeded lognormal, fitted to two published statistics of RefinedWeb (Hydraulis' CommonCrawl)
     synthetic:github        seeded lognormal, from the size statistics of codeparrot/github-code (Hydraulis' GitHub)
     synthetic:flanv2        seeded three-component mixture after FlexPipe's description of FLANv2
+    synthetic:wlb-llm       commoncrawl's body plus a long-document tail sized to WLB-LLM Table 2's imbalance (128K)
     lengths:FILE            `.npy` (1-D integer array) or text with one positive integer per line, in file order
 
 A source is random access (`source[i]`, `source.lengths(start, count)`) and iterable as `(doc_id, length)` pairs.
@@ -75,6 +76,21 @@ SYNTHETIC: MappingProxyType[str, SyntheticSpec] = MappingProxyType(
                 Component("pareto", 0.0002, 4096.0, 1.0, 65536.0),
             ),
             "FlexPipe §2 (FLANv2): task means 51.59 / 977.93 tokens, 95% of iterations max < 4K, spread up to 60K",
+        ),
+        # WLB-LLM's internal 128K corpus (wlb-llm.txt): Fig. 3 (line 80) says only that the lengths are highly skewed,
+        # most documents short, the longest reaching the full 128K context window; the outliers are "extremely long
+        # documents" holding "a small proportion of tokens" (lines 160-162). Assumed shape: commoncrawl's body and a
+        # Pareto(alpha 1) tail on [64K, 128K] (half to all of the context window). Its one weight, 0.002 (0.2 % of
+        # documents, ~1.3 per 512K-token step), is set so that the original steps' imbalance degree is Table 2's 1.44
+        # (line 322; 7B-128K, PP 4, `simulator.wlbstats`, seed 0: 1.433); Table 2's Fixed-Len Greedy rows (1.41 / 1.22
+        # / 1.11 / 1.08) are held-out checks (1.354 / 1.176 / 1.088 / 1.045). Meant for 128K contexts.
+        "wlb-llm": SyntheticSpec(
+            "wlb-llm",
+            (
+                Component("lognormal", 0.998, 260.0, 1.32),
+                Component("pareto", 0.002, 65536.0, 1.0, 131072.0),
+            ),
+            "WLB-LLM Fig. 3 (skewed, longest = 128K context); tail weight from Table 2's original imbalance 1.44",
         ),
     }
 )

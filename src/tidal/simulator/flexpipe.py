@@ -34,7 +34,10 @@ def _split_time(work: np.ndarray, g: int) -> float:
     return float(loads.max())
 
 
-def simulate_mapping(sim: Simulator, mp: Mapping, recompute, lengths: np.ndarray, mbs, switch: float) -> StepResult:
+def simulate_mapping(sim: Simulator, mp: Mapping, recompute, lengths: np.ndarray, mbs, switch: float,
+                     stage_overhead_s: float = 0.0) -> StepResult:
+    """One step on mapping `mp`; `stage_overhead_s` is added to every stage's forward + backward of each micro-batch
+    (`FlexPipePlanner.stage_overhead_s`), split between them as the compute is."""
     cfg, m = sim.cfg, sim.model
     groups = mp.device_groups()
     dev = [sim.cluster.device_type(g[0]) for g in groups]
@@ -46,7 +49,7 @@ def simulate_mapping(sim: Simulator, mp: Mapping, recompute, lengths: np.ndarray
         for j, mb in enumerate(mbs):
             ls = lengths[list(mb)].astype(np.float64)
             work = _split_time(k.a * ls * ls + k.b * ls + k.d, mp.gpus[s])
-            fb[s, j] = (k.c + work) * (1 + recompute[s] * cfg.fwd_share)
+            fb[s, j] = (k.c + work) * (1 + recompute[s] * cfg.fwd_share) + stage_overhead_s
     p2p = np.zeros((max(S - 1, 0), v))
     for s in range(S - 1):
         bw = sim._bw(groups[s][0], groups[s + 1][0])
@@ -72,11 +75,15 @@ def simulate_mapping(sim: Simulator, mp: Mapping, recompute, lengths: np.ndarray
 
 
 def run_flexpipe(w, sim_cfg: SimConfig, progress, *, static: bool = False, name: str = "flexpipe",
-                 workload_memory: WorkloadMemory | None = None):
+                 workload_memory: WorkloadMemory | None = None, stage_overhead_s: float = 0.0,
+                 memopt_share: float = 1.0):
     """`workload_memory`: FlexPipe's own memory model of its workload (`tidal.planner.baselines.flexpipe.fit_table2`);
-    None sizes stages with Tidal's memory model."""
+    None sizes stages with Tidal's memory model. `stage_overhead_s`: FlexPipe's per-stage overhead of each micro-batch
+    operation (`flexpipe.fit_fig2c`), planned and executed alike; `memopt_share`: the most of a stage's bytes its
+    memory optimisation may save (`flexpipe.TABLE2_MEMOPT_SHARE`)."""
     t0 = time.perf_counter()
-    planner = FlexPipePlanner(w.cost_model, fwd_share=sim_cfg.fwd_share, workload_memory=workload_memory)
+    planner = FlexPipePlanner(w.cost_model, fwd_share=sim_cfg.fwd_share, workload_memory=workload_memory,
+                              stage_overhead_s=stage_overhead_s, memopt_share=memopt_share)
     sim = Simulator(on_truth(w.cost_model, w.truth), sim_cfg)
     fixed = None
     if static:
@@ -96,7 +103,8 @@ def run_flexpipe(w, sim_cfg: SimConfig, progress, *, static: bool = False, name:
         s1 = float(lens.sum()) / len(mbs)
         s2 = float(np.sum(lens.astype(np.float64) ** 2)) / len(mbs)
         if static:
-            mp, rc, sw = fixed, planner.o_plan(fixed, mu, s1) or (0.0,) * fixed.stages, 0.0
+            rc = planner.o_plan(fixed, mu, s1) or planner.o_plan(fixed, mu, s1, capped=False)
+            mp, rc, sw = fixed, rc or (0.0,) * fixed.stages, 0.0
             decisions.append("static")
         else:
             dec = planner.decide(mu, s1, s2, len(mbs), current)
@@ -106,7 +114,7 @@ def run_flexpipe(w, sim_cfg: SimConfig, progress, *, static: bool = False, name:
             search_ms.append(dec.search_ms)
             current = mp
         t2 = time.perf_counter()
-        run.steps.append(simulate_mapping(sim, mp, rc, lens, mbs, sw))
+        run.steps.append(simulate_mapping(sim, mp, rc, lens, mbs, sw, stage_overhead_s))
         run.sim_s += time.perf_counter() - t2
         run.plan_s += t2 - t1
         run.strategies.append("pp" + ",".join(f"{n}x{g}" for n, g in zip(mp.layers, mp.gpus)))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tidal.core.errors import TidalError
 from tidal.core.scheme import ParallelScheme
@@ -44,6 +44,12 @@ TABLE2 = {
                   (3072, (3, 3, 3, 4, 3), 397, (0, 0)), (2560, (3, 3, 3, 4, 3), 358, (0, 0))),
 }
 TABLE2_BATCH = 4  # §7.2.1: a global batch size of 4 sequences
+# The most of an iteration's peak memory that Table 2's O_plan saves (recomputed + offloaded GB over M_peak): 25 / 185
+# (GPT (3.35B) at 512); the paper's memory optimisation covers overflows up to this share, larger ones reconfigure
+TABLE2_MEMOPT_SHARE = max(sum(op) / peak for rows in TABLE2.values() for _, _, peak, op in rows)
+# FlexPipe Fig. 2(c) (flexpipe.txt §2.2): GPT (3.35B) on samples of 3K tokens, 4.7 s per iteration on 3 GPUs (its
+# fastest), 7.08 s on 8: (sample length, GPUs, s/iteration, GPUs, s/iteration)
+FIG2C = (3072, 3, 4.7, 8, 7.08)
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,35 @@ def fit_table2(model) -> WorkloadMemory:
     A = np.stack([np.full_like(mu, float(model.num_params())), model.hidden * model.layers * TABLE2_BATCH * mu], 1)
     (s, a), *_ = np.linalg.lstsq(A, peak, rcond=None)
     return WorkloadMemory(float(s), float(a))
+
+
+def fig2c_times(planner: FlexPipePlanner, gpus, length: int = FIG2C[0], batch: int = TABLE2_BATCH) -> list[float]:
+    """Eq. 1 time of `batch` samples of `length` tokens (one per micro-batch) on pipelines of g stages of one GPU each
+    (Fig. 2(c)'s set-up as read here), for each g in `gpus`."""
+    L = planner.cost_model.model.layers
+    out = []
+    for g in gpus:
+        q, r = divmod(L, g)
+        mp = Mapping(tuple(q + (i < r) for i in range(g)), (1,) * g)
+        out.append(planner.pipeline_time(mp, float(length), float(length) ** 2, batch, mu=length))
+    return out
+
+
+def fit_fig2c(planner: FlexPipePlanner, batch: int = TABLE2_BATCH) -> float:
+    """The per-stage overhead (s per micro-batch operation) that gives Fig. 2(c)'s ratio T(8 GPUs) / T(3 GPUs) =
+    7.08 / 4.7 at 3K tokens: Eq. 1 grows by (stages + n_micro - 1) x overhead, so it is solved in closed form. Only
+    the ratio is used: the paper's absolute times are its own system's."""
+    length, g1, t1, g2, t2 = FIG2C
+    if g2 > planner.cost_model.model.layers:
+        raise TidalError(f"Fig. 2(c) fit needs at least {g2} layers, {planner.cost_model.model.name} has fewer")
+    base = replace(planner, stage_overhead_s=0.0)
+    a, b = fig2c_times(base, (g1, g2), length, batch)
+    r = t2 / t1
+    den = (g2 + batch - 1) - r * (g1 + batch - 1)
+    delta = (r * a - b) / den
+    if den <= 0 or delta < 0:
+        raise TidalError(f"Fig. 2(c)'s ratio {r:.3f} cannot be met by a per-stage overhead on this cost model")
+    return float(delta)
 
 
 @dataclass(frozen=True)
@@ -125,6 +160,11 @@ class FlexPipePlanner:
     fwd_share: float = 1.0 / 3.0
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     workload_memory: WorkloadMemory | None = None  # FlexPipe's own memory model of its workload (else Tidal's)
+    # seconds each stage adds to every micro-batch operation t_i (FlexPipe's overhead of fine-grained partitioning,
+    # `fit_fig2c`); 0: the cost model's stage time alone
+    stage_overhead_s: float = 0.0
+    # the largest share of a stage's bytes that O_plan may save (`TABLE2_MEMOPT_SHARE`); 1: recompute every layer
+    memopt_share: float = 1.0
 
     @property
     def D(self) -> int:
@@ -159,7 +199,7 @@ class FlexPipePlanner:
         dev = self._dev()
         bw = (dev.intra_bw if gpus <= dev.per_node else dev.inter_bw) * 0.8
         allreduce = 2 * (gpus - 1) / gpus * 2.0 * params / bw if gpus > 1 else 0.0
-        return comp + allreduce / max(1, n_micro)
+        return comp + allreduce / max(1, n_micro) + self.stage_overhead_s
 
     def pipeline_time(self, mp: Mapping, s1: float, s2: float, n_micro: int,
                       recompute: tuple[float, ...] | None = None, mu: float = 0.0) -> float:
@@ -207,15 +247,18 @@ class FlexPipePlanner:
         return all(self.stage_bytes(n, i, mp.stages, self.tokens(mu, s1, g)) <= self.budget()
                    for i, (n, g) in enumerate(zip(mp.layers, mp.gpus)))
 
-    def o_plan(self, mp: Mapping, mu: int, s1: float = 0.0) -> tuple[float, ...] | None:
-        """Least recompute fraction per stage so that every stage fits (None: recomputation is not enough)."""
+    def o_plan(self, mp: Mapping, mu: int, s1: float = 0.0, capped: bool = True) -> tuple[float, ...] | None:
+        """Least recompute fraction per stage so that every stage fits (None: recomputation is not enough, or, when
+        `capped`, it would have to save more than `memopt_share` of a stage's bytes: HBSA then reconfigures; the
+        uncapped plan is the last resort when no mapping holds the step within the cap)."""
+        share = self.memopt_share if capped else 1.0
         out = []
         for i, (n, g) in enumerate(zip(mp.layers, mp.gpus)):
             tk = self.tokens(mu, s1, g)
             full, none = self.stage_bytes(n, i, mp.stages, tk), self.stage_bytes(n, i, mp.stages, tk, 1.0)
             if full <= self.budget():
                 out.append(0.0)
-            elif none > self.budget():
+            elif none > self.budget() or full - self.budget() > share * full:
                 return None
             else:
                 out.append(min(1.0, math.ceil((full - self.budget()) / (full - none) * n) / n))
@@ -250,9 +293,10 @@ class FlexPipePlanner:
         for i in range(1, top + 1):
             if self.fits(self.even(i), mu, s1):
                 return i
-        for i in range(1, top + 1):  # nothing fits as is: the fewest stages that fit with recomputation
-            if self.o_plan(self.even(i), mu, s1) is not None:
-                return i
+        for capped in (True, False):  # nothing fits as is: the fewest stages that fit with recomputation
+            for i in range(1, top + 1):
+                if self.o_plan(self.even(i), mu, s1, capped) is not None:
+                    return i
         raise TidalError(f"FlexPipe: no pipeline of at most {self.D} stages holds a {mu}-token micro-batch")
 
     def bounds(self, N: int, mu: int, s1: float) -> tuple[int, int, int, int]:
@@ -339,7 +383,7 @@ class FlexPipePlanner:
         d = self._decide(mu, s1, s2, n_micro, current)
         if any(d.recompute) or self.fits(d.mapping, mu, s1):
             return d
-        plan = self.o_plan(d.mapping, mu, s1)
+        plan = self.o_plan(d.mapping, mu, s1) or self.o_plan(d.mapping, mu, s1, capped=False)
         if plan is None:
             raise TidalError(f"FlexPipe: mapping {d.mapping.layers} x {d.mapping.gpus} cannot hold {mu} tokens")
         return Decision(d.mapping, d.action, plan, self.pipeline_time(d.mapping, s1, s2, n_micro, plan, mu),
@@ -354,7 +398,8 @@ class FlexPipePlanner:
             new, v, count = self.search(N, mu, s1, s2, n_micro, current)
             if new is None:  # the bounds admit no partition: fall back to the even split of N stages
                 new = self.even(N)
-                rc = None if self.fits(new, mu, s1) else self.o_plan(new, mu, s1)
+                rc = None if self.fits(new, mu, s1) else (self.o_plan(new, mu, s1)
+                                                          or self.o_plan(new, mu, s1, capped=False))
                 v = self.pipeline_time(new, s1, s2, n_micro, rc, mu) + self.switch_time(current, new)
         ms = (time.perf_counter() - t0) * 1e3
         if current is None:

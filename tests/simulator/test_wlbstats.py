@@ -1,0 +1,58 @@
+"""WLB-LLM's imbalance degree (its Table 2) and the synthetic:wlb-llm source built to reproduce it."""
+
+import numpy as np
+import pytest
+
+from tidal.core import ParallelScheme, TidalError, get_cluster, get_model
+from tidal.costmodel import AnalyticCostModel
+from tidal.costmodel.base import LatencyCoeffs
+from tidal.data.sampler import TokenBudgetSampler
+from tidal.data.sources import length_source
+from tidal.simulator import wlbstats
+
+pytestmark = pytest.mark.unit
+
+CTX = 131072
+
+
+def test_degree_and_original_packing_by_hand():
+    assert wlbstats.degree([3.0, 1.0, 1.0, 1.0]) == pytest.approx(2.0)  # 3 x 4 / 6
+    assert wlbstats.degree([2.0, 2.0]) == pytest.approx(1.0)
+    with pytest.raises(TidalError):
+        wlbstats.degree([])
+    k = LatencyCoeffs(1.0, 0.0, 0.0)  # attention only: a micro-batch costs sum l^2
+    # FFD into windows of 8: [8], [4, 4], [4, 2, 2] -> 64, 32, 24: degree 64 x 3 / 120
+    assert wlbstats.original(np.array([2, 4, 8, 4, 2, 4]), k, 8) == pytest.approx(64 * 3 / 120)
+
+
+def test_greedy_fixed_len_puts_the_longest_where_the_attention_is_least():
+    k = LatencyCoeffs(1.0, 0.0, 0.0)
+    mbs = wlbstats.greedy_fixed_len(np.array([6, 1, 5, 2, 2]), 2, 8, k)
+    assert sorted(sorted(m.tolist()) for m in mbs) == [[1, 2, 5], [2, 6]]  # 6 | 5 | 2 -> 5's | 2 -> 6's | 1 -> 5's
+    steps = [np.array([8]), np.array([2, 2, 2, 2]), np.array([8]), np.array([2, 2, 2, 2])]
+    assert wlbstats.greedy(steps, 1, 1, k, 8) == [1.0] * 4  # one micro-batch per batch: balanced by definition
+    # two steps pooled into 2 x 2 micro-batches of <= 8 tokens: 8 | 2 | 2 | 2, the last 2 onto a 2: work 64, 8, 4, 4;
+    # sorted and grouped 2 at a time: (4, 4) balanced, (8, 64) at 64 x 2 / 72; twice (two pairs of steps)
+    assert wlbstats.greedy(steps, 2, 2, k, 8) == pytest.approx([1.0, 128 / 72] * 2)
+    with pytest.raises(TidalError):
+        wlbstats.greedy(steps, 0, 4, k, 8)
+
+
+def _table2(data: str, seed: int, steps: int) -> dict[str, float]:
+    cm = AnalyticCostModel(get_model("llama2-7b"), get_cluster("h100x64"))
+    k = cm.coeffs(ParallelScheme(8, 4, 2), cm.cluster.device_type(0))  # WLB-LLM Table 1's 7B-128K: TP8 PP4 CP2
+    s = TokenBudgetSampler(length_source(data, seed), 4 * CTX, CTX, seed=seed)
+    return wlbstats.table2([s.next_step().lengths_array() for _ in range(steps)], k, CTX)
+
+
+def test_wlb_llm_source_reproduces_table2_on_a_held_out_seed():
+    """The source's tail weight was set on seed 0 to Table 2's original 1.44; seed 1 is held out: the original
+    within 5 %, Fixed-Len Greedy over 1 / 2 / 4 / 8 batches (1.41 / 1.22 / 1.11 / 1.08, never fitted) within 8 %."""
+    got = _table2("synthetic:wlb-llm", 1, 96)
+    assert got["original"] == pytest.approx(wlbstats.PAPER_TABLE2["original"], rel=0.05)
+    for k in (1, 2, 4, 8):
+        assert got[f"greedy {k}"] == pytest.approx(wlbstats.PAPER_TABLE2[f"greedy {k}"], rel=0.08), k
+    g = [got[f"greedy {k}"] for k in (1, 2, 4, 8)]
+    assert got["original"] > g[0] and all(x > y for x, y in zip(g, g[1:]))  # packing wider windows balances more
+    # Hydraulis' CommonCrawl is far more balanced at 128K: it could not stand in for WLB-LLM's corpus
+    assert _table2("synthetic:commoncrawl", 1, 24)["original"] < 1.15
