@@ -15,6 +15,7 @@ import numpy as np
 from tidal.core.errors import TidalError
 from tidal.planner.bounds import PipeCost, check_lengths
 from tidal.planner.dispatch import DispatchResult, check_pipes, owner_result
+from tidal.planner.pipecost import pipe_coeffs
 
 
 def alg1_trial(l_, perm, A, B, C, Q, M):
@@ -92,9 +93,8 @@ def dispatch_hydraulis(lengths, pipes: Sequence[PipeCost], *, trials: int = 100,
     if trial is None:
         trial = compiled_trial() or alg1_trial
     rng = np.random.default_rng(seed)
-    A = np.array([p.a for p in pipes])
-    B = np.array([p.b for p in pipes])
-    C = np.array([p.c for p in pipes]) + np.array([p.d for p in pipes])  # per-sequence constant c + d
+    A, B, c, d = pipe_coeffs(pipes)
+    C = c + d  # per-sequence constant c + d
     Q1 = np.array([p.pp - 1 for p in pipes], dtype=np.float64)
     best_obj, best_owner = float("inf"), None
     for _ in range(trials):
