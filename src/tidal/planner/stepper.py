@@ -13,6 +13,7 @@ selected with seed `seed + k`, as `tidal plan` always did.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -273,11 +274,7 @@ class StepPlanner:
 
     def steps(self, n: int) -> Iterator[PlannedStep]:
         """At most `n` steps (steps from the source; WLB flush steps once it is exhausted count too)."""
-        for _ in range(n):
-            ps = self.next()
-            if ps is None:
-                return
-            yield ps
+        return itertools.islice(self, n)
 
     def flush(self) -> Iterator[PlannedStep]:
         """End the stream now: draw nothing more from the source and yield the WLB flush steps of whatever is still
@@ -287,24 +284,17 @@ class StepPlanner:
 
     # -- resumable state --------------------------------------------------------------------------------------
 
-    def _fingerprint(self) -> dict:
-        return {"options": asdict(self.options), "candidates": [str(s) for s in self.candidates]}
-
     def state_dict(self) -> dict:
         """JSON-safe: the source's state, WLB queues, in-flight (deferred) sequences, step counter, configuration."""
         return {
             "version": STATE_VERSION,
-            **self._fingerprint(),
+            **_fingerprint(self.options, self.candidates),
             "index": self._index,
             "exhausted": self._exhausted,
             "source": self.source.state_dict(),
             "wlb": self._wstate.to_dict(),
             "in_flight": [[sid, *doc] for sid, doc in sorted(self._in_flight.items())],
         }
-
-    def carry_state(self, d: dict) -> tuple[dict, str]:
-        """`carry_state(d, self.options, self.candidates)`."""
-        return carry_state(d, self.options, self.candidates)
 
     def load_state_dict(self, d: dict) -> None:
         """Resume from `state_dict()` output of a planner with the same options and candidates (`carry_state`
@@ -313,8 +303,9 @@ class StepPlanner:
             if d["version"] != STATE_VERSION:
                 raise TidalError(f"planner state version {d['version']} is not {STATE_VERSION}")
             fp = {"options": dict(d["options"]), "candidates": list(d["candidates"])}
-            if fp != self._fingerprint():
-                raise TidalError(f"planner state does not match this planner: state {fp} vs {self._fingerprint()}")
+            mine = _fingerprint(self.options, self.candidates)
+            if fp != mine:
+                raise TidalError(f"planner state does not match this planner: state {fp} vs {mine}")
             wstate = wlb.WLBState.from_dict(d["wlb"])
             in_flight = {int(r[0]): (int(r[1]), int(r[2]), int(r[3])) for r in d["in_flight"]}
             index, exhausted = int(d["index"]), bool(d["exhausted"])
@@ -325,6 +316,11 @@ class StepPlanner:
             raise TidalError("malformed planner state: in-flight sequences do not match the WLB queues")
         self.source.load_state_dict(source)
         self._wstate, self._in_flight, self._index, self._exhausted = wstate, in_flight, index, exhausted
+
+
+def _fingerprint(options: PlanningOptions, candidates: Sequence[Strategy]) -> dict:
+    """What a planner's state must match to be loaded: its options and candidates."""
+    return {"options": asdict(options), "candidates": [str(s) for s in candidates]}
 
 
 def carry_state(d: dict, options: PlanningOptions, candidates: Sequence[Strategy]) -> tuple[dict, str]:
@@ -341,7 +337,7 @@ def carry_state(d: dict, options: PlanningOptions, candidates: Sequence[Strategy
         old_opts, old_cands = dict(d["options"]), list(d["candidates"])
     except (KeyError, TypeError, ValueError) as e:
         raise TidalError(f"malformed planner state: {type(e).__name__}: {e}") from None
-    mine = {"options": asdict(options), "candidates": [str(s) for s in candidates]}
+    mine = _fingerprint(options, candidates)
     if old_opts == mine["options"] and old_cands == mine["candidates"]:
         return d, ""
     changed = {k: (old_opts.get(k), v) for k, v in mine["options"].items() if old_opts.get(k) != v}
