@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -93,21 +94,13 @@ class _Feed:
         if lens is None:
             return None
         ids = tuple(range(len(lens)))
-        return _Step(ids, lens, ids, (0,) * len(lens))
+        return SimpleNamespace(seq_ids=ids, lengths=lens, doc_ids=ids, starts=(0,) * len(lens))
 
     def state_dict(self) -> dict:
         return {}
 
     def load_state_dict(self, d: dict) -> None:
         pass
-
-
-@dataclass(frozen=True)
-class _Step:
-    seq_ids: tuple[int, ...]
-    lengths: tuple[int, ...]
-    doc_ids: tuple[int, ...]
-    starts: tuple[int, ...]
 
 
 class Planner:

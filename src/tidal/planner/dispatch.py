@@ -100,12 +100,19 @@ def _result(st: SearchState) -> DispatchResult:
     return DispatchResult(groups, float(loads.max()) if n_pipes else 0.0, tuple(float(x) for x in loads))
 
 
-def check_pipes(pipes: Sequence[PipeCost]) -> None:
+def check_dispatch(lengths, pipes: Sequence[PipeCost]) -> np.ndarray:
+    """A dispatch's checks of its input: the lengths as an int64 array (bounds.check_lengths), at least one pipeline,
+    each with pp >= 1, max_len >= 1 and nonnegative coefficients, and no length above every pipeline's MaxLen."""
+    l_ = check_lengths(lengths)
     if not pipes:
         raise TidalError("a strategy needs at least one pipeline")
     for p in pipes:
         if p.pp < 1 or p.max_len < 1 or min(p.a, p.b, p.c, p.d) < 0:
             raise TidalError(f"bad pipeline cost {p}: need pp >= 1, max_len >= 1 and nonnegative coefficients")
+    top = max(p.max_len for p in pipes)
+    if l_.size and int(l_.max()) > top:
+        raise TidalError(f"sequence of length {int(l_.max())} exceeds the MaxLen {top} of every pipeline")
+    return l_
 
 
 def evaluate(lengths, pipes: Sequence[PipeCost], groups: Sequence[Sequence[int]]) -> DispatchResult:
@@ -166,11 +173,7 @@ def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, 
     greedy dispatch always completes, so the result is always valid). `scan`: when the first dispatch's bottleneck is
     set by its longest document (_lumpy), also the greedy with its jump scan (greedy_owner), an alternative when its
     objective is below the first's (then after the same local search)."""
-    l_ = check_lengths(lengths)
-    check_pipes(pipes)
-    top = max(p.max_len for p in pipes)
-    if l_.size and int(l_.max()) > top:
-        raise TidalError(f"sequence of length {int(l_.max())} exceeds the MaxLen {top} of every pipeline")
+    l_ = check_dispatch(lengths, pipes)
     if l_.size == 0:
         return DispatchResult(tuple(() for _ in pipes), 0.0, tuple(0.0 for _ in pipes)), ()
     small, rounds = _rounds(l_, pipes, max_rounds)

@@ -33,7 +33,7 @@ from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.scheme import ParallelScheme
 from tidal.core.strategy import Pipeline, Strategy
 from tidal.planner.baselines.flexpipe import FlexPipePlanner, Mapping
-from tidal.planner.stepper import PlannedStep, StepSource
+from tidal.planner.stepper import PlannedStep, StepSource, read_step
 
 MAX_SPLITS = 64  # candidates per depth (start-up builds a stage model and plans for each)
 
@@ -170,9 +170,7 @@ class FlexPipeStepPlanner:
         if st is None:
             return None
         t0 = time.perf_counter()
-        ids = tuple(int(x) for x in st.seq_ids)
-        lens = tuple(int(x) for x in st.lengths)
-        docs = tuple((int(d), int(s), ln) for d, s, ln in zip(st.doc_ids, st.starts, lens))
+        ids, lens, docs = read_step(st)
         ch = self.decide(lens)
         k = candidate_index(self.candidates, ch.depth, ch.split)
         strategy = self.candidates[k]

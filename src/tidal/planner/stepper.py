@@ -100,6 +100,17 @@ class PlannedStep:
     docs: tuple[tuple[int, int, int], ...]  # per entry of plan.seq_lengths: (doc_id, start in the document, length)
 
 
+def read_step(st) -> tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, int, int], ...]]:
+    """(seq_ids, lengths, docs) of a step from a `StepSource`, docs as PlannedStep.docs; the four fields must be
+    equally long."""
+    ids = tuple(int(x) for x in st.seq_ids)
+    lens = tuple(int(x) for x in st.lengths)
+    if not len(ids) == len(lens) == len(st.doc_ids) == len(st.starts):
+        raise TidalError(f"step source gave {len(ids)} seq_ids, {len(lens)} lengths, {len(st.doc_ids)} doc_ids and "
+                         f"{len(st.starts)} starts")
+    return ids, lens, tuple((int(d), int(s), ln) for d, s, ln in zip(st.doc_ids, st.starts, lens))
+
+
 def build_candidates(cost_model: CostModel, strategies: str, sample_lengths: np.ndarray | None, *,
                      tokens_per_step: int, max_len: int, seed: int, sync: SyncPricing | None = None,
                      cp_policy: str | None = None, schemes=None, refine: bool = False) -> tuple[Strategy, ...]:
@@ -255,12 +266,7 @@ class StepPlanner:
                 self._exhausted = True
             else:
                 t0 = time.perf_counter()
-                ids = tuple(int(x) for x in st.seq_ids)
-                lens = tuple(int(x) for x in st.lengths)
-                if not len(ids) == len(lens) == len(st.doc_ids) == len(st.starts):
-                    raise TidalError(f"step source gave {len(ids)} seq_ids, {len(lens)} lengths, "
-                                     f"{len(st.doc_ids)} doc_ids and {len(st.starts)} starts")
-                docs = tuple((int(d), int(s), ln) for d, s, ln in zip(st.doc_ids, st.starts, lens))
+                ids, lens, docs = read_step(st)
                 if self._wcfg is None:
                     return self._plan(ids, lens, list(range(len(lens))), (), docs, t0, None)
                 self._in_flight.update(zip(ids, docs))
