@@ -73,20 +73,6 @@ def _chunk_sizes_per_seq(total: int, cp: int) -> np.ndarray:
     return sizes
 
 
-def _owner_per_doc(lengths: np.ndarray, cp: int) -> np.ndarray:
-    c = 2 * cp
-    chunk_rank = _chunk_rank(cp)
-    parts = []
-    rr = 0  # round-robin counter, carried across documents
-    for ln in lengths.tolist():
-        q, rem = divmod(ln, c)
-        body = np.repeat(chunk_rank, q)
-        tail = (rr + np.arange(rem, dtype=np.int64)) % cp
-        rr = (rr + rem) % cp
-        parts += [body, tail]
-    return np.concatenate(parts)
-
-
 def shard_micro_batch(lengths, cp: int, mode: str) -> CPShard:
     """Shard a packed micro-batch of documents `lengths` over `cp` ranks with `mode` ("per-seq" | "per-doc")."""
     arr = _check(lengths, cp, mode)
@@ -94,10 +80,8 @@ def shard_micro_batch(lengths, cp: int, mode: str) -> CPShard:
     starts = np.concatenate([[0], np.cumsum(arr)[:-1]])
     doc_of = np.repeat(np.arange(arr.size, dtype=np.int64), arr)
     pos_of = np.arange(total, dtype=np.int64) - starts[doc_of]
-    if mode == "per-seq":
-        owner = np.repeat(_chunk_rank(cp), _chunk_sizes_per_seq(total, cp))
-    else:
-        owner = _owner_per_doc(arr, cp)
+    rank, _, seg_len = segment_pieces(arr, cp, mode)
+    owner = np.repeat(rank, seg_len)  # the segments cover the tokens in packed order
     ranks = []
     for r in range(cp):
         idx = np.flatnonzero(owner == r).astype(np.int64)
