@@ -151,13 +151,10 @@ class FlexPipeStepPlanner:
         arr = np.asarray(lens, dtype=np.float64)
         n_micro = max(1, min(len(arr), 8))
         mu, s1, s2 = int(arr.max()), float(arr.sum()) / n_micro, float((arr * arr).sum()) / n_micro
-        L = self.hbsa.cost_model.model.layers
         if self.depths:
             n = self.depths[self._index % len(self.depths)]
-            mp = Mapping((L,), (self.hbsa.D,)) if n == 1 else self.hbsa.search(n, mu, s1, s2, n_micro,
-                                                                              self.current)[0]
-            if mp is None:
-                mp = self.hbsa.even(n)
+            # HBSA's search for that depth, else its even split (one stage: the whole model on every device)
+            mp = self.hbsa.search(n, mu, s1, s2, n_micro, self.current)[0] or self.hbsa.even(n)
             action, rc, sw = "forced", (0.0,) * n, self.hbsa.switch_time(self.current, mp)
         else:
             d = self.hbsa.decide(mu, s1, s2, n_micro, self.current)
