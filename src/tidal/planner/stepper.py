@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tidal.core.errors import TidalError
-from tidal.core.plan import StepPlan
+from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.scheme import ParallelScheme, parse_strategies
 from tidal.core.strategy import Strategy, place
 from tidal.costmodel.base import CostModel, pipeline_device
@@ -137,6 +137,14 @@ def build_candidates(cost_model: CostModel, strategies: str, sample_lengths: np.
     return tuple(cands)
 
 
+def plan_scheme(p: PipelinePlan, layers: int) -> ParallelScheme:
+    """The scheme a pipeline of a plan runs: its layer split only when it is not the even one of `layers`."""
+    scheme = ParallelScheme(p.tp, p.pp, p.cp)
+    if p.layer_split is not None and tuple(p.layer_split) != scheme.stage_layers(layers):
+        scheme = ParallelScheme(p.tp, p.pp, p.cp, tuple(p.layer_split))
+    return scheme
+
+
 def with_cp_sharding(step: StepPlan, cost_model: CostModel, policy: str) -> StepPlan:
     """Fill `cp_sharding` of every CP > 1 pipeline with micro-batches (cp_adaptive under `policy`) and charge its
     kernel imbalance in the pipeline's estimate (`cp_adaptive.charged_pipeline_time`, the simulator's charge)."""
@@ -146,10 +154,7 @@ def with_cp_sharding(step: StepPlan, cost_model: CostModel, policy: str) -> Step
             dev = pipeline_device(cost_model.cluster, p)
             kern = cp_kernel(cost_model.model, p.tp, dev)
             modes = choose_for_micro_batches(step.seq_lengths, p.micro_batches, p.cp, kern, policy)
-            scheme = ParallelScheme(p.tp, p.pp, p.cp)
-            if p.layer_split is not None and tuple(p.layer_split) != scheme.stage_layers(cost_model.model.layers):
-                scheme = ParallelScheme(p.tp, p.pp, p.cp, tuple(p.layer_split))
-            k = cost_model.coeffs(scheme, dev)
+            k = cost_model.coeffs(plan_scheme(p, cost_model.model.layers), dev)
             est = charged_pipeline_time(step.seq_lengths, p.micro_batches, k, p.pp, p.cp, modes, kern)
             p = replace(p, cp_sharding=modes, est_time=max(p.est_time, est))
         pipes.append(p)
