@@ -41,6 +41,16 @@ class _Rows:
         return res.x if res.x is not None and res.status in (0, 1) else None
 
 
+def _columns_by(pairs, n: int, m: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The assignment columns (indices into `pairs`) of each sequence i < n and of each pipeline or bin j < m."""
+    by_i: list[list[int]] = [[] for _ in range(n)]
+    by_j: list[list[int]] = [[] for _ in range(m)]
+    for col, (i, j) in enumerate(pairs):
+        by_i[i].append(col)
+        by_j[j].append(col)
+    return by_i, by_j
+
+
 def dispatch_milp(lengths: np.ndarray, pipes: Sequence[PipeCost], time_limit: float = 10.0):
     """min T  s.t.  sum_j m_ij = 1 (eligible j only); MaxLen_j V_j >= sum_i l_i m_ij (V_j integer);
     E_j >= (c_j + w_j(l_i)) m_ij;  T >= sum_i w_j(l_i) m_ij + c_j V_j + (PP_j - 1) E_j.
@@ -55,11 +65,7 @@ def dispatch_milp(lengths: np.ndarray, pipes: Sequence[PipeCost], time_limit: fl
     nv = it + 1
     rows = _Rows()
     add = rows.add
-    by_i: dict[int, list[int]] = {i: [] for i in range(n)}
-    by_j: dict[int, list[int]] = {j: [] for j in range(D)}
-    for k, (i, j) in enumerate(pairs):
-        by_i[i].append(k)
-        by_j[j].append(k)
+    by_i, by_j = _columns_by(pairs, n, D)
     for i in range(n):
         add([(k, 1.0) for k in by_i[i]], 1.0, 1.0)
     for j, p in enumerate(pipes):
@@ -109,11 +115,7 @@ def pack_milp_fixed_v(lengths: np.ndarray, work: np.ndarray, V: int, max_len: in
     nm = len(pairs)
     it = nm
     rows = _Rows()
-    by_i: dict[int, list[int]] = {i: [] for i in range(n)}
-    by_k: dict[int, list[int]] = {k: [] for k in range(V)}
-    for q, (i, k) in enumerate(pairs):
-        by_i[i].append(q)
-        by_k[k].append(q)
+    by_i, by_k = _columns_by(pairs, n, V)
     for i in range(n):
         rows.add([(q, 1.0) for q in by_i[i]], 1.0, 1.0)
     for k in range(V):

@@ -33,7 +33,7 @@ from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.scheme import ParallelScheme
 from tidal.core.strategy import Pipeline, Strategy
 from tidal.planner.baselines.flexpipe import FlexPipePlanner, Mapping
-from tidal.planner.stepper import PlannedStep, StepSource, read_step
+from tidal.planner.stepper import PlannedStep, StepPlanner, StepSource, read_step
 
 MAX_SPLITS = 64  # candidates per depth (start-up builds a stage model and plans for each)
 
@@ -142,9 +142,7 @@ class FlexPipeStepPlanner:
     def set_cost_model(self, cost_model) -> None:
         self.hbsa = replace(self.hbsa, cost_model=cost_model)
 
-    @property
-    def long_doc_stats(self) -> dict:
-        return dict(getattr(self.source, "long_doc_stats", None) or {})
+    long_doc_stats = StepPlanner.long_doc_stats
 
     def decide(self, lens: Sequence[int]) -> FlexPipeChoice:
         """HBSA on the step's lengths: mu the longest, n_micro micro-batches of the step's mean sum l and sum l^2."""
