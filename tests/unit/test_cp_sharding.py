@@ -83,6 +83,9 @@ def test_small_cases():
     assert rank_tokens(s).tolist() == [7, 6]
     assert s.ranks[0].indices.tolist() == [0, 1, 2, 3, 10, 11, 12]
     assert s.owner().tolist() == [0] * 4 + [1] * 6 + [0] * 3
+    # per-doc by hand (C = 4 chunks paired 0-1-1-0, remainders round-robin with the counter carried over documents)
+    assert shard_micro_batch([5, 3], 2, "per-doc").owner().tolist() == [0, 1, 1, 0, 0] + [1, 0, 1]
+    assert shard_micro_batch([9, 2], 2, "per-doc").owner().tolist() == [0, 0, 1, 1, 1, 1, 0, 0, 0] + [1, 0]
 
 
 @pytest.mark.parametrize("args", [([], 2, "per-doc"), ([3, 0], 2, "per-doc"), ([3], 0, "per-seq"),

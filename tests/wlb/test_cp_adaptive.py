@@ -10,12 +10,22 @@ from tidal.costmodel.base import LatencyCoeffs
 from tidal.costmodel.kernel import KernelModel, causal_pairs
 from tidal.data import sample_steps
 from tidal.planner.baselines.wlb import WLBConfig, WLBState, wlb_step
-from tidal.planner.cp_adaptive import choose_cp_sharding, choose_for_micro_batches, rank_attention_times, shard_pieces
+from tidal.planner.cp_adaptive import choose_cp_sharding, choose_for_micro_batches
 from tidal.planner.cp_sharding import rank_attention_pairs, shard_micro_batch
 from tidal.planner.metrics import max_over_mean
 
 pytestmark = pytest.mark.unit
 K = KernelModel()
+
+
+def shard_pieces(shard):
+    """Per rank of a token-level shard: (q_start, q_len) of every query segment, positions within its document (the
+    reference for choose_cp_sharding's segments, which come from cp_sharding.segment_pieces)."""
+    out = []
+    for rs in shard.ranks:
+        q_len = np.diff(rs.cu_seqlens_q.astype(np.int64))
+        out.append((rs.k_len - q_len, q_len))
+    return out
 
 
 @settings(max_examples=60, deadline=None)
@@ -37,7 +47,8 @@ def test_choice_is_the_faster_mode(lengths, cp):
     c = choose_cp_sharding(lengths, cp, K)
     assert c.est_time == min(c.time_of("per-seq"), c.time_of("per-doc"))
     for mode in ("per-seq", "per-doc"):
-        assert np.allclose(c.rank_times[mode], rank_attention_times(shard_micro_batch(lengths, cp, mode), K))
+        want = [K.rank_time(qs, ql) for qs, ql in shard_pieces(shard_micro_batch(lengths, cp, mode))]
+        assert np.allclose(c.rank_times[mode], want)
 
 
 def test_choice_follows_the_trade_off():

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -26,13 +27,12 @@ from tidal.core.cluster import ClusterSpec, get_cluster
 from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec, get_model
 from tidal.core.plan import StepPlan
-from tidal.core.scheme import ParallelScheme
 from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.costmodel.base import CostModel
 from tidal.costmodel.loader import load_cost_model
 from tidal.costmodel.sync import SyncPricing
 from tidal.planner.bounds import check_lengths
-from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates
+from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates, plan_scheme
 
 __all__ = ["MicroBatch", "PipelineAssignment", "Planner", "RankRole", "StepAssignment"]
 
@@ -93,21 +93,13 @@ class _Feed:
         if lens is None:
             return None
         ids = tuple(range(len(lens)))
-        return _Step(ids, lens, ids, (0,) * len(lens))
+        return SimpleNamespace(seq_ids=ids, lengths=lens, doc_ids=ids, starts=(0,) * len(lens))
 
     def state_dict(self) -> dict:
         return {}
 
     def load_state_dict(self, d: dict) -> None:
         pass
-
-
-@dataclass(frozen=True)
-class _Step:
-    seq_ids: tuple[int, ...]
-    lengths: tuple[int, ...]
-    doc_ids: tuple[int, ...]
-    starts: tuple[int, ...]
 
 
 class Planner:
@@ -177,9 +169,6 @@ def assignment(step: StepPlan, strategy: str, layers: int) -> StepAssignment:
         shard = p.cp_sharding or (None,) * len(p.micro_batches)
         mbs = tuple(MicroBatch(tuple(mb), tuple(step.seq_lengths[i] for i in mb), shard[k] if p.cp > 1 else None)
                     for k, mb in enumerate(p.micro_batches))
-        even = ParallelScheme(p.tp, p.pp, p.cp)
-        split = None if p.layer_split is None or tuple(p.layer_split) == tuple(even.stage_layers(layers)) \
-            else p.layer_split
-        scheme = ParallelScheme(p.tp, p.pp, p.cp, split).short()
-        pipes.append(PipelineAssignment(scheme, p.tp, p.pp, p.cp, tuple(p.devices), mbs, p.est_time))
+        pipes.append(PipelineAssignment(plan_scheme(p, layers).short(), p.tp, p.pp, p.cp, tuple(p.devices), mbs,
+                                        p.est_time))
     return StepAssignment(strategy, tuple(pipes), step.est_step_time, step.lower_bound, step)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tidal.core.cluster import DeviceType
-from tidal.core.cplayout import CPShard
+from tidal.core.cplayout import MODES
 from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec
 from tidal.costmodel.base import LatencyCoeffs
@@ -24,8 +24,6 @@ from tidal.costmodel.kernel import KernelModel, kernel_for
 from tidal.planner.bounds import prices_eq1
 from tidal.planner.cp_sharding import segment_pieces
 from tidal.planner.pipecost import packed_value, stage_q
-
-MODES = ("per-seq", "per-doc")
 
 
 @dataclass(frozen=True)
@@ -41,20 +39,6 @@ class CPChoice:
 
     def time_of(self, mode: str) -> float:
         return max(self.rank_times[mode])
-
-
-def shard_pieces(shard: CPShard) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per rank: (q_start, q_len) of every query segment, positions within the segment's document."""
-    out = []
-    for rs in shard.ranks:
-        q_len = np.diff(rs.cu_seqlens_q.astype(np.int64))
-        out.append((rs.k_len - q_len, q_len))
-    return out
-
-
-def rank_attention_times(shard: CPShard, kernel: KernelModel) -> np.ndarray:
-    """float64 [cp]: estimated attention seconds of every rank of a sharded micro-batch."""
-    return np.array([kernel.rank_time(qs, ql) for qs, ql in shard_pieces(shard)], dtype=np.float64)
 
 
 def choose_cp_sharding(doc_lengths, cp: int, kernel: KernelModel) -> CPChoice:

@@ -57,35 +57,20 @@ def _check(lengths, cp: int, mode: str) -> np.ndarray:
     return arr
 
 
+def _chunk_rank(cp: int) -> np.ndarray:
+    """The rank of each of the 2 cp chunks: chunks r and 2 cp - 1 - r go to rank r (head-tail pairing)."""
+    k = np.arange(2 * cp, dtype=np.int64)
+    return np.minimum(k, 2 * cp - 1 - k)
+
+
 def _chunk_sizes_per_seq(total: int, cp: int) -> np.ndarray:
     c = 2 * cp
     sizes = np.full(c, total // c, dtype=np.int64)
     extra = total % c
     heads = min(extra, cp)
     sizes[:heads] += 1  # head chunk of ranks 0..heads-1
-    for r in range(extra - heads):  # then tail chunk of ranks 0..
-        sizes[c - 1 - r] += 1
+    sizes[c - (extra - heads):] += 1  # then tail chunk of ranks 0.. (chunks c - 1, c - 2, ...)
     return sizes
-
-
-def _owner_per_seq(total: int, cp: int) -> np.ndarray:
-    sizes = _chunk_sizes_per_seq(total, cp)
-    chunk_rank = np.array([min(k, 2 * cp - 1 - k) for k in range(2 * cp)], dtype=np.int64)
-    return np.repeat(chunk_rank, sizes)
-
-
-def _owner_per_doc(lengths: np.ndarray, cp: int) -> np.ndarray:
-    c = 2 * cp
-    chunk_rank = np.array([min(k, c - 1 - k) for k in range(c)], dtype=np.int64)
-    parts = []
-    rr = 0  # round-robin counter, carried across documents
-    for ln in lengths.tolist():
-        q, rem = divmod(ln, c)
-        body = np.repeat(chunk_rank, q)
-        tail = (rr + np.arange(rem, dtype=np.int64)) % cp
-        rr = (rr + rem) % cp
-        parts += [body, tail]
-    return np.concatenate(parts)
 
 
 def shard_micro_batch(lengths, cp: int, mode: str) -> CPShard:
@@ -95,7 +80,8 @@ def shard_micro_batch(lengths, cp: int, mode: str) -> CPShard:
     starts = np.concatenate([[0], np.cumsum(arr)[:-1]])
     doc_of = np.repeat(np.arange(arr.size, dtype=np.int64), arr)
     pos_of = np.arange(total, dtype=np.int64) - starts[doc_of]
-    owner = _owner_per_seq(total, cp) if mode == "per-seq" else _owner_per_doc(arr, cp)
+    rank, _, seg_len = segment_pieces(arr, cp, mode)
+    owner = np.repeat(rank, seg_len)  # the segments cover the tokens in packed order
     ranks = []
     for r in range(cp):
         idx = np.flatnonzero(owner == r).astype(np.int64)
@@ -147,7 +133,7 @@ def segment_pieces(lengths, cp: int, mode: str) -> tuple[np.ndarray, np.ndarray,
     is what the adaptive per-micro-batch choice needs to stay cheap."""
     arr = _check(lengths, cp, mode)
     c = 2 * cp
-    chunk_rank = np.minimum(np.arange(c), c - 1 - np.arange(c)).astype(np.int64)
+    chunk_rank = _chunk_rank(cp)
     doc_starts = np.concatenate([[0], np.cumsum(arr)[:-1]]).astype(np.int64)
     if mode == "per-seq":
         total = int(arr.sum())

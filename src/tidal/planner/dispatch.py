@@ -24,6 +24,7 @@ from tidal.core.errors import TidalError
 from tidal.planner.bounds import PipeCost, check_lengths
 from tidal.planner.config import DEFAULT, PlannerConfig
 from tidal.planner.greedy import greedy_owner, greedy_prep
+from tidal.planner.pipecost import pipe_coeffs
 
 
 @dataclass(frozen=True)
@@ -46,10 +47,7 @@ class SearchState:
 
             loops = kernels.loops()
         self.loops = loops
-        self.A = np.array([p.a for p in pipes])
-        self.B = np.array([p.b for p in pipes])
-        self.C = np.array([p.c for p in pipes])
-        self.D = np.array([p.d for p in pipes])
+        self.A, self.B, self.C, self.D = pipe_coeffs(pipes)
         self.Q1 = np.array([p.q for p in pipes], dtype=np.float64)  # PipeCost.q: the one-stage rule rides on it
         self.M = np.array([p.max_len for p in pipes], dtype=np.float64)
         self.R = np.sqrt(self.Q1 / np.where(self.C > 0, self.C, 1e-300)).clip(max=1e150)
@@ -93,8 +91,8 @@ def local_search(st: SearchState, max_rounds: int, max_docs: int = 16, pairs: bo
     return True
 
 
-def _result(st: SearchState, n_pipes: int) -> DispatchResult:
-    loads = st.load
+def _result(st: SearchState) -> DispatchResult:
+    loads, n_pipes = st.load, st.load.size
     order = np.argsort(st.owner, kind="stable")  # ascending indices within each pipeline
     ends = np.cumsum(np.bincount(st.owner, minlength=n_pipes)).tolist()
     flat = order.tolist()
@@ -102,12 +100,19 @@ def _result(st: SearchState, n_pipes: int) -> DispatchResult:
     return DispatchResult(groups, float(loads.max()) if n_pipes else 0.0, tuple(float(x) for x in loads))
 
 
-def check_pipes(pipes: Sequence[PipeCost]) -> None:
+def check_dispatch(lengths, pipes: Sequence[PipeCost]) -> np.ndarray:
+    """A dispatch's checks of its input: the lengths as an int64 array (bounds.check_lengths), at least one pipeline,
+    each with pp >= 1, max_len >= 1 and nonnegative coefficients, and no length above every pipeline's MaxLen."""
+    l_ = check_lengths(lengths)
     if not pipes:
         raise TidalError("a strategy needs at least one pipeline")
     for p in pipes:
         if p.pp < 1 or p.max_len < 1 or min(p.a, p.b, p.c, p.d) < 0:
             raise TidalError(f"bad pipeline cost {p}: need pp >= 1, max_len >= 1 and nonnegative coefficients")
+    top = max(p.max_len for p in pipes)
+    if l_.size and int(l_.max()) > top:
+        raise TidalError(f"sequence of length {int(l_.max())} exceeds the MaxLen {top} of every pipeline")
+    return l_
 
 
 def evaluate(lengths, pipes: Sequence[PipeCost], groups: Sequence[Sequence[int]]) -> DispatchResult:
@@ -123,7 +128,14 @@ def evaluate(lengths, pipes: Sequence[PipeCost], groups: Sequence[Sequence[int]]
             owner[i] = j
     if np.any(owner < 0):
         raise TidalError(f"sequence {int(np.flatnonzero(owner < 0)[0])} was not dispatched")
-    return _result(SearchState(pipes, l_, owner), len(pipes))
+    return owner_result(l_, pipes, owner)
+
+
+def _rounds(l_: np.ndarray, pipes: Sequence[PipeCost], max_rounds: int | None) -> tuple[bool, int]:
+    """(small, rounds): pair swaps in the local search on small instances (B x D <= 512), and its rounds unless
+    `max_rounds`: 20 + D, + B on small instances."""
+    small = l_.size * len(pipes) <= 512
+    return small, max_rounds if max_rounds is not None else 20 + len(pipes) + (l_.size if small else 0)
 
 
 def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: int = 0,
@@ -161,15 +173,10 @@ def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, 
     greedy dispatch always completes, so the result is always valid). `scan`: when the first dispatch's bottleneck is
     set by its longest document (_lumpy), also the greedy with its jump scan (greedy_owner), an alternative when its
     objective is below the first's (then after the same local search)."""
-    l_ = check_lengths(lengths)
-    check_pipes(pipes)
-    top = max(p.max_len for p in pipes)
-    if l_.size and int(l_.max()) > top:
-        raise TidalError(f"sequence of length {int(l_.max())} exceeds the MaxLen {top} of every pipeline")
+    l_ = check_dispatch(lengths, pipes)
     if l_.size == 0:
         return DispatchResult(tuple(() for _ in pipes), 0.0, tuple(0.0 for _ in pipes)), ()
-    small = l_.size * len(pipes) <= 512
-    rounds = max_rounds if max_rounds is not None else 20 + len(pipes) + (l_.size if small else 0)
+    small, rounds = _rounds(l_, pipes, max_rounds)
     prep = greedy_prep(pipes)
     st = SearchState(pipes, l_, greedy_owner(l_, pipes, prep=prep, scan=False))
     done = local_search(st, rounds, pairs=small, target=target, deadline=deadline)
@@ -186,8 +193,8 @@ def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, 
         sc = SearchState(pipes, l_, greedy_owner(l_, pipes, prep=prep, scan=True))
         if float(sc.load.max()) < first:  # the scan greedy alone beats the first's local optimum: search from it
             local_search(sc, rounds, pairs=small, target=target, deadline=deadline)
-            return _result(st, len(pipes)), (*alts, _result(sc, len(pipes)))
-    return _result(st, len(pipes)), tuple(alts)
+            return _result(st), (*alts, _result(sc))
+    return _result(st), tuple(alts)
 
 
 def _lumpy(st: SearchState) -> bool:
@@ -208,8 +215,7 @@ def restart_dispatch(lengths: np.ndarray, pipes: Sequence[PipeCost], restarts: i
     default as dispatch_alternatives), or None if none has an objective below `below` (ties: the earlier restart).
     Stops at the first whose objective is <= `target` or when `deadline` passes."""
     l_ = lengths
-    small = l_.size * len(pipes) <= 512
-    rounds = max_rounds if max_rounds is not None else 20 + len(pipes) + (l_.size if small else 0)
+    small, rounds = _rounds(l_, pipes, max_rounds)
     prep = greedy_prep(pipes) if prep is None else prep
     rng = np.random.default_rng(seed)
     best: tuple[float, SearchState] | None = None
@@ -221,20 +227,14 @@ def restart_dispatch(lengths: np.ndarray, pipes: Sequence[PipeCost], restarts: i
             best = (obj, cand)
         if not done or (best is not None and best[0] <= target):
             break
-    return None if best is None else _result(best[1], len(pipes))
+    return None if best is None else _result(best[1])
 
 
-def search_from(lengths: np.ndarray, pipes: Sequence[PipeCost], owner: np.ndarray, rounds: int, *,
-                deadline: float | None = None) -> DispatchResult:
-    """The dispatch's local search (moves and swaps off the bottleneck, no pair swaps) from the assignment `owner`
-    (a pipeline index per document, every one set), for `rounds` rounds or until `deadline`: fill.fill_dispatch's
-    finish."""
+def owner_result(lengths: np.ndarray, pipes: Sequence[PipeCost], owner: np.ndarray, rounds: int = 0, *,
+                 deadline: float | None = None) -> DispatchResult:
+    """The DispatchResult (groups, D_j) of the assignment `owner` (an eligible pipeline index per document, every one
+    set; unchecked: see `evaluate`) after `rounds` rounds of the dispatch's local search (moves and swaps off the
+    bottleneck, no pair swaps; fill.fill_dispatch's finish), or until `deadline`."""
     st = SearchState(pipes, lengths, owner)
     local_search(st, rounds, deadline=deadline)
-    return _result(st, len(pipes))
-
-
-def owner_result(lengths: np.ndarray, pipes: Sequence[PipeCost], owner: np.ndarray) -> DispatchResult:
-    """The DispatchResult (groups, D_j) of the assignment `owner` (an eligible pipeline index per document, every one
-    set; unchecked: see `evaluate`)."""
-    return _result(SearchState(pipes, lengths, owner), len(pipes))
+    return _result(st)

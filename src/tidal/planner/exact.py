@@ -15,11 +15,40 @@ from scipy.sparse import coo_array
 from tidal.planner.bounds import PipeCost
 
 
-def _solve(c_obj, rows, cols, vals, lo, hi, integrality, lb, ub, time_limit):
-    A = coo_array((vals, (rows, cols)), shape=(len(lo), len(c_obj))).tocsr()
-    res = milp(c_obj, constraints=LinearConstraint(A, lo, hi), integrality=integrality, bounds=Bounds(lb, ub),
-               options={"time_limit": float(time_limit), "mip_rel_gap": 1e-7, "disp": False})
-    return res.x if res.x is not None and res.status in (0, 1) else None
+class _Rows:
+    """The constraint rows of a MILP, lower <= sum of (column, value) entries <= upper, one `add` per row."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.cols: list[int] = []
+        self.vals: list[float] = []
+        self.lo: list[float] = []
+        self.hi: list[float] = []
+
+    def add(self, entries, lower: float, upper: float) -> None:
+        r = len(self.lo)
+        for col, v in entries:
+            self.rows.append(r)
+            self.cols.append(col)
+            self.vals.append(float(v))
+        self.lo.append(lower)
+        self.hi.append(upper)
+
+    def solve(self, c_obj, integrality, lb, ub, time_limit):
+        A = coo_array((self.vals, (self.rows, self.cols)), shape=(len(self.lo), len(c_obj))).tocsr()
+        res = milp(c_obj, constraints=LinearConstraint(A, self.lo, self.hi), integrality=integrality,
+                   bounds=Bounds(lb, ub), options={"time_limit": float(time_limit), "mip_rel_gap": 1e-7, "disp": False})
+        return res.x if res.x is not None and res.status in (0, 1) else None
+
+
+def _columns_by(pairs, n: int, m: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The assignment columns (indices into `pairs`) of each sequence i < n and of each pipeline or bin j < m."""
+    by_i: list[list[int]] = [[] for _ in range(n)]
+    by_j: list[list[int]] = [[] for _ in range(m)]
+    for col, (i, j) in enumerate(pairs):
+        by_i[i].append(col)
+        by_j[j].append(col)
+    return by_i, by_j
 
 
 def dispatch_milp(lengths: np.ndarray, pipes: Sequence[PipeCost], time_limit: float = 10.0):
@@ -34,28 +63,9 @@ def dispatch_milp(lengths: np.ndarray, pipes: Sequence[PipeCost], time_limit: fl
     ie = nm + D
     it = nm + 2 * D
     nv = it + 1
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    lo: list[float] = []
-    hi: list[float] = []
-    r = 0
-
-    def add(entries, lower, upper):
-        nonlocal r
-        for col, v in entries:
-            rows.append(r)
-            cols.append(col)
-            vals.append(float(v))
-        lo.append(lower)
-        hi.append(upper)
-        r += 1
-
-    by_i: dict[int, list[int]] = {i: [] for i in range(n)}
-    by_j: dict[int, list[int]] = {j: [] for j in range(D)}
-    for k, (i, j) in enumerate(pairs):
-        by_i[i].append(k)
-        by_j[j].append(k)
+    rows = _Rows()
+    add = rows.add
+    by_i, by_j = _columns_by(pairs, n, D)
     for i in range(n):
         add([(k, 1.0) for k in by_i[i]], 1.0, 1.0)
     for j, p in enumerate(pipes):
@@ -82,7 +92,7 @@ def dispatch_milp(lengths: np.ndarray, pipes: Sequence[PipeCost], time_limit: fl
     ub = np.full(nv, np.inf)
     ub[:nm] = 1.0
     ub[iv:iv + D] = max(n, 1)
-    x = _solve(c_obj, rows, cols, vals, lo, hi, integrality, lb, ub, time_limit)
+    x = rows.solve(c_obj, integrality, lb, ub, time_limit)
     if x is None:
         return None
     groups: list[list[int]] = [[] for _ in range(D)]
@@ -104,39 +114,13 @@ def pack_milp_fixed_v(lengths: np.ndarray, work: np.ndarray, V: int, max_len: in
     pairs = [(int(i), k) for r_, i in enumerate(order.tolist()) for k in range(min(V, r_ + 1))]
     nm = len(pairs)
     it = nm
-    rows, cols, vals, lo, hi = [], [], [], [], []
-    by_i: dict[int, list[int]] = {i: [] for i in range(n)}
-    by_k: dict[int, list[int]] = {k: [] for k in range(V)}
-    for q, (i, k) in enumerate(pairs):
-        by_i[i].append(q)
-        by_k[k].append(q)
-    r = 0
+    rows = _Rows()
+    by_i, by_k = _columns_by(pairs, n, V)
     for i in range(n):
-        for q in by_i[i]:
-            rows.append(r)
-            cols.append(q)
-            vals.append(1.0)
-        lo.append(1.0)
-        hi.append(1.0)
-        r += 1
+        rows.add([(q, 1.0) for q in by_i[i]], 1.0, 1.0)
     for k in range(V):
-        for q in by_k[k]:
-            rows.append(r)
-            cols.append(q)
-            vals.append(float(l_[pairs[q][0]]))
-        lo.append(-np.inf)
-        hi.append(float(max_len))
-        r += 1
-        for q in by_k[k]:
-            rows.append(r)
-            cols.append(q)
-            vals.append(-float(work[pairs[q][0]]))
-        rows.append(r)
-        cols.append(it)
-        vals.append(1.0)
-        lo.append(c)
-        hi.append(np.inf)
-        r += 1
+        rows.add([(q, l_[pairs[q][0]]) for q in by_k[k]], -np.inf, float(max_len))
+        rows.add([(q, -float(work[pairs[q][0]])) for q in by_k[k]] + [(it, 1.0)], c, np.inf)
     c_obj = np.zeros(nm + 1)
     c_obj[it] = 1.0
     integrality = np.ones(nm + 1)
@@ -144,7 +128,7 @@ def pack_milp_fixed_v(lengths: np.ndarray, work: np.ndarray, V: int, max_len: in
     lb = np.zeros(nm + 1)
     ub = np.ones(nm + 1)
     ub[it] = np.inf
-    x = _solve(c_obj, rows, cols, vals, lo, hi, integrality, lb, ub, time_limit)
+    x = rows.solve(c_obj, integrality, lb, ub, time_limit)
     if x is None:
         return None
     bin_of = np.full(n, -1, dtype=np.int64)

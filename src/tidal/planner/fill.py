@@ -22,8 +22,9 @@ import numpy as np
 from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan
 from tidal.planner.bounds import PipeCost
-from tidal.planner.dispatch import search_from
+from tidal.planner.dispatch import owner_result
 from tidal.planner.greedy import greedy_owner
+from tidal.planner.pipecost import pipe_coeffs
 
 
 def _too_heavy(pc: PipeCost, x: float, cap: float) -> bool:
@@ -75,11 +76,8 @@ def fill_dispatch(lengths: np.ndarray, pipes: Sequence[PipeCost], plans: Sequenc
     lf = lengths.astype(np.float64)
     owner = np.full(lengths.size, -1, dtype=np.int64)
     js = np.array([j for j, _ in single], dtype=np.int64)
-    A = np.array([pipes[j].a for j in js])
-    B = np.array([pipes[j].b for j in js])
-    D = np.array([pipes[j].d for j in js])
+    A, B, load, D = pipe_coeffs([pipes[j] for j in js])  # load: c, plus the work placed
     room = np.array([float(pipes[j].max_len) for j in js])
-    load = np.array([pipes[j].c for j in js])
     for s, (j, i) in enumerate(single):
         owner[i] = j
         room[s] -= lf[i]
@@ -109,4 +107,4 @@ def fill_dispatch(lengths: np.ndarray, pipes: Sequence[PipeCost], plans: Sequenc
             owner[free] = rest[greedy_owner(sub, [pipes[j] for j in rest], np.argsort(-sub, kind="stable"))]
         except TidalError:  # a document longer than every other pipeline's MaxLen
             return None
-    return search_from(lengths, pipes, owner, 20 + n if rounds is None else rounds, deadline=deadline).groups
+    return owner_result(lengths, pipes, owner, 20 + n if rounds is None else rounds, deadline=deadline).groups

@@ -33,7 +33,7 @@ from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.scheme import ParallelScheme
 from tidal.core.strategy import Pipeline, Strategy
 from tidal.planner.baselines.flexpipe import FlexPipePlanner, Mapping
-from tidal.planner.stepper import PlannedStep, StepSource
+from tidal.planner.stepper import PlannedStep, StepPlanner, StepSource, read_step
 
 MAX_SPLITS = 64  # candidates per depth (start-up builds a stage model and plans for each)
 
@@ -142,22 +142,17 @@ class FlexPipeStepPlanner:
     def set_cost_model(self, cost_model) -> None:
         self.hbsa = replace(self.hbsa, cost_model=cost_model)
 
-    @property
-    def long_doc_stats(self) -> dict:
-        return dict(getattr(self.source, "long_doc_stats", None) or {})
+    long_doc_stats = StepPlanner.long_doc_stats
 
     def decide(self, lens: Sequence[int]) -> FlexPipeChoice:
         """HBSA on the step's lengths: mu the longest, n_micro micro-batches of the step's mean sum l and sum l^2."""
         arr = np.asarray(lens, dtype=np.float64)
         n_micro = max(1, min(len(arr), 8))
         mu, s1, s2 = int(arr.max()), float(arr.sum()) / n_micro, float((arr * arr).sum()) / n_micro
-        L = self.hbsa.cost_model.model.layers
         if self.depths:
             n = self.depths[self._index % len(self.depths)]
-            mp = Mapping((L,), (self.hbsa.D,)) if n == 1 else self.hbsa.search(n, mu, s1, s2, n_micro,
-                                                                              self.current)[0]
-            if mp is None:
-                mp = self.hbsa.even(n)
+            # HBSA's search for that depth, else its even split (one stage: the whole model on every device)
+            mp = self.hbsa.search(n, mu, s1, s2, n_micro, self.current)[0] or self.hbsa.even(n)
             action, rc, sw = "forced", (0.0,) * n, self.hbsa.switch_time(self.current, mp)
         else:
             d = self.hbsa.decide(mu, s1, s2, n_micro, self.current)
@@ -170,9 +165,7 @@ class FlexPipeStepPlanner:
         if st is None:
             return None
         t0 = time.perf_counter()
-        ids = tuple(int(x) for x in st.seq_ids)
-        lens = tuple(int(x) for x in st.lengths)
-        docs = tuple((int(d), int(s), ln) for d, s, ln in zip(st.doc_ids, st.starts, lens))
+        ids, lens, docs = read_step(st)
         ch = self.decide(lens)
         k = candidate_index(self.candidates, ch.depth, ch.split)
         strategy = self.candidates[k]

@@ -11,6 +11,7 @@ import numpy as np
 
 from tidal.core.errors import TidalError
 from tidal.planner.bounds import PipeCost, group_pipes
+from tidal.planner.pipecost import pipe_coeffs
 
 
 def greedy_prep(pipes: Sequence[PipeCost]) -> tuple:
@@ -22,9 +23,7 @@ def greedy_prep(pipes: Sequence[PipeCost]) -> tuple:
     for j, p in enumerate(pipes):
         members[cls_of[p]].append(j)
     mcount = np.array([len(m) for m in members], dtype=np.int64)
-    arrays = (np.array([p.a for p in classes]), np.array([p.b for p in classes]), np.array([p.c for p in classes]),
-              np.array([p.d for p in classes]),
-              np.array([p.q for p in classes], dtype=np.float64),
+    arrays = (*pipe_coeffs(classes), np.array([p.q for p in classes], dtype=np.float64),
               np.array([p.max_len for p in classes], dtype=np.int64),
               np.array([j for m in members for j in m], dtype=np.int64),
               np.concatenate([[0], np.cumsum(mcount)[:-1]]).astype(np.int64), mcount,

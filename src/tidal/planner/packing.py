@@ -47,10 +47,15 @@ def pipeline_time(lengths, micro_batches, coeffs: LatencyCoeffs, pp: int) -> flo
     if not mbs:
         return 0.0
     l_ = np.asarray(lengths, dtype=np.float64)
-    a, b, d, c = coeffs.a, coeffs.b, coeffs.d, float(coeffs.c)
+    a, b, d = coeffs.a, coeffs.b, coeffs.d
     # the per-micro-batch work as coeffs.mb_time sums it (c + this is mb_time), and as `finish` sums it: same floats
-    works = [float(np.sum(a * x * x + b * x + d)) for x in (l_[list(mb)] for mb in mbs)]
-    return packed_value(stage_q(pp, prices_eq1(coeffs)), c, float(sum(works)), max(c + x for x in works), len(mbs))
+    return _packed_time([float(np.sum(a * x * x + b * x + d)) for x in (l_[list(mb)] for mb in mbs)], coeffs, pp)
+
+
+def _packed_time(works: list[float], coeffs: LatencyCoeffs, pp: int) -> float:
+    """The time of a pipeline whose micro-batches hold these works (each takes c + its work): pipecost.packed_value."""
+    c = float(coeffs.c)
+    return packed_value(stage_q(pp, prices_eq1(coeffs)), c, float(sum(works)), max(c + x for x in works), len(works))
 
 
 def validate(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int) -> np.ndarray:
@@ -78,11 +83,8 @@ def finish(bin_of: np.ndarray, l_: np.ndarray, coeffs: LatencyCoeffs, pp: int,
     # pipeline_time with the per-document work computed once: w holds the same element values mb_time computes
     # (a l^2 + b l + d in float64, same operation order), summed per micro-batch in the same order (a contiguous
     # slice of w in the micro-batch's index order, as w[list(mb)] is), so the same floats
-    c = float(coeffs.c)
     wo = w[order]
-    works = [float(wo[a:b].sum()) for a, b in zip(starts_l, ends_l)]
-    q = stage_q(pp, prices_eq1(coeffs))
-    return PackResult(mbs, packed_value(q, c, float(sum(works)), max(c + x for x in works), len(mbs)))
+    return PackResult(mbs, _packed_time([float(wo[a:b].sum()) for a, b in zip(starts_l, ends_l)], coeffs, pp))
 
 
 def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool = False,

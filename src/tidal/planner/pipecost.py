@@ -33,6 +33,12 @@ import numpy as np
 EQ1_Q = 5e-324
 
 
+def pipe_coeffs(pipes):
+    """(a, b, c, d) of each pipeline (bounds.PipeCost) as four arrays, for the numpy and compiled loops (called from
+    Python, not compiled)."""
+    return tuple(np.array([getattr(p, k) for p in pipes]) for k in "abcd")
+
+
 def stage_q(pp, eq1=False):
     """The q the formulas take for a pipeline of `pp` stages: pp - 1 (a float), or EQ1_Q for a one-stage pipeline
     priced by Hydraulis Eq. 1 (`eq1`), whose slowest micro-batch counts; a one-stage pipeline otherwise sums its

@@ -24,6 +24,7 @@ from tidal.core.plan import PipelinePlan
 from tidal.planner.bounds import PipeCost
 from tidal.planner.config import DEFAULT
 from tidal.planner.packing import pipeline_time
+from tidal.planner.pipecost import pipe_coeffs
 
 
 def polish(lengths: np.ndarray, pipes: tuple[PipeCost, ...], plans: tuple[PipelinePlan, ...], est: float, *,
@@ -38,10 +39,7 @@ def polish(lengths: np.ndarray, pipes: tuple[PipeCost, ...], plans: tuple[Pipeli
     if P < 2 or not mb_docs:
         return est, plans
     lf = np.asarray(lengths, dtype=np.float64)
-    A = np.array([p.a for p in pipes])
-    B = np.array([p.b for p in pipes])
-    C = np.array([p.c for p in pipes])
-    Dd = np.array([p.d for p in pipes])
+    A, B, C, Dd = pipe_coeffs(pipes)
     M = np.array([p.max_len for p in pipes], dtype=np.float64)
     mb_pipe = np.array([j for j, p in enumerate(plans) for _ in p.micro_batches], dtype=np.int64)
     n_mb = len(mb_docs)

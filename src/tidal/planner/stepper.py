@@ -13,6 +13,7 @@ selected with seed `seed + k`, as `tidal plan` always did.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -23,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tidal.core.errors import TidalError
-from tidal.core.plan import StepPlan
+from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.scheme import ParallelScheme, parse_strategies
 from tidal.core.strategy import Strategy, place
 from tidal.costmodel.base import CostModel, pipeline_device
@@ -99,6 +100,17 @@ class PlannedStep:
     docs: tuple[tuple[int, int, int], ...]  # per entry of plan.seq_lengths: (doc_id, start in the document, length)
 
 
+def read_step(st) -> tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, int, int], ...]]:
+    """(seq_ids, lengths, docs) of a step from a `StepSource`, docs as PlannedStep.docs; the four fields must be
+    equally long."""
+    ids = tuple(int(x) for x in st.seq_ids)
+    lens = tuple(int(x) for x in st.lengths)
+    if not len(ids) == len(lens) == len(st.doc_ids) == len(st.starts):
+        raise TidalError(f"step source gave {len(ids)} seq_ids, {len(lens)} lengths, {len(st.doc_ids)} doc_ids and "
+                         f"{len(st.starts)} starts")
+    return ids, lens, tuple((int(d), int(s), ln) for d, s, ln in zip(st.doc_ids, st.starts, lens))
+
+
 def build_candidates(cost_model: CostModel, strategies: str, sample_lengths: np.ndarray | None, *,
                      tokens_per_step: int, max_len: int, seed: int, sync: SyncPricing | None = None,
                      cp_policy: str | None = None, schemes=None, refine: bool = False) -> tuple[Strategy, ...]:
@@ -125,6 +137,14 @@ def build_candidates(cost_model: CostModel, strategies: str, sample_lengths: np.
     return tuple(cands)
 
 
+def plan_scheme(p: PipelinePlan, layers: int) -> ParallelScheme:
+    """The scheme a pipeline of a plan runs: its layer split only when it is not the even one of `layers`."""
+    scheme = ParallelScheme(p.tp, p.pp, p.cp)
+    if p.layer_split is not None and tuple(p.layer_split) != scheme.stage_layers(layers):
+        scheme = ParallelScheme(p.tp, p.pp, p.cp, tuple(p.layer_split))
+    return scheme
+
+
 def with_cp_sharding(step: StepPlan, cost_model: CostModel, policy: str) -> StepPlan:
     """Fill `cp_sharding` of every CP > 1 pipeline with micro-batches (cp_adaptive under `policy`) and charge its
     kernel imbalance in the pipeline's estimate (`cp_adaptive.charged_pipeline_time`, the simulator's charge)."""
@@ -134,10 +154,7 @@ def with_cp_sharding(step: StepPlan, cost_model: CostModel, policy: str) -> Step
             dev = pipeline_device(cost_model.cluster, p)
             kern = cp_kernel(cost_model.model, p.tp, dev)
             modes = choose_for_micro_batches(step.seq_lengths, p.micro_batches, p.cp, kern, policy)
-            scheme = ParallelScheme(p.tp, p.pp, p.cp)
-            if p.layer_split is not None and tuple(p.layer_split) != scheme.stage_layers(cost_model.model.layers):
-                scheme = ParallelScheme(p.tp, p.pp, p.cp, tuple(p.layer_split))
-            k = cost_model.coeffs(scheme, dev)
+            k = cost_model.coeffs(plan_scheme(p, cost_model.model.layers), dev)
             est = charged_pipeline_time(step.seq_lengths, p.micro_batches, k, p.pp, p.cp, modes, kern)
             p = replace(p, cp_sharding=modes, est_time=max(p.est_time, est))
         pipes.append(p)
@@ -254,12 +271,7 @@ class StepPlanner:
                 self._exhausted = True
             else:
                 t0 = time.perf_counter()
-                ids = tuple(int(x) for x in st.seq_ids)
-                lens = tuple(int(x) for x in st.lengths)
-                if not len(ids) == len(lens) == len(st.doc_ids) == len(st.starts):
-                    raise TidalError(f"step source gave {len(ids)} seq_ids, {len(lens)} lengths, "
-                                     f"{len(st.doc_ids)} doc_ids and {len(st.starts)} starts")
-                docs = tuple((int(d), int(s), ln) for d, s, ln in zip(st.doc_ids, st.starts, lens))
+                ids, lens, docs = read_step(st)
                 if self._wcfg is None:
                     return self._plan(ids, lens, list(range(len(lens))), (), docs, t0, None)
                 self._in_flight.update(zip(ids, docs))
@@ -273,11 +285,7 @@ class StepPlanner:
 
     def steps(self, n: int) -> Iterator[PlannedStep]:
         """At most `n` steps (steps from the source; WLB flush steps once it is exhausted count too)."""
-        for _ in range(n):
-            ps = self.next()
-            if ps is None:
-                return
-            yield ps
+        return itertools.islice(self, n)
 
     def flush(self) -> Iterator[PlannedStep]:
         """End the stream now: draw nothing more from the source and yield the WLB flush steps of whatever is still
@@ -287,24 +295,17 @@ class StepPlanner:
 
     # -- resumable state --------------------------------------------------------------------------------------
 
-    def _fingerprint(self) -> dict:
-        return {"options": asdict(self.options), "candidates": [str(s) for s in self.candidates]}
-
     def state_dict(self) -> dict:
         """JSON-safe: the source's state, WLB queues, in-flight (deferred) sequences, step counter, configuration."""
         return {
             "version": STATE_VERSION,
-            **self._fingerprint(),
+            **_fingerprint(self.options, self.candidates),
             "index": self._index,
             "exhausted": self._exhausted,
             "source": self.source.state_dict(),
             "wlb": self._wstate.to_dict(),
             "in_flight": [[sid, *doc] for sid, doc in sorted(self._in_flight.items())],
         }
-
-    def carry_state(self, d: dict) -> tuple[dict, str]:
-        """`carry_state(d, self.options, self.candidates)`."""
-        return carry_state(d, self.options, self.candidates)
 
     def load_state_dict(self, d: dict) -> None:
         """Resume from `state_dict()` output of a planner with the same options and candidates (`carry_state`
@@ -313,8 +314,9 @@ class StepPlanner:
             if d["version"] != STATE_VERSION:
                 raise TidalError(f"planner state version {d['version']} is not {STATE_VERSION}")
             fp = {"options": dict(d["options"]), "candidates": list(d["candidates"])}
-            if fp != self._fingerprint():
-                raise TidalError(f"planner state does not match this planner: state {fp} vs {self._fingerprint()}")
+            mine = _fingerprint(self.options, self.candidates)
+            if fp != mine:
+                raise TidalError(f"planner state does not match this planner: state {fp} vs {mine}")
             wstate = wlb.WLBState.from_dict(d["wlb"])
             in_flight = {int(r[0]): (int(r[1]), int(r[2]), int(r[3])) for r in d["in_flight"]}
             index, exhausted = int(d["index"]), bool(d["exhausted"])
@@ -325,6 +327,11 @@ class StepPlanner:
             raise TidalError("malformed planner state: in-flight sequences do not match the WLB queues")
         self.source.load_state_dict(source)
         self._wstate, self._in_flight, self._index, self._exhausted = wstate, in_flight, index, exhausted
+
+
+def _fingerprint(options: PlanningOptions, candidates: Sequence[Strategy]) -> dict:
+    """What a planner's state must match to be loaded: its options and candidates."""
+    return {"options": asdict(options), "candidates": [str(s) for s in candidates]}
 
 
 def carry_state(d: dict, options: PlanningOptions, candidates: Sequence[Strategy]) -> tuple[dict, str]:
@@ -341,7 +348,7 @@ def carry_state(d: dict, options: PlanningOptions, candidates: Sequence[Strategy
         old_opts, old_cands = dict(d["options"]), list(d["candidates"])
     except (KeyError, TypeError, ValueError) as e:
         raise TidalError(f"malformed planner state: {type(e).__name__}: {e}") from None
-    mine = {"options": asdict(options), "candidates": [str(s) for s in candidates]}
+    mine = _fingerprint(options, candidates)
     if old_opts == mine["options"] and old_cands == mine["candidates"]:
         return d, ""
     changed = {k: (old_opts.get(k), v) for k, v in mine["options"].items() if old_opts.get(k) != v}

@@ -24,6 +24,8 @@ dominance of (sum t, max t, migration) among prefixes ending at the same layer a
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -50,6 +52,18 @@ TABLE2_MEMOPT_SHARE = max(sum(op) / peak for rows in TABLE2.values() for _, _, p
 # FlexPipe Fig. 2(c) (flexpipe.txt §2.2): GPT (3.35B) on samples of 3K tokens, 4.7 s per iteration on 3 GPUs (its
 # fastest), 7.08 s on 8: (sample length, GPUs, s/iteration, GPUs, s/iteration)
 FIG2C = (3072, 3, 4.7, 8, 7.08)
+
+
+def _even_split(total: int, parts: int) -> tuple[int, ...]:
+    """`total` split into `parts` sizes differing by at most one, the larger first."""
+    q, r = divmod(total, parts)
+    return tuple(q + (i < r) for i in range(parts))
+
+
+def _ranges(sizes: tuple[int, ...]) -> list[range]:
+    """Consecutive ranges of the given sizes, from 0."""
+    ends = list(itertools.accumulate(sizes))
+    return [range(e - n, e) for n, e in zip(sizes, ends)]
 
 
 @dataclass(frozen=True)
@@ -88,12 +102,8 @@ def fig2c_times(planner: FlexPipePlanner, gpus, length: int = FIG2C[0], batch: i
     """Eq. 1 time of `batch` samples of `length` tokens (one per micro-batch) on pipelines of g stages of one GPU each
     (Fig. 2(c)'s set-up as read here), for each g in `gpus`."""
     L = planner.cost_model.model.layers
-    out = []
-    for g in gpus:
-        q, r = divmod(L, g)
-        mp = Mapping(tuple(q + (i < r) for i in range(g)), (1,) * g)
-        out.append(planner.pipeline_time(mp, float(length), float(length) ** 2, batch, mu=length))
-    return out
+    return [planner.pipeline_time(Mapping(_even_split(L, g), (1,) * g), float(length), float(length) ** 2, batch,
+                                  mu=length) for g in gpus]
 
 
 def fit_fig2c(planner: FlexPipePlanner, batch: int = TABLE2_BATCH) -> float:
@@ -127,18 +137,14 @@ class Mapping:
         return len(self.layers)
 
     def device_groups(self) -> list[range]:
-        out, d = [], 0
-        for g in self.gpus:
-            out.append(range(d, d + g))
-            d += g
-        return out
+        return _ranges(self.gpus)
 
     def layer_ranges(self) -> list[range]:
-        out, k = [], 0
-        for n in self.layers:
-            out.append(range(k, k + n))
-            k += n
-        return out
+        return _ranges(self.layers)
+
+    def held_layers(self) -> dict[int, set[int]]:
+        """Device -> the layers it holds."""
+        return {d: set(lr) for lr, gr in zip(self.layer_ranges(), self.device_groups()) for d in gr}
 
 
 @dataclass(frozen=True)
@@ -268,10 +274,7 @@ class FlexPipePlanner:
         """Slowest GPU's copy-in of the layers it did not hold (16 B per parameter from host memory)."""
         if old is None or old == new:
             return 0.0
-        held: dict[int, set[int]] = {}
-        for lr, gr in zip(old.layer_ranges(), old.device_groups()):
-            for d in gr:
-                held[d] = set(lr)
+        held = old.held_layers()
         per = self.cost_model.model.layer_params() * 16.0
         worst = 0
         for lr, gr in zip(new.layer_ranges(), new.device_groups()):
@@ -282,10 +285,7 @@ class FlexPipePlanner:
     # -- Algorithm 1 --------------------------------------------------------------------------------------------
 
     def even(self, stages: int) -> Mapping:
-        L, D = self.cost_model.model.layers, self.D
-        ql, rl = divmod(L, stages)
-        qg, rg = divmod(D, stages)
-        return Mapping(tuple(ql + (i < rl) for i in range(stages)), tuple(qg + (i < rg) for i in range(stages)))
+        return Mapping(_even_split(self.cost_model.model.layers, stages), _even_split(self.D, stages))
 
     def n_stage(self, mu: int, s1: float = 0.0) -> int:
         """Lines 3-6: the fewest stages (one GPU at least each) whose even split holds the micro-batches."""
@@ -323,19 +323,13 @@ class FlexPipePlanner:
                 if self.fits(mp, mu, s1) else (None, math.inf, 0)
         best: list = [None, math.inf]
         count = [0]
-        t_of: dict[tuple[int, int, bool], float] = {}
         seen: dict[tuple[int, int, int], list[tuple[float, float, int]]] = {}
-        held: dict[int, set[int]] = {}
-        if old is not None:
-            for lr, gr in zip(old.layer_ranges(), old.device_groups()):
-                for d in gr:
-                    held[d] = set(lr)
+        held = {} if old is None else old.held_layers()
         per_layer_s = self.cost_model.model.layer_params() * 16.0 / self.host_bw
 
+        @functools.cache
         def t(n: int, g: int, last: bool) -> float:
-            if (n, g, last) not in t_of:
-                t_of[(n, g, last)] = self.stage_op_time(n, g, last, s1, s2, n_micro, 0.0, mu)
-            return t_of[(n, g, last)]
+            return self.stage_op_time(n, g, last, s1, s2, n_micro, 0.0, mu)
 
         def moved(l0: int, n: int, g0: int, g: int) -> int:
             """Most layers one GPU of a stage (layers l0.., GPUs g0..) must copy in from the old mapping."""

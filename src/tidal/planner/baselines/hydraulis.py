@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from tidal.core.errors import TidalError
-from tidal.planner.bounds import PipeCost, check_lengths
-from tidal.planner.dispatch import DispatchResult, check_pipes, owner_result
+from tidal.planner.bounds import PipeCost
+from tidal.planner.dispatch import DispatchResult, check_dispatch, owner_result
+from tidal.planner.pipecost import pipe_coeffs
 
 
 def alg1_trial(l_, perm, A, B, C, Q, M):
@@ -25,8 +25,7 @@ def alg1_trial(l_, perm, A, B, C, Q, M):
     max_j C_j + E_j); objective -1.0 when a sequence fits no pipeline."""
     D = A.size
     Cj = np.zeros(D)
-    Ej = np.zeros(D)
-    tot = np.zeros(D)
+    tot = np.zeros(D)  # C_j + E_j
     lmax = np.zeros(D, np.int64)
     owner = np.empty(l_.size, np.int64)
     k1 = 0  # first index of the largest C_k + E_k
@@ -53,8 +52,7 @@ def alg1_trial(l_, perm, A, B, C, Q, M):
         if x > lmax[jb]:
             lmax[jb] = x
         lm = lmax[jb]
-        Ej[jb] = (A[jb] * lm ** 2 + B[jb] * lm + C[jb]) * Q[jb]
-        tt = Cj[jb] + Ej[jb]
+        tt = Cj[jb] + (A[jb] * lm ** 2 + B[jb] * lm + C[jb]) * Q[jb]
         tot[jb] = tt
         if jb != k1 and (tt > tot[k1] or (tt == tot[k1] and jb < k1)):
             second = tot[k1]
@@ -62,11 +60,7 @@ def alg1_trial(l_, perm, A, B, C, Q, M):
         elif jb != k1 and tt > second:
             second = tt
         owner[i] = jb
-    obj = 0.0
-    for j in range(D):
-        if Cj[j] + Ej[j] > obj:
-            obj = Cj[j] + Ej[j]
-    return owner, obj
+    return owner, max(0.0, tot.max())
 
 
 @functools.cache
@@ -84,17 +78,13 @@ def dispatch_hydraulis(lengths, pipes: Sequence[PipeCost], *, trials: int = 100,
     T(l_max) (PP - 1). Returns the best trial, re-scored with our cost (dispatch.owner_result). `trial`: the function
     that runs one shuffle; None takes the compiled one where numba is installed, else `alg1_trial` as plain Python
     (the same choices, float for float)."""
-    l_ = check_lengths(lengths)
-    check_pipes(pipes)
+    l_ = check_dispatch(lengths, pipes)
     M = np.array([p.max_len for p in pipes], dtype=np.int64)
-    if l_.size and int(l_.max()) > int(M.max()):
-        raise TidalError(f"sequence of length {int(l_.max())} exceeds the MaxLen of every pipeline")
     if trial is None:
         trial = compiled_trial() or alg1_trial
     rng = np.random.default_rng(seed)
-    A = np.array([p.a for p in pipes])
-    B = np.array([p.b for p in pipes])
-    C = np.array([p.c for p in pipes]) + np.array([p.d for p in pipes])  # per-sequence constant c + d
+    A, B, c, d = pipe_coeffs(pipes)
+    C = c + d  # per-sequence constant c + d
     Q1 = np.array([p.pp - 1 for p in pipes], dtype=np.float64)
     best_obj, best_owner = float("inf"), None
     for _ in range(trials):

@@ -22,6 +22,7 @@ The state is a frozen dataclass: `wlb_step(state, ...) -> (WLBStep, new_state)` 
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from dataclasses import dataclass, field
@@ -121,18 +122,15 @@ def default_thresholds(context: int) -> tuple[int, ...]:
     return (context // 4, context // 2)
 
 
-def greedy_pack(lengths: np.ndarray, order: list[int], coeffs: LatencyCoeffs, n: int, max_len: int,
-                loads: list[float] | None = None, fill: list[int] | None = None
+def greedy_pack(lengths: np.ndarray, order: list[int], coeffs: LatencyCoeffs, n: int, max_len: int
                 ) -> tuple[list[list[int]], list[int]]:
-    """Lines 16-35 of Algorithm 1 over the documents `order` (indices into lengths), in that order.
-    Returns (n micro-batches of indices, indices that fit nowhere). Heaps make it O(k log n)."""
-    W = list(loads) if loads is not None else [0.0] * n
-    T = list(fill) if fill is not None else [0] * n
+    """Lines 16-35 of Algorithm 1 over the documents `order` (indices into lengths), in that order, into n empty
+    micro-batches. Returns (n micro-batches of indices, indices that fit nowhere). Heaps make it O(k log n)."""
+    W = [0.0] * n
+    T = [0] * n
     mbs: list[list[int]] = [[] for _ in range(n)]
-    wheap = [(W[j], j) for j in range(n)]
-    lheap = [(T[j], j) for j in range(n)]
-    heapq.heapify(wheap)
-    heapq.heapify(lheap)
+    wheap = [(0.0, j) for j in range(n)]  # heaps already (sorted)
+    lheap = [(0, j) for j in range(n)]
     a, b, d = coeffs.a, coeffs.b, coeffs.d
     left: list[int] = []
     for i in order:
@@ -153,15 +151,6 @@ def greedy_pack(lengths: np.ndarray, order: list[int], coeffs: LatencyCoeffs, n:
         heapq.heappush(wheap, (W[j], j))
         heapq.heappush(lheap, (T[j], j))
     return mbs, left
-
-
-def _queue_of(length: int, thresholds: tuple[int, ...]) -> int:
-    """Index of the outlier queue for `length`, or -1 if it is not an outlier."""
-    q = -1
-    for k, t in enumerate(thresholds):
-        if length >= t:
-            q = k
-    return q
 
 
 def wlb_step(state: WLBState, seq_ids, lengths, cfg: WLBConfig, *, flush: bool = False) -> tuple[WLBStep, WLBState]:
@@ -185,7 +174,7 @@ def wlb_step(state: WLBState, seq_ids, lengths, cfg: WLBConfig, *, flush: bool =
     pos = {id(p): k for k, p in enumerate(incoming)}
     doc_set = list(incoming[:n_old])
     for p in new:
-        k = _queue_of(p.length, cfg.thresholds)
+        k = bisect.bisect_right(cfg.thresholds, p.length) - 1  # the outlier queue L_k <= l < L_k+1; -1: none
         if k < 0:
             doc_set.append(p)
         else:
@@ -201,19 +190,16 @@ def wlb_step(state: WLBState, seq_ids, lengths, cfg: WLBConfig, *, flush: bool =
                 take += 1
         doc_set += q[:take]
         queues[k] = q[take:]
-    urgent = [p for p in doc_set if cfg.max_delay is not None and t - p.arrival >= cfg.max_delay]
-    normal = [p for p in doc_set if not (cfg.max_delay is not None and t - p.arrival >= cfg.max_delay)]
-    urgent.sort(key=lambda p: (-p.length, p.arrival, p.seq_id))
-    normal.sort(key=lambda p: (-p.length, p.arrival, p.seq_id))
+    # urgent documents first, each part longest first
+    doc_set.sort(key=lambda p: (not (cfg.max_delay is not None and t - p.arrival >= cfg.max_delay), -p.length,
+                                p.arrival, p.seq_id))
     all_lens = np.asarray([p.length for p in incoming], dtype=np.int64)
-    order = [pos[id(p)] for p in urgent + normal]
+    order = [pos[id(p)] for p in doc_set]
     mbs, left = greedy_pack(all_lens, order, cfg.coeffs, N, cfg.max_len)
     # reorder incoming so that carried-over (old) documents come first by arrival, then new ones
-    left_set = set(left)
-    queued_now = [p for q in queues for p in q]
     remained = tuple(sorted((incoming[i] for i in left), key=lambda p: (p.arrival, p.seq_id)))
     new_state = WLBState(t + 1, remained, tuple(tuple(q) for q in queues))
-    deferred = sorted(left_set | {pos[id(p)] for p in queued_now})
+    deferred = sorted(set(left) | {pos[id(p)] for q in queues for p in q})
     mb_t = tuple(cfg.coeffs.mb_time(all_lens[mb]) if mb else 0.0 for mb in mbs)
     res = WLBStep(
         step=t,
@@ -259,9 +245,9 @@ def _best_count(lengths: np.ndarray, coeffs: LatencyCoeffs, pp: int, max_len: in
         t = (pp - 1 + len(mbs)) * max(coeffs.mb_time(lengths[mb]) for mb in mbs)
         if best is None or t < best[0] - 1e-15:
             best = (t, mbs)
-    if best is None:  # greedy never fit everything: one document per micro-batch always fits
-        mbs = [[i] for i in order]
-        best = ((pp - 1 + n) * max(coeffs.mb_time(lengths[mb]) for mb in mbs), mbs)
+    # v0 <= n, and at v = n the greedy places every document (an empty micro-batch is left for each, lengths <=
+    # max_len), so `best` is set
+    assert best is not None
     return best[1], best[0]
 
 
@@ -271,8 +257,12 @@ def pack(lengths: np.ndarray, coeffs: LatencyCoeffs, pp: int, max_len: int, *, e
     arr = validate(lengths, coeffs, pp, max_len)
     if arr.size == 0:
         return PackResult((), 0.0)
-    mbs, _ = _best_count(arr, coeffs, pp, max_len)
-    out = tuple(sorted((tuple(sorted(mb)) for mb in mbs), key=lambda mb: mb[0]))
+    return _result(arr, _best_count(arr, coeffs, pp, max_len)[0], coeffs, pp)
+
+
+def _result(arr: np.ndarray, mbs: list[list[int]], coeffs: LatencyCoeffs, pp: int) -> PackResult:
+    """The non-empty micro-batches, each ascending, in order of their first index, and their pipeline time."""
+    out = tuple(sorted((tuple(sorted(mb)) for mb in mbs if mb), key=lambda mb: mb[0]))
     return PackResult(out, pipeline_time(arr, out, coeffs, pp))
 
 
@@ -291,5 +281,4 @@ def pack_fixed_count(lengths: np.ndarray, coeffs: LatencyCoeffs, pp: int, max_le
         if not left:
             break
         v += 1  # terminates: at v = len(arr) every document has a micro-batch of its own
-    out = tuple(sorted((tuple(sorted(mb)) for mb in mbs if mb), key=lambda mb: mb[0]))
-    return PackResult(out, pipeline_time(arr, out, coeffs, pp))
+    return _result(arr, mbs, coeffs, pp)
