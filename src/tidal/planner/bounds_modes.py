@@ -43,6 +43,7 @@ from tidal.planner.bounds import SLACK, StrategyBound
 
 VB = 12  # modes 1 .. VB - 1 explicit, v >= VB merged
 MIN_GAIN = 1e-3  # mode_bound gives up at once when it cannot raise the bound by this factor
+SWEEPS = 2  # pair line-search sweeps of the price search with 3+ classes (decision 102)
 
 
 def mode_arrays(T: float, C: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -131,20 +132,22 @@ def _violated_two(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray) -> bool:
 
 
 def violated(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray, Y: np.ndarray, rounds: int,
-             loops: SimpleNamespace | None = None) -> bool:
+             loops: SimpleNamespace | None = None, sweeps: int = SWEEPS) -> bool:
     """Some price row (from Y, R x K, or multiplicative updates of the best of them: raise the prices of the classes
-    whose argmin-assigned cost exceeds their pipeline count) certifies sum_i min_k y_k u_ik > sum_k y_k cnt_k. Two
-    classes: exactly (_violated_two). Three or more: kernels_pack.mode_violated (the one source; `loops`:
-    kernels_pack.loops(), compiled where numba is installed, unless given)."""
+    whose argmin-assigned cost exceeds their pipeline count; then `sweeps` sweeps of exact line searches along each
+    pair of classes, decision 102) certifies sum_i min_k y_k u_ik > sum_k y_k cnt_k. Two classes: exactly
+    (_violated_two). Three or more: kernels_modes.mode_violated (the one source; `loops`: kernels_modes.loops(),
+    compiled where numba is installed, unless given)."""
     if cnt.size == 2:
         return _violated_two(U, wt, cnt)
     if loops is None:
-        from tidal.planner import kernels_pack
+        from tidal.planner import kernels_modes
 
-        loops = kernels_pack.loops()
+        loops = kernels_modes.loops()
     f = np.float64
     return bool(loops.mode_violated(np.ascontiguousarray(U, f), np.ascontiguousarray(wt, f),
-                                    np.ascontiguousarray(cnt, f), np.ascontiguousarray(Y, f), int(rounds)))
+                                    np.ascontiguousarray(cnt, f), np.ascontiguousarray(Y, f), int(rounds),
+                                    int(sweeps)))
 
 
 def infeasible(T: float, sb: StrategyBound, Y: np.ndarray, rounds: int = 6, step: tuple | None = None) -> bool:
