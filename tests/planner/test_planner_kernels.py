@@ -1,6 +1,7 @@
 """The planner's loops are written once (kernels.py, kernels_pack.py, kernels_modes.py, baselines/hydraulis.py;
 decisions 89, 96, 102): compiled with numba (`COMPILED`) and run as plain Python (`PLAIN`, the fallback without
-numba), they make the same choices, float for float. The last test plans in a process where numba is hidden and compares the plans."""
+numba), they make the same choices, float for float. The last test plans in a process where numba is hidden and
+compares the plans."""
 
 import numpy as np
 import pytest
