@@ -43,6 +43,7 @@ from tidal.planner.bounds import SLACK, StrategyBound
 
 VB = 12  # modes 1 .. VB - 1 explicit, v >= VB merged
 MIN_GAIN = 1e-3  # mode_bound gives up at once when it cannot raise the bound by this factor
+NEAR = 1e-3  # mode_bound's third probe, hi / (1 + NEAR): the improvement passes' smallest gap (decision 102)
 SWEEPS = 2  # pair line-search sweeps of the price search with 3+ classes (decision 102)
 
 
@@ -168,9 +169,10 @@ def infeasible(T: float, sb: StrategyBound, Y: np.ndarray, rounds: int = 6, step
     return False
 
 
-def mode_bound(sb: StrategyBound, lo: float, hi: float, iters: int = 7) -> float:
-    """The largest T in (lo, hi] that `infeasible` proves within `iters` bisection steps (times 1 - SLACK), or lo
-    when it cannot prove lo * (1 + MIN_GAIN)."""
+def mode_bound(sb: StrategyBound, lo: float, hi: float, iters: int = 7, near: float = NEAR) -> float:
+    """The largest T in (lo, hi] that `infeasible` proves (times 1 - SLACK), or lo when it cannot prove
+    lo * (1 + MIN_GAIN). After lo * (1 + MIN_GAIN) and hi, it tries hi / (1 + near) (decision 102: a plan within
+    `near` of its bound gets no improvement pass), then bisects for `iters` steps (4 with 3+ classes)."""
     if sb.final is not None or not hi > lo:
         return lo
     Y = np.vstack(sb.prices())
@@ -180,6 +182,12 @@ def mode_bound(sb: StrategyBound, lo: float, hi: float, iters: int = 7) -> float
         return lo
     if infeasible(b, sb, Y, step=step):
         return max(lo, b * (1 - SLACK))
+    m = hi / (1 + near)
+    if near > 0 and m > a:
+        if infeasible(m, sb, Y, step=step):
+            a = m
+        else:
+            b = m
     for _ in range(iters if sb.ca.cnt.size <= 2 else min(iters, 4)):  # 3+ classes: a price search per point
         m = 0.5 * (a + b)
         if infeasible(m, sb, Y, step=step):

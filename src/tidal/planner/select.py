@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,7 +67,8 @@ def _mb_times(l_: np.ndarray, mbs, pc: PipeCost) -> np.ndarray:
 def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack, seed: int = 0,
            exact: bool = False, target: float = 0.0, deadline: float | None = None,
            fallback: bool = True, improve_below: float = float("inf"), allowance: Allowance | None = None,
-           config: PlannerConfig = DEFAULT) -> tuple[float, tuple[PipelinePlan, ...]]:
+           config: PlannerConfig = DEFAULT,
+           tighten: Callable[[float], float] | None = None) -> tuple[float, tuple[PipelinePlan, ...]]:
     """Two-stage assignment on one strategy: (step estimate, per-pipeline plans with step indices). `target` (a
     lower bound) lets the dispatch local search stop once it meets it (nothing better exists); `deadline` (perf_counter)
     cuts the local search short. `config` (config.PlannerConfig) holds every knob. The first dispatch and its
@@ -78,7 +79,10 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
     (passes.Allowance): select_step's per-step allowances; None: no limit. With `fallback`, Hydraulis' dispatch
     (dispatch_hydraulis, config.hydraulis_trials shuffles, `seed`) followed by the same packer is also tried when its
     dispatch cost (a lower bound on its packed time) is below our estimate, and the better plan kept: the result is
-    never worse than that baseline (unless the deadline passed before it ran)."""
+    never worse than that baseline (unless the deadline passed before it ran). `tighten(est)`: a valid lower bound
+    on this candidate's plans, at least `target`, asked for once before the passes when the plan is above `target`
+    by more than config.tighten_gap and the candidate can still beat `improve_below` (select_step gives the mode
+    bound, decision 102); the passes then use it as their target."""
     cfg = config
     l_ = np.asarray(lengths, dtype=np.int64)
     if exact:
@@ -98,7 +102,11 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
             if est2 < est:
                 est, plans = est2, plans2
         if cfg.passes:
-            ctx = Context(l_, prof, packer, seed, target, deadline, cfg, first.objective)
+            tgt = target
+            if tighten is not None and target < improve_below and est > target * (1 + cfg.tighten_gap) \
+                    and (deadline is None or time.perf_counter() < deadline):
+                tgt = max(target, tighten(est))
+            ctx = Context(l_, prof, packer, seed, tgt, deadline, cfg, first.objective)
             est, plans = improve(ctx, est, plans, Allowance() if allowance is None else allowance, improve_below)
     if fallback and est > target and (deadline is None or time.perf_counter() < deadline):
         hy = _hydraulis_plan(l_, prof, packer, seed, exact, est)
@@ -168,6 +176,23 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
             bounds[i] = max(bounds[i], sb.refined() + off[i])
             refined[i] = True
 
+    moded = [False] * len(profiles)  # the mode bound was searched already (before the passes, decision 102)
+
+    def tighten(k: int) -> Callable[[float], float] | None:
+        """assign's `tighten` for candidate k: its bound raised by the mode bound up to the estimate `e` (without
+        the charges' floor, like assign's target)."""
+        if not (modes and cfg.tighten):
+            return None
+
+        def up(e: float) -> float:
+            if not moded[k]:
+                moded[k] = True
+                sb = sbs[k]
+                assert sb is not None
+                bounds[k] = max(bounds[k], mode_bound(sb, bounds[k] - off[k], e) + off[k])
+            return bounds[k] - off[k]
+        return up
+
     def charged(k: int, res):
         if res is None or profiles[k].charges is None:
             return res
@@ -198,7 +223,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
         est, plans = charged(k, assign(l_, profiles[k], packer=packer, seed=seed, exact=exact,
                                        target=bounds[k] - off[k], deadline=deadline, fallback=False,
                                        improve_below=float("inf") if best is None else best[0] / (1 + tol) - off[k],
-                                       allowance=allowance, config=cfg))
+                                       allowance=allowance, config=cfg, tighten=tighten(k)))
         ests[k] = est
         if best is None or (est, k) < (best[0], best[1]):
             best = (est, k, plans)
@@ -230,7 +255,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
             continue
         refine(i)
         on_time = deadline is None or time.perf_counter() <= deadline
-        if modes and on_time and bounds[i] * (1 + cfg.mode_gap) < min(lb, est):
+        if modes and on_time and not moded[i] and bounds[i] * (1 + cfg.mode_gap) < min(lb, est):
             # the mode-aware bound (bounds_modes), searched only up to what can still lower the step bound
             sb = sbs[i]
             assert sb is not None
