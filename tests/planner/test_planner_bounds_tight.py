@@ -119,7 +119,7 @@ def test_passes_use_the_tightened_target():
     l_ = rng.integers(1, 500, size=120).astype(np.int64)
     asked = []
 
-    def proves_est(e):
+    def proves_est(e, beat):
         asked.append(e)
         return e
 
@@ -127,5 +127,5 @@ def test_passes_use_the_tightened_target():
     tight = assign(l_, prof, fallback=False, target=1e-6, tighten=proves_est)
     assert asked and tight == none
     plain = assign(l_, prof, fallback=False, target=1e-6)
-    same = assign(l_, prof, fallback=False, target=1e-6, tighten=lambda e: 1e-6)
+    same = assign(l_, prof, fallback=False, target=1e-6, tighten=lambda e, beat: 1e-6)
     assert same == plain

@@ -102,14 +102,14 @@ def pair_search(U, wt, cnt, y, j, k, iters):
     return out
 
 
-def mode_violated(U, wt, cnt, Y, rounds, sweeps):
+def mode_violated(U, wt, cnt, Y, rounds, sweeps, found):
     """bounds_modes.violated's price search for three or more classes: does some price row y certify
     sum_i min_k y_k U[i, k] wt[i] > (1 + 1e-9) sum_k y_k cnt[k]? The rows are Y's (R x K), then `rounds` multiplicative
     updates of the best row (the one with the largest ratio of the two sides): each class's price is raised by its
     argmin-assigned cost over its pipeline count (clipped to [0.25, 4]) to the powers 0.25, 0.5 and 1 (damped by
     1 + it / 4), giving three normalised rows; then `sweeps` sweeps of pair_search over every pair of classes from the
     best row seen. Infinite U[i, k]: document i does not fit class k. Any row found is a valid certificate (the
-    inequality is checked as computed)."""
+    inequality is checked as computed); it is written into `found` (K), where a search at a nearby T starts."""
     K = U.shape[1]
     B = U.shape[0]
     expo = np.array([0.25, 0.5, 1.0])
@@ -120,6 +120,7 @@ def mode_violated(U, wt, cnt, Y, rounds, sweeps):
         for r in range(ys.shape[0]):
             gap = price_gap(U, wt, cnt, ys[r])
             if gap > 1 + 1e-9:
+                found[:] = ys[r]
                 return True
             if gap > best:
                 best, rb = gap, r
@@ -154,6 +155,7 @@ def mode_violated(U, wt, cnt, Y, rounds, sweeps):
             for k in range(j + 1, K):
                 y = pair_search(U, wt, cnt, y, j, k, 30)
                 if price_gap(U, wt, cnt, y) > 1 + 1e-9:
+                    found[:] = y
                     return True
     return False
 
