@@ -129,3 +129,81 @@ def test_passes_use_the_tightened_target():
     plain = assign(l_, prof, fallback=False, target=1e-6)
     same = assign(l_, prof, fallback=False, target=1e-6, tighten=lambda e, beat: 1e-6)
     assert same == plain
+
+
+def _costs_reference(T, sb, th):
+    """u_ik as the minimum over each eligible mode's own row (the definition, before decision 102's prefix form)."""
+    from tidal.planner.bounds_modes import VB, mode_arrays
+
+    ca = sb.ca
+    tau, cap = mode_arrays(T, ca.C, ca.P)
+    B, K = sb.l_.size, ca.cnt.size
+    u = np.full((B, K), np.inf)
+    for i in range(B):
+        for k in range(K):
+            w, ln = sb.w[i, k], sb.l_[i]
+            if not np.isfinite(sb.wm[i, k]):
+                continue
+            for v in range(VB):
+                if not ca.C[k] + w <= tau[k, v] * (1 + 1e-12):
+                    continue
+                if th[k, v] == 2:  # one stage, merged mode: W + c tokens / M <= T
+                    u[i, k] = min(u[i, k], (w + ca.C[k] * ln / ca.M[k]) / T)
+                elif cap[k, v] < 0:
+                    continue
+                elif th[k, v] == 1:
+                    u[i, k] = min(u[i, k], (w / cap[k, v] if cap[k, v] > 0 else np.inf) if w > 0 else 0.0)
+                else:
+                    u[i, k] = min(u[i, k], ln / ((v + 1.0) * ca.M[k]))
+    return u
+
+
+def test_mode_costs_equal_the_per_mode_definition():
+    from tidal.planner.bounds import PipeCost, StrategyBound
+    from tidal.planner.bounds_modes import _costs, _thetas, mode_arrays
+
+    rng = np.random.default_rng(2)
+    kinds = [PipeCost(1e-3, 1.0, 0.5, 1, 64), PipeCost(0.5e-3, 0.5, 0.5, 2, 128), PipeCost(2e-4, 0.25, 1.0, 4, 200),
+             PipeCost(2e-3, 2.0, 0.1, 1, 8), PipeCost(1e-4, 0.3, 0.0, 2, 150), PipeCost(0.0, 0.0, 0.0, 1, 100),
+             PipeCost(3e-4, 0.2, 0.2, 1, 256, 0.7), PipeCost(1e-5, 0.01, 0.3, 1, 5)]
+    twos = 0
+    for _ in range(120):
+        pipes = [kinds[rng.integers(0, len(kinds))] for _ in range(rng.integers(1, 6))]
+        l_ = rng.integers(1, max(p.max_len for p in pipes) + 1, size=rng.integers(1, 60))
+        sb = StrategyBound(l_, pipes)
+        if sb.final is not None:
+            continue
+        for T in (sb.refined() * f for f in (0.8, 1.0, 1.05, 2.0, 30.0)):
+            th = _thetas(T, sb, mode_arrays(T, sb.ca.C, sb.ca.P)[1])[0]
+            twos += bool((th == 2).any())
+            rand = th.copy()
+            rand[:, :-1] = rng.integers(0, 2, size=rand[:, :-1].shape)
+            got = _costs(T, sb, np.array([th, rand]))
+            np.testing.assert_array_equal(got[0], _costs_reference(T, sb, th))
+            np.testing.assert_array_equal(got[1], _costs_reference(T, sb, rand))
+    assert twos > 0  # the one-stage merged row was exercised
+
+
+def test_one_stage_pipelines_of_many_micro_batches_are_charged_c_per_micro_batch():
+    # two one-stage pipelines of MaxLen 20 and 80 documents of 10 tokens: each runs >= 20 micro-batches, so the step
+    # takes >= 20 c + W / 2; the work bound relaxes V to a real number >= 1 and the mode bound merges V >= 12
+    # (decision 102: the merged mode's row w + c l / M sees V >= tokens / M)
+    from tidal.planner.bounds import PipeCost, StrategyBound
+    from tidal.planner.bounds_modes import mode_bound
+
+    p = PipeCost(0.0, 1e-3, 0.05, 1, 20)
+    lengths = np.full(80, 10)
+    opt = 20 * p.c + 40 * p.w1(10)  # 2 documents per micro-batch, 20 micro-batches each
+    est = assign(lengths, _profile([p, p]))[0]
+    assert est == pytest.approx(opt)
+    sb = StrategyBound(lengths, [p, p])
+    new = mode_bound(sb, sb.refined(), est)
+    assert sb.refined() < 0.8 * opt and opt * 0.995 <= new <= opt * (1 + 1e-9)
+
+
+def _profile(pipes):
+    from tidal.core import get_cluster, parse_strategy, place
+    from tidal.planner.select import StrategyProfile
+
+    strat = place(parse_strategy("+".join(["tp1"] * len(pipes))), get_cluster("cpux16"))
+    return StrategyProfile(strat, tuple(pipes), tuple((8,) for _ in pipes))

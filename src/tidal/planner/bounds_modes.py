@@ -89,7 +89,7 @@ def _costs(T: float, sb: StrategyBound, thetas: np.ndarray,
     ca = sb.ca
     tau, cap = mode_arrays(T, ca.C, ca.P) if arrays is None else arrays  # K x VB
     cw, w, l_, M, _ = _step_arrays(sb) if step is None else step
-    K = tau.shape[0]
+    K, C = tau.shape[0], ca.C
     v = np.arange(1, VB + 1, dtype=np.float64)
     out = np.empty((len(thetas), l_.size, K))
     for k in range(K):
@@ -98,20 +98,24 @@ def _costs(T: float, sb: StrategyBound, thetas: np.ndarray,
         last = np.maximum(n - 1, 0)
         allowed = cap[k] >= 0.0
         for r, th in enumerate(thetas):
-            work_mode = th[k] > 0.5
+            work_mode = (th[k] > 0.5) & (th[k] < 1.5)
             cbest = np.maximum.accumulate(np.where(work_mode & allowed, cap[k], -np.inf))[last]
-            vbest = np.maximum.accumulate(np.where(~work_mode & allowed, v, 0.0))[last]
+            vbest = np.maximum.accumulate(np.where((th[k] < 0.5) & allowed, v, 0.0))[last]
             with np.errstate(divide="ignore", invalid="ignore"):
                 work = np.where(w[:, k] > 0, np.where(cbest > 0, w[:, k] / cbest, np.inf),
                                 np.where(cbest > -np.inf, 0.0, np.inf))
                 tok = np.where(vbest > 0, l_ / (vbest * M[k]), np.inf)
-            out[r, :, k] = np.where(n > 0, np.minimum(work, tok), np.inf)
+            u = np.minimum(work, tok)
+            if th[k, -1] > 1.5 and T > 0:  # one stage, merged mode: (w + c l / M) / T (decision 102)
+                u = np.minimum(u, np.where(n == VB, (w[:, k] + C[k] * l_ / M[k]) / T, np.inf))
+            out[r, :, k] = np.where(n > 0, u, np.inf)
     return out
 
 
 def _thetas(T: float, sb: StrategyBound, cap: np.ndarray | None = None, step: tuple | None = None) -> np.ndarray:
     """theta variants (K x VB each; one at present): per mode work (1) or tokens (0), whichever a pipeline filled
-    with the step's mean document would exhaust first. (All-work, and tokens in mode 1 only, were tried as well: on
+    with the step's mean document would exhaust first; a one-stage class's merged mode may take the row
+    (w + c l / M) / T instead (2). (All-work, and tokens in mode 1 only, were tried as well: on
     the issue-9 cells they proved nothing more and doubled the cost.)"""
     ca = sb.ca
     if cap is None:
@@ -120,6 +124,10 @@ def _thetas(T: float, sb: StrategyBound, cap: np.ndarray | None = None, step: tu
     v = np.arange(1, VB + 1, dtype=np.float64)[None, :]
     th = (rho[:, None] * v * ca.M[:, None] >= cap).astype(np.float64)
     th[:, -1] = 1.0
+    # one stage (decision 102): in every mode v, W + v c <= T and tokens <= v M, so W + c tokens / M <= T; the merged
+    # mode takes that row (2) where a pipeline filled with the mean document would run more than VB micro-batches
+    one = ca.P == 1.0
+    th[one & (VB * ca.M * (rho + ca.C / ca.M) < T), -1] = 2.0
     return th[None]
 
 
