@@ -106,8 +106,9 @@ def _costs(T: float, sb: StrategyBound, thetas: np.ndarray,
                                 np.where(cbest > -np.inf, 0.0, np.inf))
                 tok = np.where(vbest > 0, l_ / (vbest * M[k]), np.inf)
             u = np.minimum(work, tok)
-            if th[k, -1] > 1.5 and T > 0:  # one stage, merged mode: (w + c l / M) / T (decision 102)
-                u = np.minimum(u, np.where(n == VB, (w[:, k] + C[k] * l_ / M[k]) / T, np.inf))
+            if T > 0 and np.any(th[k] > 1.5):  # one stage: the row (w + c l / M) / T in the modes marked 2
+                has = np.maximum.accumulate(th[k] > 1.5)[last]
+                u = np.minimum(u, np.where(has, (w[:, k] + C[k] * l_ / M[k]) / T, np.inf))
             out[r, :, k] = np.where(n > 0, u, np.inf)
     return out
 
