@@ -6,8 +6,9 @@
 
 Each record is one seeded step of one grid cell (hand candidates; the same cells as decision 89's check:
 llama2-13b a800x16 commoncrawl, llama2-7b a800x64 flanv2, llama-32b a800x256 github, plus llama2-7b a800x16 heavytail
-and stdlib): select_step's plan (StepPlan.to_dict without plan_ms), hashed. `--no-numba` hides numba
-(sys.modules["numba"] = None) so the plain-Python source runs; both modes must give the same hashes. Prints the
+and stdlib): select_step's plan (StepPlan.to_dict without plan_ms; with --no-bound also without lower_bound), hashed.
+`--no-numba` hides numba (sys.modules["numba"] = None) so the plain-Python source runs; both modes must give the same
+hashes. Prints the
 record count and, with --compare, every record that differs.
 """
 
@@ -25,7 +26,7 @@ CELLS = (("llama2-13b", "a800x16", "commoncrawl"), ("llama2-7b", "a800x64", "fla
          ("llama2-7b", "a800x16", "stdlib"))
 
 
-def fingerprints(steps: int, seeds: list[int]) -> dict[str, str]:
+def fingerprints(steps: int, seeds: list[int], bound: bool = True) -> dict[str, str]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from planner_grid import MAX_LEN, TOKENS, Grid
 
@@ -44,7 +45,10 @@ def fingerprints(steps: int, seeds: list[int]) -> dict[str, str]:
                                    steps=steps)[0]
                 for k, st in enumerate(sts):
                     plan = select_step(st.lengths_array(), profs, seed=0).plan
-                    blob = json.dumps(plan.to_dict(timings=False), sort_keys=True).encode()
+                    d = plan.to_dict(timings=False)
+                    if not bound:
+                        d.pop("lower_bound")
+                    blob = json.dumps(d, sort_keys=True).encode()
                     out[f"{model}/{cluster}/{source}/seed{seed}/step{k}"] = hashlib.sha256(blob).hexdigest()[:16]
     return out
 
@@ -56,6 +60,8 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,10")
     ap.add_argument("--no-numba", action="store_true", help="hide numba: run the plain-Python source")
     ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
+    ap.add_argument("--no-bound", action="store_true", help="hash the plans without their lower bound (decision 102: "
+                    "a change that only tightens the reported bound)")
     a = ap.parse_args()
     if a.compare:
         b, c = (json.loads(Path(p).read_text()) for p in a.compare)
@@ -66,7 +72,7 @@ def main() -> None:
         sys.exit(1 if diff else 0)
     if a.no_numba:
         sys.modules["numba"] = None  # type: ignore[assignment]
-    fp = fingerprints(a.steps, [int(s) for s in a.seeds.split(",")])
+    fp = fingerprints(a.steps, [int(s) for s in a.seeds.split(",")], bound=not a.no_bound)
     print(f"{len(fp)} records")
     if a.out:
         Path(a.out).write_text(json.dumps(fp, indent=0, sort_keys=True))

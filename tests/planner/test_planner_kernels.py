@@ -1,6 +1,7 @@
-"""The planner's loops are written once (kernels.py, kernels_pack.py, baselines/hydraulis.py; decisions 89, 96):
-compiled with numba (`COMPILED`) and run as plain Python (`PLAIN`, the fallback without numba), they make the same
-choices, float for float. The last test plans in a process where numba is hidden and compares the plans."""
+"""The planner's loops are written once (kernels.py, kernels_pack.py, kernels_modes.py, baselines/hydraulis.py;
+decisions 89, 96, 102): compiled with numba (`COMPILED`) and run as plain Python (`PLAIN`, the fallback without
+numba), they make the same choices, float for float. The last test plans in a process where numba is hidden and
+compares the plans."""
 
 import numpy as np
 import pytest
@@ -168,10 +169,10 @@ def test_compiled_top_docs_bound_matches_plain():
 
 
 def test_compiled_mode_price_search_matches_plain():
-    """bounds_modes.violated (3+ classes): the price search (kernels_pack.mode_violated) compiled and as plain
-    Python reaches the same verdict. The pipeline counts are scaled around the first price row's own ratio, so both
-    verdicts occur."""
-    from tidal.planner import kernels_pack as kp
+    """bounds_modes.violated (3+ classes): the price search (kernels_modes.mode_violated, with and without the pair
+    line searches of decision 102) compiled and as plain Python reaches the same verdict. The pipeline counts are
+    scaled around the first price row's own ratio, so both verdicts occur."""
+    from tidal.planner import kernels_modes as kp
     from tidal.planner.bounds_modes import violated
     rng = np.random.default_rng(7)
     verdicts = set()
@@ -186,9 +187,9 @@ def test_compiled_mode_price_search_matches_plain():
         cnt = rng.integers(1, 20, size=K).astype(np.float64)
         lhs = float(np.where(np.isfinite(U), Y[0] * U, np.inf).min(axis=1) @ wt)
         cnt *= lhs / float(Y[0] @ cnt) * rng.uniform(0.8, 1.3)
-        for rounds in (0, 6):
-            got = violated(U, wt, cnt, Y, rounds, loops=kp.COMPILED)
-            assert got == violated(U, wt, cnt, Y, rounds, loops=kp.PLAIN)
+        for rounds, sweeps in ((0, 0), (6, 0), (6, 2)):
+            got = violated(U, wt, cnt, Y, rounds, loops=kp.COMPILED, sweeps=sweeps)
+            assert got == violated(U, wt, cnt, Y, rounds, loops=kp.PLAIN, sweeps=sweeps)
             verdicts.add(got)
     assert verdicts == {True, False}
 

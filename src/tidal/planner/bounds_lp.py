@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
 NB = 128  # length buckets of the LP (VB = 24 explicit modes instead of 12: no cell gained, twice the cost)
 LP_SOLVES = 3  # LPs per candidate
+RETRY = 0.02  # lp_bound's second LP, at lo / (1 + RETRY), when the first one proves nothing (decision 102)
 CHECKS = 20  # numpy bisection steps per LP's prices (0.1 ms each; 10 left 1.0100015 on llama2-7b a800x16 hand github)
 
 
@@ -141,15 +142,22 @@ def lp_prices(T: float, sb: StrategyBound, nb: int = NB) -> tuple[float, np.ndar
 
 def lp_bound(sb: StrategyBound, lo: float, hi: float, solves: int = LP_SOLVES, nb: int = NB) -> float:
     """The largest T in (lo, hi] proven by LP-priced certificates (times 1 - SLACK), or lo. At most `solves` LPs:
-    the first at lo (1 + MIN_GAIN), which ends the search when even that is feasible; each later one at the midpoint
-    of the proven and the unproven; after each, its prices are tried further up by bisection."""
+    the first at lo (1 + MIN_GAIN) (when its prices prove nothing, those of one more LP at lo / (1 + RETRY) are
+    tried there, and the search ends when they fail too); each later one at the midpoint of the proven and the
+    unproven; after each, its prices are tried further up by bisection."""
     if sb.final is not None or not hi > lo:
         return lo
     a, b = lo, hi  # a: proven (or lo); b: not proven
     T = min(hi, lo * (1 + MIN_GAIN))
-    for _ in range(solves):
+    for it in range(solves):
         out = lp_prices(T, sb, nb)
         proven = _fits_nowhere(T, sb) if out is None else (out[0] > 0 and certified(T, sb, out[1], out[2]))
+        if not proven and it == 0:
+            # the LP's lengths are rounded down, so it can be feasible just above a good lo while the prices of an
+            # LP further down still certify the exact lengths above lo (decision 102): one more LP at lo / 1.02
+            low = lp_prices(lo / (1 + RETRY), sb, nb)
+            if low is not None and low[0] > 0 and certified(T, sb, low[1], low[2]):
+                out, proven = low, True
         if not proven:
             if a == lo:
                 break  # nothing to gain even just above lo

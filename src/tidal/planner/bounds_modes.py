@@ -43,6 +43,10 @@ from tidal.planner.bounds import SLACK, StrategyBound
 
 VB = 12  # modes 1 .. VB - 1 explicit, v >= VB merged
 MIN_GAIN = 1e-3  # mode_bound gives up at once when it cannot raise the bound by this factor
+NEAR = 1e-3  # mode_bound's third probe, hi / (1 + NEAR): the improvement passes' smallest gap (decision 102)
+MODE_ITERS, MODE_ITERS_MANY = 7, 4  # mode_search's bisection steps (with 3+ classes: a price search per point)
+TIGHTEN_ITERS = 2  # select_step's search before the passes bisects this often; the reported bound resumes it
+SWEEPS = 2  # pair line-search sweeps of the price search with 3+ classes (decision 102)
 
 
 def mode_arrays(T: float, C: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -63,46 +67,68 @@ def mode_arrays(T: float, C: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.
     return tau, cap
 
 
-def _step_arrays(sb: StrategyBound) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """What _costs needs that does not depend on T (computed once per mode_bound, the same floats): where w is
-    finite (B x K x 1), w (B x K x 1), c + w (B x K x 1) and the token terms l_i / (v M_k) (B x K x VB)."""
+def _step_arrays(sb: StrategyBound) -> tuple:
+    """What _costs and _thetas need that does not depend on T (computed once per mode_bound): per class (columns)
+    c + w where w is finite (-inf where the document does not fit the class), w, l, M, and the work per token of a
+    pipeline filled with the step's mean document."""
     ca = sb.ca
-    w3 = sb.w[:, :, None]
-    v = np.arange(1, VB + 1, dtype=np.float64)
-    tok = sb.l_[:, None, None] / (v[None, None, :] * ca.M[None, :, None])
-    return np.isfinite(sb.wm)[:, :, None], w3, ca.C[None, :, None] + w3, tok
+    fits = np.isfinite(sb.wm)
+    cw = np.where(fits, ca.C[None, :] + sb.w, np.inf)
+    rho = (sb.w * sb.wt[:, None]).sum(axis=0) / max(float((sb.l_ * sb.wt).sum()), 1e-300)  # work per token, per class
+    return cw, sb.w, sb.l_, ca.M, rho
 
 
 def _costs(T: float, sb: StrategyBound, thetas: np.ndarray,
            arrays: tuple[np.ndarray, np.ndarray] | None = None, step: tuple | None = None) -> np.ndarray:
-    """u_ik(T) for each theta variant: array (R_theta, B, K); inf where document i fits class k in no mode.
-    `arrays`: mode_arrays(T, ...), `step`: _step_arrays(sb), when the caller has them."""
+    """u_ik(T) for each theta variant (each K x VB of 0 or 1): array (R_theta, B, K); inf where document i fits class k
+    in no mode. `arrays`: mode_arrays(T, ...), `step`: _step_arrays(sb), when the caller has them.
+    Document i is eligible in mode v of class k when c + w_ik <= tau_kv, and tau falls with v, so its modes are
+    1 .. n_ik (decision 102): the least work term is w_ik over the largest C_v among the work modes (theta 1) up to
+    n_ik, the least token term l_i over (the largest token mode up to n_ik) x M_k. Division is monotone, so this is
+    exactly the minimum over the eligible modes."""
     ca = sb.ca
     tau, cap = mode_arrays(T, ca.C, ca.P) if arrays is None else arrays  # K x VB
-    finite, w3, cw, tok = _step_arrays(sb) if step is None else step
-    elig = finite & (cw <= tau[None, :, :] * (1 + 1e-12)) & (cap[None, :, :] >= 0.0)  # B x K x VB
-    with np.errstate(divide="ignore", invalid="ignore"):
-        work = np.where(w3 > 0, w3 / np.where(cap > 0, cap, 1.0)[None], 0.0)
-    out = []
-    for th in thetas:  # th: K x VB (merged column forced to 1)
-        # th is 0 or 1 and work, tok are finite and >= 0, so th work + (1 - th) tok is exactly one of them
-        u = np.where(th[None] > 0.5, work, tok) if np.all((th == 0.0) | (th == 1.0)) else \
-            th[None] * work + (1.0 - th[None]) * tok
-        out.append(np.where(elig, u, np.inf).min(axis=2))
-    return np.array(out)
+    cw, w, l_, M, _ = _step_arrays(sb) if step is None else step
+    K, C = tau.shape[0], ca.C
+    v = np.arange(1, VB + 1, dtype=np.float64)
+    out = np.empty((len(thetas), l_.size, K))
+    for k in range(K):
+        # eligible modes of each document: tau non-increasing in v, so a count (searchsorted on -tau, ascending)
+        n = np.searchsorted(-(tau[k] * (1 + 1e-12)), -cw[:, k], side="right")
+        last = np.maximum(n - 1, 0)
+        allowed = cap[k] >= 0.0
+        for r, th in enumerate(thetas):
+            work_mode = (th[k] > 0.5) & (th[k] < 1.5)
+            cbest = np.maximum.accumulate(np.where(work_mode & allowed, cap[k], -np.inf))[last]
+            vbest = np.maximum.accumulate(np.where((th[k] < 0.5) & allowed, v, 0.0))[last]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                work = np.where(w[:, k] > 0, np.where(cbest > 0, w[:, k] / cbest, np.inf),
+                                np.where(cbest > -np.inf, 0.0, np.inf))
+                tok = np.where(vbest > 0, l_ / (vbest * M[k]), np.inf)
+            u = np.minimum(work, tok)
+            if T > 0 and np.any(th[k] > 1.5):  # one stage: the row (w + c l / M) / T in the modes marked 2
+                has = np.maximum.accumulate(th[k] > 1.5)[last]
+                u = np.minimum(u, np.where(has, (w[:, k] + C[k] * l_ / M[k]) / T, np.inf))
+            out[r, :, k] = np.where(n > 0, u, np.inf)
+    return out
 
 
-def _thetas(T: float, sb: StrategyBound, cap: np.ndarray | None = None) -> np.ndarray:
+def _thetas(T: float, sb: StrategyBound, cap: np.ndarray | None = None, step: tuple | None = None) -> np.ndarray:
     """theta variants (K x VB each; one at present): per mode work (1) or tokens (0), whichever a pipeline filled
-    with the step's mean document would exhaust first. (All-work, and tokens in mode 1 only, were tried as well: on
+    with the step's mean document would exhaust first; a one-stage class's merged mode may take the row
+    (w + c l / M) / T instead (2). (All-work, and tokens in mode 1 only, were tried as well: on
     the issue-9 cells they proved nothing more and doubled the cost.)"""
     ca = sb.ca
     if cap is None:
         _, cap = mode_arrays(T, ca.C, ca.P)
+    rho = (_step_arrays(sb) if step is None else step)[4]
     v = np.arange(1, VB + 1, dtype=np.float64)[None, :]
-    rho = (sb.w * sb.wt[:, None]).sum(axis=0) / max(float((sb.l_ * sb.wt).sum()), 1e-300)  # work per token, per class
     th = (rho[:, None] * v * ca.M[:, None] >= cap).astype(np.float64)
     th[:, -1] = 1.0
+    # one stage (decision 102): in every mode v, W + v c <= T and tokens <= v M, so W + c tokens / M <= T; the merged
+    # mode takes that row (2) where a pipeline filled with the mean document would run more than VB micro-batches
+    one = ca.P == 1.0
+    th[one & (VB * ca.M * (rho + ca.C / ca.M) < T), -1] = 2.0
     return th[None]
 
 
@@ -131,28 +157,31 @@ def _violated_two(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray) -> bool:
 
 
 def violated(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray, Y: np.ndarray, rounds: int,
-             loops: SimpleNamespace | None = None) -> bool:
+             loops: SimpleNamespace | None = None, sweeps: int = SWEEPS, found: np.ndarray | None = None) -> bool:
     """Some price row (from Y, R x K, or multiplicative updates of the best of them: raise the prices of the classes
-    whose argmin-assigned cost exceeds their pipeline count) certifies sum_i min_k y_k u_ik > sum_k y_k cnt_k. Two
-    classes: exactly (_violated_two). Three or more: kernels_pack.mode_violated (the one source; `loops`:
-    kernels_pack.loops(), compiled where numba is installed, unless given)."""
+    whose argmin-assigned cost exceeds their pipeline count; then `sweeps` sweeps of exact line searches along each
+    pair of classes, decision 102) certifies sum_i min_k y_k u_ik > sum_k y_k cnt_k. Two classes: exactly
+    (_violated_two). Three or more: kernels_modes.mode_violated (the one source; `loops`: kernels_modes.loops(),
+    compiled where numba is installed, unless given). `found` (K), 3+ classes: receives the certifying row."""
     if cnt.size == 2:
         return _violated_two(U, wt, cnt)
     if loops is None:
-        from tidal.planner import kernels_pack
+        from tidal.planner import kernels_modes
 
-        loops = kernels_pack.loops()
+        loops = kernels_modes.loops()
     f = np.float64
     return bool(loops.mode_violated(np.ascontiguousarray(U, f), np.ascontiguousarray(wt, f),
-                                    np.ascontiguousarray(cnt, f), np.ascontiguousarray(Y, f), int(rounds)))
+                                    np.ascontiguousarray(cnt, f), np.ascontiguousarray(Y, f), int(rounds),
+                                    int(sweeps), np.zeros(cnt.size) if found is None else found))
 
 
-def infeasible(T: float, sb: StrategyBound, Y: np.ndarray, rounds: int = 6, step: tuple | None = None) -> bool:
+def infeasible(T: float, sb: StrategyBound, Y: np.ndarray, rounds: int = 6, step: tuple | None = None,
+               found: np.ndarray | None = None) -> bool:
     """True when some theta variant and price vector prove that no plan has step time <= T (see the module doc; any
     certificate found is valid, the search only makes finding one likelier). One class: the costs of all documents
-    must fit in its pipeline count. `step`: _step_arrays(sb), when the caller has it."""
+    must fit in its pipeline count. `step`: _step_arrays(sb), when the caller has it; `found`: see `violated`."""
     arrays = mode_arrays(T, sb.ca.C, sb.ca.P)  # the same T: computed once for the thetas and the costs
-    U = _costs(T, sb, _thetas(T, sb, arrays[1]), arrays, step)  # Rt x B x K
+    U = _costs(T, sb, _thetas(T, sb, arrays[1], step), arrays, step)  # Rt x B x K
     if not np.all(np.isfinite(U[0].min(axis=1))):
         return True  # some document fits nowhere at T (eligibility does not depend on theta)
     cnt, wt = sb.ca.cnt, sb.wt
@@ -160,27 +189,57 @@ def infeasible(T: float, sb: StrategyBound, Y: np.ndarray, rounds: int = 6, step
         if cnt.size == 1:
             if float(Ut[:, 0] @ wt) > cnt[0] * (1 + 1e-9):
                 return True
-        elif violated(Ut, wt, cnt, Y, rounds):
+        elif violated(Ut, wt, cnt, Y, rounds, found=found):
             return True
     return False
 
 
-def mode_bound(sb: StrategyBound, lo: float, hi: float, iters: int = 7) -> float:
-    """The largest T in (lo, hi] that `infeasible` proves within `iters` bisection steps (times 1 - SLACK), or lo
-    when it cannot prove lo * (1 + MIN_GAIN)."""
+def mode_bound(sb: StrategyBound, lo: float, hi: float, iters: int = MODE_ITERS, near: float = NEAR) -> float:
+    """The largest T in (lo, hi] that `infeasible` proves (times 1 - SLACK), or lo when it cannot prove
+    lo * (1 + MIN_GAIN): mode_search's bound."""
+    return mode_search(sb, lo, hi, iters, near)[0]
+
+
+def mode_search(sb: StrategyBound, lo: float, hi: float, iters: int = MODE_ITERS, near: float = NEAR,
+                resume: bool = False) -> tuple[float, float]:
+    """(bound, unproven): the largest T in (lo, hi] that `infeasible` proves (times 1 - SLACK), or lo when it cannot
+    prove lo * (1 + MIN_GAIN); and the least T tried that it did not prove (hi when none), where a later search may
+    stop (decision 102). After lo * (1 + MIN_GAIN) and hi, it tries hi / (1 + near) (decision 102: a plan within
+    `near` of its bound gets no improvement pass), then bisects for `iters` steps (at most 4 with 3+ classes).
+    `resume`: lo is what an earlier search proved and hi what it could not, so only the bisection runs."""
     if sb.final is not None or not hi > lo:
-        return lo
-    Y = np.vstack(sb.prices())
+        return lo, hi
+    Y0 = np.vstack(sb.prices())
     step = _step_arrays(sb)  # the same for every T tried
+    found = np.zeros(sb.ca.cnt.size)  # 3+ classes: the last certifying prices, tried first at the next T
+    warm = [Y0]
+
+    def proves(T: float) -> bool:
+        ok = infeasible(T, sb, warm[0], step=step, found=found)
+        if ok and sb.ca.cnt.size > 2 and found.sum() > 0:
+            warm[0] = np.vstack([found, Y0])
+        return ok
+
     a, b = min(lo * (1 + MIN_GAIN), hi), hi
-    if not infeasible(a, sb, Y, step=step):  # most candidates: nothing (or less than MIN_GAIN) to gain, one evaluation
-        return lo
-    if infeasible(b, sb, Y, step=step):
-        return max(lo, b * (1 - SLACK))
-    for _ in range(iters if sb.ca.cnt.size <= 2 else min(iters, 4)):  # 3+ classes: a price search per point
+    if resume:
+        if hi <= lo * (1 + MIN_GAIN):
+            return lo, hi
+        a = lo
+    else:
+        if not proves(a):  # most candidates: nothing (or < MIN_GAIN) to gain, one evaluation
+            return lo, a
+        if proves(b):
+            return max(lo, b * (1 - SLACK)), b
+        m = hi / (1 + near)
+        if near > 0 and m > a:
+            if proves(m):
+                a = m
+            else:
+                b = m
+    for _ in range(iters if sb.ca.cnt.size <= 2 else min(iters, MODE_ITERS_MANY)):  # 3+ classes: a price search
         m = 0.5 * (a + b)
-        if infeasible(m, sb, Y, step=step):
+        if proves(m):
             a = m
         else:
             b = m
-    return max(lo, a * (1 - SLACK))
+    return max(lo, a * (1 - SLACK)), b

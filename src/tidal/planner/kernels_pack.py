@@ -1,8 +1,8 @@
 """The packer's and the bounds' loops, written once (see kernels.py and decisions 49, 89 and 96).
 
 The packer (packing.pack): LPT, the move/swap rounds, FFD and the search over micro-batch counts. The bounds: the
-top-documents branch and bound (bounds.top_docs_bound: `top_search`, `ts_expand`) and the mode bound's price search
-(bounds_modes.violated: `mode_violated`). They are their only implementation: `COMPILED` holds them compiled
+top-documents branch and bound (bounds.top_docs_bound: `top_search`, `ts_expand`); the mode bound's price search is in
+kernels_modes.py. They are their only implementation: `COMPILED` holds them compiled
 (numba.njit, cached on disk) where numba is installed, `PLAIN` holds the same functions as plain Python
 (kernels.plain), and `loops()` picks the first available. The tests run both on seeded inputs and compare them
 float for float.
@@ -361,71 +361,14 @@ def top_search(top, A, B, D, C, Q, M, cnt, limit):
     return best
 
 
-def mode_violated(U, wt, cnt, Y, rounds):
-    """bounds_modes.violated's price search for three or more classes: does some price row y certify
-    sum_i min_k y_k U[i, k] wt[i] > (1 + 1e-9) sum_k y_k cnt[k]? The rows are Y's (R x K), then `rounds` multiplicative
-    updates of the best row (the one with the largest ratio of the two sides): each class's price is raised by its
-    argmin-assigned cost over its pipeline count (clipped to [0.25, 4]) to the powers 0.25, 0.5 and 1 (damped by
-    1 + it / 4), giving three normalised rows. Infinite U[i, k]: document i does not fit class k. Any row found is a
-    valid certificate (the inequality is checked as computed)."""
-    K = U.shape[1]
-    B = U.shape[0]
-    expo = np.array([0.25, 0.5, 1.0])
-    ys = Y.copy()
-    for it in range(rounds + 1):
-        best, rb = -np.inf, 0
-        for r in range(ys.shape[0]):
-            lhs = 0.0
-            for i in range(B):
-                m = np.inf
-                for k in range(K):
-                    if np.isfinite(U[i, k]):
-                        v = ys[r, k] * U[i, k]
-                        if v < m:
-                            m = v
-                lhs += m * wt[i]
-            rhs = 0.0
-            for k in range(K):
-                rhs += ys[r, k] * cnt[k]
-            gap = lhs / max(rhs, 1e-300)
-            if gap > 1 + 1e-9:
-                return True
-            if gap > best:
-                best, rb = gap, r
-        load = np.zeros(K)
-        for i in range(B):
-            m, kb = np.inf, 0
-            for k in range(K):
-                if np.isfinite(U[i, k]):
-                    v = ys[rb, k] * U[i, k]
-                    if v < m:
-                        m, kb = v, k
-            load[kb] += U[i, kb] * wt[i]
-        ratio = np.empty(K)
-        for k in range(K):
-            ratio[k] = min(max((load[k] + 1e-30) / max(cnt[k], 1e-30), 0.25), 4.0)
-        nxt = np.empty((3, K))
-        for j in range(3):
-            tot = 0.0
-            for k in range(K):
-                nxt[j, k] = ys[rb, k] * ratio[k] ** (expo[j] / (1 + it / 4))
-                tot += nxt[j, k]
-            for k in range(K):
-                nxt[j, k] = nxt[j, k] / tot
-        ys = nxt
-    return False
-
-
 # the packer's loops by the names their callers use, plain and compiled
 _PACK = {"lpt": _lpt, "refine": _refine, "ffd": ffd, "pack_score": pack_score, "pack_attempt": pack_attempt,
-         "pack_search": _pack_search, "ts_expand": ts_expand, "top_search": top_search,
-         "mode_violated": mode_violated}
+         "pack_search": _pack_search, "ts_expand": ts_expand, "top_search": top_search}
 PLAIN = plain(_PACK, {"np": np, "pipe_value": pipe_value, "packed_value": packed_value, "bound_value": bound_value})
 
 if AVAILABLE:
     _pc = compile_pipecost()
     bound_value, pipe_value, packed_value = _pc["bound_value"], _pc["pipe_value"], _pc["packed_value"]
-    mode_violated = njit(cache=True)(mode_violated)
     lpt = njit(cache=True)(_lpt)
     refine = njit(cache=True)(_refine)
     ffd = njit(cache=True)(ffd)
@@ -435,8 +378,7 @@ if AVAILABLE:
     ts_expand = njit(cache=True)(ts_expand)
     top_search = njit(cache=True)(top_search)
     COMPILED = types.SimpleNamespace(lpt=lpt, refine=refine, ffd=ffd, pack_score=pack_score, pack_attempt=pack_attempt,
-                                     pack_search=pack_search, ts_expand=ts_expand, top_search=top_search,
-                                     mode_violated=mode_violated)
+                                     pack_search=pack_search, ts_expand=ts_expand, top_search=top_search)
 else:  # pragma: no cover
     COMPILED = None
 

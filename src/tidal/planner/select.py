@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +17,7 @@ from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.planner.baselines.hydraulis import dispatch_hydraulis
 from tidal.planner.bounds import PipeCost, StrategyBound, check_lengths, pipeline_bound, prepare_lengths
-from tidal.planner.bounds_modes import mode_bound
+from tidal.planner.bounds_modes import MODE_ITERS, MODE_ITERS_MANY, TIGHTEN_ITERS, mode_bound, mode_search
 from tidal.planner.charges import charge
 from tidal.planner.config import DEFAULT, PlannerConfig
 from tidal.planner.dispatch import dispatch, dispatch_alternatives
@@ -67,7 +67,8 @@ def _mb_times(l_: np.ndarray, mbs, pc: PipeCost) -> np.ndarray:
 def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack, seed: int = 0,
            exact: bool = False, target: float = 0.0, deadline: float | None = None,
            fallback: bool = True, improve_below: float = float("inf"), allowance: Allowance | None = None,
-           config: PlannerConfig = DEFAULT) -> tuple[float, tuple[PipelinePlan, ...]]:
+           config: PlannerConfig = DEFAULT,
+           tighten: Callable[[float, float], float] | None = None) -> tuple[float, tuple[PipelinePlan, ...]]:
     """Two-stage assignment on one strategy: (step estimate, per-pipeline plans with step indices). `target` (a
     lower bound) lets the dispatch local search stop once it meets it (nothing better exists); `deadline` (perf_counter)
     cuts the local search short. `config` (config.PlannerConfig) holds every knob. The first dispatch and its
@@ -78,7 +79,11 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
     (passes.Allowance): select_step's per-step allowances; None: no limit. With `fallback`, Hydraulis' dispatch
     (dispatch_hydraulis, config.hydraulis_trials shuffles, `seed`) followed by the same packer is also tried when its
     dispatch cost (a lower bound on its packed time) is below our estimate, and the better plan kept: the result is
-    never worse than that baseline (unless the deadline passed before it ran)."""
+    never worse than that baseline (unless the deadline passed before it ran). `tighten(est, improve_below)`: a
+    valid lower bound on this candidate's plans, at least `target` (searched up to the smaller argument), asked for
+    once before the passes when the plan is above `target` by more than config.tighten_gap and the candidate can
+    still beat `improve_below` (select_step gives the mode bound, decision 102); the passes then use it as their
+    target (none runs once it reaches `improve_below`)."""
     cfg = config
     l_ = np.asarray(lengths, dtype=np.int64)
     if exact:
@@ -98,7 +103,11 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
             if est2 < est:
                 est, plans = est2, plans2
         if cfg.passes:
-            ctx = Context(l_, prof, packer, seed, target, deadline, cfg, first.objective)
+            tgt = target
+            if tighten is not None and target < improve_below and est > target * (1 + cfg.tighten_gap) \
+                    and (deadline is None or time.perf_counter() < deadline):
+                tgt = max(target, tighten(est, improve_below))
+            ctx = Context(l_, prof, packer, seed, tgt, deadline, cfg, first.objective)
             est, plans = improve(ctx, est, plans, Allowance() if allowance is None else allowance, improve_below)
     if fallback and est > target and (deadline is None or time.perf_counter() < deadline):
         hy = _hydraulis_plan(l_, prof, packer, seed, exact, est)
@@ -168,6 +177,25 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
             bounds[i] = max(bounds[i], sb.refined() + off[i])
             refined[i] = True
 
+    # the mode bound searched before the passes (decision 102): the least T it tried and did not prove, per candidate
+    # (without the charges' floor); the reported bound's search resumes below it
+    unproven = [float("inf")] * len(profiles)
+
+    def tighten(k: int) -> Callable[[float, float], float] | None:
+        """assign's `tighten` for candidate k: its bound raised by the mode bound up to min(e, beat) (without the
+        charges' floor, like assign's target), with TIGHTEN_ITERS bisection steps."""
+        if not (modes and cfg.tighten):
+            return None
+
+        def up(e: float, beat: float) -> float:
+            if unproven[k] == float("inf"):
+                sb = sbs[k]
+                assert sb is not None
+                b, unproven[k] = mode_search(sb, bounds[k] - off[k], min(e, beat), TIGHTEN_ITERS)
+                bounds[k] = max(bounds[k], b + off[k])
+            return bounds[k] - off[k]
+        return up
+
     def charged(k: int, res):
         if res is None or profiles[k].charges is None:
             return res
@@ -198,7 +226,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
         est, plans = charged(k, assign(l_, profiles[k], packer=packer, seed=seed, exact=exact,
                                        target=bounds[k] - off[k], deadline=deadline, fallback=False,
                                        improve_below=float("inf") if best is None else best[0] / (1 + tol) - off[k],
-                                       allowance=allowance, config=cfg))
+                                       allowance=allowance, config=cfg, tighten=tighten(k)))
         ests[k] = est
         if best is None or (est, k) < (best[0], best[1]):
             best = (est, k, plans)
@@ -231,10 +259,17 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
         refine(i)
         on_time = deadline is None or time.perf_counter() <= deadline
         if modes and on_time and bounds[i] * (1 + cfg.mode_gap) < min(lb, est):
-            # the mode-aware bound (bounds_modes), searched only up to what can still lower the step bound
+            # the mode-aware bound (bounds_modes), searched only up to what can still lower the step bound (and below
+            # what the search before the passes could not prove)
             sb = sbs[i]
             assert sb is not None
-            bounds[i] = max(bounds[i], mode_bound(sb, bounds[i] - off[i], min(lb, est) - off[i]) + off[i])
+            hi = min(lb, est) - off[i]
+            if hi < unproven[i]:  # searched before the passes up to a higher T: a fresh search below hi
+                bounds[i] = max(bounds[i], mode_bound(sb, bounds[i] - off[i], hi) + off[i])
+            else:  # resume that search's bisection (as many steps in all as a fresh search makes)
+                rest = (MODE_ITERS if sb.ca.cnt.size <= 2 else MODE_ITERS_MANY) - TIGHTEN_ITERS
+                bounds[i] = max(bounds[i], mode_search(sb, bounds[i] - off[i], unproven[i], rest, resume=True)[0]
+                                + off[i])
         lb = min(lb, bounds[i])
     prof = profiles[k]
     reports = []

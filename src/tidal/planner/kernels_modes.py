@@ -1,0 +1,177 @@
+"""The mode bound's price search (bounds_modes.violated, three or more classes), written once (decisions 67, 102).
+
+Given the costs U (documents x classes; inf where a document fits a class in no mode), the document counts wt and the
+pipeline counts cnt, the question is whether some prices y >= 0 certify
+
+    g(y) = sum_i wt_i min_k y_k U[i, k] - (1 + 1e-9) sum_k y_k cnt_k > 0.
+
+g is concave, piecewise linear and positively homogeneous, so y may be kept on the simplex. `mode_violated` first
+tries the given rows and multiplicative updates of the best one (decision 67), then, from the best row found, a few
+sweeps of exact line searches along each pair of classes (decision 102): moving price between classes j and k
+(y_j + y_k fixed) changes g along a concave piecewise-linear function of the share s = y_j / (y_j + y_k); its right
+derivative is nonincreasing in s, so bisection on its sign finds the maximiser. Every row is checked as computed, so a
+verdict True is a valid certificate however the rows were found; the search only makes one likelier.
+
+`COMPILED` (numba.njit, cached on disk) where numba is installed, `PLAIN` the same source as plain Python
+(kernels.plain), `loops()` the first available. Import lazily (importing numba takes a second).
+"""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+
+from tidal.planner.kernels import AVAILABLE, njit, plain
+
+
+def price_gap(U, wt, cnt, y):
+    """sum_i wt_i min_k y_k U[i, k] over sum_k y_k cnt_k (inf entries of U skipped)."""
+    K = U.shape[1]
+    lhs = 0.0
+    for i in range(U.shape[0]):
+        m = np.inf
+        for k in range(K):
+            if np.isfinite(U[i, k]):
+                v = y[k] * U[i, k]
+                if v < m:
+                    m = v
+        lhs += m * wt[i]
+    rhs = 0.0
+    for k in range(K):
+        rhs += y[k] * cnt[k]
+    return lhs / max(rhs, 1e-300)
+
+
+def pair_search(U, wt, cnt, y, j, k, iters):
+    """y (on the simplex) with the price of classes j and k redistributed (y_j + y_k = a fixed) to maximise g along
+    that line: the share s = y_j / a where the right derivative of g changes sign, found by `iters` bisection steps.
+    Per document, with m the least price-weighted cost over the other classes, its term min(s a U_j, (1 - s) a U_k, m)
+    has slope a U_j while s < slo, -a U_k while s >= shi, 0 in between."""
+    a = y[j] + y[k]
+    out = y.copy()
+    if a <= 0.0:
+        return out
+    B, K = U.shape[0], U.shape[1]
+    slo = np.empty(B)
+    shi = np.empty(B)
+    for i in range(B):
+        m = np.inf
+        for h in range(K):
+            if h != j and h != k and np.isfinite(U[i, h]):
+                v = y[h] * U[i, h]
+                if v < m:
+                    m = v
+        uj, uk = U[i, j], U[i, k]
+        fj, fk = np.isfinite(uj), np.isfinite(uk)
+        s1 = m / (a * uj) if (fj and uj > 0.0 and np.isfinite(m)) else np.inf
+        s2 = 1.0 - m / (a * uk) if (fk and uk > 0.0 and np.isfinite(m)) else -np.inf
+        if fj and fk:
+            s3 = uk / (uj + uk) if uj + uk > 0.0 else 0.5
+            slo[i] = min(s1, s3)
+            shi[i] = max(s2, s3)
+        elif fj:
+            slo[i], shi[i] = s1, np.inf
+        elif fk:
+            slo[i], shi[i] = -np.inf, s2
+        else:
+            slo[i], shi[i] = -np.inf, np.inf
+    lo, hi = 0.0, 1.0
+    for it in range(iters + 2):
+        s = 0.0 if it == 0 else (1.0 if it == 1 else 0.5 * (lo + hi))
+        d = -(cnt[j] - cnt[k])
+        for i in range(B):
+            if s < slo[i]:
+                d += wt[i] * U[i, j]
+            elif s >= shi[i]:
+                d -= wt[i] * U[i, k]
+        if it == 0:
+            if d <= 0.0:
+                hi = 0.0
+                break
+        elif it == 1:
+            if d > 0.0:
+                lo = 1.0
+                break
+        elif d > 0.0:
+            lo = s
+        else:
+            hi = s
+    s = lo if lo == 1.0 else hi
+    out[j] = s * a
+    out[k] = (1.0 - s) * a
+    return out
+
+
+def mode_violated(U, wt, cnt, Y, rounds, sweeps, found):
+    """bounds_modes.violated's price search for three or more classes: does some price row y certify
+    sum_i min_k y_k U[i, k] wt[i] > (1 + 1e-9) sum_k y_k cnt[k]? The rows are Y's (R x K), then `rounds` multiplicative
+    updates of the best row (the one with the largest ratio of the two sides): each class's price is raised by its
+    argmin-assigned cost over its pipeline count (clipped to [0.25, 4]) to the powers 0.25, 0.5 and 1 (damped by
+    1 + it / 4), giving three normalised rows; then `sweeps` sweeps of pair_search over every pair of classes from the
+    best row seen. Infinite U[i, k]: document i does not fit class k. Any row found is a valid certificate (the
+    inequality is checked as computed); it is written into `found` (K), where a search at a nearby T starts."""
+    K = U.shape[1]
+    B = U.shape[0]
+    expo = np.array([0.25, 0.5, 1.0])
+    ys = Y.copy()
+    top, ytop = -np.inf, Y[0].copy()
+    for it in range(rounds + 1):
+        best, rb = -np.inf, 0
+        for r in range(ys.shape[0]):
+            gap = price_gap(U, wt, cnt, ys[r])
+            if gap > 1 + 1e-9:
+                found[:] = ys[r]
+                return True
+            if gap > best:
+                best, rb = gap, r
+        if best > top:
+            top, ytop = best, ys[rb].copy()
+        if it == rounds:
+            break
+        load = np.zeros(K)
+        for i in range(B):
+            m, kb = np.inf, 0
+            for k in range(K):
+                if np.isfinite(U[i, k]):
+                    v = ys[rb, k] * U[i, k]
+                    if v < m:
+                        m, kb = v, k
+            load[kb] += U[i, kb] * wt[i]
+        ratio = np.empty(K)
+        for k in range(K):
+            ratio[k] = min(max((load[k] + 1e-30) / max(cnt[k], 1e-30), 0.25), 4.0)
+        nxt = np.empty((3, K))
+        for j in range(3):
+            tot = 0.0
+            for k in range(K):
+                nxt[j, k] = ys[rb, k] * ratio[k] ** (expo[j] / (1 + it / 4))
+                tot += nxt[j, k]
+            for k in range(K):
+                nxt[j, k] = nxt[j, k] / tot
+        ys = nxt
+    y = ytop
+    for _ in range(sweeps):
+        for j in range(K - 1):
+            for k in range(j + 1, K):
+                y = pair_search(U, wt, cnt, y, j, k, 30)
+                if price_gap(U, wt, cnt, y) > 1 + 1e-9:
+                    found[:] = y
+                    return True
+    return False
+
+
+_MODES = {"price_gap": price_gap, "pair_search": pair_search, "mode_violated": mode_violated}
+PLAIN = plain(_MODES, {"np": np})
+
+if AVAILABLE:
+    price_gap = njit(cache=True)(price_gap)
+    pair_search = njit(cache=True)(pair_search)
+    mode_violated = njit(cache=True)(mode_violated)
+    COMPILED = types.SimpleNamespace(price_gap=price_gap, pair_search=pair_search, mode_violated=mode_violated)
+else:  # pragma: no cover
+    COMPILED = None
+
+
+def loops() -> types.SimpleNamespace:
+    """The mode bound's price search: compiled where numba is installed, else plain Python (the same source)."""
+    return COMPILED if COMPILED is not None else PLAIN
