@@ -37,7 +37,7 @@ from tidal.core.strategy import Strategy, place
 from tidal.costmodel.base import CostModel, pipeline_device
 from tidal.costmodel.sync import SyncPricing
 from tidal.planner.bounds import PipeCost, strategy_bound, work_capacity
-from tidal.planner.proposal_search import bound_rows, evaluate, sample_steps, search
+from tidal.planner.proposal_search import ProfileCache, bound_rows, evaluate, sample_steps, search
 
 # refine=True (decision 99): the local search's starts (best pool strategies), rounds per start and strategies
 # evaluated per round; chosen on tuning seeds 0 and 1 of paper_tables.py's Fig. 13 cells
@@ -46,6 +46,8 @@ REFINE_ROUNDS = 3
 REFINE_WIDTH = 8
 REFINE_PHASES = 2  # 1: climb from the best pool strategies only; 2: then from the greedy cover's picks too
 REFINE_EVAL_STEPS = 10  # sampled evaluation steps with refine (default eval_steps; 10 without)
+# refine: the evaluation steps are stratified by attention mass, drawn from REFINE_STRATA x as many (decision 103)
+REFINE_STRATA = 8
 
 
 @dataclass(frozen=True)
@@ -322,7 +324,7 @@ def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: in
     # refine: always one step with a max_len document, so that the search and the cover value how fast a candidate set
     # runs one (rare in the sample, yet frequent enough in the steps: a 16-GPU 32K run without it lost 6 %)
     steps = sample_steps(lengths, tokens_per_step, max_len, eval_steps, seed,
-                         long_step=sample_top < max_len or refine)
+                         long_step=sample_top < max_len or refine, strata=REFINE_STRATA if refine else 0)
     E, lens = evaluate(steps, [st for _, st in pool], cost_model, seed, sync, cp_policy)
     if refine:
         E, lens = _refine(pool, E, lens, scored, full, pc, space, cost_model, N, steps, seed, sync, cp_policy,
@@ -386,12 +388,13 @@ def _refine(pool, E, lens, scored, full, pc, space, cost_model, N, steps, seed, 
     of the greedy cover's first REFINE_STARTS picks (score: the mean of its minimum with the other picks' rows); every
     strategy evaluated joins `pool` (in place), `scored`, and the returned rows of estimates and MaxLens."""
     cl = cost_model.cluster
+    cache = ProfileCache(cost_model, sync, cp_policy)  # each neighbour profiled once, for its bound and its estimate
 
     def run(sts):
-        return evaluate(steps, sts, cost_model, seed, sync, cp_policy)[0]
+        return evaluate(steps, sts, cost_model, seed, sync, cp_policy, cache)[0]
 
     def bounds(sts):
-        return bound_rows(steps, sts, cost_model, sync, cp_policy)
+        return bound_rows(steps, sts, cost_model, sync, cp_policy, cache)
 
     for phase in range(REFINE_PHASES):
         if phase == 0:

@@ -24,34 +24,74 @@ from tidal.core.strategy import Strategy, place
 from tidal.costmodel.base import CostModel
 from tidal.costmodel.sync import SyncPricing
 from tidal.planner.config import PROPOSAL
+from tidal.planner.profiles import StrategyProfile, profile_strategies
 
 Combo = tuple[int, ...]
 
 
 def sample_steps(lengths, tokens_per_step: int, max_len: int, eval_steps: int, seed: int,
-                 long_step: bool = False) -> list[np.ndarray]:
+                 long_step: bool = False, strata: int = 0) -> list[np.ndarray]:
     """`eval_steps` steps sampled (seeded) from `lengths`; `long_step`: one more, the first sampled one plus a
-    max_len document, so that the greedy cover's first pick can run a max_len sequence."""
+    max_len document, so that the greedy cover's first pick can run a max_len sequence.
+    `strata` > 0: stratified by the step's attention mass sum(l^2) (decision 103): `strata * eval_steps` steps are
+    drawn and the ones at the mass quantiles (i + 1/2) / eval_steps are kept, lightest first, so that the sample
+    always holds steps as heavy as the dataset's upper tail (several long documents in one step, e.g. 5 documents
+    above tp4's MaxLen in one 200K-token step of 32B on 64 GPUs, where 10 random draws held at most 2); the long step
+    is then the median step plus a max_len document."""
     rng = np.random.default_rng(seed)
     l_all = np.minimum(np.asarray(lengths, dtype=np.int64), max_len)
     per = max(1, int(2 * tokens_per_step / max(1.0, float(l_all.mean()))) + 8)
     out: list[np.ndarray] = []
-    for _ in range(eval_steps):
+    for _ in range(eval_steps * max(1, strata)):
         draw = l_all[rng.integers(0, l_all.size, size=per)]
         out.append(draw[: int(np.searchsorted(np.cumsum(draw), tokens_per_step)) + 1])
+    base = 0
+    if strata > 0 and out:
+        mass = [float(np.sum(np.square(s.astype(np.float64)))) for s in out]
+        order = sorted(range(len(out)), key=lambda i: (mass[i], i))
+        out = [out[order[int((i + 0.5) * len(out) / eval_steps)]] for i in range(eval_steps)]
+        base = eval_steps // 2
     if long_step:
-        out.append(np.append(out[0] if out else [], max_len).astype(np.int64))
+        out.append(np.append(out[base] if out else [], max_len).astype(np.int64))
     return out
 
 
-def evaluate(steps: Sequence[np.ndarray], strategies: Sequence[Strategy], cost_model: CostModel, seed: int,
-             sync: SyncPricing | None = None, cp_policy: str | None = None) -> tuple[np.ndarray, list[int]]:
-    """Estimated (charged when `sync` / `cp_policy`) step time of every strategy on every step (inf when a step holds
-    a document longer than the strategy's largest MaxLen), and each strategy's largest MaxLen."""
-    from tidal.planner.charges import charge
-    from tidal.planner.select import assign, profile_strategies
+class ProfileCache:
+    """select.profile_strategies per strategy, computed once: the refine search bounds a round's neighbours, then
+    evaluates the best of them, and the cover's rows come from the same profiles (their cached grouped pipes and
+    class arrays included). Profiles are per strategy (independent of the others), so the floats are the same."""
 
-    profs = profile_strategies(strategies, cost_model, sync, cp_policy)
+    def __init__(self, cost_model: CostModel, sync: SyncPricing | None = None, cp_policy: str | None = None) -> None:
+        self.cost_model, self.sync, self.cp_policy = cost_model, sync, cp_policy
+        self._profiles: dict[Strategy, StrategyProfile] = {}
+        self.computed = 0  # strategies profiled (each once)
+
+    def __call__(self, strategies: Sequence[Strategy]) -> tuple[StrategyProfile, ...]:
+        new = [s for s in dict.fromkeys(strategies) if s not in self._profiles]
+        if new:
+            self._profiles.update(zip(new, profile_strategies(new, self.cost_model, self.sync, self.cp_policy)))
+            self.computed += len(new)
+        return tuple(self._profiles[s] for s in strategies)
+
+
+def _profiles(strategies, cost_model, sync, cp_policy, cache: ProfileCache | None):
+    if cache is None:
+        return ProfileCache(cost_model, sync, cp_policy)(strategies)
+    if cache.cost_model is not cost_model or (cache.sync, cache.cp_policy) != (sync, cp_policy):
+        raise TidalError("ProfileCache was built for another cost model or other charges")
+    return cache(strategies)
+
+
+def evaluate(steps: Sequence[np.ndarray], strategies: Sequence[Strategy], cost_model: CostModel, seed: int,
+             sync: SyncPricing | None = None, cp_policy: str | None = None,
+             cache: ProfileCache | None = None) -> tuple[np.ndarray, list[int]]:
+    """Estimated (charged when `sync` / `cp_policy`) step time of every strategy on every step (inf when a step holds
+    a document longer than the strategy's largest MaxLen), and each strategy's largest MaxLen. `cache`: profiles
+    shared with other calls (same cost model and charges)."""
+    from tidal.planner.charges import charge
+    from tidal.planner.select import assign
+
+    profs = _profiles(strategies, cost_model, sync, cp_policy, cache)
     E = np.full((len(strategies), len(steps)), np.inf)
     for s, step in enumerate(steps):
         for i, prof in enumerate(profs):
@@ -63,13 +103,12 @@ def evaluate(steps: Sequence[np.ndarray], strategies: Sequence[Strategy], cost_m
 
 
 def bound_rows(steps: Sequence[np.ndarray], strategies: Sequence[Strategy], cost_model: CostModel,
-               sync: SyncPricing | None, cp_policy: str | None) -> np.ndarray:
+               sync: SyncPricing | None, cp_policy: str | None, cache: ProfileCache | None = None) -> np.ndarray:
     """Per strategy and step, its quick step bound plus its charge floor (<= its estimate; inf when the step holds a
-    document it cannot run)."""
+    document it cannot run). `cache`: as evaluate's."""
     from tidal.planner.bounds import StrategyBound
-    from tidal.planner.select import profile_strategies
 
-    profs = profile_strategies(strategies, cost_model, sync, cp_policy)
+    profs = _profiles(strategies, cost_model, sync, cp_policy, cache)
     out = np.full((len(profs), len(steps)), np.inf)
     for i, p in enumerate(profs):
         off = 0.0 if p.charges is None else p.charges.floor
