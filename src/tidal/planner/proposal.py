@@ -48,6 +48,7 @@ REFINE_PHASES = 2  # 1: climb from the best pool strategies only; 2: then from t
 REFINE_EVAL_STEPS = 10  # sampled evaluation steps with refine (default eval_steps; 10 without)
 # refine: the evaluation steps are stratified by attention mass, drawn from REFINE_STRATA x as many (decision 103)
 REFINE_STRATA = 8
+REFINE_WAYS = (2, 4)  # the search's splits and merges: into / of 2 or 4 pipelines (decision 103; 99 had 2 only)
 
 
 @dataclass(frozen=True)
@@ -408,7 +409,7 @@ def _refine(pool, E, lens, scored, full, pc, space, cost_model, N, steps, seed, 
                 other = E[rest].min(axis=0) if rest else np.full(E.shape[1], np.inf)
                 starts.append((pool[i][0], lambda row, o=other: float(np.mean(np.minimum(row, o)))))
         found = search(starts, space, cost_model, N, {c: E[i] for i, (c, _) in enumerate(pool)}, run, bounds,
-                       rounds=REFINE_ROUNDS, width=REFINE_WIDTH)
+                       rounds=REFINE_ROUNDS, width=REFINE_WIDTH, ways=REFINE_WAYS)
         for c, (st, row) in found.items():
             pool.append((c, st))
             scored[c] = expected_cost(full, [pc[x] for x in c])

@@ -118,11 +118,14 @@ def bound_rows(steps: Sequence[np.ndarray], strategies: Sequence[Strategy], cost
     return out
 
 
-def neighbours(combo: Combo, space: Sequence[ParallelScheme], n_devices: int) -> list[Combo]:
+def neighbours(combo: Combo, space: Sequence[ParallelScheme], n_devices: int,
+               ways: Sequence[int] = (2,)) -> list[Combo]:
     """Strategies one move from `combo` (indices into `space`, canonical order: most devices first): one pipeline's
     scheme replaced by another of as many devices, one pipeline split into two of half its devices (one scheme), two
     pipelines of equal size merged into one of their devices; then any devices left over filled with the smallest
-    scheme the strategy already uses. Sorted, without `combo` itself."""
+    scheme the strategy already uses. Sorted, without `combo` itself. `ways` > 2 (decision 103) also splits one pipeline
+    into m of 1/m its devices and merges m pipelines of one scheme into one of m times the devices (m in `ways`): e.g.
+    4*tp2 -> tp4cp2 in one move, where two merges in a row each had to lower the score."""
     n = [s.num_devices for s in space]
     by_n: dict[int, list[int]] = {}
     for k in range(len(space)):
@@ -143,9 +146,10 @@ def neighbours(combo: Combo, space: Sequence[ParallelScheme], n_devices: int) ->
         for k2 in by_n[n[k]]:
             if k2 != k:
                 out.add(canon(rest + [k2]))
-        if n[k] % 2 == 0:
-            for k2 in by_n.get(n[k] // 2, []):
-                out.add(canon(rest + [k2, k2]))
+        for m in ways:
+            if n[k] % m == 0:
+                for k2 in by_n.get(n[k] // m, []):
+                    out.add(canon(rest + [k2] * m))
     for i, k in enumerate(kinds):
         for k2 in kinds[i:]:
             if n[k] != n[k2] or (k == k2 and combo.count(k) < 2):
@@ -155,6 +159,16 @@ def neighbours(combo: Combo, space: Sequence[ParallelScheme], n_devices: int) ->
             rest.remove(k2)
             for k3 in by_n.get(2 * n[k], []):
                 out.add(canon(rest + [k3]))
+    for m in ways:
+        if m == 2:
+            continue
+        for k in kinds:
+            if combo.count(k) >= m:
+                rest = list(combo)
+                for _ in range(m):
+                    rest.remove(k)
+                for k3 in by_n.get(m * n[k], []):
+                    out.add(canon(rest + [k3]))
     out.discard(tuple(combo))
     return sorted(c for c in out if c and sum(n[k] for k in c) <= n_devices)
 
@@ -162,7 +176,7 @@ def neighbours(combo: Combo, space: Sequence[ParallelScheme], n_devices: int) ->
 def search(starts: Sequence[tuple[Combo, Callable[[np.ndarray], float]]], space: Sequence[ParallelScheme],
            cost_model: CostModel, n_devices: int, known: dict[Combo, np.ndarray],
            run: Callable[[list[Strategy]], np.ndarray], bounds: Callable[[list[Strategy]], np.ndarray], *,
-           rounds: int = 3, width: int = 8) -> dict[Combo, tuple[Strategy, np.ndarray]]:
+           rounds: int = 3, width: int = 8, ways: Sequence[int] = (2,)) -> dict[Combo, tuple[Strategy, np.ndarray]]:
     """Hill climbing from each start (combo, score): the score of a row of estimates over the evaluation steps is
     nondecreasing in every entry (the mean, or the mean of its minimum with the other chosen strategies' rows).
     `known`: the rows evaluated so far (the starts' included); `run(strategies)` gives their rows, `bounds(strategies)`
@@ -176,7 +190,7 @@ def search(starts: Sequence[tuple[Combo, Callable[[np.ndarray], float]]], space:
             continue
         pruned: set[Combo] = set()  # for this start's score
         for _ in range(rounds):
-            near = neighbours(cur, space, n_devices)
+            near = neighbours(cur, space, n_devices, ways)
             cur_val = score(rows[cur])
             placed: list[tuple[Combo, Strategy]] = []
             for c in near:
