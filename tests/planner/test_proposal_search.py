@@ -40,6 +40,14 @@ def test_neighbours_are_one_move_within_the_devices():
     assert "tp2+tp2+tp1+tp1+tp1+tp1" in names  # tp4 split into two tp2
     assert "tp2cp2+tp1+tp1+tp1+tp1" in names  # tp4 swapped for another 4-device scheme
     assert "tp4+tp2+tp1+tp1" in names  # two tp1 merged into a tp2
+    assert "cp4+tp4" not in names and "tp1+tp1+tp1+tp1+tp1+tp1+tp1+tp1" not in names
+    # decision 103: ways (2, 4) adds the 4-way merge and split, and keeps every 2-way move
+    near4 = neighbours(combo, space, 8, ways=(2, 4))
+    names4 = {"+".join(space[k].short() for k in c) for c in near4}
+    assert names <= names4 and near4 == sorted(set(near4)) and combo not in near4
+    assert "cp4+tp4" in names4 and "tp4+tp4" in names4  # four tp1 merged into one 4-device scheme
+    assert "tp1+tp1+tp1+tp1+tp1+tp1+tp1+tp1" in names4  # tp4 split into four tp1
+    assert all(sum(n[k] for k in c) == 8 for c in near4)
 
 
 def test_bound_rows_are_below_the_estimates():
