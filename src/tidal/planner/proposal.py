@@ -46,8 +46,6 @@ REFINE_ROUNDS = 3
 REFINE_WIDTH = 8
 REFINE_PHASES = 2  # 1: climb from the best pool strategies only; 2: then from the greedy cover's picks too
 REFINE_EVAL_STEPS = 10  # sampled evaluation steps with refine (default eval_steps; 10 without)
-# refine: the evaluation steps are stratified by attention mass, drawn from REFINE_STRATA x as many (decision 103)
-REFINE_STRATA = 8
 REFINE_WAYS = (2, 4)  # the search's splits and merges: into / of 2 or 4 pipelines (decision 103; 99 had 2 only)
 
 
@@ -325,7 +323,7 @@ def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: in
     # refine: always one step with a max_len document, so that the search and the cover value how fast a candidate set
     # runs one (rare in the sample, yet frequent enough in the steps: a 16-GPU 32K run without it lost 6 %)
     steps = sample_steps(lengths, tokens_per_step, max_len, eval_steps, seed,
-                         long_step=sample_top < max_len or refine, strata=REFINE_STRATA if refine else 0)
+                         long_step=sample_top < max_len or refine)
     E, lens = evaluate(steps, [st for _, st in pool], cost_model, seed, sync, cp_policy)
     if refine:
         E, lens = _refine(pool, E, lens, scored, full, pc, space, cost_model, N, steps, seed, sync, cp_policy,

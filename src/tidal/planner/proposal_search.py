@@ -30,29 +30,18 @@ Combo = tuple[int, ...]
 
 
 def sample_steps(lengths, tokens_per_step: int, max_len: int, eval_steps: int, seed: int,
-                 long_step: bool = False, strata: int = 0) -> list[np.ndarray]:
+                 long_step: bool = False) -> list[np.ndarray]:
     """`eval_steps` steps sampled (seeded) from `lengths`; `long_step`: one more, the first sampled one plus a
-    max_len document, so that the greedy cover's first pick can run a max_len sequence.
-    `strata` > 0: stratified by the step's attention mass sum(l^2) (decision 103): `strata * eval_steps` steps are
-    drawn and the ones at the mass quantiles (i + 1/2) / eval_steps are kept, lightest first, so that the sample
-    always holds steps as heavy as the dataset's upper tail (several long documents in one step, e.g. 5 documents
-    above tp4's MaxLen in one 200K-token step of 32B on 64 GPUs, where 10 random draws held at most 2); the long step
-    is then the median step plus a max_len document."""
+    max_len document, so that the greedy cover's first pick can run a max_len sequence."""
     rng = np.random.default_rng(seed)
     l_all = np.minimum(np.asarray(lengths, dtype=np.int64), max_len)
     per = max(1, int(2 * tokens_per_step / max(1.0, float(l_all.mean()))) + 8)
     out: list[np.ndarray] = []
-    for _ in range(eval_steps * max(1, strata)):
+    for _ in range(eval_steps):
         draw = l_all[rng.integers(0, l_all.size, size=per)]
         out.append(draw[: int(np.searchsorted(np.cumsum(draw), tokens_per_step)) + 1])
-    base = 0
-    if strata > 0 and out:
-        mass = [float(np.sum(np.square(s.astype(np.float64)))) for s in out]
-        order = sorted(range(len(out)), key=lambda i: (mass[i], i))
-        out = [out[order[int((i + 0.5) * len(out) / eval_steps)]] for i in range(eval_steps)]
-        base = eval_steps // 2
     if long_step:
-        out.append(np.append(out[base] if out else [], max_len).astype(np.int64))
+        out.append(np.append(out[0] if out else [], max_len).astype(np.int64))
     return out
 
 
