@@ -11,6 +11,7 @@ from tidal.costmodel import default_cost_model
 from tidal.costmodel.base import pipeline_device
 from tidal.planner.proposal import propose, scheme_space
 from tidal.planner.proposal_search import ProfileCache, bound_rows, evaluate, neighbours, sample_steps
+from tidal.planner.select import profile_strategies, select_step
 from tidal.simulator.engine import SimConfig
 
 pytestmark = pytest.mark.unit
@@ -83,6 +84,16 @@ def test_refine_candidates_feasible_hold_max_len_deterministic_and_no_worse():
                for st in a.strategies)
     # the refined pool holds the plain one, evaluated on the same steps: its best single strategy is no worse
     assert a.simulated[0] <= plain.simulated[0] + 1e-12
+    # the refined candidates plan the sampled steps (the max_len one included): each sequence exactly once, every
+    # micro-batch within its pipeline's MaxLen (memory), estimate >= bound
+    profs = profile_strategies(a.strategies, cm, sync, "adaptive")
+    for step in sample_steps(lengths, 40_000, 16384, 3, 4, long_step=True):
+        plan = select_step(step, profs, seed=4).plan
+        seen = sorted(i for p in plan.pipelines for mb in p.micro_batches for i in mb)
+        assert seen == list(range(step.size))
+        for p in plan.pipelines:
+            assert all(int(step[list(mb)].sum()) <= p.max_len for mb in p.micro_batches)
+        assert plan.est_step_time >= plan.lower_bound
 
 
 def test_profile_cache_profiles_each_strategy_once_with_the_same_rows():
