@@ -5,11 +5,13 @@ import numpy as np
 import pytest
 
 from tidal.core import get_cluster, get_model
+from tidal.core.errors import TidalError
 from tidal.core.strategy import place
 from tidal.costmodel import default_cost_model
 from tidal.costmodel.base import pipeline_device
 from tidal.planner.proposal import propose, scheme_space
-from tidal.planner.proposal_search import bound_rows, evaluate, neighbours, sample_steps
+from tidal.planner.proposal_search import ProfileCache, bound_rows, evaluate, neighbours, sample_steps
+from tidal.planner.select import profile_strategies, select_step
 from tidal.simulator.engine import SimConfig
 
 pytestmark = pytest.mark.unit
@@ -39,6 +41,14 @@ def test_neighbours_are_one_move_within_the_devices():
     assert "tp2+tp2+tp1+tp1+tp1+tp1" in names  # tp4 split into two tp2
     assert "tp2cp2+tp1+tp1+tp1+tp1" in names  # tp4 swapped for another 4-device scheme
     assert "tp4+tp2+tp1+tp1" in names  # two tp1 merged into a tp2
+    assert "cp4+tp4" not in names and "tp1+tp1+tp1+tp1+tp1+tp1+tp1+tp1" not in names
+    # decision 103: ways (2, 4) adds the 4-way merge and split, and keeps every 2-way move
+    near4 = neighbours(combo, space, 8, ways=(2, 4))
+    names4 = {"+".join(space[k].short() for k in c) for c in near4}
+    assert names <= names4 and near4 == sorted(set(near4)) and combo not in near4
+    assert "cp4+tp4" in names4 and "tp4+tp4" in names4  # four tp1 merged into one 4-device scheme
+    assert "tp1+tp1+tp1+tp1+tp1+tp1+tp1+tp1" in names4  # tp4 split into four tp1
+    assert all(sum(n[k] for k in c) == 8 for c in near4)
 
 
 def test_bound_rows_are_below_the_estimates():
@@ -74,3 +84,31 @@ def test_refine_candidates_feasible_hold_max_len_deterministic_and_no_worse():
                for st in a.strategies)
     # the refined pool holds the plain one, evaluated on the same steps: its best single strategy is no worse
     assert a.simulated[0] <= plain.simulated[0] + 1e-12
+    # the refined candidates plan the sampled steps (the max_len one included): each sequence exactly once, every
+    # micro-batch within its pipeline's MaxLen (memory), estimate >= bound
+    profs = profile_strategies(a.strategies, cm, sync, "adaptive")
+    for step in sample_steps(lengths, 40_000, 16384, 3, 4, long_step=True):
+        plan = select_step(step, profs, seed=4).plan
+        seen = sorted(i for p in plan.pipelines for mb in p.micro_batches for i in mb)
+        assert seen == list(range(step.size))
+        for p in plan.pipelines:
+            assert all(int(step[list(mb)].sum()) <= p.max_len for mb in p.micro_batches)
+        assert plan.est_step_time >= plan.lower_bound
+
+
+def test_profile_cache_profiles_each_strategy_once_with_the_same_rows():
+    cm, space = _setup()
+    steps = sample_steps(_lengths(1), 40_000, 16384, 2, seed=0, long_step=True)
+    idx = {s.short(): k for k, s in enumerate(space)}
+    sts = [place((space[idx["tp4"]], space[idx["tp2"]], space[idx["tp1"]], space[idx["tp1"]]), cm.cluster, cm.model),
+           place((space[idx["tp2"]],) * 4, cm.cluster, cm.model)]
+    sync = SimConfig().sync
+    cache = ProfileCache(cm, sync, "adaptive")
+    lb = bound_rows(steps, sts, cm, sync, "adaptive", cache)
+    E, lens = evaluate(steps, sts, cm, 0, sync, "adaptive", cache)
+    assert cache.computed == 2  # bound and estimate share the two profiles
+    E0, lens0 = evaluate(steps, sts, cm, 0, sync, "adaptive")
+    assert np.array_equal(E, E0) and lens == lens0
+    assert np.array_equal(lb, bound_rows(steps, sts, cm, sync, "adaptive"))
+    with pytest.raises(TidalError, match="ProfileCache"):
+        evaluate(steps, sts, cm, 0, None, None, cache)

@@ -37,7 +37,7 @@ from tidal.core.strategy import Strategy, place
 from tidal.costmodel.base import CostModel, pipeline_device
 from tidal.costmodel.sync import SyncPricing
 from tidal.planner.bounds import PipeCost, strategy_bound, work_capacity
-from tidal.planner.proposal_search import bound_rows, evaluate, sample_steps, search
+from tidal.planner.proposal_search import ProfileCache, bound_rows, evaluate, sample_steps, search
 
 # refine=True (decision 99): the local search's starts (best pool strategies), rounds per start and strategies
 # evaluated per round; chosen on tuning seeds 0 and 1 of paper_tables.py's Fig. 13 cells
@@ -46,6 +46,7 @@ REFINE_ROUNDS = 3
 REFINE_WIDTH = 8
 REFINE_PHASES = 2  # 1: climb from the best pool strategies only; 2: then from the greedy cover's picks too
 REFINE_EVAL_STEPS = 10  # sampled evaluation steps with refine (default eval_steps; 10 without)
+REFINE_WAYS = (2, 4)  # the search's splits and merges: into / of 2 or 4 pipelines (decision 103; 99 had 2 only)
 
 
 @dataclass(frozen=True)
@@ -386,12 +387,13 @@ def _refine(pool, E, lens, scored, full, pc, space, cost_model, N, steps, seed, 
     of the greedy cover's first REFINE_STARTS picks (score: the mean of its minimum with the other picks' rows); every
     strategy evaluated joins `pool` (in place), `scored`, and the returned rows of estimates and MaxLens."""
     cl = cost_model.cluster
+    cache = ProfileCache(cost_model, sync, cp_policy)  # each neighbour profiled once, for its bound and its estimate
 
     def run(sts):
-        return evaluate(steps, sts, cost_model, seed, sync, cp_policy)[0]
+        return evaluate(steps, sts, cost_model, seed, sync, cp_policy, cache)[0]
 
     def bounds(sts):
-        return bound_rows(steps, sts, cost_model, sync, cp_policy)
+        return bound_rows(steps, sts, cost_model, sync, cp_policy, cache)
 
     for phase in range(REFINE_PHASES):
         if phase == 0:
@@ -405,7 +407,7 @@ def _refine(pool, E, lens, scored, full, pc, space, cost_model, N, steps, seed, 
                 other = E[rest].min(axis=0) if rest else np.full(E.shape[1], np.inf)
                 starts.append((pool[i][0], lambda row, o=other: float(np.mean(np.minimum(row, o)))))
         found = search(starts, space, cost_model, N, {c: E[i] for i, (c, _) in enumerate(pool)}, run, bounds,
-                       rounds=REFINE_ROUNDS, width=REFINE_WIDTH)
+                       rounds=REFINE_ROUNDS, width=REFINE_WIDTH, ways=REFINE_WAYS)
         for c, (st, row) in found.items():
             pool.append((c, st))
             scored[c] = expected_cost(full, [pc[x] for x in c])

@@ -24,6 +24,7 @@ from tidal.core.strategy import Strategy, place
 from tidal.costmodel.base import CostModel
 from tidal.costmodel.sync import SyncPricing
 from tidal.planner.config import PROPOSAL
+from tidal.planner.profiles import StrategyProfile, profile_strategies
 
 Combo = tuple[int, ...]
 
@@ -44,14 +45,42 @@ def sample_steps(lengths, tokens_per_step: int, max_len: int, eval_steps: int, s
     return out
 
 
-def evaluate(steps: Sequence[np.ndarray], strategies: Sequence[Strategy], cost_model: CostModel, seed: int,
-             sync: SyncPricing | None = None, cp_policy: str | None = None) -> tuple[np.ndarray, list[int]]:
-    """Estimated (charged when `sync` / `cp_policy`) step time of every strategy on every step (inf when a step holds
-    a document longer than the strategy's largest MaxLen), and each strategy's largest MaxLen."""
-    from tidal.planner.charges import charge
-    from tidal.planner.select import assign, profile_strategies
+class ProfileCache:
+    """select.profile_strategies per strategy, computed once: the refine search bounds a round's neighbours, then
+    evaluates the best of them, and the cover's rows come from the same profiles (their cached grouped pipes and
+    class arrays included). Profiles are per strategy (independent of the others), so the floats are the same."""
 
-    profs = profile_strategies(strategies, cost_model, sync, cp_policy)
+    def __init__(self, cost_model: CostModel, sync: SyncPricing | None = None, cp_policy: str | None = None) -> None:
+        self.cost_model, self.sync, self.cp_policy = cost_model, sync, cp_policy
+        self._profiles: dict[Strategy, StrategyProfile] = {}
+        self.computed = 0  # strategies profiled (each once)
+
+    def __call__(self, strategies: Sequence[Strategy]) -> tuple[StrategyProfile, ...]:
+        new = [s for s in dict.fromkeys(strategies) if s not in self._profiles]
+        if new:
+            self._profiles.update(zip(new, profile_strategies(new, self.cost_model, self.sync, self.cp_policy)))
+            self.computed += len(new)
+        return tuple(self._profiles[s] for s in strategies)
+
+
+def _profiles(strategies, cost_model, sync, cp_policy, cache: ProfileCache | None):
+    if cache is None:
+        return ProfileCache(cost_model, sync, cp_policy)(strategies)
+    if cache.cost_model is not cost_model or (cache.sync, cache.cp_policy) != (sync, cp_policy):
+        raise TidalError("ProfileCache was built for another cost model or other charges")
+    return cache(strategies)
+
+
+def evaluate(steps: Sequence[np.ndarray], strategies: Sequence[Strategy], cost_model: CostModel, seed: int,
+             sync: SyncPricing | None = None, cp_policy: str | None = None,
+             cache: ProfileCache | None = None) -> tuple[np.ndarray, list[int]]:
+    """Estimated (charged when `sync` / `cp_policy`) step time of every strategy on every step (inf when a step holds
+    a document longer than the strategy's largest MaxLen), and each strategy's largest MaxLen. `cache`: profiles
+    shared with other calls (same cost model and charges)."""
+    from tidal.planner.charges import charge
+    from tidal.planner.select import assign
+
+    profs = _profiles(strategies, cost_model, sync, cp_policy, cache)
     E = np.full((len(strategies), len(steps)), np.inf)
     for s, step in enumerate(steps):
         for i, prof in enumerate(profs):
@@ -63,13 +92,12 @@ def evaluate(steps: Sequence[np.ndarray], strategies: Sequence[Strategy], cost_m
 
 
 def bound_rows(steps: Sequence[np.ndarray], strategies: Sequence[Strategy], cost_model: CostModel,
-               sync: SyncPricing | None, cp_policy: str | None) -> np.ndarray:
+               sync: SyncPricing | None, cp_policy: str | None, cache: ProfileCache | None = None) -> np.ndarray:
     """Per strategy and step, its quick step bound plus its charge floor (<= its estimate; inf when the step holds a
-    document it cannot run)."""
+    document it cannot run). `cache`: as evaluate's."""
     from tidal.planner.bounds import StrategyBound
-    from tidal.planner.select import profile_strategies
 
-    profs = profile_strategies(strategies, cost_model, sync, cp_policy)
+    profs = _profiles(strategies, cost_model, sync, cp_policy, cache)
     out = np.full((len(profs), len(steps)), np.inf)
     for i, p in enumerate(profs):
         off = 0.0 if p.charges is None else p.charges.floor
@@ -79,11 +107,14 @@ def bound_rows(steps: Sequence[np.ndarray], strategies: Sequence[Strategy], cost
     return out
 
 
-def neighbours(combo: Combo, space: Sequence[ParallelScheme], n_devices: int) -> list[Combo]:
+def neighbours(combo: Combo, space: Sequence[ParallelScheme], n_devices: int,
+               ways: Sequence[int] = (2,)) -> list[Combo]:
     """Strategies one move from `combo` (indices into `space`, canonical order: most devices first): one pipeline's
     scheme replaced by another of as many devices, one pipeline split into two of half its devices (one scheme), two
     pipelines of equal size merged into one of their devices; then any devices left over filled with the smallest
-    scheme the strategy already uses. Sorted, without `combo` itself."""
+    scheme the strategy already uses. Sorted, without `combo` itself. `ways` > 2 (decision 103) also splits one pipeline
+    into m of 1/m its devices and merges m pipelines of one scheme into one of m times the devices (m in `ways`): e.g.
+    4*tp2 -> tp4cp2 in one move, where two merges in a row each had to lower the score."""
     n = [s.num_devices for s in space]
     by_n: dict[int, list[int]] = {}
     for k in range(len(space)):
@@ -104,9 +135,10 @@ def neighbours(combo: Combo, space: Sequence[ParallelScheme], n_devices: int) ->
         for k2 in by_n[n[k]]:
             if k2 != k:
                 out.add(canon(rest + [k2]))
-        if n[k] % 2 == 0:
-            for k2 in by_n.get(n[k] // 2, []):
-                out.add(canon(rest + [k2, k2]))
+        for m in ways:
+            if n[k] % m == 0:
+                for k2 in by_n.get(n[k] // m, []):
+                    out.add(canon(rest + [k2] * m))
     for i, k in enumerate(kinds):
         for k2 in kinds[i:]:
             if n[k] != n[k2] or (k == k2 and combo.count(k) < 2):
@@ -116,6 +148,16 @@ def neighbours(combo: Combo, space: Sequence[ParallelScheme], n_devices: int) ->
             rest.remove(k2)
             for k3 in by_n.get(2 * n[k], []):
                 out.add(canon(rest + [k3]))
+    for m in ways:
+        if m == 2:
+            continue
+        for k in kinds:
+            if combo.count(k) >= m:
+                rest = list(combo)
+                for _ in range(m):
+                    rest.remove(k)
+                for k3 in by_n.get(m * n[k], []):
+                    out.add(canon(rest + [k3]))
     out.discard(tuple(combo))
     return sorted(c for c in out if c and sum(n[k] for k in c) <= n_devices)
 
@@ -123,7 +165,7 @@ def neighbours(combo: Combo, space: Sequence[ParallelScheme], n_devices: int) ->
 def search(starts: Sequence[tuple[Combo, Callable[[np.ndarray], float]]], space: Sequence[ParallelScheme],
            cost_model: CostModel, n_devices: int, known: dict[Combo, np.ndarray],
            run: Callable[[list[Strategy]], np.ndarray], bounds: Callable[[list[Strategy]], np.ndarray], *,
-           rounds: int = 3, width: int = 8) -> dict[Combo, tuple[Strategy, np.ndarray]]:
+           rounds: int = 3, width: int = 8, ways: Sequence[int] = (2,)) -> dict[Combo, tuple[Strategy, np.ndarray]]:
     """Hill climbing from each start (combo, score): the score of a row of estimates over the evaluation steps is
     nondecreasing in every entry (the mean, or the mean of its minimum with the other chosen strategies' rows).
     `known`: the rows evaluated so far (the starts' included); `run(strategies)` gives their rows, `bounds(strategies)`
@@ -137,7 +179,7 @@ def search(starts: Sequence[tuple[Combo, Callable[[np.ndarray], float]]], space:
             continue
         pruned: set[Combo] = set()  # for this start's score
         for _ in range(rounds):
-            near = neighbours(cur, space, n_devices)
+            near = neighbours(cur, space, n_devices, ways)
             cur_val = score(rows[cur])
             placed: list[tuple[Combo, Strategy]] = []
             for c in near:
