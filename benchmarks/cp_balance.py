@@ -18,11 +18,11 @@ import time
 
 import numpy as np
 
+from tidal.baselines.wlb import WLBConfig, WLBState, wlb_step
 from tidal.core import get_model
 from tidal.costmodel.base import LatencyCoeffs
 from tidal.costmodel.kernel import kernel_for
 from tidal.data import sample_steps
-from tidal.planner.baselines.wlb import WLBConfig, WLBState, wlb_step
 from tidal.planner.cp_adaptive import choose_cp_sharding
 from tidal.planner.metrics import max_over_mean
 

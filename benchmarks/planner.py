@@ -16,11 +16,11 @@ import time
 
 import numpy as np
 
+from tidal.baselines.fixed import pack_fixed
 from tidal.core import get_cluster, get_model, parse_strategy, place
 from tidal.costmodel import LatencyCoeffs, default_cost_model
 from tidal.data import sample_steps
-from tidal.planner.baselines.fixed import pack_fixed
-from tidal.planner.baselines.hydraulis import dispatch_hydraulis
+from tidal.planner.alg1 import dispatch_hydraulis
 from tidal.planner.bounds import PipeCost
 from tidal.planner.dispatch import dispatch
 from tidal.planner.packing import pack

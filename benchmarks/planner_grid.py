@@ -27,7 +27,7 @@ import numpy as np
 from tidal.core import TidalError, get_cluster, get_model, parse_strategy, place
 from tidal.costmodel import default_cost_model
 from tidal.data import sample_steps
-from tidal.planner.baselines.hydraulis import dispatch_hydraulis
+from tidal.planner.alg1 import dispatch_hydraulis
 from tidal.planner.bounds_lp import prove_selection
 from tidal.planner.config import DEFAULT, PASS_ORDER, PlannerConfig
 from tidal.planner.packing import pack

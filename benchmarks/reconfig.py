@@ -130,14 +130,14 @@ def live_and_restart(tmp: Path, ranks: int, steps: int) -> None:
 
 
 def flanv2_planner() -> None:
+    from tidal.baselines.flexpipe import FlexPipePlanner, fit_table2
+    from tidal.baselines.flexpipe_steps import FlexPipeStepPlanner, reconfigurations
     from tidal.core import get_cluster, get_model
     from tidal.core.cluster import GB, ClusterSpec, DeviceType, NodeGroup
     from tidal.core.model import ModelSpec
     from tidal.costmodel.analytic import AnalyticCostModel
     from tidal.data.sampler import TokenBudgetSampler
     from tidal.data.sources import length_source
-    from tidal.planner.baselines.flexpipe import FlexPipePlanner, fit_table2
-    from tidal.planner.flexpipe_run import FlexPipeStepPlanner, reconfigurations
 
     a100 = DeviceType("a100", 312e12, 80 * GB, 300 * GB, 50 * GB, per_node=4)
     gpt = ModelSpec("gpt-3.35b", 16, 4096, 32, 32, 16384, 50257)

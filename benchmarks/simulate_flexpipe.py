@@ -7,7 +7,7 @@ causal decoder by Tidal's cost model, an approximation.) Systems:
   static-pp  the mapping HBSA picks for the context length (even split, TP = 1, data parallel inside stages), held
   flexpipe   HBSA every step: keep / recompute / grow / shrink, reconfiguration (layer migration) costs charged
   megatron   the best static <TP,PP,CP> x DP (reference)
-Memory: FlexPipe's own model of its workloads (tidal.planner.baselines.flexpipe.WorkloadMemory), fitted to its Table
+Memory: FlexPipe's own model of its workloads (tidal.baselines.flexpipe.WorkloadMemory), fitted to its Table
 2's peak memory of BERT96 and GPT (3.35B); BERT24 takes BERT96's constants and GPT (13B) GPT (3.35B)'s (per parameter
 and per token per layer per hidden unit); --tidal-memory sizes stages with Tidal's memory model instead (under which
 BERT96 at 8K fits on one stage).
@@ -49,13 +49,8 @@ from dataclasses import replace
 import numpy as np
 from _simcommon import summary
 
-from tidal.core.cluster import GB, ClusterSpec, DeviceType, NodeGroup
-from tidal.core.model import ModelSpec
-from tidal.costmodel import AnalyticCostModel
-from tidal.data.sampler import LongDocStats, Step, TokenBudgetSampler
-from tidal.data.sources import length_source
-from tidal.planner.baselines.fixed import pack_fixed
-from tidal.planner.baselines.flexpipe import (
+from tidal.baselines.fixed import pack_fixed
+from tidal.baselines.flexpipe import (
     FIG2C,
     TABLE2,
     TABLE2_MEMOPT_SHARE,
@@ -64,6 +59,11 @@ from tidal.planner.baselines.flexpipe import (
     fit_fig2c,
     fit_table2,
 )
+from tidal.core.cluster import GB, ClusterSpec, DeviceType, NodeGroup
+from tidal.core.model import ModelSpec
+from tidal.costmodel import AnalyticCostModel
+from tidal.data.sampler import LongDocStats, Step, TokenBudgetSampler
+from tidal.data.sources import length_source
 from tidal.simulator.baselines import UNIT
 from tidal.simulator.engine import SimConfig
 from tidal.simulator.flexpipe import MICRO_BATCHES, run_flexpipe

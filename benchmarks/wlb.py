@@ -24,11 +24,11 @@ import time
 
 import numpy as np
 
+from tidal.baselines.wlb import WLBConfig, WLBState, wlb_step
 from tidal.core import DEVICE_TYPES, get_cluster, get_model, parse_scheme
 from tidal.costmodel import AnalyticCostModel
 from tidal.costmodel.base import LatencyCoeffs
 from tidal.data import sample_steps
-from tidal.planner.baselines.wlb import WLBConfig, WLBState, wlb_step
 from tidal.planner.metrics import mb_imbalance
 
 CONTEXT = 131072

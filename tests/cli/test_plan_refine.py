@@ -94,9 +94,9 @@ def test_plan_no_refine_flag_is_recorded(tmp_path):
 
 def test_library_planner_refines_as_tidal_plan():
     """`tidal.Planner(refine=)` proposes the candidates `build_candidates(refine=)` does (charged, as `tidal plan`)."""
+    from tidal.api import Planner
     from tidal.costmodel.sync import SyncPricing
     from tidal.data.sources import length_source
-    from tidal.planner.api import Planner
     from tidal.planner.stepper import build_candidates
 
     sample = length_source("synthetic:commoncrawl", 0).lengths(0, 2000)

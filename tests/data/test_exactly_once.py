@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from realdata import texts, write_jsonl
 
+from tidal.baselines.packings import PACKINGS
 from tidal.core import TidalError
 from tidal.core.cluster import get_cluster
 from tidal.core.model import get_model
@@ -32,7 +33,7 @@ def _fresh(spec: str, cache: Path):
     cands = build_candidates(cm, STRATS, None, tokens_per_step=TPS, max_len=MAX_LEN, seed=SEED)
     sampler = TokenBudgetSampler(corpus.length_source(), TPS, MAX_LEN, seed=SEED)
     planner = StepPlanner(cm, cands, sampler, PlanningOptions(max_len=MAX_LEN, tokens_per_step=TPS, packing="wlb",
-                                                              seed=SEED))
+                                                              seed=SEED), packings=PACKINGS)
     ledger = EpochLedger(corpus.length_source().lengths(0, len(corpus)), spec)
     return corpus, planner, ledger
 

@@ -6,11 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from tidal.core.cluster import GB, ClusterSpec, DeviceType, NodeGroup
-from tidal.core.model import ModelSpec
-from tidal.costmodel.analytic import AnalyticCostModel
-from tidal.costmodel.memory import MEMORY_V1
-from tidal.planner.baselines.flexpipe import (
+from tidal.baselines.flexpipe import (
     FIG2C,
     TABLE2_MEMOPT_SHARE,
     FlexPipePlanner,
@@ -19,6 +15,10 @@ from tidal.planner.baselines.flexpipe import (
     fit_fig2c,
     fit_table2,
 )
+from tidal.core.cluster import GB, ClusterSpec, DeviceType, NodeGroup
+from tidal.core.model import ModelSpec
+from tidal.costmodel.analytic import AnalyticCostModel
+from tidal.costmodel.memory import MEMORY_V1
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ import pytest
 from planner_synth import formula_cases
 
 from tidal.planner import pipecost
-from tidal.planner.baselines.hydraulis import dispatch_hydraulis
+from tidal.planner.alg1 import dispatch_hydraulis
 from tidal.planner.bounds import Eq1Coeffs, PipeCost
 from tidal.planner.dispatch import dispatch
 from tidal.planner.packing import pack, pipeline_time

@@ -5,7 +5,7 @@ import pytest
 from planner_synth import PROFILES
 
 from tidal.costmodel import LatencyCoeffs
-from tidal.planner.baselines.hydraulis import dispatch_hydraulis
+from tidal.planner.alg1 import dispatch_hydraulis
 from tidal.planner.bounds import PipeCost, strategy_bound
 from tidal.planner.dispatch import dispatch
 from tidal.planner.packing import pack

@@ -8,9 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planner_synth import PROFILES
 
+from tidal.baselines.fixed import pack_fixed
 from tidal.core.errors import TidalError
-from tidal.planner.baselines.fixed import pack_fixed
-from tidal.planner.baselines.hydraulis import alg1_trial, compiled_trial, dispatch_hydraulis
+from tidal.planner.alg1 import alg1_trial, compiled_trial, dispatch_hydraulis
 from tidal.planner.bounds import PipeCost, strategy_bound
 from tidal.planner.config import DEFAULT
 from tidal.planner.packing import pack

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planner_synth import MAX_LEN, PROFILES
 
+from tidal.baselines.fixed import pack_fixed
 from tidal.core import StepPlan, TidalError
-from tidal.planner.baselines.fixed import pack_fixed
 from tidal.planner.bounds import PipeCost, pipeline_bound, strategy_bound
 from tidal.planner.dispatch import dispatch, evaluate
 from tidal.planner.packing import pack

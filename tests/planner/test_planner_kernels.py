@@ -1,4 +1,4 @@
-"""The planner's loops are written once (kernels.py, kernels_pack.py, kernels_modes.py, baselines/hydraulis.py;
+"""The planner's loops are written once (kernels.py, kernels_pack.py, kernels_modes.py, alg1.py;
 decisions 89, 96, 102): compiled with numba (`COMPILED`) and run as plain Python (`PLAIN`, the fallback without
 numba), they make the same choices, float for float. The last test plans in a process where numba is hidden and
 compares the plans."""
@@ -41,9 +41,9 @@ def test_compiled_greedy_matches_plain():
 
 
 def test_compiled_alg1_matches_plain():
-    """Hydraulis Alg. 1's one source (baselines/hydraulis.alg1_trial), compiled and as plain Python: the same
+    """Hydraulis Alg. 1's one source (alg1.alg1_trial), compiled and as plain Python: the same
     dispatch (with the per-document term d, which the paper-loop tests leave out)."""
-    from tidal.planner.baselines.hydraulis import alg1_trial, compiled_trial, dispatch_hydraulis
+    from tidal.planner.alg1 import alg1_trial, compiled_trial, dispatch_hydraulis
 
     rng = np.random.default_rng(1)
     for t in range(300):

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from packer_contract import COEFFS, PackerContract
 
-from tidal.planner.baselines.fixed import pack_fixed
+from tidal.baselines.fixed import pack_fixed
 from tidal.planner.packing import pack, pipeline_time
 
 pytestmark = pytest.mark.unit

@@ -8,12 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tidal.baselines.packings import PACKINGS
 from tidal.core import TidalError
 from tidal.core.cluster import get_cluster
 from tidal.core.model import get_model
 from tidal.costmodel.analytic import analytic_v1
 from tidal.data import TokenBudgetSampler, length_source
-from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates
+from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates, carry_state
 
 pytestmark = pytest.mark.unit
 
@@ -31,7 +32,7 @@ def _planner(data="synthetic:github", strategies=STRATS, *, packing="hydraulis",
     cands = build_candidates(cm, strategies, None, tokens_per_step=tps, max_len=max_len, seed=seed)
     sampler = TokenBudgetSampler(length_source(data, seed), tps, max_len, seed=seed)
     opts = PlanningOptions(max_len=max_len, tokens_per_step=tps, packing=packing, seed=seed, rotate=rotate)
-    return StepPlanner(cm, cands, sampler, opts)
+    return StepPlanner(cm, cands, sampler, opts, packings=PACKINGS)
 
 
 def _plan_json(ps):
@@ -194,14 +195,58 @@ def test_fewer_sequences_than_pipelines(tmp_path):
 
 
 def test_options_are_validated():
-    for kw, msg in [({"packing": "zig"}, "unknown packing"), ({"cp_sharding": "x"}, "unknown CP sharding"),
+    for kw, msg in [({"packing": ""}, "packing must be a packing's name"),
+                    ({"cp_sharding": "x"}, "unknown CP sharding"),
                     ({"max_len": 0}, "max_len must be a positive"), ({"tokens_per_step": -5}, "tokens_per_step"),
-                    ({"rotate": 1}, "rotate must be true or false"), ({"seed": 1.5}, "seed must be an integer"),
-                    ({"packing": "wlb", "max_len": 3}, "max_len >= 4")]:
+                    ({"rotate": 1}, "rotate must be true or false"), ({"seed": 1.5}, "seed must be an integer")]:
         with pytest.raises(TidalError, match=msg):
             PlanningOptions(**{"max_len": 1024, "tokens_per_step": 4096, **kw})
     o = PlanningOptions(max_len=np.int64(1024), tokens_per_step=np.int32(4096), seed=np.int64(7))
     assert json.loads(json.dumps(asdict(o))) == asdict(o) and type(o.seed) is int
+
+
+def test_packings_are_handed_in():
+    """The planner knows its own packing; the baselines' come in as a value (baselines.packings.PACKINGS, decision
+    106). An unknown name, or a baseline's without PACKINGS, is one TidalError naming the choices."""
+    cm = _cm()
+    cands = build_candidates(cm, "4*tp2", None, tokens_per_step=60000, max_len=16384, seed=0)
+    src = TokenBudgetSampler(length_source("synthetic:github", 0), 60000, 16384, seed=0)
+    opts = lambda **kw: PlanningOptions(**{"max_len": 16384, "tokens_per_step": 60000, **kw})  # noqa: E731
+    with pytest.raises(TidalError, match=r"unknown packing 'wlb'; choose one of hydraulis$"):
+        StepPlanner(cm, cands, src, opts(packing="wlb"))
+    with pytest.raises(TidalError, match=r"unknown packing 'zig'; choose one of hydraulis, wlb, wlb-fixed, fixed$"):
+        StepPlanner(cm, cands, src, opts(packing="zig"), packings=PACKINGS)
+    with pytest.raises(TidalError, match="wlb-fixed packing needs max_len >= 4"):
+        StepPlanner(cm, cands, src, PlanningOptions(max_len=3, tokens_per_step=60, packing="wlb-fixed"),
+                    packings=PACKINGS)
+    own = StepPlanner(cm, cands, src, opts()).next()
+    src2 = TokenBudgetSampler(length_source("synthetic:github", 0), 60000, 16384, seed=0)
+    assert _plan_json(own) == _plan_json(StepPlanner(cm, cands, src2, opts(), packings=PACKINGS).next())
+
+
+def test_packing_change_carries_the_queues_state():
+    """carry_state refuses a packing change while sequences wait in the old packing's queues (wlb -> wlb-fixed too);
+    with none waiting, a planner without queues keeps the queues' state as it loaded it and saves it back, so a later
+    resume with WLB continues its step counter."""
+    pl = _planner(packing="wlb", tps=30000)
+    while not pl.state_dict()["in_flight"]:
+        pl.next()
+    d = pl.state_dict()
+    for other in ("wlb-fixed", "hydraulis"):
+        opts = PlanningOptions(max_len=16384, tokens_per_step=30000, packing=other, seed=3)
+        with pytest.raises(TidalError, match=f"packing wlb -> {other}"):
+            carry_state(d, opts, pl.candidates)
+    list(pl.flush())
+    d = pl.state_dict()
+    assert not d["in_flight"] and d["wlb"]["step"] > 0
+    hy = _planner(packing="hydraulis", tps=30000)
+    d2, note = carry_state(d, hy.options, hy.candidates)
+    hy.load_state_dict(d2)
+    assert "packing wlb -> hydraulis" in note and hy.state_dict()["wlb"] == d["wlb"]
+    back = _planner(packing="wlb", tps=30000)
+    back.load_state_dict(carry_state(hy.state_dict(), back.options, back.candidates)[0])
+    assert back.state_dict()["wlb"] == d["wlb"]
+    assert _planner(packing="hydraulis").state_dict()["wlb"] == {}  # loaded by a WLB planner as empty queues
 
 
 def test_build_candidates_checks():

@@ -167,6 +167,7 @@ def test_planner_stream_carries_over_candidate_changes_exactly_once(tmp_path):
     """A WLB stream over a finite corpus, its candidate list changed at three checkpoints (4 -> 3 -> 4 devices
     among them): every document is trained exactly once over the epoch; the note is one line; a changed max_len
     is refused in one line."""
+    from tidal.baselines.packings import PACKINGS
     from tidal.costmodel import AnalyticCostModel
     from tidal.data import EpochLedger, TokenBudgetSampler, corpus_from_spec
     from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates, carry_state
@@ -181,7 +182,8 @@ def test_planner_stream_carries_over_candidate_changes_exactly_once(tmp_path):
     def planner(strategies: str, world: int, state=None):
         cm = AnalyticCostModel(get_model("tiny"), get_cluster(f"cpux{world}"))
         cands = build_candidates(cm, strategies, None, tokens_per_step=768, max_len=192, seed=0)
-        p = StepPlanner(cm, cands, TokenBudgetSampler(corpus.length_source(), 768, 192, seed=0), opts)
+        p = StepPlanner(cm, cands, TokenBudgetSampler(corpus.length_source(), 768, 192, seed=0), opts,
+                        packings=PACKINGS)
         note = ""
         if state is not None:
             state, note = carry_state(json.loads(json.dumps(state)), opts, cands)

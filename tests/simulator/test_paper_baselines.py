@@ -5,6 +5,8 @@ against its Table 2's stage counts."""
 import numpy as np
 import pytest
 
+from tidal.baselines import wlb
+from tidal.baselines.flexpipe import TABLE2, FlexPipePlanner, Mapping, fit_table2
 from tidal.core.cluster import GB, ClusterSpec, DeviceType, NodeGroup, get_cluster
 from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec, get_model
@@ -13,8 +15,6 @@ from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.costmodel.base import LatencyCoeffs
 from tidal.data.sampler import TokenBudgetSampler
 from tidal.data.sources import length_source
-from tidal.planner.baselines import wlb
-from tidal.planner.baselines.flexpipe import TABLE2, FlexPipePlanner, Mapping, fit_table2
 from tidal.simulator import paper
 from tidal.simulator.baselines import Variant
 from tidal.simulator.engine import SimConfig, Simulator

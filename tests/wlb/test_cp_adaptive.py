@@ -5,11 +5,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tidal.baselines.wlb import WLBConfig, WLBState, wlb_step
 from tidal.core import TidalError
 from tidal.costmodel.base import LatencyCoeffs
 from tidal.costmodel.kernel import KernelModel, causal_pairs
 from tidal.data import sample_steps
-from tidal.planner.baselines.wlb import WLBConfig, WLBState, wlb_step
 from tidal.planner.cp_adaptive import choose_cp_sharding, choose_for_micro_batches
 from tidal.planner.cp_sharding import rank_attention_pairs, shard_micro_batch
 from tidal.planner.metrics import max_over_mean

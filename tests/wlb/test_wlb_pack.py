@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tidal.baselines.wlb import pack
 from tidal.core import TidalError
 from tidal.costmodel.base import LatencyCoeffs
-from tidal.planner.baselines.wlb import pack
 from tidal.planner.packing import PackResult, pipeline_time
 
 pytestmark = pytest.mark.unit

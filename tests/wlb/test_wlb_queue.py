@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tidal.baselines.wlb import WLBConfig, WLBState, greedy_pack, wlb_flush, wlb_step
 from tidal.core import TidalError
 from tidal.costmodel.base import LatencyCoeffs
-from tidal.planner.baselines.wlb import WLBConfig, WLBState, greedy_pack, wlb_flush, wlb_step
 
 pytestmark = pytest.mark.unit
 
@@ -129,7 +129,7 @@ def test_greedy_pack_balances_workload():
 
 
 def test_default_thresholds():
-    from tidal.planner.baselines.wlb import default_thresholds
+    from tidal.baselines.wlb import default_thresholds
 
     assert default_thresholds(131072) == (32768, 65536)
     with pytest.raises(TidalError):

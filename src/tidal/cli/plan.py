@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from itertools import chain
 from pathlib import Path
 
+from tidal.baselines.packings import PACKINGS
 from tidal.cli import args as argtypes
 from tidal.cli.dryrun import DEFAULT_STEPS, resolve
 from tidal.core.cluster import get_cluster
@@ -22,7 +23,7 @@ from tidal.data.sampler import LONG_DOC_POLICIES, TokenBudgetSampler
 from tidal.data.sources import length_source
 from tidal.planner.bounds_lp import prove_selection
 from tidal.planner.select import StepSelection
-from tidal.planner.stepper import CP_SHARDINGS, PACKERS, PlanningOptions, StepPlanner, build_candidates
+from tidal.planner.stepper import CP_SHARDINGS, PlanningOptions, StepPlanner, build_candidates
 
 PROPOSAL_SAMPLE = 20000  # documents read from the source to propose candidates
 
@@ -64,7 +65,7 @@ def add_parser(sub) -> None:
     p.add_argument("--strategies", default=None,
                    help="'auto' (proposal DP; the default) or strategies separated by ';', e.g. "
                         "'tp4+tp2pp2+2*tp1pp2;8*tp1'")
-    p.add_argument("--packing", choices=tuple(PACKERS), default=None,
+    p.add_argument("--packing", choices=tuple(PACKINGS), default=None,
                    help="hydraulis (the default): min max micro-batch x (PP-1+V); wlb: WLB-LLM with outlier delay; "
                         "fixed: token-count first-fit (baseline)")
     p.add_argument("--cp-sharding", choices=CP_SHARDINGS, default=None,
@@ -152,7 +153,7 @@ def plan_run(args, progress=None) -> PlanRun:
     else:
         cm, candidates, options, sampler = job.cost_model, job.candidates, job.options, job.sampler()
         sync, charge_cp = job.sync, job.charge_cp
-    planner = StepPlanner(cm, candidates, sampler, options, sync=sync, charge_cp=charge_cp)
+    planner = StepPlanner(cm, candidates, sampler, options, sync=sync, charge_cp=charge_cp, packings=PACKINGS)
     planned = []
     for ps in chain(planner.steps(args.steps), planner.flush()):
         if args.prove_bound and ps.selection is not None:

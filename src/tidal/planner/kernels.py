@@ -7,7 +7,7 @@ fastmath), `PLAIN` the same functions as plain Python (`plain`: a namespace wher
 and `loops()` picks the first available; the tests run both and compare them float for float. numba is a core
 dependency (decision 92): the plain mode is the reference and a slow fallback (it indexes numpy arrays one element
 at a time). The pipeline cost formula (pipecost.py, `compile_pipecost`) is inlined into them. The packer's and the
-bounds' loops are in kernels_pack.py, Hydraulis Alg. 1 in baselines/hydraulis.py, by the same pattern.
+bounds' loops are in kernels_pack.py, Hydraulis Alg. 1 in alg1.py, by the same pattern.
 
 Import this module lazily (importing numba takes about a second).
 """

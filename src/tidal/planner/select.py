@@ -15,7 +15,7 @@ import numpy as np
 
 from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan, StepPlan
-from tidal.planner.baselines.hydraulis import dispatch_hydraulis
+from tidal.planner.alg1 import dispatch_hydraulis
 from tidal.planner.bounds import PipeCost, StrategyBound, check_lengths, pipeline_bound, prepare_lengths
 from tidal.planner.bounds_modes import MODE_ITERS, MODE_ITERS_MANY, TIGHTEN_ITERS, mode_bound, mode_search
 from tidal.planner.charges import charge

@@ -1,8 +1,8 @@
 """The per-step planning loop as a typed, resumable object: step source -> WLB queues -> select_step -> CP sharding.
 
 `StepPlanner` pulls one step of sequences at a time from a `StepSource` (duck-typed; `tidal.data.TokenBudgetSampler`
-satisfies it; this layer must not import `tidal.data`), optionally runs it through WLB-LLM outlier-delay queues
-(`packing="wlb"`), plans the sequences that run now with `select.select_step` over every candidate (or, with
+satisfies it; this layer must not import `tidal.data`), optionally runs it through delay queues (WLB-LLM's outlier
+queues, `packing="wlb"`), plans the sequences that run now with `select.select_step` over every candidate (or, with
 `rotate=True`, on candidate k % S only), chooses CP sharding per micro-batch and yields a `PlannedStep`. At the end of
 the source (or on `flush()`) WLB flush steps run whatever is still queued. `state_dict()` is JSON-safe and resumes the
 stream exactly: the source's state, the WLB queues, the table of in-flight (deferred) sequences and the step counter.
@@ -14,9 +14,8 @@ selected with seed `seed + k`, as `tidal plan` always did.
 from __future__ import annotations
 
 import itertools
-import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -27,19 +26,13 @@ from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.scheme import ParallelScheme, parse_strategies
 from tidal.core.strategy import Strategy, place
-from tidal.costmodel.base import CostModel, pipeline_device
+from tidal.costmodel.base import CostModel, LatencyCoeffs, pipeline_device
 from tidal.costmodel.sync import SyncPricing
 from tidal.planner import packing
-from tidal.planner.baselines import fixed, wlb
 from tidal.planner.cp_adaptive import charged_pipeline_time, choose_for_micro_batches, cp_kernel
 from tidal.planner.proposal import propose
-from tidal.planner.select import StepSelection, StrategyProfile, profile_strategies, select_step
+from tidal.planner.select import Packer, StepSelection, StrategyProfile, profile_strategies, select_step
 
-# wlb: WLB-LLM's packing, the micro-batch count searched per pipeline; wlb-fixed: as its paper ran it, PP micro-batches
-# per pipeline (PP x DP per step)
-PACKERS = MappingProxyType({"hydraulis": packing.pack, "wlb": wlb.pack, "wlb-fixed": wlb.pack_fixed_count,
-                            "fixed": fixed.pack_fixed})
-WLB_PACKINGS = ("wlb", "wlb-fixed")
 CP_SHARDINGS = ("adaptive", "per-seq", "per-doc")
 STATE_VERSION = 1
 
@@ -60,8 +53,8 @@ class PlanningOptions:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise TidalError(f"planning option {name} must be a positive integer, got {v!r}")
-        if self.packing not in PACKERS:
-            raise TidalError(f"unknown packing {self.packing!r}; choose one of {', '.join(PACKERS)}")
+        if not isinstance(self.packing, str) or not self.packing:
+            raise TidalError(f"planning option packing must be a packing's name, got {self.packing!r}")
         if self.cp_sharding not in CP_SHARDINGS:
             raise TidalError(f"unknown CP sharding {self.cp_sharding!r}; choose one of {', '.join(CP_SHARDINGS)}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
@@ -73,9 +66,59 @@ class PlanningOptions:
         for name in ("exact", "rotate"):
             if not isinstance(getattr(self, name), bool):
                 raise TidalError(f"planning option {name} must be true or false, got {getattr(self, name)!r}")
-        if self.packing in WLB_PACKINGS and self.max_len < 4:
-            raise TidalError(f"wlb packing needs max_len >= 4 (outlier thresholds max_len/4, max_len/2), got "
-                             f"{self.max_len}")
+
+
+class QueuedStep(Protocol):
+    """One step out of delay queues: the incoming sequences (carried-over ones first), which of them run now."""
+
+    step: int  # the queues' step counter
+    seq_ids: tuple[int, ...]
+    seq_lengths: tuple[int, ...]
+    arrival: tuple[int, ...]  # the step each incoming sequence first arrived
+    deferred: tuple[int, ...]  # indices into seq_ids carried to a later step
+
+    @property
+    def packed(self) -> tuple[int, ...]:  # indices into seq_ids that run this step
+        ...
+
+
+class DelayQueues(Protocol):
+    """Queues that decide which of a step's sequences run now and which wait (WLB-LLM's outlier-delay queues,
+    baselines/packings.py). States are immutable values with `empty`, `pending` (items with `seq_id`) and
+    `to_dict()`; a config is whatever `step` needs, rebuilt when the cost model changes."""
+
+    def config(self, first: Strategy, coeffs: LatencyCoeffs, options: PlanningOptions) -> Any:
+        ...
+
+    def new_state(self) -> Any:
+        ...
+
+    def load_state(self, d: dict) -> Any:
+        ...
+
+    def step(self, state: Any, seq_ids: Sequence[int], lengths: Sequence[int], cfg: Any, *,
+             flush: bool = False) -> tuple[QueuedStep, Any]:
+        ...
+
+
+@dataclass(frozen=True)
+class Packing:
+    """How a step's sequences become micro-batches: `pack` (select's packer protocol) and, where the packing defers
+    sequences to later steps, its `queues` (None: every sequence runs in its own step)."""
+
+    pack: Packer
+    queues: DelayQueues | None = None
+
+
+# the planner's own packing; baselines/packings.PACKINGS adds the compared systems' (callers hand it in, decision 106)
+PLANNER_PACKINGS = MappingProxyType({"hydraulis": Packing(packing.pack)})
+
+
+def get_packing(packings: Mapping[str, Packing], name: str) -> Packing:
+    """The packing called `name`; TidalError naming the choices when there is none."""
+    if name not in packings:
+        raise TidalError(f"unknown packing {name!r}; choose one of {', '.join(packings)}")
+    return packings[name]
 
 
 class StepSource(Protocol):
@@ -175,11 +218,13 @@ class StepPlanner:
 
     def __init__(self, cost_model: CostModel, candidates: Sequence[Strategy], source: StepSource,
                  options: PlanningOptions, *, sync: SyncPricing | None = None, charge_cp: bool = False,
-                 eq1: bool = False) -> None:
+                 eq1: bool = False, packings: Mapping[str, Packing] = PLANNER_PACKINGS) -> None:
         """`sync`: charge each candidate pipeline's gradient pull/push in the selection (costmodel.sync, as the
         simulator prices it); `charge_cp`: charge CP kernel imbalance under `options.cp_sharding` in the selection
         too, not only in the chosen plan (charges.charge, decision 86). Both off: the estimates as before. `eq1`:
-        price one-stage pipelines by Hydraulis Eq. 1 (the Hydraulis baseline, decision 97; PipeCost.eq1)."""
+        price one-stage pipelines by Hydraulis Eq. 1 (the Hydraulis baseline, decision 97; PipeCost.eq1).
+        `packings`: name -> Packing that `options.packing` names one of (the planner's own; baselines.packings.PACKINGS
+        adds the compared systems')."""
         if not isinstance(options, PlanningOptions):
             raise TidalError(f"options must be PlanningOptions, got {type(options).__name__}")
         self.cost_model = cost_model
@@ -190,16 +235,14 @@ class StepPlanner:
                                                                         eq1=self._eq1)
         self.source = source
         self.options = options
-        self._packer = PACKERS[options.packing]
-        self._wcfg: wlb.WLBConfig | None = None
-        if options.packing in WLB_PACKINGS:
-            # WLB's N: micro-batch slots per step. A pipeline needs >= PP micro-batches to fill, so N = sum of PP
-            # degrees over the first (best expected) candidate; for one homogeneous pipeline the paper's PP x DP.
-            n_slots = sum(p.scheme.pp for p in self.candidates[0].pipelines)
-            self._wcfg = wlb.WLBConfig(
-                n_micro=n_slots, max_len=max(options.max_len, math.ceil(2 * options.tokens_per_step / n_slots)),
-                coeffs=self.profiles[0].pipes[0].coeffs, thresholds=wlb.default_thresholds(options.max_len))
-        self._wstate = wlb.WLBState()
+        chosen = get_packing(packings, options.packing)
+        self._packer, self._queues = chosen.pack, chosen.queues
+        self._wcfg: Any = None  # the queues' config (None: no queues)
+        # the queues' state; without queues, what a loaded state held, kept for a later resume with queues
+        self._wstate: Any = {}
+        if self._queues is not None:
+            self._wcfg = self._queues.config(self.candidates[0], self.profiles[0].pipes[0].coeffs, options)
+            self._wstate = self._queues.new_state()
         self._in_flight: dict[int, tuple[int, int, int]] = {}  # deferred seq_id -> (doc_id, start, length)
         self._index = 0
         self._exhausted = False  # the source returned None (or flush() was called): only flush steps remain
@@ -212,8 +255,8 @@ class StepPlanner:
             raise TidalError("set_cost_model: the new cost model is for another model or cluster")
         self.profiles = profile_strategies(self.candidates, cost_model, *self._charging, eq1=self._eq1)
         self.cost_model = cost_model
-        if self._wcfg is not None:
-            self._wcfg = replace(self._wcfg, coeffs=self.profiles[0].pipes[0].coeffs)
+        if self._queues is not None:
+            self._wcfg = self._queues.config(self.candidates[0], self.profiles[0].pipes[0].coeffs, self.options)
 
     @property
     def long_doc_stats(self) -> dict:
@@ -247,20 +290,20 @@ class StepPlanner:
         self._index += 1
         return PlannedStep(k, step, sel, delay, docs)
 
-    def _wlb(self, res: wlb.WLBStep, t0: float) -> PlannedStep:
+    def _wlb(self, res: QueuedStep, t0: float) -> PlannedStep:
         docs = tuple(self._in_flight[i] for i in res.seq_ids)
         self._in_flight = {res.seq_ids[i]: docs[i] for i in res.deferred}
         return self._plan(res.seq_ids, res.seq_lengths, sorted(res.packed), res.deferred, docs, t0,
                           [res.step - a for a in res.arrival])
 
     def _flush_step(self) -> PlannedStep | None:
-        assert self._wcfg is not None
+        assert self._queues is not None
         if self._wstate.empty:
             return None
         t0 = time.perf_counter()
-        res, self._wstate = wlb.wlb_step(self._wstate, [], [], self._wcfg, flush=True)
+        res, self._wstate = self._queues.step(self._wstate, [], [], self._wcfg, flush=True)
         if not res.packed:  # cannot happen: the largest pending document always fits an empty micro-batch
-            raise TidalError("WLB flush made no progress")
+            raise TidalError(f"{self.options.packing} flush made no progress")
         return self._wlb(res, t0)
 
     def next(self) -> PlannedStep | None:
@@ -272,12 +315,12 @@ class StepPlanner:
             else:
                 t0 = time.perf_counter()
                 ids, lens, docs = read_step(st)
-                if self._wcfg is None:
+                if self._queues is None:
                     return self._plan(ids, lens, list(range(len(lens))), (), docs, t0, None)
                 self._in_flight.update(zip(ids, docs))
-                res, self._wstate = wlb.wlb_step(self._wstate, ids, lens, self._wcfg)
+                res, self._wstate = self._queues.step(self._wstate, ids, lens, self._wcfg)
                 return self._wlb(res, t0)
-        return None if self._wcfg is None else self._flush_step()
+        return None if self._queues is None else self._flush_step()
 
     def __iter__(self) -> Iterator[PlannedStep]:
         while (ps := self.next()) is not None:
@@ -303,7 +346,7 @@ class StepPlanner:
             "index": self._index,
             "exhausted": self._exhausted,
             "source": self.source.state_dict(),
-            "wlb": self._wstate.to_dict(),
+            "wlb": self._wstate.to_dict() if self._queues is not None else self._wstate,  # the queues' state
             "in_flight": [[sid, *doc] for sid, doc in sorted(self._in_flight.items())],
         }
 
@@ -317,14 +360,15 @@ class StepPlanner:
             mine = _fingerprint(self.options, self.candidates)
             if fp != mine:
                 raise TidalError(f"planner state does not match this planner: state {fp} vs {mine}")
-            wstate = wlb.WLBState.from_dict(d["wlb"])
+            wstate = self._queues.load_state(d["wlb"]) if self._queues is not None else dict(d["wlb"])
             in_flight = {int(r[0]): (int(r[1]), int(r[2]), int(r[3])) for r in d["in_flight"]}
             index, exhausted = int(d["index"]), bool(d["exhausted"])
             source = d["source"]
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise TidalError(f"malformed planner state: {type(e).__name__}: {e}") from None
-        if {p.seq_id for p in wstate.pending} != set(in_flight):
-            raise TidalError("malformed planner state: in-flight sequences do not match the WLB queues")
+        pending = {p.seq_id for p in wstate.pending} if self._queues is not None else set()
+        if pending != set(in_flight):
+            raise TidalError("malformed planner state: in-flight sequences do not match the delay queues")
         self.source.load_state_dict(source)
         self._wstate, self._in_flight, self._index, self._exhausted = wstate, in_flight, index, exhausted
 
@@ -353,7 +397,7 @@ def carry_state(d: dict, options: PlanningOptions, candidates: Sequence[Strategy
         return d, ""
     changed = {k: (old_opts.get(k), v) for k, v in mine["options"].items() if old_opts.get(k) != v}
     stream = {k: c for k, c in changed.items() if k in ("max_len", "tokens_per_step", "seed")}
-    if "packing" in changed and d.get("in_flight") and (changed["packing"][0] == "wlb") != (options.packing == "wlb"):
+    if "packing" in changed and d.get("in_flight"):  # queued sequences belong to the old packing's queues
         stream["packing"] = changed["packing"]
     if stream:
         what = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in stream.items())

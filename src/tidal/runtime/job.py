@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tidal.baselines.flexpipe_steps import flexpipe_candidates, parse_depths
+from tidal.baselines.packings import PACKINGS
 from tidal.core.cluster import ClusterSpec, get_cluster, with_memory
 from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec, param_table
@@ -30,9 +32,8 @@ from tidal.costmodel.sync import SyncPricing
 from tidal.data.accounting import EpochLedger
 from tidal.data.corpus import corpus_from_spec
 from tidal.models.attention import BACKENDS
-from tidal.planner.flexpipe_run import flexpipe_candidates, parse_depths
 from tidal.planner.select import profile_strategies
-from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates
+from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates, get_packing
 from tidal.runtime import ckptdir
 from tidal.runtime.calibration import REFIT_MODES
 from tidal.runtime.config import TrainConfig, compute_dtype_for
@@ -162,8 +163,9 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
     options = PlanningOptions(max_len=cfg.data.max_len, tokens_per_step=cfg.data.tokens_per_step,
                               packing=cfg.planner.packing, cp_sharding=cfg.planner.cp_sharding, seed=cfg.data.seed,
                               rotate=cfg.planner.rotate, exact=cfg.planner.exact)
+    get_packing(PACKINGS, options.packing)  # an unknown name fails here, before any rank starts
     sample = None
-    if cfg.planner.name == "flexpipe":  # every (depth, split) HBSA may pick (planner/flexpipe_run.py)
+    if cfg.planner.name == "flexpipe":  # every (depth, split) HBSA may pick (baselines/flexpipe_steps.py)
         candidates = flexpipe_candidates(spec.layers, cluster.num_devices, parse_depths(cfg.planner.flexpipe_depths))
         for s in candidates:
             s.pipelines[0].scheme.validate(spec)

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tidal.baselines.packings import PACKINGS
 from tidal.core.cluster import ClusterSpec
 from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec
@@ -109,7 +110,7 @@ class PlannerSpec(StreamInputs):
         """The planner and the corpus it samples."""
         sampler, cm, corpus = self.sampling(self.memory)
         return StepPlanner(cm, self.candidates, sampler, self.options, sync=self.sync,
-                           charge_cp=self.charge_cp), corpus
+                           charge_cp=self.charge_cp, packings=PACKINGS), corpus
 
     def __call__(self) -> StepPlanner:
         return self.build()[0]

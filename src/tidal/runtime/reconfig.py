@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tidal.baselines.flexpipe import FlexPipePlanner
+from tidal.baselines.flexpipe_steps import FlexPipeStepPlanner
 from tidal.costmodel.memory import MemoryConfig
-from tidal.planner.baselines.flexpipe import FlexPipePlanner
-from tidal.planner.flexpipe_run import FlexPipeStepPlanner
 from tidal.runtime.planahead import StreamInputs
 
 Box = tuple[tuple[int, int], ...]

@@ -15,12 +15,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from tidal.baselines.fixed import pack_fixed
 from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.scheme import ParallelScheme
 from tidal.core.strategy import Strategy, place
 from tidal.costmodel.base import CostModel, LatencyCoeffs, Wrapper, pipeline_device
-from tidal.planner.baselines.fixed import pack_fixed
 from tidal.planner.cp_adaptive import choose_for_micro_batches, cp_kernel
 from tidal.planner.packing import pipeline_time
 

@@ -1,5 +1,5 @@
 """FlexPipe baseline (flexpipe.txt §4-5, §7.1): one pipeline, TP = CP = 1, its mapping re-decided every step by
-`tidal.planner.baselines.flexpipe.FlexPipePlanner` (HBSA), with its reconfiguration (layer migration) and recomputation
+`tidal.baselines.flexpipe.FlexPipePlanner` (HBSA), with its reconfiguration (layer migration) and recomputation
 costs.
 
 A step: documents FFD-packed into about MICRO_BATCHES micro-batches (capacity: the larger of the step's longest
@@ -16,9 +16,9 @@ import time
 
 import numpy as np
 
+from tidal.baselines.fixed import pack_fixed
+from tidal.baselines.flexpipe import FlexPipePlanner, Mapping, WorkloadMemory
 from tidal.core.plan import PipelinePlan
-from tidal.planner.baselines.fixed import pack_fixed
-from tidal.planner.baselines.flexpipe import FlexPipePlanner, Mapping, WorkloadMemory
 from tidal.simulator.baselines import UNIT, on_truth
 from tidal.simulator.engine import BWD, PipelineTrace, SimConfig, Simulator, StepResult, run_pipeline
 from tidal.simulator.runs import SystemRun, steps_of
@@ -77,7 +77,7 @@ def simulate_mapping(sim: Simulator, mp: Mapping, recompute, lengths: np.ndarray
 def run_flexpipe(w, sim_cfg: SimConfig, progress, *, static: bool = False, name: str = "flexpipe",
                  workload_memory: WorkloadMemory | None = None, stage_overhead_s: float = 0.0,
                  memopt_share: float = 1.0):
-    """`workload_memory`: FlexPipe's own memory model of its workload (`tidal.planner.baselines.flexpipe.fit_table2`);
+    """`workload_memory`: FlexPipe's own memory model of its workload (`tidal.baselines.flexpipe.fit_table2`);
     None sizes stages with Tidal's memory model. `stage_overhead_s`: FlexPipe's per-stage overhead of each micro-batch
     operation (`flexpipe.fit_fig2c`), planned and executed alike; `memopt_share`: the most of a stage's bytes its
     memory optimisation may save (`flexpipe.TABLE2_MEMOPT_SHARE`)."""

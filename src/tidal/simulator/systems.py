@@ -16,6 +16,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from tidal.baselines.packings import PACKINGS
 from tidal.core.errors import TidalError
 from tidal.costmodel.base import CostModel
 from tidal.planner.proposal import propose, scheme_space
@@ -78,7 +79,7 @@ def run_planner(name: str, w: Workload, sim: SimConfig, candidates, options: Pla
     papers' planners do not). `eq1`: one-stage pipelines priced by Hydraulis Eq. 1 (the Hydraulis baseline)."""
     run = SystemRun(name, config, plan_s=t_plan)
     planner = StepPlanner(w.cost_model, candidates, w.source_factory(), options,
-                          sync=sim.sync if charged else None, charge_cp=charged, eq1=eq1)
+                          sync=sim.sync if charged else None, charge_cp=charged, eq1=eq1, packings=PACKINGS)
     s = _simulator(w, sim)
     prev = None
     for ps in chain(planner.steps(w.steps), planner.flush()):

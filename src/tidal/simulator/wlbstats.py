@@ -22,9 +22,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tidal.baselines.fixed import pack_fixed
 from tidal.core.errors import TidalError
 from tidal.costmodel.base import LatencyCoeffs
-from tidal.planner.baselines.fixed import pack_fixed
 
 UNIT = LatencyCoeffs(0.0, 1.0, 0.0)  # token-count packing ignores latency
 

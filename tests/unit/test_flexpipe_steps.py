@@ -8,11 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from tidal.core import get_cluster, get_model
-from tidal.core.errors import TidalError
-from tidal.costmodel.analytic import AnalyticCostModel
-from tidal.planner.baselines.flexpipe import FlexPipePlanner
-from tidal.planner.flexpipe_run import (
+from tidal.baselines.flexpipe import FlexPipePlanner
+from tidal.baselines.flexpipe_steps import (
     FlexPipeStepPlanner,
     candidate_index,
     flexpipe_candidates,
@@ -21,6 +18,9 @@ from tidal.planner.flexpipe_run import (
     reconfigurations,
     strategy_for,
 )
+from tidal.core import get_cluster, get_model
+from tidal.core.errors import TidalError
+from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.runtime.config import PlannerConfig
 from tidal.runtime.reconfig import moved_groups, reconfig_stats
 

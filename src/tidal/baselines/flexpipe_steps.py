@@ -1,6 +1,6 @@
 """FlexPipe as `tidal train`'s planner (`[planner] name = "flexpipe"`, `tidal verify --planner flexpipe`).
 
-Each step HBSA (planner/flexpipe.py, flexpipe.txt §5 Alg. 1 with its triggers A-D) picks the pipeline depth N, the
+Each step HBSA (baselines/flexpipe.py, flexpipe.txt §5 Alg. 1 with its triggers A-D) picks the pipeline depth N, the
 (possibly uneven) layer split and the stages' device groups for the step's sequences. The decision is translated
 into the executor's terms (decision 91):
 
@@ -28,11 +28,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from tidal.baselines.flexpipe import FlexPipePlanner, Mapping
 from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.scheme import ParallelScheme
 from tidal.core.strategy import Pipeline, Strategy
-from tidal.planner.baselines.flexpipe import FlexPipePlanner, Mapping
 from tidal.planner.stepper import PlannedStep, StepPlanner, StepSource, read_step
 
 MAX_SPLITS = 64  # candidates per depth (start-up builds a stage model and plans for each)

@@ -23,6 +23,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from tidal.baselines.packings import PACKINGS
 from tidal.core.cluster import ClusterSpec, get_cluster
 from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec, get_model
@@ -142,7 +143,7 @@ class Planner:
                                  sync=sync, cp_policy=cp_sharding if charges else None, refine=refine)
         self.model, self.cluster, self.cost_model, self.max_len = spec, clu, cm, max_len
         self._feed = _Feed()
-        self._planner = StepPlanner(cm, cands, self._feed, options, sync=sync, charge_cp=charges)
+        self._planner = StepPlanner(cm, cands, self._feed, options, sync=sync, charge_cp=charges, packings=PACKINGS)
 
     @property
     def candidates(self) -> tuple[str, ...]:
