@@ -141,6 +141,11 @@ def print_paper(cells) -> None:
         err = [s / p - 1 for s in sim]
         print(f"  {n:<15}{p:>7.2f}" + "".join(f"{s:>13.3f}" for s in sim)
               + "  " + ", ".join(f"{e:+.1%}" for e in err))
+    t2 = wlbstats.PAPER_TABLE2
+    bound = wlbstats.pp_speedup_bound(t2["original"], t2["wlb-llm"], SETUPS[1][2].pp)
+    print(f"  PP level alone cannot exceed {bound:.3f} by Table 2's own degrees ({t2['original']} -> {t2['wlb-llm']}, "
+          f"{SETUPS[1][2].pp} micro-batches on {SETUPS[1][2].pp} stages: sum + (PP-1) max; "
+          "`wlbstats.pp_speedup_bound`); --no-cp-imbalance gives the simulated PP level alone")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,16 @@ def test_degree_and_original_packing_by_hand():
     assert wlbstats.original(np.array([2, 4, 8, 4, 2, 4]), k, 8) == pytest.approx(64 * 3 / 120)
 
 
+def test_pp_speedup_bound_is_the_flow_shop_makespan_ratio():
+    # 4 micro-batches on 4 stages: times 4, 1, 1, 2 (degree 4 x 4 / 8 = 2) take 8 + 3 x 4 = 20; balanced 2, 2, 2, 2
+    # (degree 1) take 8 + 3 x 2 = 14
+    assert wlbstats.pp_speedup_bound(2.0, 1.0, 4) == pytest.approx(20 / 14)
+    assert wlbstats.pp_speedup_bound(1.3, 1.3, 4) == pytest.approx(1.0)
+    assert wlbstats.pp_speedup_bound(1.44, 1.05, 4) < 1.28  # WLB-LLM Table 2's degrees cannot give Fig. 13's 1.28
+    with pytest.raises(TidalError):
+        wlbstats.pp_speedup_bound(0.9, 1.0, 4)
+
+
 def test_greedy_fixed_len_puts_the_longest_where_the_attention_is_least():
     k = LatencyCoeffs(1.0, 0.0, 0.0)
     mbs = wlbstats.greedy_fixed_len(np.array([6, 1, 5, 2, 2]), 2, 8, k)

@@ -45,6 +45,18 @@ def degree(times: Sequence[float] | np.ndarray) -> float:
     return float(t.max() * t.size / t.sum())
 
 
+def pp_speedup_bound(before: float, after: float, pp: int) -> float:
+    """The most a PP-level repacking can speed a step up when it takes the imbalance degree from `before` to `after`,
+    `pp` micro-batches on `pp` stages, each micro-batch the same time on every stage: the pipeline's makespan is then
+    sum + (pp - 1) max (a flow shop; 1F1B's forward and backward alike) and max = degree x sum / pp, so the step time
+    is sum x (1 + (pp - 1) / pp x degree) and the total work is unchanged by repacking. Per-step constants (optimizer,
+    gradient sync) only lower it."""
+    if pp < 1 or before < 1 or after < 1:
+        raise TidalError(f"PP speed-up bound needs pp >= 1 and degrees >= 1, got {pp}, {before}, {after}")
+    f = (pp - 1) / pp
+    return (1 + f * before) / (1 + f * after)
+
+
 def original(step: np.ndarray, coeffs: LatencyCoeffs, ctx: int) -> float:
     """Imbalance degree of one step packed by FFD into windows of `ctx` tokens (the static baselines' packing)."""
     arr = np.asarray(step, dtype=np.int64)
