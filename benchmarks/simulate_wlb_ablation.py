@@ -124,9 +124,11 @@ def print_table2(data, steps: int, seed: int) -> None:
     rows = {}
     for d in data:
         w = workload("llama2-7b", cluster, d, ctx, 4 * ctx, steps, seed)
-        co = w.cost_model.coeffs(scheme, w.cost_model.cluster.device_type(0))
+        dev = w.cost_model.cluster.device_type(0)
+        co, mem = w.cost_model.coeffs(scheme, dev), w.cost_model.max_len(scheme, dev)
         sampler = w.source_factory()
-        rows[d] = wlbstats.table2([sampler.next_step().lengths_array() for _ in range(steps)], co, ctx)
+        rows[d] = wlbstats.table2([sampler.next_step().lengths_array() for _ in range(steps)], co, ctx,
+                                  max_len=mem)
     for k, p in wlbstats.PAPER_TABLE2.items():
         print(f"  {k:<12}{p:>7.2f}" + "".join(f"{rows[d][k]:>13.3f}" for d in data))
 

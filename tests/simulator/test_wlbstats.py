@@ -57,13 +57,19 @@ def test_wlb_llm_delays_outliers_until_every_micro_batch_gets_one():
     # a lone outlier waits: only the 1 runs, on one of the 2 micro-batches (degree 1 x 2 / 1)
     assert wlbstats.wlb_llm([np.array([8, 1])], 2, k, 16) == pytest.approx([2.0])
     assert wlbstats.wlb_llm([np.array([8])], 2, k, 16) == []  # nothing runs: no global batch to measure
+    # twelve 3s: L_max 2 ctx = 32 runs 6 | 6 at once; L_max = a memory MaxLen of 16 holds 5 | 5 and carries two 3s
+    # into the next step (WLB-LLM §4.1), where they join its 1: 3 + 1 | 3, work 10 | 9
+    two = [np.full(12, 3), np.array([1])]
+    assert wlbstats.wlb_llm(two, 2, k, 16) == pytest.approx([1.0, 2.0])
+    assert wlbstats.wlb_llm(two, 2, k, 16, max_len=16) == pytest.approx([1.0, 20 / 19])
 
 
 def _table2(data: str, seed: int, steps: int) -> dict[str, float]:
     cm = AnalyticCostModel(get_model("llama2-7b"), get_cluster("h100x64"))
-    k = cm.coeffs(ParallelScheme(8, 4, 2), cm.cluster.device_type(0))  # WLB-LLM Table 1's 7B-128K: TP8 PP4 CP2
+    sc, dev = ParallelScheme(8, 4, 2), cm.cluster.device_type(0)  # WLB-LLM Table 1's 7B-128K: TP8 PP4 CP2
     s = TokenBudgetSampler(length_source(data, seed), 4 * CTX, CTX, seed=seed)
-    return wlbstats.table2([s.next_step().lengths_array() for _ in range(steps)], k, CTX)
+    return wlbstats.table2([s.next_step().lengths_array() for _ in range(steps)], cm.coeffs(sc, dev), CTX,
+                           max_len=cm.max_len(sc, dev))
 
 
 def test_wlb_llm_source_reproduces_table2_on_a_held_out_seed():

@@ -195,9 +195,13 @@ class StepPlanner:
         if options.packing in WLB_PACKINGS:
             # WLB's N: micro-batch slots per step. A pipeline needs >= PP micro-batches to fill, so N = sum of PP
             # degrees over the first (best expected) candidate; for one homogeneous pipeline the paper's PP x DP.
+            # L_max: twice a slot's share of the step's tokens (the bounded-delay guarantee, docs/wlb.md), but not
+            # above what memory holds in one micro-batch on the candidate's largest pipeline (WLB-LLM §4.1: what does
+            # not fit is carried to the next step) nor below the longest document
             n_slots = sum(p.scheme.pp for p in self.candidates[0].pipelines)
+            l_max = min(math.ceil(2 * options.tokens_per_step / n_slots), self.profiles[0].max_len)
             self._wcfg = wlb.WLBConfig(
-                n_micro=n_slots, max_len=max(options.max_len, math.ceil(2 * options.tokens_per_step / n_slots)),
+                n_micro=n_slots, max_len=max(options.max_len, l_max),
                 coeffs=self.profiles[0].pipes[0].coeffs, thresholds=wlb.default_thresholds(options.max_len))
         self._wstate = wlb.WLBState()
         self._in_flight: dict[int, tuple[int, int, int]] = {}  # deferred seq_id -> (doc_id, start, length)

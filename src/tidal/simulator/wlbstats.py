@@ -14,8 +14,8 @@ ratio is the forward one's):
              k x PP micro-batches of at most one context window; the micro-batches are then grouped into k global
              batches by latency (the k x PP sorted, PP at a time), the grouping that the greedy's balance aims at.
   wlb-llm    WLB-LLM's own packing (Table 2's "#queue=2" row, 1.05) as `wlb-fixed` runs it in the simulator:
-             Algorithm 1 with the two outlier queues at ctx/4 and ctx/2, PP micro-batches per step, L_max = 2 ctx
-             (`StepPlanner`'s for steps of PP context windows). Never fitted: a held-out check of the packer.
+             Algorithm 1 with the two outlier queues at ctx/4 and ctx/2, PP micro-batches per step, L_max the
+             smaller of 2 ctx and the scheme's memory MaxLen (`StepPlanner`'s). Never fitted: a held-out check.
 Each figure is the mean over global batches.
 """
 
@@ -92,11 +92,13 @@ def greedy(steps: Sequence[np.ndarray], k: int, pp: int, coeffs: LatencyCoeffs, 
     return out
 
 
-def wlb_llm(steps: Sequence[np.ndarray], pp: int, coeffs: LatencyCoeffs, ctx: int) -> list[float]:
+def wlb_llm(steps: Sequence[np.ndarray], pp: int, coeffs: LatencyCoeffs, ctx: int, max_len: int | None = None
+            ) -> list[float]:
     """Imbalance degrees of the global batches WLB-LLM's Algorithm 1 packs from these steps: two outlier queues at
-    ctx/4 and ctx/2, `pp` micro-batches, L_max = 2 ctx (what `StepPlanner` sets for steps of pp context windows of
-    tokens: max(ctx, 2 x tokens / pp)); steps whose micro-batches are all empty (everything queued) are skipped."""
-    cfg = wlb.WLBConfig(pp, 2 * ctx, coeffs, wlb.default_thresholds(ctx))
+    ctx/4 and ctx/2, `pp` micro-batches, L_max = min(2 ctx, max_len) as `StepPlanner` sets it for steps of pp context
+    windows (`max_len`: the scheme's memory MaxLen, WLB-LLM §4.1; None: 2 ctx); steps whose micro-batches are all
+    empty (everything queued) are skipped."""
+    cfg = wlb.WLBConfig(pp, max(ctx, min(2 * ctx, max_len or 2 * ctx)), coeffs, wlb.default_thresholds(ctx))
     state, out, first = wlb.WLBState(), [], 0
     for s in steps:
         arr = np.asarray(s, dtype=np.int64)
@@ -109,11 +111,12 @@ def wlb_llm(steps: Sequence[np.ndarray], pp: int, coeffs: LatencyCoeffs, ctx: in
     return out
 
 
-def table2(steps: Sequence[np.ndarray], coeffs: LatencyCoeffs, ctx: int, pp: int = 4) -> dict[str, float]:
+def table2(steps: Sequence[np.ndarray], coeffs: LatencyCoeffs, ctx: int, pp: int = 4, max_len: int | None = None
+           ) -> dict[str, float]:
     """Table 2's rows on these steps: the mean imbalance degree of the original packing, of greedy 1/2/4/8 and of
-    WLB-LLM's packing."""
+    WLB-LLM's packing (L_max capped at `max_len`, the scheme's memory MaxLen)."""
     out = {"original": float(np.mean([original(s, coeffs, ctx) for s in steps]))}
     for k in (1, 2, 4, 8):
         out[f"greedy {k}"] = float(np.mean(greedy(steps, k, pp, coeffs, ctx)))
-    out["wlb-llm"] = float(np.mean(wlb_llm(steps, pp, coeffs, ctx)))
+    out["wlb-llm"] = float(np.mean(wlb_llm(steps, pp, coeffs, ctx, max_len)))
     return out
