@@ -146,6 +146,9 @@ def main() -> None:
     ap.add_argument("--why-no-shrink", action="store_true",
                     help="with --batch-docs: what condition B weighs in the steps where HBSA keeps more stages")
     ap.add_argument("--seed", type=int, default=0, help="data seed")
+    ap.add_argument("--why-memopt", default="",
+                    help="comma-separated seeds: in the paper's cell (GPT (3.35B), 16 A100s, --paper-setup), how "
+                         "often the held mapping overflows and what HBSA does then, and the O_plan share cap's effect")
     ap.add_argument("--paper-setup", action="store_true",
                     help="FlexPipe's batch of 4 samples and Fig. 2(c)'s per-stage overhead")
     a = ap.parse_args()
@@ -153,6 +156,9 @@ def main() -> None:
         a.batch_docs = a.batch_docs or 4
     if a.why_no_shrink:
         why_no_shrink(a.steps, a.batch_docs or 4, a.paper_setup)
+        return
+    if a.why_memopt:
+        why_memopt(a.steps, [int(x) for x in a.why_memopt.split(",")])
         return
     models = [m for m in MODELS if m[0].name in TABLE2] if a.quick else list(MODELS)
     with ProcessPoolExecutor(a.jobs) as ex:
@@ -243,6 +249,48 @@ def why_no_shrink(steps: int, batch_docs: int, paper: bool = False) -> None:
             med = np.median(np.array(rows), axis=0) if rows else (np.nan,) * 3
             print(f"{model.name:<10}{max_len:>8}{len(rows):>12}{med[0]:>9.3f}{med[1]:>10.3f}{med[2]:>9.3f}  "
                   f"{cur.layers} x {cur.gpus}")
+
+
+def memopt_trace(steps: int, seed: int, max_len: int, share: float = TABLE2_MEMOPT_SHARE) -> dict[str, int]:
+    """HBSA's decisions in the paper's cell (GPT (3.35B) on 16 A100s, --paper-setup) over `steps` steps of 4
+    samples, and for the steps where the held mapping overflows (not condition A): how many recompute (2), how many
+    cannot within the O_plan share cap (`share`) and how many find reconfiguring cheaper (not condition D)."""
+    model, nodes = next(m for m in MODELS if m[0].name == "gpt-3.35b")
+    wm = workload_memory(model)
+    pl = FlexPipePlanner(AnalyticCostModel(model, _cluster(nodes)), fwd_share=SimConfig().fwd_share,
+                         workload_memory=wm, stage_overhead_s=stage_overhead(model, nodes, wm), memopt_share=share)
+    src, cur = DocsPerStep(length_source(DATA, seed), 4, max_len), None
+    out = dict.fromkeys(("steps", "overflow", "memopt", "over cap", "not D", "grow", "shrink"), 0)
+    for _ in range(steps):
+        lens = np.asarray(src.next_step().lengths)
+        mu = int(lens.max())
+        nm = len(pack_fixed(lens, UNIT, 1, max(mu, -(-int(lens.sum()) // MICRO_BATCHES))).micro_batches)
+        s1, s2 = float(lens.sum()) / nm, float(np.sum(lens.astype(np.float64) ** 2)) / nm
+        over = cur is not None and not pl.fits(cur, mu, s1)
+        capped = over and pl.o_plan(cur, mu, s1) is None
+        d = pl.decide(mu, s1, s2, nm, cur)
+        out["steps"] += 1
+        out["overflow"] += int(over)
+        out["over cap"] += int(capped)
+        out["not D"] += int(over and not capped and d.action != "memopt")
+        out[d.action] = out.get(d.action, 0) + 1
+        cur = d.mapping
+    return out
+
+
+def why_memopt(steps: int, seeds: list[int]) -> None:
+    """Why memory optimisation is rarer than the paper's 25 per 100 (§5.2): it can only answer a step that the held
+    mapping cannot hold (not condition A), and HBSA holds a mapping deep enough for most steps. Per seed and length,
+    per 100 steps; then, on the first seed, the O_plan share cap raised from Table 2's."""
+    print(f"HBSA in the paper's cell (GPT (3.35B), 16 A100s, 4 samples per step, {DATA}, {steps} steps), per 100 "
+          f"steps; paper: memory optimisation {PAPER_MEMOPT_PER_100:.0f}, grow/shrink {PAPER_RECONF_PER_100:.1f}")
+    cols = ("overflow", "memopt", "over cap", "not D", "grow", "shrink")
+    print(f"{'seed':>5}{'max len':>8}{'share':>7}" + "".join(f"{c:>10}" for c in cols))
+    rows = [(sd, ml, TABLE2_MEMOPT_SHARE) for sd in seeds for ml in LENGTHS[1:]]
+    rows += [(seeds[0], LENGTHS[1], sh) for sh in (0.25, 0.35, 0.45, 0.6, 1.0)]
+    for sd, ml, sh in rows:
+        t = memopt_trace(steps, sd, ml, sh)
+        print(f"{sd:>5}{ml:>8}{sh:>7.3f}" + "".join(f"{100 * t.get(c, 0) / t['steps']:>10.1f}" for c in cols))
 
 
 def _count(config: str, action: str) -> int:

@@ -47,12 +47,12 @@ NAMES = ("plain-4d", "+per-doc CP", "+adaptive CP", "var-len only", "+var-len pa
 
 
 def cell(args):
-    (ctx, cluster, scheme), data, steps, seed, with_tidal = args
+    (ctx, cluster, scheme), data, steps, seed, with_tidal, cp_imbalance = args
     w = workload("llama2-7b", cluster, data, ctx, 4 * ctx, steps, seed)
     cm = w.cost_model
     strat = place((scheme,), cm.cluster, cm.model)
     fits = cm.max_len(scheme, cm.cluster.device_type(0))
-    sim = SimConfig()
+    sim = SimConfig(cp_imbalance=cp_imbalance)
     out = {}
     for name, mode in (("plain-4d", "per-seq"), ("+per-doc CP", "per-doc"), ("+adaptive CP", "adaptive")):
         cfg = baselines.StaticConfig(strat, cm, mode, ctx, f"{scheme.short()} {mode}")
@@ -71,9 +71,10 @@ def ratios(c) -> dict[str, float]:
     return {n: r.tokens_per_s / base for n, r in c["runs"].items()}
 
 
-def run_cells(steps: int, jobs: int, seed: int, with_tidal: bool = True, data=DATA, contexts=(64, 128)) -> list[dict]:
+def run_cells(steps: int, jobs: int, seed: int, with_tidal: bool = True, data=DATA, contexts=(64, 128),
+              cp_imbalance: bool = True) -> list[dict]:
     setups = [s for s in SETUPS if s[0] // 1024 in contexts]
-    grid = [(s, d, steps, seed, with_tidal) for s, d in itertools.product(setups, data)
+    grid = [(s, d, steps, seed, with_tidal, cp_imbalance) for s, d in itertools.product(setups, data)
             if d != "synthetic:wlb-llm" or s[0] == 131072]  # WLB-LLM's corpus is described at 128K only
     with ProcessPoolExecutor(jobs) as ex:
         return list(ex.map(cell, grid))
@@ -90,9 +91,13 @@ def main() -> None:
     ap.add_argument("--context", default="64,128", help="context windows in K (64, 128)")
     ap.add_argument("--table2-steps", type=int, default=200,
                     help="steps per dataset for the Table 2 imbalance degrees (0: skip)")
+    ap.add_argument("--no-cp-imbalance", action="store_true",
+                    help="execute with a perfect 1/CP split of attention (SimConfig.cp_imbalance=False): the PP level "
+                         "alone")
     a = ap.parse_args()
     data = tuple(f"synthetic:{d}" for d in a.data.split(","))
-    cells = run_cells(a.steps, a.jobs, a.seed, not a.no_tidal, data, tuple(int(c) for c in a.context.split(",")))
+    cells = run_cells(a.steps, a.jobs, a.seed, not a.no_tidal, data, tuple(int(c) for c in a.context.split(",")),
+                      not a.no_cp_imbalance)
     print(f"WLB-LLM ablation on llama2-7b, speedup over plain-4d in tokens/s ({a.steps} steps, seed {a.seed})")
     names = [n for n in NAMES if n in cells[0]["runs"]]
     print(f"{'context':>8} {'data':<12}{'MaxLen':>8} " + "".join(f"{n:>15}" for n in names) + f"{'plain s/step':>14}")
@@ -119,9 +124,11 @@ def print_table2(data, steps: int, seed: int) -> None:
     rows = {}
     for d in data:
         w = workload("llama2-7b", cluster, d, ctx, 4 * ctx, steps, seed)
-        co = w.cost_model.coeffs(scheme, w.cost_model.cluster.device_type(0))
+        dev = w.cost_model.cluster.device_type(0)
+        co, mem = w.cost_model.coeffs(scheme, dev), w.cost_model.max_len(scheme, dev)
         sampler = w.source_factory()
-        rows[d] = wlbstats.table2([sampler.next_step().lengths_array() for _ in range(steps)], co, ctx)
+        rows[d] = wlbstats.table2([sampler.next_step().lengths_array() for _ in range(steps)], co, ctx,
+                                  max_len=mem)
     for k, p in wlbstats.PAPER_TABLE2.items():
         print(f"  {k:<12}{p:>7.2f}" + "".join(f"{rows[d][k]:>13.3f}" for d in data))
 
@@ -136,6 +143,11 @@ def print_paper(cells) -> None:
         err = [s / p - 1 for s in sim]
         print(f"  {n:<15}{p:>7.2f}" + "".join(f"{s:>13.3f}" for s in sim)
               + "  " + ", ".join(f"{e:+.1%}" for e in err))
+    t2 = wlbstats.PAPER_TABLE2
+    bound = wlbstats.pp_speedup_bound(t2["original"], t2["wlb-llm"], SETUPS[1][2].pp)
+    print(f"  PP level alone cannot exceed {bound:.3f} by Table 2's own degrees ({t2['original']} -> {t2['wlb-llm']}, "
+          f"{SETUPS[1][2].pp} micro-batches on {SETUPS[1][2].pp} stages: sum + (PP-1) max; "
+          "`wlbstats.pp_speedup_bound`); --no-cp-imbalance gives the simulated PP level alone")
 
 
 if __name__ == "__main__":

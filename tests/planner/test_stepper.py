@@ -260,3 +260,25 @@ def test_build_candidates_checks():
     b = build_candidates(_cm("tiny", "cpux4"), "auto", np.minimum(sample, 2048), tokens_per_step=8192, max_len=2048,
                          seed=0)
     assert a and a == b  # the sample is clipped to max_len before the proposal
+
+
+def test_wlb_carries_what_memory_cannot_hold_instead_of_adding_micro_batches():
+    """WLB-LLM §4.1: L_max is the longest micro-batch memory holds, and Algorithm 1 carries a document that fits no
+    micro-batch to the next step. 7B-128K (TP8 PP4 CP2 on h100x64) holds 172,749 tokens per micro-batch, under the
+    2 x 4 x 128K / 4 = 262,144 of the bounded-delay rule: every step still runs exactly PP = 4 micro-batches (with
+    L_max = 262,144, steps 13 and 17 of this stream spilled into a fifth)."""
+    from tidal.core import ParallelScheme
+    from tidal.core.strategy import place
+    from tidal.costmodel import AnalyticCostModel
+
+    cm = AnalyticCostModel(get_model("llama2-7b"), get_cluster("h100x64"))
+    scheme, ctx = ParallelScheme(8, 4, 2), 131072
+    mem = cm.max_len(scheme, cm.cluster.device_type(0))
+    assert ctx < mem < 2 * ctx
+    sampler = TokenBudgetSampler(length_source("synthetic:wlb-llm", 0), 4 * ctx, ctx, seed=0)
+    opts = PlanningOptions(max_len=ctx, tokens_per_step=4 * ctx, packing="wlb-fixed", seed=0)
+    pl = StepPlanner(cm, [place((scheme,), cm.cluster, cm.model)], sampler, opts, packings=PACKINGS)
+    for ps in pl.steps(18):
+        _check_step(ps, ctx)
+        (p,) = ps.plan.pipelines
+        assert len(p.micro_batches) == 4, ps.index

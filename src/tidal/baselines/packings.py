@@ -25,16 +25,18 @@ from tidal.planner.stepper import PLANNER_PACKINGS, Packing, PlanningOptions
 class WLBQueues:
     """WLB-LLM's outlier-delay queues as the stepper's `DelayQueues` (baselines/wlb.py holds them)."""
 
-    def config(self, first: Strategy, coeffs: LatencyCoeffs, options: PlanningOptions) -> wlb.WLBConfig:
+    def config(self, first: Strategy, coeffs: LatencyCoeffs, mem_len: int, options: PlanningOptions) -> wlb.WLBConfig:
         """WLB's N: micro-batch slots per step. A pipeline needs >= PP micro-batches to fill, so N = the sum of PP
-        degrees over the first (best expected) candidate; for one homogeneous pipeline the paper's PP x DP. A
-        micro-batch holds max(max_len, 2 x tokens_per_step / N) tokens; thresholds from the context max_len."""
+        degrees over the first (best expected) candidate; for one homogeneous pipeline the paper's PP x DP.
+        L_max: twice a slot's share of the step's tokens (the bounded-delay guarantee, docs/wlb.md), but not above
+        `mem_len`, what memory holds in one micro-batch on the candidate's largest pipeline (WLB-LLM §4.1: what does
+        not fit is carried to the next step), nor below the context max_len. Thresholds from the context max_len."""
         if options.max_len < 4:
             raise TidalError(f"{options.packing} packing needs max_len >= 4 (outlier thresholds max_len/4, max_len/2), "
                              f"got {options.max_len}")
         n_slots = sum(p.scheme.pp for p in first.pipelines)
-        return wlb.WLBConfig(n_micro=n_slots, max_len=max(options.max_len,
-                                                          math.ceil(2 * options.tokens_per_step / n_slots)),
+        l_max = min(math.ceil(2 * options.tokens_per_step / n_slots), mem_len)
+        return wlb.WLBConfig(n_micro=n_slots, max_len=max(options.max_len, l_max),
                              coeffs=coeffs, thresholds=wlb.default_thresholds(options.max_len))
 
     def new_state(self) -> wlb.WLBState:

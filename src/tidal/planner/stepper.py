@@ -87,7 +87,7 @@ class DelayQueues(Protocol):
     baselines/packings.py). States are immutable values with `empty`, `pending` (items with `seq_id`) and
     `to_dict()`; a config is whatever `step` needs, rebuilt when the cost model changes."""
 
-    def config(self, first: Strategy, coeffs: LatencyCoeffs, options: PlanningOptions) -> Any:
+    def config(self, first: Strategy, coeffs: LatencyCoeffs, mem_len: int, options: PlanningOptions) -> Any:
         ...
 
     def new_state(self) -> Any:
@@ -241,7 +241,8 @@ class StepPlanner:
         # the queues' state; without queues, what a loaded state held, kept for a later resume with queues
         self._wstate: Any = {}
         if self._queues is not None:
-            self._wcfg = self._queues.config(self.candidates[0], self.profiles[0].pipes[0].coeffs, options)
+            self._wcfg = self._queues.config(self.candidates[0], self.profiles[0].pipes[0].coeffs,
+                                             self.profiles[0].max_len, options)
             self._wstate = self._queues.new_state()
         self._in_flight: dict[int, tuple[int, int, int]] = {}  # deferred seq_id -> (doc_id, start, length)
         self._index = 0
@@ -256,7 +257,8 @@ class StepPlanner:
         self.profiles = profile_strategies(self.candidates, cost_model, *self._charging, eq1=self._eq1)
         self.cost_model = cost_model
         if self._queues is not None:
-            self._wcfg = self._queues.config(self.candidates[0], self.profiles[0].pipes[0].coeffs, self.options)
+            self._wcfg = self._queues.config(self.candidates[0], self.profiles[0].pipes[0].coeffs,
+                                             self.profiles[0].max_len, self.options)
 
     @property
     def long_doc_stats(self) -> dict:
