@@ -147,7 +147,8 @@ def dispatch_feasible(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, 
     v micro-batches, at most one v), with  sum_j x_ij = 1;  sum_i w_ij x_ij <= sum_v v (T / (q_j + v) - c_j) z_jv;
     sum_i l_i x_ij <= M_j sum_v v z_jv;  x_ij <= sum of z_jv over the modes where (q_j + v)(c_j + w_ij) <= T;
     sum_v v z_jv <= sum_i x_ij (q_j = 0: T - (v - 1) c_j in place of T / (q_j + v),
-    capacity T - v c_j). pipeline_bound <= T holds exactly when some such v exists, so this is exact for the
+    capacity T - v c_j). q_j is PipeCost.q, so a one-stage Hydraulis Eq. 1 pipeline counts its slowest micro-batch
+    (tighter than pipeline_bound, which sums them; still below its packed time). pipeline_bound <= T holds exactly when some such v exists, so this is exact for the
     relaxed cost (packing into micro-batches relaxed as in pipeline_bound). Identical pipelines are interchangeable:
     the r-th longest document may only use the first r + 1 of each run of identical pipelines (symmetry breaking).
     Returns ("infeasible", None): no dispatch has every pipeline_bound <= T (so every plan's estimate exceeds T, up
