@@ -8,14 +8,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tidal.planner.bounds import PipeCost
-from tidal.planner.exact import dispatch_feasible
+from tidal.planner.exact import dispatch_feasible, milp_bound
 from tidal.planner.pipecost import bound_value
 
 pytestmark = [pytest.mark.unit]
 
 KINDS = [PipeCost(1e-3, 1.0, 0.5, 1, 64), PipeCost(0.5e-3, 0.5, 0.5, 2, 128), PipeCost(2e-4, 0.25, 1.0, 4, 200),
-         PipeCost(2e-3, 2.0, 0.1, 1, 40), PipeCost(1e-3, 1.0, 0.2, 1, 64, 5.0), PipeCost(1e-3, 1.0, 0.3, 1, 64, 0.0, True),
-         PipeCost(3e-4, 0.1, 2.0, 3, 90)]
+         PipeCost(2e-3, 2.0, 0.1, 1, 40), PipeCost(1e-3, 1.0, 0.2, 1, 64, 5.0),
+         PipeCost(1e-3, 1.0, 0.3, 1, 64, 0.0, True), PipeCost(3e-4, 0.1, 2.0, 3, 90)]
 
 
 def relaxed(lengths: np.ndarray, p: PipeCost) -> float:
@@ -66,3 +66,19 @@ def test_identical_pipelines_symmetry_breaking_keeps_the_optimum():
     opt = optimum(lengths, pipes)
     assert dispatch_feasible(lengths, pipes, opt * 1.001)[0] == "feasible"
     assert dispatch_feasible(lengths, pipes, opt * 0.999)[0] == "infeasible"
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(range(len(KINDS))), min_size=1, max_size=3), st.integers(0, 2**31 - 1),
+       st.integers(1, 5))
+def test_milp_bound_never_exceeds_the_optimum(kinds, seed, n):
+    rng = np.random.default_rng(seed)
+    pipes = [KINDS[k] for k in kinds]
+    lengths = rng.integers(1, max(p.max_len for p in pipes) + 1, size=n)
+    opt = optimum(lengths, pipes)
+    if not np.isfinite(opt):
+        return
+    for hi in (opt * 1.0005, opt * 1.05, opt * 1.5):
+        b = milp_bound(lengths, pipes, 0.5 * opt, hi, time_limit=20.0, iters=6)
+        assert 0.5 * opt <= b <= opt
+    assert milp_bound(lengths, pipes, 0.5 * opt, opt * 1.05, time_limit=20.0, iters=6) > 0.97 * opt

@@ -142,17 +142,19 @@ def pack_milp_fixed_v(lengths: np.ndarray, work: np.ndarray, V: int, max_len: in
 
 
 def dispatch_feasible(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_limit: float = 30.0):
-    """Is there a dispatch (every document whole on one pipeline) whose every pipeline has bounds.pipeline_bound
-    <= T? A HiGHS MILP at fixed T (issue 27, decision 108): x_ij (document i on pipeline j), z_jv (pipeline j runs
-    v micro-batches, at most one v), with  sum_j x_ij = 1;  sum_i w_ij x_ij <= sum_v v (T / (q_j + v) - c_j) z_jv;
-    sum_i l_i x_ij <= M_j sum_v v z_jv;  x_ij <= sum of z_jv over the modes where (q_j + v)(c_j + w_ij) <= T;
-    sum_v v z_jv <= sum_i x_ij (q_j = 0: T - (v - 1) c_j in place of T / (q_j + v),
-    capacity T - v c_j). q_j is PipeCost.q, so a one-stage Hydraulis Eq. 1 pipeline counts its slowest micro-batch
-    (tighter than pipeline_bound, which sums them; still below its packed time). pipeline_bound <= T holds exactly when some such v exists, so this is exact for the
-    relaxed cost (packing into micro-batches relaxed as in pipeline_bound). Identical pipelines are interchangeable:
-    the r-th longest document may only use the first r + 1 of each run of identical pipelines (symmetry breaking).
-    Returns ("infeasible", None): no dispatch has every pipeline_bound <= T (so every plan's estimate exceeds T, up
-    to HiGHS' feasibility tolerance); ("feasible", groups); or ("unknown", None) when the time limit ran out."""
+    """Is there a dispatch (every document whole on one pipeline) whose every pipeline's relaxed cost is <= T? The
+    relaxed cost is bounds.pipeline_bound's: min over V in [ceil(tokens / MaxLen), count] of (q + V) max(W / V + c,
+    c + w_max) (q = 0: V c + W). A HiGHS MILP at fixed T (issue 27, decision 108): x_ij (document i on pipeline j),
+    z_jv (pipeline j runs v micro-batches, at most one v), with
+      sum_j x_ij = 1;  sum_i w_ij x_ij <= sum_v C_jv z_jv;  sum_i l_i x_ij <= M_j sum_v v z_jv;
+      sum_v v z_jv <= sum_i x_ij;  x_ij <= sum of z_jv over the modes v where c_j + w_ij <= tau_jv,
+    tau_jv = T / (q_j + v) and C_jv = v (tau_jv - c_j) (q_j = 0: tau_jv = T - (v - 1) c_j, C_jv = T - v c_j). The
+    relaxed cost is <= T exactly when some such v exists, so the MILP is exact for it, and the relaxed cost is at most
+    any packing's time. q_j is PipeCost.q: a one-stage Hydraulis Eq. 1 pipeline counts its slowest micro-batch
+    (tighter than pipeline_bound, which sums them; still at most its packed time). Identical pipelines are
+    interchangeable: the r-th longest document may only use the first r + 1 of each run of identical pipelines
+    (symmetry breaking). Returns ("infeasible", None): no such dispatch, so every plan's estimate exceeds T (up to
+    HiGHS' tolerances); ("feasible", groups); or ("unknown", None) when `time_limit` seconds ran out."""
     l_ = np.asarray(lengths, dtype=np.int64)
     n, D = l_.size, len(pipes)
     order = np.argsort(-l_, kind="stable")
@@ -213,3 +215,27 @@ def dispatch_feasible(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, 
         if x[k] > 0.5:
             groups[j].append(i)
     return "feasible", tuple(tuple(sorted(g)) for g in groups)
+
+
+def milp_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], lo: float, hi: float, time_limit: float = 5.0,
+               iters: int = 4, gap: float = 1e-3, max_pairs: int = 5000) -> float:
+    """The largest T in (lo, hi) at which dispatch_feasible proves that no whole-document dispatch fits, times
+    (1 - 1e-6) (HiGHS' tolerances), or lo (decision 108): first at hi / (1 + gap), then by `iters` bisection steps
+    between lo and it, each MILP within `time_limit` seconds (a timed-out one proves nothing). Skipped (lo) when
+    documents x pipelines exceeds `max_pairs`: the MILP is for steps of a few documents per pipeline."""
+    n = int(np.asarray(lengths).size)
+    if not hi > lo or n == 0 or n * len(pipes) > max_pairs:
+        return lo
+    T = hi / (1 + gap)
+    if lo >= T:
+        return lo
+    if dispatch_feasible(lengths, pipes, T, time_limit)[0] == "infeasible":
+        return T * (1 - 1e-6)
+    a, b = lo, T  # a: proven (or lo); b: not proven
+    for _ in range(iters):
+        m = 0.5 * (a + b)
+        if dispatch_feasible(lengths, pipes, m, time_limit)[0] == "infeasible":
+            a = m
+        else:
+            b = m
+    return a * (1 - 1e-6) if a > lo else lo
