@@ -1,4 +1,5 @@
-"""exact.dispatch_feasible (decision 108) against brute force over every whole-document dispatch of tiny steps."""
+"""exact.dispatch_feasible and milp_bound (decision 108) against brute force over every whole-document dispatch of
+tiny steps, and prove_selection with the MILP: the bound only rises, never above the plan or the optimum."""
 
 import itertools
 
@@ -38,7 +39,7 @@ def optimum(lengths: np.ndarray, pipes) -> float:
     return best
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.sampled_from(range(len(KINDS))), min_size=1, max_size=3), st.integers(0, 2**31 - 1),
        st.integers(1, 5), st.sampled_from([0.97, 0.995, 1.005, 1.03]))
 def test_feasible_iff_some_dispatch_within_T(kinds, seed, n, f):
@@ -68,7 +69,7 @@ def test_identical_pipelines_symmetry_breaking_keeps_the_optimum():
     assert dispatch_feasible(lengths, pipes, opt * 0.999)[0] == "infeasible"
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.sampled_from(range(len(KINDS))), min_size=1, max_size=3), st.integers(0, 2**31 - 1),
        st.integers(1, 5))
 def test_milp_bound_never_exceeds_the_optimum(kinds, seed, n):
@@ -82,3 +83,24 @@ def test_milp_bound_never_exceeds_the_optimum(kinds, seed, n):
         b = milp_bound(lengths, pipes, 0.5 * opt, hi, time_limit=20.0, iters=6)
         assert 0.5 * opt <= b <= opt
     assert milp_bound(lengths, pipes, 0.5 * opt, opt * 1.05, time_limit=20.0, iters=6) > 0.97 * opt
+
+
+def test_prove_selection_with_milp_raises_a_fractional_bound():
+    # llama2-7b a800x64 stdlib held-out seed 10 step 3, candidate 4*tp4cp4 (one-stage pipelines): seven documents of
+    # 22.5k-29.4k tokens on four pipelines; the fractional bounds split them, 7 % under the plan; the MILP proves the
+    # plan within 0.2 %, never above it, and the plan is unchanged
+    from test_planner_modes import _profile
+
+    from tidal.planner.bounds_lp import prove_selection
+    from tidal.planner.select import select_step
+
+    p = PipeCost(2.5353846153846154e-10, 1.5593532528484408e-05, 0.06944, 1, 176195)
+    lengths = np.array([25515, 2473, 4899, 6663, 221, 329, 1778, 29404, 29403, 23782, 22501, 22500, 22500, 3294, 4149])
+    prof = [_profile([p] * 4)]
+    sel = select_step(lengths, prof)
+    lp = prove_selection(lengths, prof, sel)
+    milp = prove_selection(lengths, prof, sel, milp_s=10.0)
+    est = sel.plan.est_step_time
+    assert lp.plan.lower_bound < est / 1.05
+    assert est / 1.002 < milp.plan.lower_bound <= est
+    assert milp.plan.to_dict(timings=False)["pipelines"] == sel.plan.to_dict(timings=False)["pipelines"]
