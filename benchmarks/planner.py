@@ -5,8 +5,8 @@ and token first-fit-decreasing. Prints figures; nothing is asserted.
     python benchmarks/planner.py --only speed    # speed | quality | exact | compare | packers | proposal
     python benchmarks/planner.py --grid [--models M,..] [--clusters C,..] [--cands proposal,hand] [--sources S,..]
                                  [--seeds 0,1,2] [--held-out-seeds 10,11,12] [--held-out-sources stdlib]
-                                 [--steps 10] [--hy-trials 1] [--budget-ms X] [--prove] [--out grid.json]
-                                 [--passes all|none|NAME,..] [--drop NAME,..]   (decision 95's ablation)
+                                 [--steps 10] [--hy-trials 1] [--budget-ms X] [--prove] [--prove-milp S]
+                                 [--out grid.json] [--passes all|none|NAME,..] [--drop NAME,..] (decision 95)
 """
 
 from __future__ import annotations
@@ -235,6 +235,9 @@ def main() -> None:
     ap.add_argument("--drop", default="", help="grid: passes to leave out (comma-separated names)")
     ap.add_argument("--prove", action="store_true",
                     help="grid: est/lb against the LP-priced bound (bounds_lp.prove_selection, timed apart)")
+    ap.add_argument("--prove-milp", type=float, default=0.0, metavar="S",
+                    help="grid, with --prove: also the MILP bound (exact.milp_bound, S seconds per HiGHS solve; steps "
+                    "of <= 5000 documents x pipelines; decision 108)")
     a = ap.parse_args()
     if a.grid:
         import planner_grid

@@ -121,7 +121,7 @@ def q(xs, p):
 
 
 def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, budget_ms, prove=False,
-             split="tuning", config: PlannerConfig = DEFAULT):
+             split="tuning", config: PlannerConfig = DEFAULT, milp_s: float = 0.0):
     # the proposal of a held-out source is made from its own lengths (seed 99), as for every source
     names, profs, prop_s = grid.candidates(model, cluster, how, source)
     row = {"model": model, "cluster": cluster, "cands": how, "source": source, "split": split,
@@ -152,7 +152,7 @@ def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, b
             if prove:  # the LP-priced bound (bounds_lp.prove_selection), after planning and timed apart
                 plain.append(plan.est_step_time / plan.lower_bound if plan.lower_bound > 0 else 1.0)
                 c0 = time.thread_time()
-                plan = prove_selection(l_, profs, sel).plan
+                plan = prove_selection(l_, profs, sel, milp_s=milp_s).plan
                 proof.append((time.thread_time() - c0) * 1e3)
             ratio.append(plan.est_step_time / plan.lower_bound if plan.lower_bound > 0 else 1.0)
             nseq.append(l_.size)
@@ -274,7 +274,8 @@ def main(args) -> None:
                         for source in sources:
                             trials = args.hy_trials if get_cluster(cluster).num_devices <= args.hy_max_devices else 0
                             row = run_cell(grid, model, cluster, how, source, seeds, args.steps, trials,
-                                           args.budget_ms, args.prove, split, config)
+                                           args.budget_ms, args.prove, split, config,
+                                           getattr(args, "prove_milp", 0.0))
                             rows.append(row)
                             print(fmt(row), flush=True)
     if args.out:
