@@ -161,7 +161,9 @@ def ls_refresh(j, owner, lf, A, B, C, D, Q1, M, R, S, Q, N, G, top1, cnt1, top2,
 
 
 def ls_move(i, k, owner, lf, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load):
-    """Document i to pipeline k (local_search's move), O(1) sums and an O(B) scan of the two pipelines' top lengths."""
+    """Document i to pipeline k (local_search's move): O(1) sums; the top-two lengths (top1, its count cnt1, top2) of
+    k in O(1), those of j in O(1) unless i was j's only longest document or one of its second longest (then an O(B)
+    rescan, ls_refresh). The same values as rescanning both (lengths are exact in float64), so the same loads."""
     j = owner[i]
     x = lf[i]
     S[j] -= x
@@ -173,8 +175,21 @@ def ls_move(i, k, owner, lf, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, to
     Q[k] += x * x
     N[k] += 1
     owner[i] = k
-    ls_refresh(j, owner, lf, A, B, C, D, Q1, M, R, S, Q, N, G, top1, cnt1, top2, load)
-    ls_refresh(k, owner, lf, A, B, C, D, Q1, M, R, S, Q, N, G, top1, cnt1, top2, load)
+    # the top-two lengths change in O(1) unless j loses its only longest document or one of its second longest
+    if x < top2[j] or (x == top1[j] and cnt1[j] > 1):
+        cnt1[j] -= 1 if x == top1[j] else 0
+        load[j] = cost1(A[j], B[j], C[j], D[j], Q1[j], M[j], R[j], Q[j], S[j], N[j], top1[j], G[j])
+    else:
+        ls_refresh(j, owner, lf, A, B, C, D, Q1, M, R, S, Q, N, G, top1, cnt1, top2, load)
+    if x > top1[k]:
+        top2[k] = top1[k]
+        top1[k] = x
+        cnt1[k] = 1
+    elif x == top1[k]:
+        cnt1[k] += 1
+    elif x > top2[k]:
+        top2[k] = x
+    load[k] = cost1(A[k], B[k], C[k], D[k], Q1[k], M[k], R[k], Q[k], S[k], N[k], top1[k], G[k])
 
 
 def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load, max_rounds, max_docs,
@@ -388,26 +403,28 @@ def compile_pipecost() -> dict:
     return ns
 
 
+def compile_loops(funcs: dict, module: dict, pipecost_names: tuple[str, ...] = ()) -> types.SimpleNamespace | None:
+    """The compile step of every kernels*.py module: each of `funcs` ({name its callers use: function}) compiled
+    (numba.njit, cached on disk, no fastmath) and bound to that name in `module` (the calling module's globals(), where
+    the compiled loops look up each other at compile time), after binding `pipecost_names` there to their compiled,
+    inlined versions (compile_pipecost). Returns them as a namespace (the module's COMPILED), or None without numba
+    (then `module` is left as it is and the module's PLAIN namespace is the only mode)."""
+    if not AVAILABLE:
+        return None
+    pc = compile_pipecost()
+    for name in pipecost_names:
+        module[name] = pc[name]
+    for name, f in funcs.items():
+        module[name] = njit(cache=True)(f)
+    return types.SimpleNamespace(**{name: module[name] for name in funcs})
+
+
 # the dispatch's loops by the names their callers use: plain Python (the reference, and the fallback without numba)
 # and compiled (the same source)
 _DISPATCH = {"sift_down": sift_down, "sift_up": sift_up, "greedy": greedy, "ls_refresh": ls_refresh,
              "ls_move": ls_move, "pair_swap": pair_swap, "local_search": local_search, "pipe_loads": pipe_loads}
 PLAIN = plain(_DISPATCH, {"np": np, "add_cost": add_cost, "cost1": cost1})
-
-if AVAILABLE:
-    _pc = compile_pipecost()
-    add_cost, cost1 = _pc["add_cost"], _pc["cost1"]
-    sift_down = njit(cache=True)(sift_down)
-    sift_up = njit(cache=True)(sift_up)
-    greedy = njit(cache=True)(greedy)
-    ls_refresh = njit(cache=True)(ls_refresh)
-    ls_move = njit(cache=True)(ls_move)
-    pair_swap = njit(cache=True)(pair_swap)
-    local_search = njit(cache=True)(local_search)
-    pipe_loads = njit(cache=True)(pipe_loads)
-    COMPILED = types.SimpleNamespace(greedy=greedy, local_search=local_search, pipe_loads=pipe_loads)
-else:  # pragma: no cover
-    COMPILED = None
+COMPILED = compile_loops(_DISPATCH, globals(), ("add_cost", "cost1"))
 
 
 def loops() -> types.SimpleNamespace:
