@@ -211,6 +211,10 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
     uidx = np.empty(n, np.int64)
     sel = np.empty(max_docs, np.int64)
     light = np.zeros(n_p, np.bool_)
+    lid = np.empty(n, np.int64)
+    ulid = np.empty(n, np.int64)
+    dlen = np.empty(n)
+    njl = np.empty(n)
     for _ in range(max_rounds):
         j = 0
         for k in range(1, n_p):
@@ -275,31 +279,44 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
         if ne:
             # a swap's value depends on the partner's (length, pipeline) only: the first document of each such pair
             # (in index order) stands for the others, which cannot be strictly better
+            # (and j's new cost depends on the partner's length only: computed once per distinct length, `dl`)
             key = l_[eidx[:ne]] * n_p + owner[eidx[:ne]]
             ko = np.argsort(key, kind="mergesort")
             ue = 0
+            nd = 0
             for r in range(ne):
                 if r == 0 or key[ko[r]] != key[ko[r - 1]]:
+                    if r == 0 or l_[eidx[ko[r]]] != l_[eidx[ko[r - 1]]]:
+                        dlen[nd] = lf[eidx[ko[r]]]
+                        nd += 1
+                    lid[ko[r]] = nd - 1
                     keep[ue] = ko[r]
                     ue += 1
             keep[:ue].sort()
             for t in range(ue):
                 uidx[t] = eidx[keep[t]]
+                ulid[t] = lid[keep[t]]
             for u in range(ns):  # swap a document of j with a document of another pipeline
                 x = lf[sel[u]]
                 x2 = x * x
                 lj = top2[j] if (x == top1[j] and cnt1[j] == 1) else top1[j]
                 gx = G[j] - (1.0 if x > hj else 0.0)
+                for dl in range(nd):
+                    le = dlen[dl]
+                    if le <= mj and le != x:
+                        njl[dl] = cost1(aj, bj, cj, dj, qj, mj, rj, Q[j] - x2 + le * le, S[j] - x + le, N[j],
+                                        max(lj, le), gx + (1.0 if le > hj else 0.0))
+                    else:
+                        njl[dl] = np.inf
                 for t in range(ue):
                     e = uidx[t]
-                    le = lf[e]
                     ke = owner[e]
-                    if not (le <= mj and x <= M[ke] and le != x):
+                    if not x <= M[ke]:
                         continue
-                    nj = cost1(aj, bj, cj, dj, qj, mj, rj, Q[j] - x2 + le * le, S[j] - x + le, N[j], max(lj, le),
-                                gx + (1.0 if le > hj else 0.0))
+                    nj = njl[ulid[t]]
                     if not nj < best:
                         continue
+                    le = lf[e]
                     lk = top2[ke] if (le == top1[ke] and cnt1[ke] == 1) else top1[ke]
                     hk = H[ke]
                     nk = cost1(A[ke], B[ke], C[ke], D[ke], Q1[ke], M[ke], R[ke], Q[ke] - le * le + x2, S[ke] - le + x,
