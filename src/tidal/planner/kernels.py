@@ -255,6 +255,16 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
             for k in range(n_p):
                 if k == j or not x <= M[k]:
                     continue
+                # skip cost1 below when a lower bound on its float value cannot beat `best` (exact: the same moves
+                # are taken). Every V it tries is >= 1, so with rounding to nearest f(V) >= V (W / V + c) (1 - eps)^3
+                # >= (W + c)(1 - 1e-12), and for q > 0 f(V) >= (q + 1)(c + w_max) (each operation rounds
+                # monotonically; the margin covers a last-bit difference in W or w_max)
+                lk = max(top1[k], x)
+                lo = (A[k] * (Q[k] + x2) + B[k] * (S[k] + x) + D[k] * (N[k] + 1) + C[k]) * (1 - 1e-12)
+                if Q1[k] > 0:
+                    lo = max(lo, (Q1[k] + 1) * (C[k] + (A[k] * lk * lk + B[k] * lk + D[k])) * (1 - 1e-12))
+                if lo >= best:
+                    continue
                 nk = cost1(A[k], B[k], C[k], D[k], Q1[k], M[k], R[k], Q[k] + x2, S[k] + x, N[k] + 1, max(top1[k], x),
                             G[k] + (1.0 if x > H[k] else 0.0))
                 v = max(nj, nk)
