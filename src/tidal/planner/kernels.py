@@ -20,7 +20,7 @@ import types
 import numpy as np
 
 from tidal.planner import pipecost
-from tidal.planner.pipecost import add_cost, cost1
+from tidal.planner.pipecost import add_cost, cost1, cost1_floor
 
 try:
     from numba import njit
@@ -202,7 +202,10 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
     Moves are scanned in a fixed order with a strict improvement test, so the first best is taken; a move must lower
     max(new cost of j, new cost of the other) below j's cost by more than `min_gain` (relative). Per pipeline the
     cost arrays A, B, C, D (and Q1 = PipeCost.q, M = MaxLen, R = sqrt(Q1 / c), H = M / 2) come in as arrays.
-    Returns True when no move improves (or the load is <= `target`), False when max_rounds ran out."""
+    Returns True when no move improves (or the load is <= `target`), False when max_rounds ran out. A candidate's
+    cost1 is skipped where pipecost.cost1_floor (a lower bound on its float value) shows it cannot beat the best so
+    far, and j's cost after a swap is computed once per distinct partner length: the same moves as evaluating every
+    candidate (decision 107)."""
     n_p = S.size
     n = owner.size
     mine = np.empty(n, np.int64)
@@ -255,15 +258,8 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
             for k in range(n_p):
                 if k == j or not x <= M[k]:
                     continue
-                # skip cost1 below when a lower bound on its float value cannot beat `best` (exact: the same moves
-                # are taken). Every V it tries is >= 1, so with rounding to nearest f(V) >= V (W / V + c) (1 - eps)^3
-                # >= (W + c)(1 - 1e-12), and for q > 0 f(V) >= (q + 1)(c + w_max) (each operation rounds
-                # monotonically; the margin covers a last-bit difference in W or w_max)
-                lk = max(top1[k], x)
-                lo = (A[k] * (Q[k] + x2) + B[k] * (S[k] + x) + D[k] * (N[k] + 1) + C[k]) * (1 - 1e-12)
-                if Q1[k] > 0:
-                    lo = max(lo, (Q1[k] + 1) * (C[k] + (A[k] * lk * lk + B[k] * lk + D[k])) * (1 - 1e-12))
-                if lo >= best:
+                # cost1 only where its float lower bound (pipecost.cost1_floor) can beat `best`: the same moves
+                if cost1_floor(A[k], B[k], C[k], D[k], Q1[k], Q[k] + x2, S[k] + x, N[k] + 1, max(top1[k], x)) >= best:
                     continue
                 nk = cost1(A[k], B[k], C[k], D[k], Q1[k], M[k], R[k], Q[k] + x2, S[k] + x, N[k] + 1, max(top1[k], x),
                             G[k] + (1.0 if x > H[k] else 0.0))
@@ -289,7 +285,8 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
         if ne:
             # a swap's value depends on the partner's (length, pipeline) only: the first document of each such pair
             # (in index order) stands for the others, which cannot be strictly better
-            # (and j's new cost depends on the partner's length only: computed once per distinct length, `dl`)
+            # (and j's new cost depends on the partner's length only: computed at most once per distinct length,
+            # `dl`, when first needed; the partner's cost1 only where its float lower bound can beat `best`)
             key = l_[eidx[:ne]] * n_p + owner[eidx[:ne]]
             ko = np.argsort(key, kind="mergesort")
             ue = 0
@@ -311,23 +308,24 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
                 x2 = x * x
                 lj = top2[j] if (x == top1[j] and cnt1[j] == 1) else top1[j]
                 gx = G[j] - (1.0 if x > hj else 0.0)
-                for dl in range(nd):
-                    le = dlen[dl]
-                    if le <= mj and le != x:
-                        njl[dl] = cost1(aj, bj, cj, dj, qj, mj, rj, Q[j] - x2 + le * le, S[j] - x + le, N[j],
-                                        max(lj, le), gx + (1.0 if le > hj else 0.0))
-                    else:
-                        njl[dl] = np.inf
+                njl[:nd] = -1.0  # not computed yet (a cost is >= 0)
                 for t in range(ue):
                     e = uidx[t]
                     ke = owner[e]
-                    if not x <= M[ke]:
+                    le = lf[e]
+                    if not (le <= mj and x <= M[ke] and le != x):
                         continue
-                    nj = njl[ulid[t]]
+                    lk = top2[ke] if (le == top1[ke] and cnt1[ke] == 1) else top1[ke]
+                    if cost1_floor(A[ke], B[ke], C[ke], D[ke], Q1[ke], Q[ke] - le * le + x2, S[ke] - le + x, N[ke],
+                                   max(lk, x)) >= best:
+                        continue
+                    dl = ulid[t]
+                    if njl[dl] < 0:
+                        njl[dl] = cost1(aj, bj, cj, dj, qj, mj, rj, Q[j] - x2 + le * le, S[j] - x + le, N[j],
+                                        max(lj, le), gx + (1.0 if le > hj else 0.0))
+                    nj = njl[dl]
                     if not nj < best:
                         continue
-                    le = lf[e]
-                    lk = top2[ke] if (le == top1[ke] and cnt1[ke] == 1) else top1[ke]
                     hk = H[ke]
                     nk = cost1(A[ke], B[ke], C[ke], D[ke], Q1[ke], M[ke], R[ke], Q[ke] - le * le + x2, S[ke] - le + x,
                                 N[ke],
@@ -424,7 +422,8 @@ def compile_pipecost() -> dict:
     inline them. A cached loop is keyed on its own file only: after editing pipecost.py, delete the planner's
     __pycache__/*.nbi (or touch kernels.py and kernels_pack.py)."""
     ns: dict = {"math": math, "np": np}
-    for name in ("pipe_value", "packed_value", "v_opt", "best_v", "bound_value", "greedy_cost", "add_cost", "cost1"):
+    for name in ("pipe_value", "packed_value", "v_opt", "best_v", "bound_value", "greedy_cost", "add_cost", "cost1",
+                 "cost1_floor"):
         f = getattr(pipecost, name)
         ns[name] = njit(inline="always")(types.FunctionType(f.__code__, ns, name, f.__defaults__))
     return ns
@@ -450,8 +449,8 @@ def compile_loops(funcs: dict, module: dict, pipecost_names: tuple[str, ...] = (
 # and compiled (the same source)
 _DISPATCH = {"sift_down": sift_down, "sift_up": sift_up, "greedy": greedy, "ls_refresh": ls_refresh,
              "ls_move": ls_move, "pair_swap": pair_swap, "local_search": local_search, "pipe_loads": pipe_loads}
-PLAIN = plain(_DISPATCH, {"np": np, "add_cost": add_cost, "cost1": cost1})
-COMPILED = compile_loops(_DISPATCH, globals(), ("add_cost", "cost1"))
+PLAIN = plain(_DISPATCH, {"np": np, "add_cost": add_cost, "cost1": cost1, "cost1_floor": cost1_floor})
+COMPILED = compile_loops(_DISPATCH, globals(), ("add_cost", "cost1", "cost1_floor"))
 
 
 def loops() -> types.SimpleNamespace:
