@@ -111,6 +111,25 @@ def test_compiled_local_search_matches_plain():
             np.testing.assert_array_equal(getattr(sts[0], name), getattr(sts[1], name), err_msg=name)
 
 
+def test_local_search_state_matches_a_fresh_one():
+    """The local search updates its per-pipeline state in place, the top-two lengths in O(1) per move where it can
+    (kernels.ls_move, decision 107): after it, every array equals a SearchState built afresh from the final owners
+    (sums of integer lengths and their squares are exact), in both modes, with many tied lengths (counts of the
+    longest > 1, second-longest removed)."""
+    rng = np.random.default_rng(7)
+    for t in range(12):
+        pipes, l_ = _case(rng)
+        if t % 2 == 0:
+            l_ = rng.choice(l_[:3], size=l_.size)  # ties
+        owner = d.greedy_owner(l_, pipes, rng.permutation(l_.size))
+        for lp in (kernels.COMPILED, kernels.PLAIN):
+            st = d.SearchState(pipes, l_, owner.copy(), loops=lp)
+            d.local_search(st, 20 + len(pipes) + l_.size, pairs=t % 3 == 0)
+            fresh = d.SearchState(pipes, l_, st.owner.copy(), loops=lp)
+            for name in ("load", "S", "Q", "N", "G", "top1", "top2", "cnt1"):
+                np.testing.assert_array_equal(getattr(st, name), getattr(fresh, name), err_msg=name)
+
+
 def test_compiled_dispatch_matches_python_with_deadline_far():
     rng = np.random.default_rng(4)
     for _ in range(50):

@@ -68,6 +68,36 @@ def test_dispatch_loads_are_cost1():
         np.testing.assert_array_equal(load, want)
 
 
+def test_cost1_floor_is_below_cost1_and_tight():
+    """pipecost.cost1_floor (the local search skips cost1 where it cannot beat the best move, decision 107) is at most
+    cost1's float value on random pipelines (q = 0, Eq. 1's q, c = 0, long documents, huge and tiny sums), compiled
+    and plain, and within a few per cent of it on most (else it would prune nothing)."""
+    rng = np.random.default_rng(5)
+    n = 6000
+    A = rng.lognormal(-20, 2, n) * (rng.random(n) < 0.9)
+    B = rng.lognormal(-10, 2, n)
+    C = np.where(rng.random(n) < 0.1, 0.0, rng.lognormal(-2, 2, n))
+    Dd = rng.lognormal(-8, 1, n) * (rng.random(n) < 0.7)
+    Q1 = rng.integers(0, 8, n).astype(np.float64)
+    Q1[rng.random(n) < 0.1] = pipecost.EQ1_Q
+    M = rng.integers(256, 65536, n).astype(np.float64)
+    R = np.sqrt(Q1 / np.where(C > 0, C, 1e-300)).clip(max=1e150)
+    N = rng.integers(1, 400, n).astype(np.float64)
+    lmax = np.maximum(1.0, np.floor(rng.uniform(0.0, 1, n) ** 3 * M))
+    S = np.maximum(lmax, np.minimum(N * lmax, rng.uniform(0.01, 40, n) * M))
+    Q = np.maximum(lmax * lmax, S * lmax * rng.uniform(0.01, 1, n))
+    G = rng.integers(0, 4, n).astype(np.float64)
+    cost = np.array([pipecost.cost1(A[j], B[j], C[j], Dd[j], Q1[j], M[j], R[j], Q[j], S[j], N[j], lmax[j], G[j])
+                     for j in range(n)])
+    from tidal.planner import kernels
+
+    fns = [pipecost.cost1_floor] + ([kernels.compile_pipecost()["cost1_floor"]] if kernels.AVAILABLE else [])
+    for f in fns:
+        lo = np.array([f(A[j], B[j], C[j], Dd[j], Q1[j], Q[j], S[j], N[j], lmax[j]) for j in range(n)])
+        assert np.all(lo <= cost), np.flatnonzero(lo > cost)[:5]
+        assert np.median(lo / cost) > 0.95
+
+
 def test_one_stage_is_priced_at_the_sum_of_its_micro_batches():
     """q = 0: f(V) = V c + W whatever w_max (the micro-batches run one after another), so best_v takes V_min; q >= 1:
     the steady-state formula (q + V) max(W / V + c, c + w_max), unchanged. A packed pipeline (packed_value) costs the

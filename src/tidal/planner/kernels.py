@@ -20,7 +20,7 @@ import types
 import numpy as np
 
 from tidal.planner import pipecost
-from tidal.planner.pipecost import add_cost, cost1
+from tidal.planner.pipecost import add_cost, cost1, cost1_floor
 
 try:
     from numba import njit
@@ -161,7 +161,9 @@ def ls_refresh(j, owner, lf, A, B, C, D, Q1, M, R, S, Q, N, G, top1, cnt1, top2,
 
 
 def ls_move(i, k, owner, lf, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load):
-    """Document i to pipeline k (local_search's move), O(1) sums and an O(B) scan of the two pipelines' top lengths."""
+    """Document i to pipeline k (local_search's move): O(1) sums; the top-two lengths (top1, its count cnt1, top2) of
+    k in O(1), those of j in O(1) unless i was j's only longest document or one of its second longest (then an O(B)
+    rescan, ls_refresh). The same values as rescanning both (lengths are exact in float64), so the same loads."""
     j = owner[i]
     x = lf[i]
     S[j] -= x
@@ -173,8 +175,21 @@ def ls_move(i, k, owner, lf, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, to
     Q[k] += x * x
     N[k] += 1
     owner[i] = k
-    ls_refresh(j, owner, lf, A, B, C, D, Q1, M, R, S, Q, N, G, top1, cnt1, top2, load)
-    ls_refresh(k, owner, lf, A, B, C, D, Q1, M, R, S, Q, N, G, top1, cnt1, top2, load)
+    # the top-two lengths change in O(1) unless j loses its only longest document or one of its second longest
+    if x < top2[j] or (x == top1[j] and cnt1[j] > 1):
+        cnt1[j] -= 1 if x == top1[j] else 0
+        load[j] = cost1(A[j], B[j], C[j], D[j], Q1[j], M[j], R[j], Q[j], S[j], N[j], top1[j], G[j])
+    else:
+        ls_refresh(j, owner, lf, A, B, C, D, Q1, M, R, S, Q, N, G, top1, cnt1, top2, load)
+    if x > top1[k]:
+        top2[k] = top1[k]
+        top1[k] = x
+        cnt1[k] = 1
+    elif x == top1[k]:
+        cnt1[k] += 1
+    elif x > top2[k]:
+        top2[k] = x
+    load[k] = cost1(A[k], B[k], C[k], D[k], Q1[k], M[k], R[k], Q[k], S[k], N[k], top1[k], G[k])
 
 
 def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load, max_rounds, max_docs,
@@ -187,7 +202,10 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
     Moves are scanned in a fixed order with a strict improvement test, so the first best is taken; a move must lower
     max(new cost of j, new cost of the other) below j's cost by more than `min_gain` (relative). Per pipeline the
     cost arrays A, B, C, D (and Q1 = PipeCost.q, M = MaxLen, R = sqrt(Q1 / c), H = M / 2) come in as arrays.
-    Returns True when no move improves (or the load is <= `target`), False when max_rounds ran out."""
+    Returns True when no move improves (or the load is <= `target`), False when max_rounds ran out. A candidate's
+    cost1 is skipped where pipecost.cost1_floor (a lower bound on its float value) shows it cannot beat the best so
+    far, and j's cost after a swap is computed once per distinct partner length: the same moves as evaluating every
+    candidate (decision 107)."""
     n_p = S.size
     n = owner.size
     mine = np.empty(n, np.int64)
@@ -196,6 +214,10 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
     uidx = np.empty(n, np.int64)
     sel = np.empty(max_docs, np.int64)
     light = np.zeros(n_p, np.bool_)
+    lid = np.empty(n, np.int64)
+    ulid = np.empty(n, np.int64)
+    dlen = np.empty(n)
+    njl = np.empty(n)
     for _ in range(max_rounds):
         j = 0
         for k in range(1, n_p):
@@ -236,6 +258,9 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
             for k in range(n_p):
                 if k == j or not x <= M[k]:
                     continue
+                # cost1 only where its float lower bound (pipecost.cost1_floor) can beat `best`: the same moves
+                if cost1_floor(A[k], B[k], C[k], D[k], Q1[k], Q[k] + x2, S[k] + x, N[k] + 1, max(top1[k], x)) >= best:
+                    continue
                 nk = cost1(A[k], B[k], C[k], D[k], Q1[k], M[k], R[k], Q[k] + x2, S[k] + x, N[k] + 1, max(top1[k], x),
                             G[k] + (1.0 if x > H[k] else 0.0))
                 v = max(nj, nk)
@@ -260,32 +285,47 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
         if ne:
             # a swap's value depends on the partner's (length, pipeline) only: the first document of each such pair
             # (in index order) stands for the others, which cannot be strictly better
+            # (and j's new cost depends on the partner's length only: computed at most once per distinct length,
+            # `dl`, when first needed; the partner's cost1 only where its float lower bound can beat `best`)
             key = l_[eidx[:ne]] * n_p + owner[eidx[:ne]]
             ko = np.argsort(key, kind="mergesort")
             ue = 0
+            nd = 0
             for r in range(ne):
                 if r == 0 or key[ko[r]] != key[ko[r - 1]]:
+                    if r == 0 or l_[eidx[ko[r]]] != l_[eidx[ko[r - 1]]]:
+                        dlen[nd] = lf[eidx[ko[r]]]
+                        nd += 1
+                    lid[ko[r]] = nd - 1
                     keep[ue] = ko[r]
                     ue += 1
             keep[:ue].sort()
             for t in range(ue):
                 uidx[t] = eidx[keep[t]]
+                ulid[t] = lid[keep[t]]
             for u in range(ns):  # swap a document of j with a document of another pipeline
                 x = lf[sel[u]]
                 x2 = x * x
                 lj = top2[j] if (x == top1[j] and cnt1[j] == 1) else top1[j]
                 gx = G[j] - (1.0 if x > hj else 0.0)
+                njl[:nd] = -1.0  # not computed yet (a cost is >= 0)
                 for t in range(ue):
                     e = uidx[t]
-                    le = lf[e]
                     ke = owner[e]
+                    le = lf[e]
                     if not (le <= mj and x <= M[ke] and le != x):
                         continue
-                    nj = cost1(aj, bj, cj, dj, qj, mj, rj, Q[j] - x2 + le * le, S[j] - x + le, N[j], max(lj, le),
-                                gx + (1.0 if le > hj else 0.0))
+                    lk = top2[ke] if (le == top1[ke] and cnt1[ke] == 1) else top1[ke]
+                    if cost1_floor(A[ke], B[ke], C[ke], D[ke], Q1[ke], Q[ke] - le * le + x2, S[ke] - le + x, N[ke],
+                                   max(lk, x)) >= best:
+                        continue
+                    dl = ulid[t]
+                    if njl[dl] < 0:
+                        njl[dl] = cost1(aj, bj, cj, dj, qj, mj, rj, Q[j] - x2 + le * le, S[j] - x + le, N[j],
+                                        max(lj, le), gx + (1.0 if le > hj else 0.0))
+                    nj = njl[dl]
                     if not nj < best:
                         continue
-                    lk = top2[ke] if (le == top1[ke] and cnt1[ke] == 1) else top1[ke]
                     hk = H[ke]
                     nk = cost1(A[ke], B[ke], C[ke], D[ke], Q1[ke], M[ke], R[ke], Q[ke] - le * le + x2, S[ke] - le + x,
                                 N[ke],
@@ -382,32 +422,35 @@ def compile_pipecost() -> dict:
     inline them. A cached loop is keyed on its own file only: after editing pipecost.py, delete the planner's
     __pycache__/*.nbi (or touch kernels.py and kernels_pack.py)."""
     ns: dict = {"math": math, "np": np}
-    for name in ("pipe_value", "packed_value", "v_opt", "best_v", "bound_value", "greedy_cost", "add_cost", "cost1"):
+    for name in ("pipe_value", "packed_value", "v_opt", "best_v", "bound_value", "greedy_cost", "add_cost", "cost1",
+                 "cost1_floor"):
         f = getattr(pipecost, name)
         ns[name] = njit(inline="always")(types.FunctionType(f.__code__, ns, name, f.__defaults__))
     return ns
+
+
+def compile_loops(funcs: dict, module: dict, pipecost_names: tuple[str, ...] = ()) -> types.SimpleNamespace | None:
+    """The compile step of every kernels*.py module: each of `funcs` ({name its callers use: function}) compiled
+    (numba.njit, cached on disk, no fastmath) and bound to that name in `module` (the calling module's globals(), where
+    the compiled loops look up each other at compile time), after binding `pipecost_names` there to their compiled,
+    inlined versions (compile_pipecost). Returns them as a namespace (the module's COMPILED), or None without numba
+    (then `module` is left as it is and the module's PLAIN namespace is the only mode)."""
+    if not AVAILABLE:
+        return None
+    pc = compile_pipecost()
+    for name in pipecost_names:
+        module[name] = pc[name]
+    for name, f in funcs.items():
+        module[name] = njit(cache=True)(f)
+    return types.SimpleNamespace(**{name: module[name] for name in funcs})
 
 
 # the dispatch's loops by the names their callers use: plain Python (the reference, and the fallback without numba)
 # and compiled (the same source)
 _DISPATCH = {"sift_down": sift_down, "sift_up": sift_up, "greedy": greedy, "ls_refresh": ls_refresh,
              "ls_move": ls_move, "pair_swap": pair_swap, "local_search": local_search, "pipe_loads": pipe_loads}
-PLAIN = plain(_DISPATCH, {"np": np, "add_cost": add_cost, "cost1": cost1})
-
-if AVAILABLE:
-    _pc = compile_pipecost()
-    add_cost, cost1 = _pc["add_cost"], _pc["cost1"]
-    sift_down = njit(cache=True)(sift_down)
-    sift_up = njit(cache=True)(sift_up)
-    greedy = njit(cache=True)(greedy)
-    ls_refresh = njit(cache=True)(ls_refresh)
-    ls_move = njit(cache=True)(ls_move)
-    pair_swap = njit(cache=True)(pair_swap)
-    local_search = njit(cache=True)(local_search)
-    pipe_loads = njit(cache=True)(pipe_loads)
-    COMPILED = types.SimpleNamespace(greedy=greedy, local_search=local_search, pipe_loads=pipe_loads)
-else:  # pragma: no cover
-    COMPILED = None
+PLAIN = plain(_DISPATCH, {"np": np, "add_cost": add_cost, "cost1": cost1, "cost1_floor": cost1_floor})
+COMPILED = compile_loops(_DISPATCH, globals(), ("add_cost", "cost1", "cost1_floor"))
 
 
 def loops() -> types.SimpleNamespace:

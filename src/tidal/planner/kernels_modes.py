@@ -21,7 +21,7 @@ import types
 
 import numpy as np
 
-from tidal.planner.kernels import AVAILABLE, njit, plain
+from tidal.planner.kernels import compile_loops, plain
 
 
 def price_gap(U, wt, cnt, y):
@@ -163,13 +163,7 @@ def mode_violated(U, wt, cnt, Y, rounds, sweeps, found):
 _MODES = {"price_gap": price_gap, "pair_search": pair_search, "mode_violated": mode_violated}
 PLAIN = plain(_MODES, {"np": np})
 
-if AVAILABLE:
-    price_gap = njit(cache=True)(price_gap)
-    pair_search = njit(cache=True)(pair_search)
-    mode_violated = njit(cache=True)(mode_violated)
-    COMPILED = types.SimpleNamespace(price_gap=price_gap, pair_search=pair_search, mode_violated=mode_violated)
-else:  # pragma: no cover
-    COMPILED = None
+COMPILED = compile_loops(_MODES, globals())
 
 
 def loops() -> types.SimpleNamespace:

@@ -14,11 +14,11 @@ import types
 
 import numpy as np
 
-from tidal.planner.kernels import AVAILABLE, compile_pipecost, njit, plain
+from tidal.planner.kernels import compile_loops, plain
 from tidal.planner.pipecost import bound_value, packed_value, pipe_value
 
 
-def _lpt(l_, w, order, V, M, c):
+def lpt(l_, w, order, V, M, c):
     """Capacity-aware LPT: each sequence (in `order`) into the micro-batch with the least (time, index) among those
     with room; micro-batch times start at c. Returns (bin per sequence, ok); ok False when one fits nowhere."""
     T = np.full(V, c)
@@ -39,7 +39,7 @@ def _lpt(l_, w, order, V, M, c):
     return bin_of, True
 
 
-def _refine(bin_of, l_, w, T, tok, V, M, rounds, max_docs):
+def refine(bin_of, l_, w, T, tok, V, M, rounds, max_docs):
     """Move/swap sequences off the slowest micro-batch while that strictly lowers it (in place; T: micro-batch times,
     tok: token counts), at most `rounds` rounds. Candidates: the first document of each distinct length of the slowest
     micro-batch, longest first, at most `max_docs`; for each, moves to micro-batches in index order, then swaps with
@@ -179,7 +179,7 @@ def pack_attempt(V, l_, w, order, M, c, q, W, wmax, vmin, rounds, tried, best_bi
     return val, best_bins, best
 
 
-def _pack_search(l_, w, order, M, c, q, W, wmax, vmin, v_opt, v_hi, rounds):
+def pack_search(l_, w, order, M, c, q, W, wmax, vmin, v_opt, v_hi, rounds):
     """packing.pack's heuristic: FFD, then LPT + rounds for the candidate V (vmin, v_opt - 1 .. v_opt + 2 and FFD's
     count, within [vmin, v_hi]) by (bound f(V), V), then a walk from the incumbent's V while it improves; a V whose
     bound cannot beat the incumbent is skipped. Returns (bins, score)."""
@@ -362,25 +362,11 @@ def top_search(top, A, B, D, C, Q, M, cnt, limit):
 
 
 # the packer's loops by the names their callers use, plain and compiled
-_PACK = {"lpt": _lpt, "refine": _refine, "ffd": ffd, "pack_score": pack_score, "pack_attempt": pack_attempt,
-         "pack_search": _pack_search, "ts_expand": ts_expand, "top_search": top_search}
+_PACK = {"lpt": lpt, "refine": refine, "ffd": ffd, "pack_score": pack_score, "pack_attempt": pack_attempt,
+         "pack_search": pack_search, "ts_expand": ts_expand, "top_search": top_search}
 PLAIN = plain(_PACK, {"np": np, "pipe_value": pipe_value, "packed_value": packed_value, "bound_value": bound_value})
 
-if AVAILABLE:
-    _pc = compile_pipecost()
-    bound_value, pipe_value, packed_value = _pc["bound_value"], _pc["pipe_value"], _pc["packed_value"]
-    lpt = njit(cache=True)(_lpt)
-    refine = njit(cache=True)(_refine)
-    ffd = njit(cache=True)(ffd)
-    pack_score = njit(cache=True)(pack_score)
-    pack_attempt = njit(cache=True)(pack_attempt)
-    pack_search = njit(cache=True)(_pack_search)
-    ts_expand = njit(cache=True)(ts_expand)
-    top_search = njit(cache=True)(top_search)
-    COMPILED = types.SimpleNamespace(lpt=lpt, refine=refine, ffd=ffd, pack_score=pack_score, pack_attempt=pack_attempt,
-                                     pack_search=pack_search, ts_expand=ts_expand, top_search=top_search)
-else:  # pragma: no cover
-    COMPILED = None
+COMPILED = compile_loops(_PACK, globals(), ("bound_value", "pipe_value", "packed_value"))
 
 
 def loops() -> types.SimpleNamespace:

@@ -16,6 +16,7 @@ documents or None.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -236,7 +237,7 @@ def check_packing(mbs, n: int, sub: np.ndarray, max_len: int) -> None:
 def flatten(mbs) -> tuple[np.ndarray, np.ndarray, int]:
     """(sequence indices of all micro-batches in order, the micro-batch of each, micro-batch count)."""
     sizes = [len(mb) for mb in mbs]
-    flat = np.fromiter((i for mb in mbs for i in mb), dtype=np.int64, count=sum(sizes))
+    flat = np.fromiter(itertools.chain.from_iterable(mbs), dtype=np.int64, count=sum(sizes))
     return flat, np.repeat(np.arange(len(sizes)), sizes), len(sizes)
 
 

@@ -139,3 +139,18 @@ def cost1(a, b, c, d, q1, m, r, Q, S, N, lmax, G):
     lo = min(max(np.floor(v0), vmin), vmax)
     hi = min(max(np.ceil(v0), vmin), vmax)
     return min(pipe_value(q1, c, W, wm, lo), pipe_value(q1, c, W, wm, hi))
+
+
+def cost1_floor(a, b, c, d, q1, Q, S, N, lmax):
+    """A lower bound on the float value of cost1(a, b, c, d, q1, m, r, Q, S, N, lmax, G) for N >= 1, whatever m, r
+    and G: the local search skips cost1 where this cannot beat its best move (kernels.local_search), so it must hold
+    in floating point. Every V cost1 tries is >= 1, and f(V) >= (q + V)(W / V + c) >= (sqrt(W) + sqrt(q c))^2 (the
+    minimum over real V > 0), f(V) >= W + c (q = 0: f = W + V c), and for q > 0 f(V) >= (q + 1)(c + w_max). With
+    rounding to nearest each of these holds for the computed values up to a few ulps (the same float W: the same
+    operations as cost1; rounding is monotone), which the factor 1 - 1e-12 covers."""
+    W = a * Q + b * S + d * N
+    lo = W + c
+    if q1 > 0:
+        r = math.sqrt(W) + math.sqrt(q1 * c)
+        lo = max(lo, r * r, (q1 + 1) * (c + (a * lmax * lmax + b * lmax + d)))
+    return lo * (1 - 1e-12)

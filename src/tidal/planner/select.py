@@ -16,7 +16,7 @@ import numpy as np
 from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.planner.alg1 import dispatch_hydraulis
-from tidal.planner.bounds import PipeCost, StrategyBound, check_lengths, pipeline_bound, prepare_lengths
+from tidal.planner.bounds import StrategyBound, check_lengths, pipeline_bound, prepare_lengths
 from tidal.planner.bounds_modes import MODE_ITERS, MODE_ITERS_MANY, TIGHTEN_ITERS, mode_bound, mode_search
 from tidal.planner.charges import charge
 from tidal.planner.config import DEFAULT, PlannerConfig
@@ -24,6 +24,7 @@ from tidal.planner.dispatch import dispatch, dispatch_alternatives
 from tidal.planner.metrics import max_over_mean, mb_imbalance, rank_spread
 from tidal.planner.packing import Packer, pack
 from tidal.planner.passes import Allowance, Context, by_load, flatten, improve, pack_groups
+from tidal.planner.pipecost import pipe_coeffs
 from tidal.planner.profiles import StrategyProfile as StrategyProfile  # callers import both from here
 from tidal.planner.profiles import profile_strategies as profile_strategies
 
@@ -58,10 +59,31 @@ class StepSelection:
     cut_short: bool = False  # the time budget ended the search early (the plan is valid, its bound still proven)
 
 
-def _mb_times(l_: np.ndarray, mbs, pc: PipeCost) -> np.ndarray:
-    """c + sum of w over each micro-batch (for reports: one vectorised pass, not a float-exact pipeline_time)."""
-    flat, mb_of, v = flatten(mbs)
-    return pc.c + np.bincount(mb_of, weights=pc.work(l_[flat]), minlength=v)
+def _reports(l_: np.ndarray, prof: StrategyProfile, plans) -> list[PipelineReport]:
+    """Per-pipeline reports of a plan. Every pipeline's documents are gathered once (in micro-batch order) and their
+    work w = a l^2 + b l + d computed once with each one's pipeline coefficients (PipeCost.work's operations per
+    element); a micro-batch's time is c + the sum of its documents' work (one bincount over all micro-batches: each
+    sum in its documents' order, as a per-pipeline bincount gives it), so the same floats as reporting pipeline by
+    pipeline, without a Python pass over each pipeline's documents."""
+    flat, mb_of, n_mb = flatten([mb for pp_ in plans for mb in pp_.micro_batches])
+    sub = l_[flat]
+    docs = np.array([sum(len(mb) for mb in pp_.micro_batches) for pp_ in plans], dtype=np.int64)
+    mbs = np.array([len(pp_.micro_batches) for pp_ in plans], dtype=np.int64)
+    doc_end, mb_end = np.cumsum(docs).tolist(), np.cumsum(mbs).tolist()
+    pipe_of = np.repeat(np.arange(len(plans)), docs)
+    a, b, _, d = pipe_coeffs(prof.pipes)
+    lf = sub.astype(np.float64)
+    mb_work = np.bincount(mb_of, weights=a[pipe_of] * lf * lf + b[pipe_of] * lf + d[pipe_of], minlength=n_mb)
+    reports = []
+    for j, (pp_, pc) in enumerate(zip(plans, prof.pipes)):
+        s, e = (doc_end[j - 1] if j else 0), doc_end[j]
+        m0, m1 = (mb_end[j - 1] if j else 0), mb_end[j]
+        idx = sub[s:e]
+        reports.append(PipelineReport(
+            j, prof.strategy.pipelines[j].scheme.short(), e - s, int(idx.sum()) if e > s else 0, m1 - m0,
+            pp_.est_time, pipeline_bound(idx, pc) if e > s else 0.0,
+            mb_imbalance(pc.c + mb_work[m0:m1]) if m1 - m0 > 1 else 1.0))
+    return reports
 
 
 def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack, seed: int = 0,
@@ -272,15 +294,9 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
                                 + off[i])
         lb = min(lb, bounds[i])
     prof = profiles[k]
-    reports = []
-    for j, (pp_, pc) in enumerate(zip(plans, prof.pipes)):
-        idx = [i for mb in pp_.micro_batches for i in mb]
-        reports.append(PipelineReport(
-            j, prof.strategy.pipelines[j].scheme.short(), len(idx), int(l_[idx].sum()) if idx else 0,
-            len(pp_.micro_batches), pp_.est_time, pipeline_bound(l_[idx], pc) if idx else 0.0,
-            mb_imbalance(_mb_times(l_, pp_.micro_batches, pc)) if len(pp_.micro_batches) > 1 else 1.0))
+    reports = _reports(l_, prof, plans)
     times = [p.est_time for p in plans]
-    plan = StepPlan(ids, tuple(int(x) for x in l_), k, plans, (), float(est), float(lb),
+    plan = StepPlan(ids, tuple(l_.tolist()), k, plans, (), float(est), float(lb),
                     (time.perf_counter() - t0) * 1e3)
     strat = tuple(StrategyReport(i, names[i], bounds[i], ests[i]) for i in range(len(profiles)))
     return StepSelection(plan, strat, tuple(reports), rank_spread(times), max_over_mean(times), cut)
