@@ -113,14 +113,8 @@ def greedy_cost(q, c, M, W, tok, wm, cnt, g):
 
 def add_cost(c, q, M, Wj, Tj, Lj, Uj, Gj, x, wx, big):
     """greedy_cost of pipeline j (sums Wj, Tj, longest work Lj, count Uj, long documents Gj) with one more document
-    of length x and work wx (big: x > M / 2). With q = 0 its value at V_min."""
-    tok = Tj + x
-    wm = Lj if Lj > wx else wx
-    g = Gj + big
-    if q == 0:
-        vm = max(1, -(-tok // M), g)
-        return pipe_value(q, c, Wj + wx, wm, vm)
-    return greedy_cost(q, c, M, Wj + wx, tok, wm, Uj + 1, g)
+    of length x and work wx (big: x > M / 2)."""
+    return greedy_cost(q, c, M, Wj + wx, Tj + x, Lj if Lj > wx else wx, Uj + 1, Gj + big)
 
 
 def cost1(a, b, c, d, q1, m, r, Q, S, N, lmax, G):
