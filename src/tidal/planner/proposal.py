@@ -1,24 +1,10 @@
 """Strategy proposal (Hydraulis §7): a few heterogeneous candidate strategies for a dataset's length distribution.
 
-Scheme space: <TP, PP, CP> with TP dividing heads and kv_heads (TP <= max_tp, default a node), PP dividing the layer
-count (or any PP <= layers), CP in powers of two (CP > 1 included: Hydraulis fixes CP = 1), TP*PP*CP <= N, MaxLen > 0.
-
-Dynamic programme with continuous relaxation, solved in its dual form. Hydraulis computes t[n][l], the least latency
-with n devices for all documents of length <= l, over fractional n and d. We fix the latency t and compute n_t[l], the
-least (fractional, step `d_step` pipelines) devices that finish all documents of length <= l within t:
-
-    n_t[l] = min over schemes k and l' < l of  n_t[l'] + N_k * ceil_step(W_k(l', l] / cap_k(t))
-
-where W_k(l', l] is the expected work of the step's documents in the length interval on scheme k, cap_k(t) the work one
-pipeline of scheme k finishes in t (bounds.work_capacity: bubbles and per-micro-batch constants included) and scheme k
-is allowed for the interval when MaxLen_k >= l and a single document of length l fits in t (PP (c + w(l)) <= t).
-n_t is nonincreasing in t, so t*(L) = min{t : n_t[L] <= N} is found by bisection, for every cutoff L at once. The
-fractional pipeline counts of the backtracked solution are rounded (floor/ceil per scheme, leftover devices filled),
-improved by an integer local search on `expected_cost`; the best ones over a few cutoffs L <= max_len
-(inter-iteration variation of the longest document) plus the homogeneous strategies form a pool, which is planned on
-a few sampled steps (select.assign) and reduced to a greedy cover (see docs/planner.md). `refine` (decision 99) adds
-the DP over the CP = 1 schemes alone and a local search on the charged sampled estimate (proposal_search.py).
-Cost: O(G K B^2) for G bisection steps, K schemes and B length bins (independent of N) plus the sampled planning.
+The DP over schemes <TP, PP, CP> in dual form with continuous relaxation (fix the latency t, compute n_t[l], the least
+fractional devices that finish every document of length <= l within t, bisect on t), its roundings improved by an
+integer local search on `expected_cost`, the homogeneous strategies and mixes, planned on sampled steps and reduced to
+a greedy cover; `refine` adds the local search of proposal_search.py (decision 99). docs/planner.md, "Strategy
+proposal", states each step and its cost.
 """
 
 from __future__ import annotations
