@@ -227,22 +227,17 @@ class StepPlanner:
         adds the compared systems')."""
         if not isinstance(options, PlanningOptions):
             raise TidalError(f"options must be PlanningOptions, got {type(options).__name__}")
-        self.cost_model = cost_model
         self.candidates: tuple[Strategy, ...] = tuple(candidates)
         self._charging = (sync, options.cp_sharding if charge_cp else None)
         self._eq1 = bool(eq1)
-        self.profiles: tuple[StrategyProfile, ...] = profile_strategies(self.candidates, cost_model, *self._charging,
-                                                                        eq1=self._eq1)
         self.source = source
         self.options = options
         chosen = get_packing(packings, options.packing)
         self._packer, self._queues = chosen.pack, chosen.queues
         self._wcfg: Any = None  # the queues' config (None: no queues)
         # the queues' state; without queues, what a loaded state held, kept for a later resume with queues
-        self._wstate: Any = {}
-        if self._queues is not None:
-            self._wcfg = self._queues.config(self.candidates[0], self.profiles[0].pipes[0].coeffs, options)
-            self._wstate = self._queues.new_state()
+        self._wstate: Any = {} if self._queues is None else self._queues.new_state()
+        self._cost(cost_model)
         self._in_flight: dict[int, tuple[int, int, int]] = {}  # deferred seq_id -> (doc_id, start, length)
         self._index = 0
         self._exhausted = False  # the source returned None (or flush() was called): only flush steps remain
@@ -253,7 +248,12 @@ class StepPlanner:
         force and the stream, so replaying the same sequence of models replays the same plans."""
         if cost_model.model != self.cost_model.model or cost_model.cluster != self.cost_model.cluster:
             raise TidalError("set_cost_model: the new cost model is for another model or cluster")
-        self.profiles = profile_strategies(self.candidates, cost_model, *self._charging, eq1=self._eq1)
+        self._cost(cost_model)
+
+    def _cost(self, cost_model: CostModel) -> None:
+        """Cost the candidates (`profiles`) and the queues' workload model (their config) with `cost_model`."""
+        self.profiles: tuple[StrategyProfile, ...] = profile_strategies(self.candidates, cost_model, *self._charging,
+                                                                        eq1=self._eq1)
         self.cost_model = cost_model
         if self._queues is not None:
             self._wcfg = self._queues.config(self.candidates[0], self.profiles[0].pipes[0].coeffs, self.options)
