@@ -1,14 +1,8 @@
-"""The per-step planning loop as a typed, resumable object: step source -> WLB queues -> select_step -> CP sharding.
+"""The per-step planning loop as a typed, resumable object: step source -> delay queues -> select_step -> CP sharding.
 
-`StepPlanner` pulls one step of sequences at a time from a `StepSource` (duck-typed; `tidal.data.TokenBudgetSampler`
-satisfies it; this layer must not import `tidal.data`), optionally runs it through delay queues (WLB-LLM's outlier
-queues, `packing="wlb"`), plans the sequences that run now with `select.select_step` over every candidate (or, with
-`rotate=True`, on candidate k % S only), chooses CP sharding per micro-batch and yields a `PlannedStep`. At the end of
-the source (or on `flush()`) WLB flush steps run whatever is still queued. `state_dict()` is JSON-safe and resumes the
-stream exactly: the source's state, the WLB queues, the table of in-flight (deferred) sequences and the step counter.
-
-Everything except `StepPlan.plan_ms` (wall clock) is deterministic in the inputs and `PlanningOptions.seed`; step k is
-selected with seed `seed + k`, as `tidal plan` always did.
+`StepPlanner` plans one step of a `StepSource` at a time (this layer must not import `tidal.data`), step k with seed
+`seed + k`, and its `state_dict()` resumes the stream exactly; docs/planner.md, "The planning loop", states each part.
+Everything except `StepPlan.plan_ms` (wall clock) is deterministic in the inputs and `PlanningOptions.seed`.
 """
 
 from __future__ import annotations
