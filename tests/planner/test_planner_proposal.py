@@ -1,10 +1,12 @@
+import math
+
 import numpy as np
 import pytest
 
 from tidal.core import TidalError, get_cluster, get_model
 from tidal.costmodel import default_cost_model
 from tidal.planner.bounds import PipeCost
-from tidal.planner.proposal import _histogram, exhaustive, expected_cost, propose, scheme_space
+from tidal.planner.proposal import _device, _histogram, expected_cost, propose, scheme_space
 
 pytestmark = pytest.mark.unit
 
@@ -24,6 +26,28 @@ def test_scheme_space_includes_cp_and_respects_model():
     assert any(s.pp == 3 for s in scheme_space(cm, 64, pp_divisors=False, max_pp=6))
 
 
+def _exhaustive(lengths, cm, *, tokens_per_step, max_len, schemes) -> float:
+    """Reference for small N: the least expected_cost over every multiset of `schemes` within the cluster's devices
+    (exponential)."""
+    dev = _device(cm)
+    pc = [PipeCost.of(cm.coeffs(s, dev), s.pp, cm.max_len(s, dev)) for s in schemes]
+    hist = _histogram(lengths, tokens_per_step, max_len, 256)
+    best = math.inf
+
+    def rec(start: int, left: int, chosen: list[int]) -> None:
+        nonlocal best
+        if chosen:
+            best = min(best, expected_cost(hist, [pc[k] for k in chosen]))
+        for k in range(start, len(schemes)):
+            if schemes[k].num_devices <= left:
+                chosen.append(k)
+                rec(k, left - schemes[k].num_devices, chosen)
+                chosen.pop()
+
+    rec(0, cm.cluster.num_devices, [])
+    return best
+
+
 CASES = [(c, s, h, ml) for ml in (4096, 8192, 16384)
          for c, s, h in (("a800x8", 0, False), ("a800x8", 1, True), ("a800x4", 2, True), ("h100x8", 3, False))]
 CASES.append(("a800x16", 4, True, 8192))
@@ -38,7 +62,7 @@ def test_proposal_close_to_exhaustive_on_small_n(cluster, seed, heavy, max_len):
     space = scheme_space(cm, cm.cluster.num_devices, max_cp=4, max_pp=4)
     assert any(s.cp > 1 for s in space)
     prop = propose(lengths, cm, tokens_per_step=tokens, max_len=max_len, schemes=space, eval_steps=1)
-    _, best = exhaustive(lengths, cm, tokens_per_step=tokens, max_len=max_len, schemes=space)
+    best = _exhaustive(lengths, cm, tokens_per_step=tokens, max_len=max_len, schemes=space)
     assert np.isfinite(best)
     assert prop.dp_best <= 1.05 * best, (prop.dp_best, best)
     assert all(s.num_devices <= cm.cluster.num_devices for s in prop.strategies)

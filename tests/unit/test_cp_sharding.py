@@ -6,13 +6,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidal.core import TidalError
-from tidal.planner.cp_sharding import MODES, rank_attention_pairs, rank_tokens, shard_micro_batch
+from tidal.planner.cp_sharding import MODES, rank_attention_pairs, shard_micro_batch
 
 pytestmark = pytest.mark.unit
 
 lengths_st = st.lists(st.integers(1, 70), min_size=1, max_size=12)
 cp_st = st.sampled_from([1, 2, 3, 4, 8])
 mode_st = st.sampled_from(MODES)
+
+
+def rank_tokens(shard):
+    """int64 [cp]: tokens each rank holds."""
+    return np.array([rs.num_tokens for rs in shard.ranks], dtype=np.int64)
 
 
 def _allowed_keys(shard, r):
@@ -101,7 +106,7 @@ def test_bad_input(args):
 def test_segment_pieces_equal_the_token_level_shard(lengths, cp, mode):
     """The O(documents) segment builder used by the adaptive CP choice gives exactly the token-level shard's segments,
     rank by rank and in packed order, and the same per-rank causal pairs."""
-    from tidal.planner.cp_sharding import segment_pairs, segment_pieces
+    from tidal.planner.cp_sharding import segment_pieces
 
     shard = shard_micro_batch(lengths, cp, mode)
     rank, q_start, q_len = segment_pieces(lengths, cp, mode)
@@ -109,4 +114,5 @@ def test_segment_pieces_equal_the_token_level_shard(lengths, cp, mode):
         ql = np.diff(rs.cu_seqlens_q.astype(np.int64))
         np.testing.assert_array_equal(q_start[rank == r], rs.k_len - ql)
         np.testing.assert_array_equal(q_len[rank == r], ql)
-    np.testing.assert_array_equal(segment_pairs(lengths, cp, mode), rank_attention_pairs(shard))
+    pairs = np.bincount(rank, weights=q_len * q_start + q_len * (q_len + 1) // 2, minlength=cp).astype(np.int64)
+    np.testing.assert_array_equal(pairs, rank_attention_pairs(shard))

@@ -1,14 +1,8 @@
 """What the simulator charges a packed plan beyond its balanced compute, charged in the planner's estimates too
-(decision 86): the gradient pull/push of each candidate pipeline, priced by `costmodel.sync` as the simulator executes
-it, and the CP kernel imbalance of its CP micro-batches (`cp_adaptive.charged_pipeline_time`, decision 77).
-
-A candidate's pipelines pull their parameters from, and push their gradients to, the fixed sharded optimizer layout.
-What that adds to a pipeline depends on how long its first forward and last backward take (the layer-wise transfer
-overlaps them), so it is charged on the packed plan (`charge`): each non-empty pipeline's estimate rises by
-`costmodel.sync.sync_delay` of its stage coefficients and its first and last micro-batch. Its least possible value,
-over pipelines and micro-batches up to MaxLen tokens (`SyncCharge.floor`), is added to the candidate's step bound, so
-estimate >= bound still holds. The CP imbalance only raises a CP pipeline's estimate (its factor is >= 1): it needs
-no bound term.
+(decision 86; docs/planner.md, "Charges"): each candidate pipeline's gradient pull/push (`costmodel.sync`, charged on
+the packed plan since it overlaps the first forward and last backward; its least value, `SyncCharge.floor`, is added
+to the candidate's bounds so that estimate >= bound holds) and the CP kernel imbalance of its CP micro-batches
+(`cp_adaptive.charged_pipeline_time`, decision 77; a factor >= 1, so no bound term).
 """
 
 from __future__ import annotations
@@ -59,14 +53,13 @@ class Charges:
 
 
 def sync_charge(strategy: Strategy, pipes: tuple[PipeCost, ...], splits, cost_model: CostModel,
-                pricing: SyncPricing, group: int | None = None) -> SyncCharge:
-    """The pull/push of every pipeline of a placed candidate; `group`: devices the optimizer state is sharded over
-    (default: the whole cluster, as the simulator)."""
+                pricing: SyncPricing) -> SyncCharge:
+    """The pull/push of every pipeline of a placed candidate, the optimizer state sharded over the whole cluster (as
+    the simulator shards it)."""
     m, cl = cost_model.model, cost_model.cluster
-    g = group or cl.num_devices
     pull, push, layers = [], [], []
     for p, split in zip(strategy.pipelines, splits):
-        a, b = pipeline_sync(m, cl, p.devices, p.scheme.tp, p.scheme.cp, split, g, pricing)
+        a, b = pipeline_sync(m, cl, p.devices, p.scheme.tp, p.scheme.cp, split, cl.num_devices, pricing)
         pull.append(a)
         push.append(b)
         layers.append(np.asarray(split, dtype=np.float64))

@@ -101,8 +101,8 @@ def cp_imbalance(doc_lengths, cp: int, kernel: KernelModel, mode: str) -> float:
 def charged_pipeline_time(lengths, micro_batches: Sequence[Sequence[int]], coeffs: LatencyCoeffs, pp: int, cp: int,
                           modes: Sequence[str], kernel: KernelModel) -> float:
     """`packing.pipeline_time` ((PP - 1 + V) x the slowest micro-batch, their sum when PP = 1 unless `coeffs` carry
-    Hydraulis Eq. 1) with every CP
-    micro-batch's attention term charged `cp_imbalance` under its sharding mode, as the simulator charges it."""
+    Hydraulis Eq. 1) with every CP micro-batch's attention term charged `cp_imbalance` under its sharding mode, as the
+    simulator charges it."""
     arr = np.asarray(lengths, dtype=np.int64)
     mbs = [(m, mb) for m, mb in enumerate(micro_batches) if len(mb)]
     if not mbs:

@@ -40,8 +40,7 @@ import numpy as np
 from tidal.core.cplayout import MODES, CPShard, RankShard
 from tidal.core.errors import TidalError
 
-__all__ = ["MODES", "CPShard", "RankShard", "rank_attention_pairs", "rank_tokens", "segment_pairs",
-           "segment_pieces", "shard_micro_batch"]
+__all__ = ["MODES", "CPShard", "RankShard", "rank_attention_pairs", "segment_pieces", "shard_micro_batch"]
 
 
 def _check(lengths, cp: int, mode: str) -> np.ndarray:
@@ -119,11 +118,6 @@ def rank_attention_pairs(shard: CPShard) -> np.ndarray:
     return np.array([int((rs.positions + 1).sum()) for rs in shard.ranks], dtype=np.int64)
 
 
-def rank_tokens(shard: CPShard) -> np.ndarray:
-    """int64 [cp]: tokens each rank holds (GEMM / communication balance)."""
-    return np.array([rs.num_tokens for rs in shard.ranks], dtype=np.int64)
-
-
 def segment_pieces(lengths, cp: int, mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The query segments of `shard_micro_batch(lengths, cp, mode)` without building token-level arrays.
 
@@ -173,9 +167,3 @@ def segment_pieces(lengths, cp: int, mode: str) -> tuple[np.ndarray, np.ndarray,
     # packed order within each rank == (document, position) order, which the runs already have
     return seg_rank.astype(np.int64), seg_pos.astype(np.int64), seg_len.astype(np.int64)
 
-
-def segment_pairs(lengths, cp: int, mode: str) -> np.ndarray:
-    """int64 [cp]: rank_attention_pairs(shard_micro_batch(lengths, cp, mode)) from the segments alone."""
-    rank, s, n = segment_pieces(lengths, cp, mode)
-    pairs = n * s + n * (n + 1) // 2
-    return np.bincount(rank, weights=pairs, minlength=int(cp)).astype(np.int64)

@@ -1,15 +1,6 @@
-"""Imbalance metrics (definitions in docs/wlb.md).
-
-- `mb_imbalance(times)`: WLB-LLM's imbalance degree, max / mean micro-batch latency = Max_Latency * N / Total_Latency
-  (WLB §6.4, Table 2; §3.3 uses the same ratio on attention work). 1.0 is perfect balance. Empty micro-batches count
-  (with time 0) when they are part of the step, because a pipeline slot is still spent on them.
-- `rank_spread(times)`: (max - min) / max over ranks (or pipelines), the relative idle time of the least-loaded rank
-  while it waits for the slowest one; the quantity Hydraulis Fig. 15b visualises as per-rank latency differences.
-  0 is perfect balance, 1 means some rank had no work.
-- `max_over_mean(values)`: max / mean of any per-rank quantity (e.g. attention FLOPs across CP ranks).
-- `token_delay(lengths, delays)`: token-weighted mean delay in steps (WLB §6.4 reports 0.5 iterations per token).
-All return 1.0 / 0.0 / 0.0 for empty or all-zero input instead of dividing by zero.
-"""
+"""Imbalance metrics (definitions in docs/wlb.md, "Metrics"). Empty or all-zero input gives the balanced value (1.0
+for the ratios, 0.0 for the spread and the delay) instead of dividing by zero; a step's empty micro-batches count, with
+time 0, since a pipeline slot is still spent on them."""
 
 from __future__ import annotations
 

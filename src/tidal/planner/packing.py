@@ -1,17 +1,10 @@
 """Stage 2 of the two-stage assignment: pack one pipeline's sequences into V micro-batches (Hydraulis §6.1, Eq. 1).
 
-Objective: min over V and the partition of (PP - 1 + V) * max_k (c + sum_{i in k} a l_i^2 + b l_i), every micro-batch
-holding at most MaxLen tokens; for PP = 1 the sum of the micro-batch times, V c + W (pipecost.pipe_value, decision 94),
-so there the fewest micro-batches that hold the documents.
-
-Heuristic (`pack`): for a handful of V around the minimiser of the convex per-V lower bound f(V)
-(bounds.pipeline_bound), inside the App. D range [ceil(tokens / MaxLen), tokens / UtilLen] widened to contain that
-minimiser, run capacity-aware LPT (longest first into the least-loaded micro-batch that has room) and a move/swap
-local search on the slowest micro-batch; then walk V up/down while it improves. V whose bound cannot beat the
-incumbent are skipped. The loops are written once in kernels_pack.py (compiled where numba is installed, plain Python
-where not). Exact (`pack(..., exact=True)`): the same, then a HiGHS MILP per V in bound order until the bound exceeds
-the incumbent. The baselines' packers (baselines/fixed.py, baselines/wlb.py) share `validate`, `finish` and the
-`Packer` signature.
+Objective: min over V and the partition of (PP - 1 + V) * the slowest micro-batch (PP = 1: their sum, decision 94),
+every micro-batch holding at most MaxLen tokens. `pack` runs capacity-aware LPT and a local search for a few V around
+the bound's minimiser (the loops written once in kernels_pack.py, compiled where numba is installed), and with
+`exact=True` a MILP per V (exact.py). The baselines' packers share `validate`, `finish` and the `Packer` signature.
+docs/planner.md, "Packing", states the search.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
-"""The pipeline cost formula, written once (issue 27, decision 85): a pipeline of PP = q + 1 stages running V
-micro-batches of total work W, the longest document's work w_max and a per-micro-batch constant c takes
+"""The pipeline cost formula, written once (issue 27, decisions 85, 94, 96, 97): a pipeline of PP = q + 1 stages
+running V micro-batches of total work W, longest document work w_max and per-micro-batch constant c takes
 
     f(V) = (q + V) * max(W / V + c, c + w_max)    for q >= 1,
-    f(V) = V * (W / V + c) = V c + W              for q = 0,
+    f(V) = V c + W                                for q = 0 (one stage sums its micro-batches),
 
-and the planner needs min over integer V in [V_min, V_max] of f. With q >= 1 the pipeline's steady state runs at its
-slowest micro-batch; one stage runs its micro-batches one after another, so its time is their sum whatever the split
-(decision 94): both are `pipe_value` with w_max taken as 0 when q = 0. f is convex in V with continuous minimiser
-min(sqrt(q W / c), W / w_max) (0 when q = 0: f grows with V; docs/planner.md), so only V_min, V_max and that
-minimiser's floor and ceiling (clipped) are evaluated. The same function times a packed pipeline exactly when w_max
-is its slowest micro-batch's work; `packed_value` writes that with the slowest micro-batch's time, as
-`packing.finish` and kernels_pack.pack_score call it.
-
-Plain Python on scalars, numba-compilable: kernels.py and kernels_pack.py compile these functions (numba.njit,
-inline; kernels.compile_pipecost) into their loops where numba is installed, and the Python paths (bounds.py,
-packing.py, the plain loops where numba is absent) call them as they are: one source, the same floats in both modes
-(tests/planner/test_planner_pipecost.py runs both on seeded random inputs). There is no other copy of the formula:
-the dispatch's loads are `cost1` (kernels.pipe_loads), its greedy `add_cost`, the bounds `best_v` / `bound_value`
-(decision 96).
+and the planner needs its minimum over integer V in [V_min, V_max]. Plain Python on scalars: kernels.compile_pipecost
+compiles these functions into the numba loops, and the Python paths call them as they are (one source, the same floats
+in both modes). docs/planner.md, "One cost formula", lists each function, its callers and the tests.
 """
 
 from __future__ import annotations
@@ -113,14 +102,8 @@ def greedy_cost(q, c, M, W, tok, wm, cnt, g):
 
 def add_cost(c, q, M, Wj, Tj, Lj, Uj, Gj, x, wx, big):
     """greedy_cost of pipeline j (sums Wj, Tj, longest work Lj, count Uj, long documents Gj) with one more document
-    of length x and work wx (big: x > M / 2). With q = 0 its value at V_min."""
-    tok = Tj + x
-    wm = Lj if Lj > wx else wx
-    g = Gj + big
-    if q == 0:
-        vm = max(1, -(-tok // M), g)
-        return pipe_value(q, c, Wj + wx, wm, vm)
-    return greedy_cost(q, c, M, Wj + wx, tok, wm, Uj + 1, g)
+    of length x and work wx (big: x > M / 2)."""
+    return greedy_cost(q, c, M, Wj + wx, Tj + x, Lj if Lj > wx else wx, Uj + 1, Gj + big)
 
 
 def cost1(a, b, c, d, q1, m, r, Q, S, N, lmax, G):

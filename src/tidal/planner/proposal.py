@@ -1,24 +1,10 @@
 """Strategy proposal (Hydraulis §7): a few heterogeneous candidate strategies for a dataset's length distribution.
 
-Scheme space: <TP, PP, CP> with TP dividing heads and kv_heads (TP <= max_tp, default a node), PP dividing the layer
-count (or any PP <= layers), CP in powers of two (CP > 1 included: Hydraulis fixes CP = 1), TP*PP*CP <= N, MaxLen > 0.
-
-Dynamic programme with continuous relaxation, solved in its dual form. Hydraulis computes t[n][l], the least latency
-with n devices for all documents of length <= l, over fractional n and d. We fix the latency t and compute n_t[l], the
-least (fractional, step `d_step` pipelines) devices that finish all documents of length <= l within t:
-
-    n_t[l] = min over schemes k and l' < l of  n_t[l'] + N_k * ceil_step(W_k(l', l] / cap_k(t))
-
-where W_k(l', l] is the expected work of the step's documents in the length interval on scheme k, cap_k(t) the work one
-pipeline of scheme k finishes in t (bounds.work_capacity: bubbles and per-micro-batch constants included) and scheme k
-is allowed for the interval when MaxLen_k >= l and a single document of length l fits in t (PP (c + w(l)) <= t).
-n_t is nonincreasing in t, so t*(L) = min{t : n_t[L] <= N} is found by bisection, for every cutoff L at once. The
-fractional pipeline counts of the backtracked solution are rounded (floor/ceil per scheme, leftover devices filled),
-improved by an integer local search on `expected_cost`; the best ones over a few cutoffs L <= max_len
-(inter-iteration variation of the longest document) plus the homogeneous strategies form a pool, which is planned on
-a few sampled steps (select.assign) and reduced to a greedy cover (see docs/planner.md). `refine` (decision 99) adds
-the DP over the CP = 1 schemes alone and a local search on the charged sampled estimate (proposal_search.py).
-Cost: O(G K B^2) for G bisection steps, K schemes and B length bins (independent of N) plus the sampled planning.
+The DP over schemes <TP, PP, CP> in dual form with continuous relaxation (fix the latency t, compute n_t[l], the least
+fractional devices that finish every document of length <= l within t, bisect on t), its roundings improved by an
+integer local search on `expected_cost`, the homogeneous strategies and mixes, planned on sampled steps and reduced to
+a greedy cover; `refine` adds the local search of proposal_search.py (decision 99). docs/planner.md, "Strategy
+proposal", states each step and its cost.
 """
 
 from __future__ import annotations
@@ -32,7 +18,7 @@ import numpy as np
 
 from tidal.core.cluster import DeviceType
 from tidal.core.errors import TidalError
-from tidal.core.scheme import ParallelScheme, format_strategy
+from tidal.core.scheme import ParallelScheme
 from tidal.core.strategy import Strategy, place
 from tidal.costmodel.base import CostModel, pipeline_device
 from tidal.costmodel.sync import SyncPricing
@@ -174,6 +160,21 @@ def _backtrack(arg, L: int, t: float, K: dict, hist, d_step: float) -> np.ndarra
     return d
 
 
+def _canon(combo, K: dict) -> tuple[int, ...]:
+    """A strategy as scheme indices in canonical order: most devices first, then index."""
+    return tuple(sorted(combo, key=lambda k: (-K["n"][k], k)))
+
+
+def _fill(combo, used, K: dict, N: int) -> list[int]:
+    """`combo` with its leftover devices filled by more pipelines of the smallest `used` scheme that still fits."""
+    c, dev = list(combo), sum(K["n"][k] for k in combo)
+    for k in sorted(used, key=lambda k: (K["n"][k], k)):
+        while dev + K["n"][k] <= N:
+            c.append(k)
+            dev += K["n"][k]
+    return c
+
+
 def _roundings(d: np.ndarray, K: dict, N: int, top_len: float, limit: int = 64) -> list[tuple[int, ...]]:
     used = [k for k in range(d.size) if d[k] > 1e-9]
     out = set()
@@ -191,38 +192,21 @@ def _roundings(d: np.ndarray, K: dict, N: int, top_len: float, limit: int = 64) 
             dev -= K["n"][k]
         if dev > N or sum(cnt.values()) == 0:
             continue
-        # fill leftover devices with more pipelines of the smallest used scheme that still fits
-        for k in sorted(used, key=lambda k: (K["n"][k], k)):
-            while dev + K["n"][k] <= N:
-                cnt[k] += 1
-                dev += K["n"][k]
-        if not any(v > 0 and K["max_len"][k] >= top_len for k, v in cnt.items()):
-            continue
-        out.add(tuple(sorted((k for k, v in cnt.items() for _ in range(v)), key=lambda k: (-K["n"][k], k))))
+        c = _fill([k for k, v in cnt.items() for _ in range(v)], used, K, N)
+        if any(K["max_len"][k] >= top_len for k in c):
+            out.add(_canon(c, K))
     return sorted(out)
 
 
 def _improve(combo: tuple[int, ...], val: float, used: list[int], K: dict, N: int, hist, pc, rounds: int = 20):
     """Integer local search around a rounding: add, remove (and refill) or swap one pipeline among the schemes the
     fractional solution used, while expected_cost improves."""
-    def canon(c):
-        return tuple(sorted(c, key=lambda k: (-K["n"][k], k)))
-
-    def fill(c):
-        c = list(c)
-        dev = sum(K["n"][k] for k in c)
-        for k in sorted(used, key=lambda k: (K["n"][k], k)):
-            while dev + K["n"][k] <= N:
-                c.append(k)
-                dev += K["n"][k]
-        return c
-
     for _ in range(rounds):
         dev = sum(K["n"][k] for k in combo)
         neigh = set()
         for k in used:
             if dev + K["n"][k] <= N:
-                neigh.add(canon(list(combo) + [k]))
+                neigh.add(_canon(list(combo) + [k], K))
             if k in combo:
                 rest = list(combo)
                 rest.remove(k)
@@ -233,7 +217,7 @@ def _improve(combo: tuple[int, ...], val: float, used: list[int], K: dict, N: in
                     while room and sum(K["n"][x] for x in room) + K["n"][k2] > N:
                         room.pop(0)
                     if sum(K["n"][x] for x in room) + K["n"][k2] <= N:
-                        neigh.add(canon(fill(room + [k2])))
+                        neigh.add(_canon(_fill(room + [k2], used, K, N), K))
         best = (val, combo)
         for c in sorted(neigh):
             if c:
@@ -300,7 +284,7 @@ def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: in
             for k2 in small:
                 m2 = int(rest // K["n"][k2])
                 if k2 != k and m2 >= 1:
-                    combo = tuple(sorted((k,) * m + (k2,) * m2, key=lambda x: (-K["n"][x], x)))
+                    combo = _canon((k,) * m + (k2,) * m2, K)
                     families[2][combo] = expected_cost(full, [pc[x] for x in combo])
     if not any(families):
         raise TidalError(f"strategy proposal found no strategy within {N} devices")
@@ -400,10 +384,10 @@ def _refine(pool, E, lens, scored, full, pc, space, cost_model, N, steps, seed, 
             order = sorted(range(len(pool)), key=lambda i: (float(np.mean(E[i])), pool[i][0]))
             starts = [(pool[i][0], np.mean) for i in order[:REFINE_STARTS] if np.isfinite(E[i]).all()]
         else:
-            chosen = _greedy_cover(E, k)[:REFINE_STARTS]
+            cover = _greedy_cover(E, k)
             starts = []
-            for i in chosen:
-                rest = [j for j in _greedy_cover(E, k) if j != i]
+            for i in cover[:REFINE_STARTS]:
+                rest = [j for j in cover if j != i]
                 other = E[rest].min(axis=0) if rest else np.full(E.shape[1], np.inf)
                 starts.append((pool[i][0], lambda row, o=other: float(np.mean(np.minimum(row, o)))))
         found = search(starts, space, cost_model, N, {c: E[i] for i, (c, _) in enumerate(pool)}, run, bounds,
@@ -450,29 +434,3 @@ def _greedy_cover(E: np.ndarray, k: int) -> list[int]:
         chosen.append(i)
         cur = np.minimum(cur, E[i])
     return chosen
-
-
-def exhaustive(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: int, n_devices: int | None = None,
-               bin_width: int = 256, schemes: Sequence[ParallelScheme] | None = None) -> tuple[str, float]:
-    """Reference for small N: the multiset of schemes within N devices minimising expected_cost (exponential)."""
-    N = n_devices or cost_model.cluster.num_devices
-    space = tuple(schemes) if schemes is not None else scheme_space(cost_model, N)
-    dev = _device(cost_model)
-    pc = [PipeCost.of(cost_model.coeffs(s, dev), s.pp, cost_model.max_len(s, dev)) for s in space]
-    hist = _histogram(lengths, tokens_per_step, max_len, bin_width)
-    best = (math.inf, "")
-
-    def rec(start: int, left: int, chosen: list[int]) -> None:
-        nonlocal best
-        if chosen:
-            v = expected_cost(hist, [pc[k] for k in chosen])
-            if v < best[0]:
-                best = (v, format_strategy(tuple(space[k] for k in chosen)))
-        for k in range(start, len(space)):
-            if space[k].num_devices <= left:
-                chosen.append(k)
-                rec(k, left - space[k].num_devices, chosen)
-                chosen.pop()
-
-    rec(0, N, [])
-    return best[1], best[0]

@@ -1,15 +1,9 @@
-"""The proposal's sampled evaluation and its local search on it (decision 99).
+"""The proposal's sampled evaluation and its local search on it (decision 99; docs/planner.md, "Strategy proposal").
 
-`sample_steps` draws the evaluation steps (seeded) from the dataset's length sample; `evaluate` plans every strategy
-on each of them with select.assign and, when charged, `charges.charge` (the pull/push and CP imbalance as the
-simulator executes them): the estimate StepPlanner's selection will see. The DP and its relaxation price neither the
-sync nor the CP imbalance, so the pool it proposes can miss the strategy that is fastest once they are charged (e.g.
-2*tp2+4*tp1 of llama2-7b on 8 A800s, where the relaxation prefers CP mixes). `search` climbs from the best pool
-strategies on the charged estimate itself: each round it generates a strategy's neighbours (one pipeline's scheme
-replaced by another of as many devices, one pipeline split into two halves, two equal pipelines merged into one),
-ranks them by their proven step bounds on the evaluation steps (bound + charge floor <= estimate), evaluates the
-`width` best and moves to the best one while the mean estimate falls. Every strategy evaluated joins the pool, so
-the greedy cover can also take a neighbour that wins only some steps.
+`sample_steps` draws the evaluation steps (seeded); `evaluate` plans every strategy on each with select.assign, charged
+as StepPlanner's selection charges it (`charges.charge`); `search` climbs from the best pool strategies on that charged
+estimate, ranking each round's `neighbours` by their proven bounds (`bound_rows`, <= the estimate) and evaluating the
+`width` best. Every strategy evaluated joins the pool.
 """
 
 from __future__ import annotations

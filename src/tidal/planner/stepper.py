@@ -1,14 +1,8 @@
-"""The per-step planning loop as a typed, resumable object: step source -> WLB queues -> select_step -> CP sharding.
+"""The per-step planning loop as a typed, resumable object: step source -> delay queues -> select_step -> CP sharding.
 
-`StepPlanner` pulls one step of sequences at a time from a `StepSource` (duck-typed; `tidal.data.TokenBudgetSampler`
-satisfies it; this layer must not import `tidal.data`), optionally runs it through delay queues (WLB-LLM's outlier
-queues, `packing="wlb"`), plans the sequences that run now with `select.select_step` over every candidate (or, with
-`rotate=True`, on candidate k % S only), chooses CP sharding per micro-batch and yields a `PlannedStep`. At the end of
-the source (or on `flush()`) WLB flush steps run whatever is still queued. `state_dict()` is JSON-safe and resumes the
-stream exactly: the source's state, the WLB queues, the table of in-flight (deferred) sequences and the step counter.
-
-Everything except `StepPlan.plan_ms` (wall clock) is deterministic in the inputs and `PlanningOptions.seed`; step k is
-selected with seed `seed + k`, as `tidal plan` always did.
+`StepPlanner` plans one step of a `StepSource` at a time (this layer must not import `tidal.data`), step k with seed
+`seed + k`, and its `state_dict()` resumes the stream exactly; docs/planner.md, "The planning loop", states each part.
+Everything except `StepPlan.plan_ms` (wall clock) is deterministic in the inputs and `PlanningOptions.seed`.
 """
 
 from __future__ import annotations
@@ -227,23 +221,17 @@ class StepPlanner:
         adds the compared systems')."""
         if not isinstance(options, PlanningOptions):
             raise TidalError(f"options must be PlanningOptions, got {type(options).__name__}")
-        self.cost_model = cost_model
         self.candidates: tuple[Strategy, ...] = tuple(candidates)
         self._charging = (sync, options.cp_sharding if charge_cp else None)
         self._eq1 = bool(eq1)
-        self.profiles: tuple[StrategyProfile, ...] = profile_strategies(self.candidates, cost_model, *self._charging,
-                                                                        eq1=self._eq1)
         self.source = source
         self.options = options
         chosen = get_packing(packings, options.packing)
         self._packer, self._queues = chosen.pack, chosen.queues
         self._wcfg: Any = None  # the queues' config (None: no queues)
         # the queues' state; without queues, what a loaded state held, kept for a later resume with queues
-        self._wstate: Any = {}
-        if self._queues is not None:
-            self._wcfg = self._queues.config(self.candidates[0], self.profiles[0].pipes[0].coeffs,
-                                             self.profiles[0].max_len, options)
-            self._wstate = self._queues.new_state()
+        self._wstate: Any = {} if self._queues is None else self._queues.new_state()
+        self._cost(cost_model)
         self._in_flight: dict[int, tuple[int, int, int]] = {}  # deferred seq_id -> (doc_id, start, length)
         self._index = 0
         self._exhausted = False  # the source returned None (or flush() was called): only flush steps remain
@@ -254,7 +242,12 @@ class StepPlanner:
         force and the stream, so replaying the same sequence of models replays the same plans."""
         if cost_model.model != self.cost_model.model or cost_model.cluster != self.cost_model.cluster:
             raise TidalError("set_cost_model: the new cost model is for another model or cluster")
-        self.profiles = profile_strategies(self.candidates, cost_model, *self._charging, eq1=self._eq1)
+        self._cost(cost_model)
+
+    def _cost(self, cost_model: CostModel) -> None:
+        """Cost the candidates (`profiles`) and the queues' workload model (their config) with `cost_model`."""
+        self.profiles: tuple[StrategyProfile, ...] = profile_strategies(self.candidates, cost_model, *self._charging,
+                                                                        eq1=self._eq1)
         self.cost_model = cost_model
         if self._queues is not None:
             self._wcfg = self._queues.config(self.candidates[0], self.profiles[0].pipes[0].coeffs,
