@@ -116,28 +116,19 @@ def _thetas(T: float, sb: StrategyBound, cap: np.ndarray | None = None, step: tu
     return th[None]
 
 
-def _violated_two(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray) -> bool:
+def _violated_two(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray, loops: SimpleNamespace | None = None) -> bool:
     """Two classes: the best prices exactly. With y = (t, 1 - t), g(t) = sum_i wt_i min(t u_i1, (1 - t) u_i2) -
     t n_1 - (1 - t) n_2 is concave and piecewise linear with breakpoints t_i = u_i2 / (u_i1 + u_i2), so its maximum
-    over [0, 1] is at a breakpoint or an end; evaluated at all of them with prefix sums (O(B log B))."""
+    over [0, 1] is at a breakpoint or an end; the ends here, the breakpoints with prefix sums (O(B log B)) in
+    kernels_modes.violated_two (the one source)."""
     u1, u2 = U[:, 0], U[:, 1]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ti = np.where(~np.isfinite(u1), 0.0, np.where(~np.isfinite(u2), 1.0, u2 / (u1 + u2)))
-    ti = np.where(np.isnan(ti), 0.5, ti)  # u1 = u2 = 0: free on both
-    o = np.argsort(ti, kind="stable")
-    t = ti[o]
-    a1 = np.where(np.isfinite(u1[o]), u1[o], 0.0) * wt[o]
-    a2 = np.where(np.isfinite(u2[o]), u2[o], 0.0) * wt[o]
-    suf1 = np.cumsum(a1[::-1])[::-1]  # docs m.. on class 1
-    pre2 = np.concatenate([[0.0], np.cumsum(a2)[:-1]])  # docs ..m-1 on class 2
-    inner = (t > 0) & (t < 1)
-    t, suf1, pre2 = t[inner], suf1[inner], pre2[inner]
-    lhs = t * suf1 + (1 - t) * pre2
-    rhs = t * cnt[0] + (1 - t) * cnt[1]
     # ends: y = (1, 0) prices only the documents that fit class 1 alone, and y = (0, 1) likewise
-    ends = (float(np.where(np.isfinite(u2), 0.0, u1) @ wt) > cnt[0] * (1 + 1e-9)
-            or float(np.where(np.isfinite(u1), 0.0, u2) @ wt) > cnt[1] * (1 + 1e-9))
-    return bool(ends or np.any(lhs > rhs * (1 + 1e-9)))
+    if (float(np.where(np.isfinite(u2), 0.0, u1) @ wt) > cnt[0] * (1 + 1e-9)
+            or float(np.where(np.isfinite(u1), 0.0, u2) @ wt) > cnt[1] * (1 + 1e-9)):
+        return True
+    f = np.float64
+    return bool((_loops() if loops is None else loops).violated_two(
+        np.ascontiguousarray(U, f), np.ascontiguousarray(wt, f), np.ascontiguousarray(cnt, f)))
 
 
 def violated(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray, Y: np.ndarray, rounds: int,
@@ -147,12 +138,10 @@ def violated(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray, Y: np.ndarray, roun
     pair of classes, decision 102) certifies sum_i min_k y_k u_ik > sum_k y_k cnt_k. Two classes: exactly
     (_violated_two). Three or more: kernels_modes.mode_violated (the one source; `loops`: kernels_modes.loops(),
     compiled where numba is installed, unless given). `found` (K), 3+ classes: receives the certifying row."""
-    if cnt.size == 2:
-        return _violated_two(U, wt, cnt)
     if loops is None:
-        from tidal.planner import kernels_modes
-
-        loops = kernels_modes.loops()
+        loops = _loops()
+    if cnt.size == 2:
+        return _violated_two(U, wt, cnt, loops)
     f = np.float64
     return bool(loops.mode_violated(np.ascontiguousarray(U, f), np.ascontiguousarray(wt, f),
                                     np.ascontiguousarray(cnt, f), np.ascontiguousarray(Y, f), int(rounds),

@@ -229,10 +229,11 @@ def mode_costs(T, C, M, cw, w, l, tau, cap, th, out):
                 out[i, k] = np.inf
                 continue
             cbest, vbest, wi = cb[n - 1], vb[n - 1], w[i, k]
-            if wi > 0:
-                work = wi / cbest if cbest > 0 else np.inf
-            else:
-                work = 0.0 if cbest > -np.inf else np.inf
+            work = np.inf  # w > 0 needs a positive capacity; w = 0 fits any work mode (0 / 0 counts as 0)
+            if wi > 0 and cbest > 0:
+                work = wi / cbest
+            elif wi <= 0 and cbest > -np.inf:
+                work = 0.0
             tok = l[i] / (vbest * M[k]) if vbest > 0 else np.inf
             u = tok if tok <= work else work
             if two and hs[n - 1]:
@@ -242,8 +243,44 @@ def mode_costs(T, C, M, cw, w, l, tau, cap, th, out):
             out[i, k] = u
 
 
+def violated_two(U, wt, cnt):
+    """bounds_modes._violated_two's breakpoint scan (the two ends are checked by the caller): with y = (t, 1 - t),
+    the breakpoints t_i = u_i2 / (u_i1 + u_i2) (0 where u_i1 is inf, 1 where u_i2 is, 0.5 where both are 0) in stable
+    ascending order; at each inner one (0 < t < 1), whether t sum_{m >= i} wt u_m1 + (1 - t) sum_{m < i} wt u_m2 >
+    (1 + 1e-9) (t cnt_1 + (1 - t) cnt_2), the sums running in sorted order (inf entries count 0)."""
+    B = U.shape[0]
+    ti = np.empty(B)
+    for i in range(B):
+        u1, u2 = U[i, 0], U[i, 1]
+        if not np.isfinite(u1):
+            t = 0.0
+        elif not np.isfinite(u2):
+            t = 1.0
+        else:
+            t = u2 / (u1 + u2) if u1 + u2 != 0.0 else 0.5
+        ti[i] = 0.5 if np.isnan(t) else t
+    o = np.argsort(ti, kind="mergesort")
+    suf1 = np.empty(B)
+    acc = 0.0
+    for r in range(B - 1, -1, -1):
+        u1 = U[o[r], 0]
+        a = (u1 if np.isfinite(u1) else 0.0) * wt[o[r]]
+        acc = a if r == B - 1 else acc + a
+        suf1[r] = acc
+    pre = 0.0
+    for r in range(B):
+        t = ti[o[r]]
+        if t > 0 and t < 1 and t * suf1[r] + (1 - t) * pre > (t * cnt[0] + (1 - t) * cnt[1]) * (1 + 1e-9):
+            return True
+        u2 = U[o[r], 1]
+        a = (u2 if np.isfinite(u2) else 0.0) * wt[o[r]]
+        pre = a if r == 0 else pre + a
+    return False
+
+
 _MODES = {"price_gap": price_gap, "pair_search": pair_search, "mode_violated": mode_violated,
-          "mode_arrays": mode_arrays, "mode_thetas": mode_thetas, "mode_costs": mode_costs}
+          "mode_arrays": mode_arrays, "mode_thetas": mode_thetas, "mode_costs": mode_costs,
+          "violated_two": violated_two}
 PLAIN = plain(_MODES, {"np": np})
 
 COMPILED = compile_loops(_MODES, globals())
