@@ -178,7 +178,7 @@ def min_time(G: np.ndarray, c: np.ndarray, pp: np.ndarray, total: np.ndarray,
     disc = np.maximum(B * B - 4.0 * A * (C0 - total), 0.0)
     u = np.full(A.shape, np.inf)
     np.divide(-B + np.sqrt(disc), 2.0 * A, out=u, where=A > 0)
-    T = np.clip(u * u, left, right)
+    T = np.minimum(np.maximum(u * u, left), right)  # np.clip's values, without its Python wrapper
     return np.where(total > 0, T, 0.0)
 
 
@@ -396,7 +396,7 @@ class StrategyBound:
                 loads = np.bincount(arg, weights=w[rows, arg] * wt, minlength=len(classes))
                 capk = cnt * _capacity(np.full(len(classes), t), cap_consts)
                 ratio = (loads + 1e-30) / np.maximum(capk, 1e-30)
-                cand = y * np.clip(ratio, 0.25, 4.0) ** steps
+                cand = y * np.minimum(np.maximum(ratio, 0.25), 4.0) ** steps
                 cand = cand / cand.sum(axis=1, keepdims=True)
                 v = self._bound_for(cand)
                 k = int(np.argmax(v))
