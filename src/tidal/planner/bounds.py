@@ -112,11 +112,15 @@ def pipeline_bound(lengths: np.ndarray, p: PipeCost) -> float:
     l_ = np.asarray(lengths, dtype=np.int64)
     if l_.size == 0:
         return 0.0
-    wk = p.work(l_)
-    w = float(wk.sum())
-    vmin = max(1, -(-int(l_.sum()) // p.max_len))
-    vmax = max(vmin, int(l_.size))
-    return best_v(p.pp - 1, p.c, w, float(wk.max()), vmin, vmax)[1] * (1 - SLACK)
+    return pipeline_bound_of(p.work(l_), int(l_.sum()), p)
+
+
+def pipeline_bound_of(wk: np.ndarray, tokens: int, p: PipeCost) -> float:
+    """pipeline_bound from the documents' work `wk` (PipeCost.work of their lengths, in their order; not empty) and
+    their total tokens: for a caller that has the work already (select._reports)."""
+    vmin = max(1, -(-tokens // p.max_len))
+    vmax = max(vmin, int(wk.size))
+    return best_v(p.pp - 1, p.c, float(wk.sum()), float(wk.max()), vmin, vmax)[1] * (1 - SLACK)
 
 
 def work_capacity(t: np.ndarray, c: np.ndarray, pp: np.ndarray) -> np.ndarray:
@@ -178,7 +182,7 @@ def min_time(G: np.ndarray, c: np.ndarray, pp: np.ndarray, total: np.ndarray,
     disc = np.maximum(B * B - 4.0 * A * (C0 - total), 0.0)
     u = np.full(A.shape, np.inf)
     np.divide(-B + np.sqrt(disc), 2.0 * A, out=u, where=A > 0)
-    T = np.clip(u * u, left, right)
+    T = np.minimum(np.maximum(u * u, left), right)  # np.clip's values, without its Python wrapper
     return np.where(total > 0, T, 0.0)
 
 
@@ -396,7 +400,7 @@ class StrategyBound:
                 loads = np.bincount(arg, weights=w[rows, arg] * wt, minlength=len(classes))
                 capk = cnt * _capacity(np.full(len(classes), t), cap_consts)
                 ratio = (loads + 1e-30) / np.maximum(capk, 1e-30)
-                cand = y * np.clip(ratio, 0.25, 4.0) ** steps
+                cand = y * np.minimum(np.maximum(ratio, 0.25), 4.0) ** steps
                 cand = cand / cand.sum(axis=1, keepdims=True)
                 v = self._bound_for(cand)
                 k = int(np.argmax(v))

@@ -49,111 +49,86 @@ TIGHTEN_ITERS = 2  # select_step's search before the passes bisects this often; 
 SWEEPS = 2  # pair line-search sweeps of the price search with 3+ classes (decision 102)
 
 
-def mode_arrays(T: float, C: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per class (rows) and mode (columns 0 .. VB - 1, the last one merged): tau_v and the work capacity C_v."""
-    v = np.arange(1, VB + 1, dtype=np.float64)[None, :]
-    q = (P - 1.0)[:, None]
-    c = C[:, None]
-    # one stage (q = 0) runs its micro-batches one after another (decision 94): their times sum to <= T, so one of
-    # them takes at most T - (v - 1) c and their work is at most T - v c
-    tau = np.where(q > 0, T / (q + v), T - (v - 1.0) * c)
-    cap = np.where(q > 0, v * (tau - c), T - v * c)
-    # merged mode v >= VB: sup over real v >= VB of v (T / (q + v) - c); unconstrained maximiser sqrt(T q / c) - q
-    with np.errstate(divide="ignore", invalid="ignore"):
-        vstar = np.where(C > 0, np.sqrt(T * (P - 1.0) / np.where(C > 0, C, 1.0)) - (P - 1.0), np.inf)
-    sup = np.where(~np.isfinite(vstar), T,  # c = 0: v T / (q + v) -> T
-                   np.where(vstar > VB, (np.sqrt(T) - np.sqrt((P - 1.0) * C)) ** 2, cap[:, -1]))
-    cap[:, -1] = sup
+def _loops() -> SimpleNamespace:
+    from tidal.planner import kernels_modes  # lazily: importing numba takes a second
+
+    return kernels_modes.loops()
+
+
+def mode_arrays(T: float, C: np.ndarray, P: np.ndarray,
+                loops: SimpleNamespace | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per class (rows) and mode (columns 0 .. VB - 1, the last one merged): tau_v and the work capacity C_v
+    (kernels_modes.mode_arrays, the one source). One stage (q = 0) runs its micro-batches one after another
+    (decision 94): their times sum to <= T, so one of them takes at most T - (v - 1) c and their work is at most
+    T - v c. Merged mode v >= VB: sup over real v >= VB of v (T / (q + v) - c)."""
+    C = np.ascontiguousarray(C, np.float64)
+    tau, cap = np.empty((C.size, VB)), np.empty((C.size, VB))
+    (_loops() if loops is None else loops).mode_arrays(float(T), C, np.ascontiguousarray(P, np.float64), tau, cap)
     return tau, cap
 
 
 def _step_arrays(sb: StrategyBound) -> tuple:
     """What _costs and _thetas need that does not depend on T (computed once per mode_bound): per class (columns)
-    c + w where w is finite (-inf where the document does not fit the class), w, l, M, and the work per token of a
-    pipeline filled with the step's mean document."""
+    c + w where w is finite (inf where the document does not fit the class), w, l, M, the work per token of a
+    pipeline filled with the step's mean document, and C and P (all float64, contiguous: the kernels' arguments)."""
     ca = sb.ca
+    f = np.float64
     fits = np.isfinite(sb.wm)
     cw = np.where(fits, ca.C[None, :] + sb.w, np.inf)
     rho = (sb.w * sb.wt[:, None]).sum(axis=0) / max(float((sb.l_ * sb.wt).sum()), 1e-300)  # work per token, per class
-    return cw, sb.w, sb.l_, ca.M, rho
+    return (np.ascontiguousarray(cw, f), np.ascontiguousarray(sb.w, f), np.ascontiguousarray(sb.l_, f),
+            np.ascontiguousarray(ca.M, f), np.ascontiguousarray(rho, f), np.ascontiguousarray(ca.C, f),
+            np.ascontiguousarray(ca.P, f))
 
 
 def _costs(T: float, sb: StrategyBound, thetas: np.ndarray,
-           arrays: tuple[np.ndarray, np.ndarray] | None = None, step: tuple | None = None) -> np.ndarray:
-    """u_ik(T) for each theta variant (each K x VB of 0 or 1): array (R_theta, B, K); inf where document i fits class k
-    in no mode. `arrays`: mode_arrays(T, ...), `step`: _step_arrays(sb), when the caller has them.
-    Document i is eligible in mode v of class k when c + w_ik <= tau_kv, and tau falls with v, so its modes are
-    1 .. n_ik (decision 102): the least work term is w_ik over the largest C_v among the work modes (theta 1) up to
-    n_ik, the least token term l_i over (the largest token mode up to n_ik) x M_k. Division is monotone, so this is
-    exactly the minimum over the eligible modes."""
-    ca = sb.ca
-    tau, cap = mode_arrays(T, ca.C, ca.P) if arrays is None else arrays  # K x VB
-    cw, w, l_, M, _ = _step_arrays(sb) if step is None else step
-    K, C = tau.shape[0], ca.C
-    v = np.arange(1, VB + 1, dtype=np.float64)
-    out = np.empty((len(thetas), l_.size, K))
-    for k in range(K):
-        # eligible modes of each document: tau non-increasing in v, so a count (searchsorted on -tau, ascending)
-        n = np.searchsorted(-(tau[k] * (1 + 1e-12)), -cw[:, k], side="right")
-        last = np.maximum(n - 1, 0)
-        allowed = cap[k] >= 0.0
-        for r, th in enumerate(thetas):
-            work_mode = (th[k] > 0.5) & (th[k] < 1.5)
-            cbest = np.maximum.accumulate(np.where(work_mode & allowed, cap[k], -np.inf))[last]
-            vbest = np.maximum.accumulate(np.where((th[k] < 0.5) & allowed, v, 0.0))[last]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                work = np.where(w[:, k] > 0, np.where(cbest > 0, w[:, k] / cbest, np.inf),
-                                np.where(cbest > -np.inf, 0.0, np.inf))
-                tok = np.where(vbest > 0, l_ / (vbest * M[k]), np.inf)
-            u = np.minimum(work, tok)
-            if T > 0 and np.any(th[k] > 1.5):  # one stage: the row (w + c l / M) / T in the modes marked 2
-                has = np.maximum.accumulate(th[k] > 1.5)[last]
-                u = np.minimum(u, np.where(has, (w[:, k] + C[k] * l_ / M[k]) / T, np.inf))
-            out[r, :, k] = np.where(n > 0, u, np.inf)
+           arrays: tuple[np.ndarray, np.ndarray] | None = None, step: tuple | None = None,
+           loops: SimpleNamespace | None = None) -> np.ndarray:
+    """u_ik(T) for each theta variant (each K x VB of 0, 1 or 2): array (R_theta, B, K); inf where document i fits
+    class k in no mode (kernels_modes.mode_costs, the one source). `arrays`: mode_arrays(T, ...), `step`:
+    _step_arrays(sb), when the caller has them. Document i is eligible in mode v of class k when c + w_ik <= tau_kv,
+    and tau falls with v, so its modes are 1 .. n_ik (decision 102): the least work term is w_ik over the largest C_v
+    among the work modes (theta 1) up to n_ik, the least token term l_i over (the largest token mode up to n_ik) x
+    M_k; a one-stage class's modes marked 2 give the row (w + c l / M) / T. Division is monotone, so this is exactly
+    the minimum over the eligible modes."""
+    loops = _loops() if loops is None else loops
+    cw, w, l_, M, _, C, P = _step_arrays(sb) if step is None else step
+    tau, cap = mode_arrays(T, C, P, loops) if arrays is None else arrays  # K x VB
+    out = np.empty((len(thetas), l_.size, C.size))
+    for r, th in enumerate(thetas):
+        loops.mode_costs(float(T), C, M, cw, w, l_, tau, cap, np.ascontiguousarray(th, np.float64), out[r])
     return out
 
 
-def _thetas(T: float, sb: StrategyBound, cap: np.ndarray | None = None, step: tuple | None = None) -> np.ndarray:
-    """theta variants (K x VB each; one at present): per mode work (1) or tokens (0), whichever a pipeline filled
-    with the step's mean document would exhaust first; a one-stage class's merged mode may take the row
-    (w + c l / M) / T instead (2). (All-work, and tokens in mode 1 only, were tried as well: on
-    the issue-9 cells they proved nothing more and doubled the cost.)"""
-    ca = sb.ca
+def _thetas(T: float, sb: StrategyBound, cap: np.ndarray | None = None, step: tuple | None = None,
+            loops: SimpleNamespace | None = None) -> np.ndarray:
+    """theta variants (K x VB each; one at present; kernels_modes.mode_thetas, the one source): per mode work (1) or
+    tokens (0), whichever a pipeline filled with the step's mean document would exhaust first; a one-stage class's
+    merged mode may take the row (w + c l / M) / T instead (2; decision 102: in every mode v, W + v c <= T and
+    tokens <= v M, so W + c tokens / M <= T). (All-work, and tokens in mode 1 only, were tried as well: on the
+    issue-9 cells they proved nothing more and doubled the cost.)"""
+    loops = _loops() if loops is None else loops
+    _, _, _, M, rho, C, P = _step_arrays(sb) if step is None else step
     if cap is None:
-        _, cap = mode_arrays(T, ca.C, ca.P)
-    rho = (_step_arrays(sb) if step is None else step)[4]
-    v = np.arange(1, VB + 1, dtype=np.float64)[None, :]
-    th = (rho[:, None] * v * ca.M[:, None] >= cap).astype(np.float64)
-    th[:, -1] = 1.0
-    # one stage (decision 102): in every mode v, W + v c <= T and tokens <= v M, so W + c tokens / M <= T; the merged
-    # mode takes that row (2) where a pipeline filled with the mean document would run more than VB micro-batches
-    one = ca.P == 1.0
-    th[one & (VB * ca.M * (rho + ca.C / ca.M) < T), -1] = 2.0
+        _, cap = mode_arrays(T, C, P, loops)
+    th = np.empty((C.size, VB))
+    loops.mode_thetas(float(T), C, P, M, rho, cap, th)
     return th[None]
 
 
-def _violated_two(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray) -> bool:
+def _violated_two(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray, loops: SimpleNamespace | None = None) -> bool:
     """Two classes: the best prices exactly. With y = (t, 1 - t), g(t) = sum_i wt_i min(t u_i1, (1 - t) u_i2) -
     t n_1 - (1 - t) n_2 is concave and piecewise linear with breakpoints t_i = u_i2 / (u_i1 + u_i2), so its maximum
-    over [0, 1] is at a breakpoint or an end; evaluated at all of them with prefix sums (O(B log B))."""
+    over [0, 1] is at a breakpoint or an end; the ends here, the breakpoints with prefix sums (O(B log B)) in
+    kernels_modes.violated_two (the one source)."""
     u1, u2 = U[:, 0], U[:, 1]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ti = np.where(~np.isfinite(u1), 0.0, np.where(~np.isfinite(u2), 1.0, u2 / (u1 + u2)))
-    ti = np.where(np.isnan(ti), 0.5, ti)  # u1 = u2 = 0: free on both
-    o = np.argsort(ti, kind="stable")
-    t = ti[o]
-    a1 = np.where(np.isfinite(u1[o]), u1[o], 0.0) * wt[o]
-    a2 = np.where(np.isfinite(u2[o]), u2[o], 0.0) * wt[o]
-    suf1 = np.cumsum(a1[::-1])[::-1]  # docs m.. on class 1
-    pre2 = np.concatenate([[0.0], np.cumsum(a2)[:-1]])  # docs ..m-1 on class 2
-    inner = (t > 0) & (t < 1)
-    t, suf1, pre2 = t[inner], suf1[inner], pre2[inner]
-    lhs = t * suf1 + (1 - t) * pre2
-    rhs = t * cnt[0] + (1 - t) * cnt[1]
     # ends: y = (1, 0) prices only the documents that fit class 1 alone, and y = (0, 1) likewise
-    ends = (float(np.where(np.isfinite(u2), 0.0, u1) @ wt) > cnt[0] * (1 + 1e-9)
-            or float(np.where(np.isfinite(u1), 0.0, u2) @ wt) > cnt[1] * (1 + 1e-9))
-    return bool(ends or np.any(lhs > rhs * (1 + 1e-9)))
+    if (float(np.where(np.isfinite(u2), 0.0, u1) @ wt) > cnt[0] * (1 + 1e-9)
+            or float(np.where(np.isfinite(u1), 0.0, u2) @ wt) > cnt[1] * (1 + 1e-9)):
+        return True
+    f = np.float64
+    return bool((_loops() if loops is None else loops).violated_two(
+        np.ascontiguousarray(U, f), np.ascontiguousarray(wt, f), np.ascontiguousarray(cnt, f)))
 
 
 def violated(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray, Y: np.ndarray, rounds: int,
@@ -163,12 +138,10 @@ def violated(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray, Y: np.ndarray, roun
     pair of classes, decision 102) certifies sum_i min_k y_k u_ik > sum_k y_k cnt_k. Two classes: exactly
     (_violated_two). Three or more: kernels_modes.mode_violated (the one source; `loops`: kernels_modes.loops(),
     compiled where numba is installed, unless given). `found` (K), 3+ classes: receives the certifying row."""
-    if cnt.size == 2:
-        return _violated_two(U, wt, cnt)
     if loops is None:
-        from tidal.planner import kernels_modes
-
-        loops = kernels_modes.loops()
+        loops = _loops()
+    if cnt.size == 2:
+        return _violated_two(U, wt, cnt, loops)
     f = np.float64
     return bool(loops.mode_violated(np.ascontiguousarray(U, f), np.ascontiguousarray(wt, f),
                                     np.ascontiguousarray(cnt, f), np.ascontiguousarray(Y, f), int(rounds),
@@ -180,8 +153,10 @@ def infeasible(T: float, sb: StrategyBound, Y: np.ndarray, rounds: int = 6, step
     """True when some theta variant and price vector prove that no plan has step time <= T (see the module doc; any
     certificate found is valid, the search only makes finding one likelier). One class: the costs of all documents
     must fit in its pipeline count. `step`: _step_arrays(sb), when the caller has it; `found`: see `violated`."""
-    arrays = mode_arrays(T, sb.ca.C, sb.ca.P)  # the same T: computed once for the thetas and the costs
-    U = _costs(T, sb, _thetas(T, sb, arrays[1], step), arrays, step)  # Rt x B x K
+    loops = _loops()
+    step = _step_arrays(sb) if step is None else step
+    arrays = mode_arrays(T, step[5], step[6], loops)  # the same T: computed once for the thetas and the costs
+    U = _costs(T, sb, _thetas(T, sb, arrays[1], step, loops), arrays, step, loops)  # Rt x B x K
     if not np.all(np.isfinite(U[0].min(axis=1))):
         return True  # some document fits nowhere at T (eligibility does not depend on theta)
     cnt, wt = sb.ca.cnt, sb.wt
@@ -189,7 +164,7 @@ def infeasible(T: float, sb: StrategyBound, Y: np.ndarray, rounds: int = 6, step
         if cnt.size == 1:
             if float(Ut[:, 0] @ wt) > cnt[0] * (1 + 1e-9):
                 return True
-        elif violated(Ut, wt, cnt, Y, rounds, found=found):
+        elif violated(Ut, wt, cnt, Y, rounds, loops=loops, found=found):
             return True
     return False
 

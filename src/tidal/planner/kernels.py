@@ -315,11 +315,13 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
                     le = lf[e]
                     if not (le <= mj and x <= M[ke] and le != x):
                         continue
+                    dl = ulid[t]
+                    if njl[dl] >= 0 and not njl[dl] < best:  # j's cost for this partner length known, no better
+                        continue
                     lk = top2[ke] if (le == top1[ke] and cnt1[ke] == 1) else top1[ke]
                     if cost1_floor(A[ke], B[ke], C[ke], D[ke], Q1[ke], Q[ke] - le * le + x2, S[ke] - le + x, N[ke],
                                    max(lk, x)) >= best:
                         continue
-                    dl = ulid[t]
                     if njl[dl] < 0:
                         njl[dl] = cost1(aj, bj, cj, dj, qj, mj, rj, Q[j] - x2 + le * le, S[j] - x + le, N[j],
                                         max(lj, le), gx + (1.0 if le > hj else 0.0))

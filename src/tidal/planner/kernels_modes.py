@@ -160,7 +160,127 @@ def mode_violated(U, wt, cnt, Y, rounds, sweeps, found):
     return False
 
 
-_MODES = {"price_gap": price_gap, "pair_search": pair_search, "mode_violated": mode_violated}
+def mode_arrays(T, C, P, tau, cap):
+    """bounds_modes.mode_arrays into tau and cap (K x VB, VB = tau.shape[1]; the last mode merged): per class k with
+    q = P_k - 1 and v = 1 .. VB, tau = T / (q + v) and C_v = v (tau - c) when q > 0, else (one stage, decision 94)
+    tau = T - (v - 1) c and C_v = T - v c; the merged mode's C is sup over real v >= VB of v (T / (q + v) - c):
+    (sqrt T - sqrt(q c))^2 where the unconstrained maximiser sqrt(T q / c) - q exceeds VB, T when c = 0."""
+    K, VB = tau.shape[0], tau.shape[1]
+    for k in range(K):
+        q = P[k] - 1.0
+        c = C[k]
+        for j in range(VB):
+            v = j + 1.0
+            if q > 0:
+                t = T / (q + v)
+                tau[k, j] = t
+                cap[k, j] = v * (t - c)
+            else:
+                tau[k, j] = T - (v - 1.0) * c
+                cap[k, j] = T - v * c
+        vstar = np.sqrt(T * (P[k] - 1.0) / c) - (P[k] - 1.0) if c > 0 else np.inf
+        if not np.isfinite(vstar):
+            cap[k, VB - 1] = T
+        elif vstar > VB:
+            d = np.sqrt(T) - np.sqrt((P[k] - 1.0) * c)
+            cap[k, VB - 1] = d * d
+
+
+def mode_thetas(T, C, P, M, rho, cap, th):
+    """bounds_modes._thetas' one variant into th (K x VB): per mode work (1.0) where a pipeline filled with the step's
+    mean document (work per token rho) would exhaust its work capacity first (rho v M >= C_v), else tokens (0.0); the
+    merged mode work (1.0), or for a one-stage class the row (w + c l / M) / T (2.0) where VB M (rho + c / M) < T."""
+    K, VB = th.shape[0], th.shape[1]
+    for k in range(K):
+        for j in range(VB - 1):
+            th[k, j] = 1.0 if rho[k] * (j + 1.0) * M[k] >= cap[k, j] else 0.0
+        th[k, VB - 1] = 1.0
+        if P[k] == 1.0 and VB * M[k] * (rho[k] + C[k] / M[k]) < T:
+            th[k, VB - 1] = 2.0
+
+
+def mode_costs(T, C, M, cw, w, l, tau, cap, th, out):
+    """bounds_modes._costs for one theta variant th (K x VB) into out (B x K): u_ik(T), inf where document i fits
+    class k in no mode. Its eligible modes are 1 .. n (c + w_ik <= tau_v (1 + 1e-12); tau falls with v), so u_ik is
+    the least of w_ik over the largest C_v among the work modes (th 1, C_v >= 0) up to n, l_i over (the largest token
+    mode up to n) M_k, and, where a mode up to n is marked 2 and T > 0, (w_ik + c l_i / M_k) / T (decision 102)."""
+    K, VB, B = tau.shape[0], tau.shape[1], cw.shape[0]
+    cb = np.empty(VB)
+    vb = np.empty(VB)
+    hs = np.zeros(VB, dtype=np.bool_)
+    for k in range(K):
+        run_c, run_v, run_h, any2 = -np.inf, 0.0, False, False
+        for j in range(VB):
+            t = th[k, j]
+            if t > 0.5 and t < 1.5 and cap[k, j] >= 0.0 and cap[k, j] > run_c:
+                run_c = cap[k, j]
+            if t < 0.5 and cap[k, j] >= 0.0 and j + 1.0 > run_v:
+                run_v = j + 1.0
+            if t > 1.5:
+                run_h, any2 = True, True
+            cb[j], vb[j], hs[j] = run_c, run_v, run_h
+        two = T > 0 and any2
+        for i in range(B):
+            x = cw[i, k]
+            n = 0
+            while n < VB and x <= tau[k, n] * (1 + 1e-12):
+                n += 1
+            if n == 0:
+                out[i, k] = np.inf
+                continue
+            cbest, vbest, wi = cb[n - 1], vb[n - 1], w[i, k]
+            work = np.inf  # w > 0 needs a positive capacity; w = 0 fits any work mode (0 / 0 counts as 0)
+            if wi > 0 and cbest > 0:
+                work = wi / cbest
+            elif wi <= 0 and cbest > -np.inf:
+                work = 0.0
+            tok = l[i] / (vbest * M[k]) if vbest > 0 else np.inf
+            u = tok if tok <= work else work
+            if two and hs[n - 1]:
+                r = (wi + C[k] * l[i] / M[k]) / T
+                if r <= u:
+                    u = r
+            out[i, k] = u
+
+
+def violated_two(U, wt, cnt):
+    """bounds_modes._violated_two's breakpoint scan (the two ends are checked by the caller): with y = (t, 1 - t),
+    the breakpoints t_i = u_i2 / (u_i1 + u_i2) (0 where u_i1 is inf, 1 where u_i2 is, 0.5 where both are 0) in stable
+    ascending order; at each inner one (0 < t < 1), whether t sum_{m >= i} wt u_m1 + (1 - t) sum_{m < i} wt u_m2 >
+    (1 + 1e-9) (t cnt_1 + (1 - t) cnt_2), the sums running in sorted order (inf entries count 0)."""
+    B = U.shape[0]
+    ti = np.empty(B)
+    for i in range(B):
+        u1, u2 = U[i, 0], U[i, 1]
+        if not np.isfinite(u1):
+            t = 0.0
+        elif not np.isfinite(u2):
+            t = 1.0
+        else:
+            t = u2 / (u1 + u2) if u1 + u2 != 0.0 else 0.5
+        ti[i] = 0.5 if np.isnan(t) else t
+    o = np.argsort(ti, kind="mergesort")
+    suf1 = np.empty(B)
+    acc = 0.0
+    for r in range(B - 1, -1, -1):
+        u1 = U[o[r], 0]
+        a = (u1 if np.isfinite(u1) else 0.0) * wt[o[r]]
+        acc = a if r == B - 1 else acc + a
+        suf1[r] = acc
+    pre = 0.0
+    for r in range(B):
+        t = ti[o[r]]
+        if t > 0 and t < 1 and t * suf1[r] + (1 - t) * pre > (t * cnt[0] + (1 - t) * cnt[1]) * (1 + 1e-9):
+            return True
+        u2 = U[o[r], 1]
+        a = (u2 if np.isfinite(u2) else 0.0) * wt[o[r]]
+        pre = a if r == 0 else pre + a
+    return False
+
+
+_MODES = {"price_gap": price_gap, "pair_search": pair_search, "mode_violated": mode_violated,
+          "mode_arrays": mode_arrays, "mode_thetas": mode_thetas, "mode_costs": mode_costs,
+          "violated_two": violated_two}
 PLAIN = plain(_MODES, {"np": np})
 
 COMPILED = compile_loops(_MODES, globals())

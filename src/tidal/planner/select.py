@@ -16,7 +16,7 @@ import numpy as np
 from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.planner.alg1 import dispatch_hydraulis
-from tidal.planner.bounds import StrategyBound, check_lengths, pipeline_bound, prepare_lengths
+from tidal.planner.bounds import StrategyBound, check_lengths, pipeline_bound_of, prepare_lengths
 from tidal.planner.bounds_modes import MODE_ITERS, MODE_ITERS_MANY, TIGHTEN_ITERS, mode_bound, mode_search
 from tidal.planner.charges import charge
 from tidal.planner.config import DEFAULT, PlannerConfig
@@ -64,7 +64,8 @@ def _reports(l_: np.ndarray, prof: StrategyProfile, plans) -> list[PipelineRepor
     work w = a l^2 + b l + d computed once with each one's pipeline coefficients (PipeCost.work's operations per
     element); a micro-batch's time is c + the sum of its documents' work (one bincount over all micro-batches: each
     sum in its documents' order, as a per-pipeline bincount gives it), so the same floats as reporting pipeline by
-    pipeline, without a Python pass over each pipeline's documents."""
+    pipeline, without a Python pass over each pipeline's documents. Each pipeline's bound sums the same work in the
+    same order (bounds.pipeline_bound_of; decision 112)."""
     flat, mb_of, n_mb = flatten([mb for pp_ in plans for mb in pp_.micro_batches])
     sub = l_[flat]
     docs = np.array([sum(len(mb) for mb in pp_.micro_batches) for pp_ in plans], dtype=np.int64)
@@ -73,15 +74,16 @@ def _reports(l_: np.ndarray, prof: StrategyProfile, plans) -> list[PipelineRepor
     pipe_of = np.repeat(np.arange(len(plans)), docs)
     a, b, _, d = pipe_coeffs(prof.pipes)
     lf = sub.astype(np.float64)
-    mb_work = np.bincount(mb_of, weights=a[pipe_of] * lf * lf + b[pipe_of] * lf + d[pipe_of], minlength=n_mb)
+    wdoc = a[pipe_of] * lf * lf + b[pipe_of] * lf + d[pipe_of]  # PipeCost.work, per document
+    mb_work = np.bincount(mb_of, weights=wdoc, minlength=n_mb)
     reports = []
     for j, (pp_, pc) in enumerate(zip(plans, prof.pipes)):
         s, e = (doc_end[j - 1] if j else 0), doc_end[j]
         m0, m1 = (mb_end[j - 1] if j else 0), mb_end[j]
-        idx = sub[s:e]
+        tok = int(sub[s:e].sum()) if e > s else 0
         reports.append(PipelineReport(
-            j, prof.strategy.pipelines[j].scheme.short(), e - s, int(idx.sum()) if e > s else 0, m1 - m0,
-            pp_.est_time, pipeline_bound(idx, pc) if e > s else 0.0,
+            j, prof.strategy.pipelines[j].scheme.short(), e - s, tok, m1 - m0,
+            pp_.est_time, pipeline_bound_of(wdoc[s:e], tok, pc) if e > s else 0.0,
             mb_imbalance(pc.c + mb_work[m0:m1]) if m1 - m0 > 1 else 1.0))
     return reports
 

@@ -1,0 +1,129 @@
+"""The mode bound's per-T arrays and its two-class price scan as one-source kernels (kernels_modes.mode_arrays,
+mode_thetas, mode_costs, violated_two; decision 112): compiled and plain Python, each equal float for float to the
+numpy expressions they replaced (kept here as the references)."""
+
+import numpy as np
+import pytest
+
+from tidal.planner import kernels_modes as km
+from tidal.planner.bounds import PipeCost, StrategyBound
+from tidal.planner.bounds_modes import VB, _costs, _step_arrays, _thetas, _violated_two, mode_arrays
+
+pytestmark = pytest.mark.unit
+
+MODES = [km.PLAIN] + ([km.COMPILED] if km.COMPILED is not None else [])
+KINDS = [PipeCost(1e-3, 1.0, 0.5, 1, 64), PipeCost(0.5e-3, 0.5, 0.5, 2, 128), PipeCost(2e-4, 0.25, 1.0, 4, 200),
+         PipeCost(2e-3, 2.0, 0.1, 1, 8), PipeCost(1e-4, 0.3, 0.0, 2, 150), PipeCost(0.0, 0.0, 0.0, 1, 100),
+         PipeCost(3e-4, 0.2, 0.2, 1, 256, 0.7), PipeCost(1e-5, 0.01, 0.3, 1, 5), PipeCost(1e-6, 1e-3, 1e-4, 8, 256)]
+
+
+def _mode_arrays_ref(T, C, P):
+    v = np.arange(1, VB + 1, dtype=np.float64)[None, :]
+    q, c = (P - 1.0)[:, None], C[:, None]
+    tau = np.where(q > 0, T / (q + v), T - (v - 1.0) * c)
+    cap = np.where(q > 0, v * (tau - c), T - v * c)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        vstar = np.where(C > 0, np.sqrt(T * (P - 1.0) / np.where(C > 0, C, 1.0)) - (P - 1.0), np.inf)
+    cap[:, -1] = np.where(~np.isfinite(vstar), T,
+                          np.where(vstar > VB, (np.sqrt(T) - np.sqrt((P - 1.0) * C)) ** 2, cap[:, -1]))
+    return tau, cap
+
+
+def _thetas_ref(T, sb, cap):
+    ca, rho = sb.ca, _step_arrays(sb)[4]
+    v = np.arange(1, VB + 1, dtype=np.float64)[None, :]
+    th = (rho[:, None] * v * ca.M[:, None] >= cap).astype(np.float64)
+    th[:, -1] = 1.0
+    th[(ca.P == 1.0) & (VB * ca.M * (rho + ca.C / ca.M) < T), -1] = 2.0
+    return th
+
+
+def _costs_ref(T, sb, th, tau, cap):
+    ca, (cw, w, l_, M) = sb.ca, _step_arrays(sb)[:4]
+    v = np.arange(1, VB + 1, dtype=np.float64)
+    out = np.empty((l_.size, ca.C.size))
+    for k in range(ca.C.size):
+        n = np.searchsorted(-(tau[k] * (1 + 1e-12)), -cw[:, k], side="right")
+        last = np.maximum(n - 1, 0)
+        allowed = cap[k] >= 0.0
+        cbest = np.maximum.accumulate(np.where((th[k] > 0.5) & (th[k] < 1.5) & allowed, cap[k], -np.inf))[last]
+        vbest = np.maximum.accumulate(np.where((th[k] < 0.5) & allowed, v, 0.0))[last]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            work = np.where(w[:, k] > 0, np.where(cbest > 0, w[:, k] / cbest, np.inf),
+                            np.where(cbest > -np.inf, 0.0, np.inf))
+            tok = np.where(vbest > 0, l_ / (vbest * M[k]), np.inf)
+        u = np.minimum(work, tok)
+        if T > 0 and np.any(th[k] > 1.5):
+            has = np.maximum.accumulate(th[k] > 1.5)[last]
+            u = np.minimum(u, np.where(has, (w[:, k] + ca.C[k] * l_ / M[k]) / T, np.inf))
+        out[:, k] = np.where(n > 0, u, np.inf)
+    return out
+
+
+def _violated_two_ref(U, wt, cnt):
+    u1, u2 = U[:, 0], U[:, 1]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ti = np.where(~np.isfinite(u1), 0.0, np.where(~np.isfinite(u2), 1.0, u2 / (u1 + u2)))
+    ti = np.where(np.isnan(ti), 0.5, ti)
+    o = np.argsort(ti, kind="stable")
+    t = ti[o]
+    a1 = np.where(np.isfinite(u1[o]), u1[o], 0.0) * wt[o]
+    a2 = np.where(np.isfinite(u2[o]), u2[o], 0.0) * wt[o]
+    suf1 = np.cumsum(a1[::-1])[::-1]
+    pre2 = np.concatenate([[0.0], np.cumsum(a2)[:-1]])
+    inner = (t > 0) & (t < 1)
+    t, suf1, pre2 = t[inner], suf1[inner], pre2[inner]
+    ends = (float(np.where(np.isfinite(u2), 0.0, u1) @ wt) > cnt[0] * (1 + 1e-9)
+            or float(np.where(np.isfinite(u1), 0.0, u2) @ wt) > cnt[1] * (1 + 1e-9))
+    return bool(ends or np.any(t * suf1 + (1 - t) * pre2 > (t * cnt[0] + (1 - t) * cnt[1]) * (1 + 1e-9)))
+
+
+def test_mode_arrays_thetas_and_costs_equal_the_numpy_expressions_in_both_modes():
+    rng = np.random.default_rng(11)
+    twos = merged = 0
+    for _ in range(50):
+        pipes = [KINDS[rng.integers(0, len(KINDS))] for _ in range(rng.integers(1, 6))]
+        l_ = rng.integers(1, max(p.max_len for p in pipes) + 1, size=rng.integers(1, 80))
+        sb = StrategyBound(l_, pipes)
+        if sb.final is not None:
+            continue
+        step = _step_arrays(sb)
+        for T in (sb.refined() * f for f in (0.5, 1.0, 1.01, 3.0, 1e3)):
+            tau0, cap0 = _mode_arrays_ref(T, sb.ca.C, sb.ca.P)
+            th0 = _thetas_ref(T, sb, cap0)
+            twos += bool((th0 == 2).any())
+            rand = th0.copy()
+            rand[:, :-1] = rng.integers(0, 2, size=rand[:, :-1].shape)
+            merged += bool(((sb.ca.P > 1) & (cap0[:, -1] != VB * (tau0[:, -1] - sb.ca.C))).any())  # the sup, not v = VB
+            for loops in MODES:
+                tau, cap = mode_arrays(T, sb.ca.C, sb.ca.P, loops)
+                np.testing.assert_array_equal(tau, tau0)
+                np.testing.assert_array_equal(cap, cap0)
+                th = _thetas(T, sb, cap, step, loops)
+                np.testing.assert_array_equal(th[0], th0)
+                got = _costs(T, sb, np.array([th0, rand]), (tau, cap), step, loops)
+                np.testing.assert_array_equal(got[0], _costs_ref(T, sb, th0, tau0, cap0))
+                np.testing.assert_array_equal(got[1], _costs_ref(T, sb, rand, tau0, cap0))
+    assert twos > 0 and merged > 0
+
+
+def test_two_class_price_scan_equals_the_numpy_expressions_in_both_modes():
+    rng = np.random.default_rng(12)
+    verdicts = set()
+    for _ in range(300):
+        B = int(rng.integers(1, 120))
+        U = rng.uniform(0.0, 1.0, size=(B, 2))
+        U[rng.random((B, 2)) < 0.2] = np.inf
+        U[rng.random((B, 2)) < 0.05] = 0.0
+        U[rng.random(B) < 0.05] = 0.0  # both zero: t = 0.5
+        U = np.round(U, int(rng.integers(1, 4)))  # ties between breakpoints
+        wt = rng.integers(1, 4, size=B).astype(np.float64)
+        lhs = float(np.where(np.isfinite(U), 0.5 * U, np.inf).min(axis=1) @ wt)
+        cnt = rng.uniform(0.5, 1.5, size=2) * max(lhs, 1e-3) * rng.uniform(0.8, 1.3)
+        want = _violated_two_ref(U, wt, cnt)
+        for loops in MODES:
+            assert _violated_two(U, wt, cnt, loops) == want
+        ends = (float(np.where(np.isfinite(U[:, 1]), 0.0, U[:, 0]) @ wt) > cnt[0] * (1 + 1e-9)
+                or float(np.where(np.isfinite(U[:, 0]), 0.0, U[:, 1]) @ wt) > cnt[1] * (1 + 1e-9))
+        verdicts.add((want, ends))
+    assert (True, False) in verdicts and (False, False) in verdicts  # the scan itself decides both ways
