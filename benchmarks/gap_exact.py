@@ -16,14 +16,11 @@ the candidates of max(bound, MILP bound)), both ratios, and the best packed MILP
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
-from planner_grid import MAX_LEN, TOKENS, Grid
+from planner_grid import probe_steps
 
-from tidal.data import sample_steps
 from tidal.planner.bounds_lp import prove_selection
 from tidal.planner.exact import dispatch_feasible
 from tidal.planner.packing import pack
@@ -70,15 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=6, help="MILP bisection steps after the first MILP")
     ap.add_argument("--time-limit", type=float, default=20.0, help="seconds per MILP")
     args = ap.parse_args(argv)
-    n = int(args.cluster.split("x")[-1])
-    a, _, b = args.steps.partition(":")
-    idx = list(range(int(a), int(b))) if b else [int(x) for x in args.steps.split(",")]
-    with tempfile.TemporaryDirectory() as tmp:
-        grid = Grid(Path(tmp))
-        names, profs, _ = grid.candidates(args.model, args.cluster, args.candidates, args.source)
-        steps = [(seed, k, sample_steps(grid.specs[args.source], seed=seed, tokens_per_step=TOKENS[n],
-                                        max_len=MAX_LEN, steps=max(idx) + 1)[0][k].lengths_array())
-                 for seed in (int(x) for x in args.seeds.split(",")) for k in idx]
+    names, profs, steps = probe_steps(args.model, args.cluster, args.candidates, args.source, args.seeds,
+                                      args.steps)
     print(f"# {args.model} {args.cluster} {args.candidates} {args.source}: candidates {', '.join(names)}")
     print("| seed | step | docs | plan s | bound s | plan / bound | MILP bound s | plan / MILP bound | first MILP "
           "| best MILP plan / plan | MILP s |")

@@ -23,14 +23,11 @@ the steps say how much of a cell's gap a far costlier plan search could recover.
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
-from planner_grid import MAX_LEN, TOKENS, Grid
+from planner_grid import probe_steps
 
-from tidal.data import sample_steps
 from tidal.planner import select as sel
 from tidal.planner.bounds import StrategyBound
 from tidal.planner.bounds_lp import lp_bound, lp_prices
@@ -74,15 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restarts", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=200, help="local-search rounds per restart")
     args = ap.parse_args(argv)
-    n = int(args.cluster.split("x")[-1])
-    a, _, b = args.steps.partition(":")
-    idx = list(range(int(a), int(b))) if b else [int(x) for x in args.steps.split(",")]
-    with tempfile.TemporaryDirectory() as tmp:
-        grid = Grid(Path(tmp))
-        names, profs, _ = grid.candidates(args.model, args.cluster, args.candidates, args.source)
-        steps = [(seed, k, sample_steps(grid.specs[args.source], seed=seed, tokens_per_step=TOKENS[n],
-                                        max_len=MAX_LEN, steps=max(idx) + 1)[0][k].lengths_array())
-                 for seed in (int(x) for x in args.seeds.split(",")) for k in idx]
+    names, profs, steps = probe_steps(args.model, args.cluster, args.candidates, args.source, args.seeds,
+                                      args.steps)
     print(f"# {args.model} {args.cluster} {args.candidates} {args.source}: candidates {', '.join(names)}")
     print(f"| seed | step | docs | candidate | planner s | bound s (refined / mode / LP) | planner / bound "
           f"| LP s at the bound | best of {args.restarts} restarts s | restarts / bound | search s |")

@@ -116,6 +116,21 @@ class Grid:
         return self.cache[key]
 
 
+def probe_steps(model: str, cluster: str, candidates: str, source: str, seeds: str, steps: str):
+    """The gap probes' input (gap_probe.py, gap_exact.py): candidate names and profiles of one grid cell, and the
+    (seed, step index, lengths) of the steps `steps` names ("0,3" or a range "0:5") for each of `seeds` ("10,11")."""
+    n = int(cluster.split("x")[-1])
+    a, _, b = steps.partition(":")
+    idx = list(range(int(a), int(b))) if b else [int(x) for x in steps.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        grid = Grid(Path(tmp))
+        names, profs, _ = grid.candidates(model, cluster, candidates, source)
+        out = [(seed, k, sample_steps(grid.specs[source], seed=seed, tokens_per_step=TOKENS[n], max_len=MAX_LEN,
+                                      steps=max(idx) + 1)[0][k].lengths_array())
+               for seed in (int(x) for x in seeds.split(",")) for k in idx]
+    return names, profs, out
+
+
 def q(xs, p):
     return float(np.quantile(np.asarray(xs, dtype=np.float64), p)) if len(xs) else float("nan")
 
