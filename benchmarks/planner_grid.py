@@ -119,15 +119,25 @@ class Grid:
 def probe_steps(model: str, cluster: str, candidates: str, source: str, seeds: str, steps: str):
     """The gap probes' input (gap_probe.py, gap_exact.py): candidate names and profiles of one grid cell, and the
     (seed, step index, lengths) of the steps `steps` names ("0,3" or a range "0:5") for each of `seeds` ("10,11")."""
-    n = int(cluster.split("x")[-1])
-    a, _, b = steps.partition(":")
-    idx = list(range(int(a), int(b))) if b else [int(x) for x in steps.split(",")]
+    try:
+        n = int(cluster.split("x")[-1])
+        a, _, b = steps.partition(":")
+        idx = list(range(int(a), int(b))) if b else [int(x) for x in steps.split(",")]
+        seed_list = [int(x) for x in seeds.split(",")]
+    except ValueError:
+        raise SystemExit(f"error: --cluster like a800x64, --steps like 0,3 or 0:5, --seeds like 10,11; got "
+                         f"{cluster!r}, {steps!r}, {seeds!r}") from None
+    if n not in TOKENS or not idx or min(idx) < 0:
+        raise SystemExit(f"error: --cluster needs one of {sorted(TOKENS)} GPUs and --steps a non-empty list of "
+                         f"indices >= 0; got {cluster!r}, {steps!r}")
     with tempfile.TemporaryDirectory() as tmp:
         grid = Grid(Path(tmp))
+        if source not in grid.specs:
+            raise SystemExit(f"error: unknown --source {source!r}; choose one of {', '.join(sorted(grid.specs))}")
         names, profs, _ = grid.candidates(model, cluster, candidates, source)
         out = [(seed, k, sample_steps(grid.specs[source], seed=seed, tokens_per_step=TOKENS[n], max_len=MAX_LEN,
                                       steps=max(idx) + 1)[0][k].lengths_array())
-               for seed in (int(x) for x in seeds.split(",")) for k in idx]
+               for seed in seed_list for k in idx]
     return names, profs, out
 
 
