@@ -4,7 +4,9 @@
 # 1. the `cuda` tests; 2. a one-GPU `tidal verify` in bf16; 3. one-GPU training of a ~1B model (tokens/s, MFU, peak
 # memory against the memory model); 4. the attention backends; 5. `tidal profile` of llama2-7b's layer shape (4 layers)
 # at 1K-16K tokens, for the cost model's H200 check; 6. activation bytes per layer and per vocabulary entry
-# (benchmarks/act_bytes.py) of llama3.2-1b and llama2-7b's shapes against the memory model.
+# (benchmarks/act_bytes.py) of llama3.2-1b and llama2-7b's shapes against the memory model; 7. GEMM and attention
+# efficiency at llama2-7b's TP shards (benchmarks/gpu_kernels.py: sdpa at TP 1-8, flex at TP 1 and 8), for the analytic
+# model's Hopper efficiencies; 8. part 5 with the sdpa backend (the runtime's overhead apart from flex's).
 # Each part has its own time limit and goes on after a failure; everything lands in OUTDIR/session.log.
 set -u
 OUT=${1:-gpu-out}
@@ -39,4 +41,10 @@ part profile-7b 110 python3 -m tidal.cli.main profile --model examples/model-lla
   --cluster h200x1 --schemes tp1 --totals 1024,4096,16384 --mixes 2 --repeats 3 --out "$OUT/profile.json"
 part act-bytes-1b 40 python3 benchmarks/act_bytes.py --model llama3.2-1b --tokens 4096,16384 --attn-backend sdpa
 part act-bytes-7b 40 python3 benchmarks/act_bytes.py --model llama2-7b --tokens 4096,16384 --attn-backend sdpa
+part kernels 110 python3 benchmarks/gpu_kernels.py --backends sdpa --out "$OUT/kernels.json"
+part kernels-flex 80 python3 benchmarks/gpu_kernels.py --backends flex --tps 1,8 --tokens "" --lengths 4096,16384 \
+  --out "$OUT/kernels_flex.json"
+part profile-7b-sdpa 110 python3 -m tidal.cli.main profile --model examples/model-llama2-7b-4layers.toml \
+  --cluster h200x1 --schemes tp1 --totals 1024,4096,16384 --mixes 2 --repeats 3 --attn-backend sdpa \
+  --out "$OUT/profile_sdpa.json"
 grep "^===" "$LOG"

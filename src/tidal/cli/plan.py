@@ -15,7 +15,7 @@ from tidal.core.errors import TidalError
 from tidal.core.model import get_model
 from tidal.core.plan import Plan
 from tidal.core.strategy import Strategy
-from tidal.costmodel.analytic import AnalyticCostModel, analytic_v1
+from tidal.costmodel.analytic import AnalyticCostModel, analytic_v1, named_efficiency
 from tidal.costmodel.base import CostModel
 from tidal.costmodel.loader import load_cost_model
 from tidal.costmodel.sync import SyncPricing
@@ -81,8 +81,8 @@ def add_parser(sub) -> None:
                    help="per-step planning budget: past it the best plan so far is returned (valid, gap reported); "
                         "default 2000, or none (the training job's) with --config")
     p.add_argument("--cost-model", type=Path, default=None,
-                   help="fitted cost model (.json), profile (.csv) or Hydraulis strategy pool (.json); default: "
-                        "analytic from the specs")
+                   help="fitted cost model (.json), profile (.csv), Hydraulis strategy pool (.json), or analytic-eager "
+                        "(priced for Tidal's own runtime on Hopper); default: analytic from the specs")
     p.add_argument("--prove-bound", action="store_true",
                    help="raise each step's lower bound with LP-priced certificates after planning (bounds_lp; the "
                         "plan is unchanged; up to ~50 ms median more per step, not in the per-step plan time)")
@@ -99,18 +99,15 @@ class PlanRun:
     long_doc_stats: dict
 
 
-ANALYTIC_NAMES = ("analytic", "analytic-v1")
-
-
 def cost_model_from(spec, model, cluster) -> CostModel:
     """A cost-model spec as `--cost-model` and `--truth` take it: 'analytic' (or None; calibrated, decision 76),
-    'analytic-v1' (before it), a fitted model JSON, a profile CSV, or a Hydraulis strategy pool JSON as published
-    (docs/costmodel.md)."""
-    if spec is not None and str(spec).strip().lower() == "analytic-v1":
+    'analytic-v1' (before it), 'analytic-eager' (priced for Tidal's own runtime, fitted on one H200; decision 116), a
+    fitted model JSON, a profile CSV, or a Hydraulis strategy pool JSON as published (docs/costmodel.md)."""
+    name = "" if spec is None else str(spec)
+    if name.strip().lower() == "analytic-v1":
         return analytic_v1(model, cluster)
-    if spec is None or str(spec).strip().lower() in ANALYTIC_NAMES:
-        return AnalyticCostModel(model, cluster)
-    return load_cost_model(spec, model, cluster)
+    eff = named_efficiency(name)
+    return load_cost_model(spec, model, cluster) if eff is None else AnalyticCostModel(model, cluster, eff)
 
 
 def cost_model_of(args) -> CostModel:

@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
     c.add_argument("metrics", type=Path, help="JSONL metrics of `tidal train`")
     c.add_argument("--png", type=Path, default=None, help="scatter plot (default: METRICS with .png)")
     c.add_argument("--cost-model", default=None,
-                   help="re-predict with this model: a fitted JSON / profile CSV, or 'analytic'")
+                   help="re-predict with this model: a fitted JSON / profile CSV, 'analytic' or 'analytic-eager'")
     c.add_argument("--model", default="tiny", help="model preset for --cost-model")
     c.add_argument("--cluster", default="cpux4", help="cluster for --cost-model")
     c.add_argument("--skip", type=int, default=0, help="ignore the first N steps")
@@ -40,12 +40,13 @@ def run_calibration(args) -> int:
     if args.cost_model:
         from tidal.core.cluster import get_cluster
         from tidal.core.model import get_model
-        from tidal.costmodel.analytic import AnalyticCostModel
+        from tidal.costmodel.analytic import AnalyticCostModel, named_efficiency
         from tidal.costmodel.loader import load_cost_model
 
         spec, cluster = get_model(args.model), get_cluster(args.cluster)
-        cm = AnalyticCostModel(spec, cluster) if args.cost_model == "analytic" else load_cost_model(
-            args.cost_model, spec, cluster)
+        eff = named_efficiency(args.cost_model)
+        cm = AnalyticCostModel(spec, cluster, eff) if eff is not None else load_cost_model(args.cost_model, spec,
+                                                                                            cluster)
         rows = repredict(rows, cm)
         label = args.cost_model
     stats = calibration_stats(rows, args.skip)

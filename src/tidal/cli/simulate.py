@@ -25,8 +25,8 @@ def add_parser(sub) -> None:
                        usage="tidal simulate [--config FILE [--SECTION.KEY VALUE ...]] [options]")
     add_workload_args(p)
     p.add_argument("--cost-model", type=Path, default=None,
-                   help="the planners' cost model: fitted model (.json), profile (.csv) or Hydraulis strategy pool "
-                        "(.json); default: analytic from the specs")
+                   help="the planners' cost model: fitted model (.json), profile (.csv), Hydraulis strategy pool "
+                        "(.json), analytic-v1 or analytic-eager; default: analytic from the specs")
     p.add_argument("--truth", default=None,
                    help="the device model the plans execute on, unseen by the planners (decision 77): 'analytic' or "
                         "any file --cost-model takes, e.g. a Hydraulis strategy pool; default: the planners' model")

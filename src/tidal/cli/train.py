@@ -51,7 +51,8 @@ def add_parsers(sub) -> None:
     add_alias(p, "--steps", "training steps", metavar="INT")
     add_alias(p, "--metrics", "JSONL metrics path", metavar="PATH")
     add_alias(p, "--refit", "'online' refits the cost model from measured steps", choices=("off", "online"))
-    add_alias(p, "--cost-model", "fitted model JSON from `tidal profile`, or profile CSV", metavar="PATH")
+    add_alias(p, "--cost-model", "fitted model JSON from `tidal profile`, profile CSV, or analytic-eager",
+              metavar="PATH")
     add_alias(p, "--checkpoint-dir", "checkpoint directory", metavar="DIR")
     add_alias(p, "--checkpoint-every", "save every N steps", metavar="INT")
     add_alias(p, "--resume", "continue from <checkpoint_dir>/latest (weights, moments, planner and data state)",

@@ -50,6 +50,13 @@ class Efficiency:
     # TP collective (tp_const_per_layer / 8 collectives); not measured (no CP profile is published)
     cp_const_per_layer: float = 1.2e-4
     cp_ring_passes: float = 3.0  # K/V volumes moved per token per layer over the CP ring (fwd K,V + bwd K,V, dK,dV)
+    # Memory-bound kernels (norms, RoPE, SwiGLU's gates, residual adds, casts, the loss), charged at the device's
+    # `hbm_bw`, in bytes per token per hidden unit per layer and per token per vocabulary entry (last stage), split
+    # over t * c ranks. 0 in the pools' calibration: a pool cannot tell them from the GEMMs (both scale with tokens on
+    # one device type), so its fitted GEMM efficiency holds them. `EFFICIENCY_EAGER` measures them (decision 116).
+    elementwise_bytes: float = 0.0
+    vocab_bytes: float = 0.0
+    doc_per_layer: float = 0.0  # s per document per layer (per-document attention calls and their bookkeeping)
     # x the device's inter-node bandwidth (its share of the node's links); v1 charged the whole node's to each GPU: 8
     inter_bw_scale: float = 1.0
 
@@ -62,7 +69,8 @@ class Efficiency:
         if not self.inter_bw_scale > 0:
             raise TidalError(f"inter_bw_scale must be > 0, got {self.inter_bw_scale}")
         for f in ("launch_per_layer", "collective_latency", "gemm_half_flops", "attn_half_width",
-                  "tp_const_per_layer", "cp_const_per_layer", "cp_ring_passes"):
+                  "tp_const_per_layer", "cp_const_per_layer", "cp_ring_passes", "elementwise_bytes", "vocab_bytes",
+                  "doc_per_layer"):
             if not getattr(self, f) >= 0:
                 raise TidalError(f"efficiency {f} must be >= 0, got {getattr(self, f)}")
 
@@ -77,6 +85,14 @@ class Efficiency:
 EFFICIENCY_V1 = Efficiency(gemm=0.55, attn=0.45, comm=0.8, launch_per_layer=60e-6, collective_latency=15e-6,
                            gemm_half_flops=0.0, attn_half_width=0.0, tp_const_per_layer=0.0, cp_const_per_layer=0.0,
                            cp_ring_passes=2.0, inter_bw_scale=8.0)
+
+
+# Tidal's own eager runtime on Hopper (decision 116): fitted by benchmarks/hopper_fit.py on one H200's measurements
+# (GEMMs and flex attention alone at llama2-7b's TP 1-8 shards, `tidal profile` rows of llama2-7b's layer shape;
+# llama3.2-1b held out). Communication constants stay the pools' (nothing was measured across GPUs).
+EFFICIENCY_EAGER = Efficiency(gemm=0.714, gemm_half_flops=1.44e7, attn=0.221, attn_half_width=434.0,
+                              elementwise_bytes=796.0, vocab_bytes=28.0, launch_per_layer=3.30e-3,
+                              doc_per_layer=1.59e-5)
 
 
 def _link_bw(device: DeviceType, span: int, inter_scale: float = 1.0, ring: bool = False) -> float:
@@ -117,17 +133,19 @@ class AnalyticCostModel:
         cp_tok = e.cp_ring_passes * 2 * 2 * m.kv_dim / t * (c - 1) / c / cp_bw if c > 1 else 0.0
         pp_tok = 2 * 2 * h / (t * c) / (_link_bw(device, t * c * p, e.inter_bw_scale) * e.comm) if p > 1 else 0.0
         head_tok = 3 * 2 * h * m.vocab / (t * c * F * e.gemm_eff(2 * h * m.vocab / t))
+        elem_tok = e.elementwise_bytes * h / (t * c * device.hbm_bw)
+        head_tok += e.vocab_bytes * m.vocab / (t * c * device.hbm_bw)
         n_coll = (8 if t > 1 else 0) + (4 if c > 1 else 0)
-        best = LatencyCoeffs(0.0, 0.0, 0.0)
+        best = LatencyCoeffs(0.0, 0.0, 0.0, 0.0)
         stages = scheme.stage_layers(m.layers)
         for s, L in enumerate(stages):
             a = L * attn_pair
-            b = L * (gemm_tok + attn_pair + exposed * (tp_tok + cp_tok)) + exposed * pp_tok
+            b = L * (gemm_tok + attn_pair + elem_tok + exposed * (tp_tok + cp_tok)) + exposed * pp_tok
             if s == len(stages) - 1:
                 b += head_tok
             const = L * (e.launch_per_layer + n_coll * e.collective_latency
                          + (e.tp_const_per_layer if t > 1 else 0.0) + e.cp_const_per_layer * (c - 1))
-            best = LatencyCoeffs(max(best.a, a), max(best.b, b), max(best.c, const))
+            best = LatencyCoeffs(max(best.a, a), max(best.b, b), max(best.c, const), max(best.d, L * e.doc_per_layer))
         return best
 
     def max_len(self, scheme: ParallelScheme, device: DeviceType) -> int:
@@ -144,3 +162,13 @@ def analytic_v1(model: ModelSpec, cluster: ClusterSpec) -> AnalyticCostModel:
     from tidal.costmodel.memory import MEMORY_V1
 
     return AnalyticCostModel(model, cluster, EFFICIENCY_V1, MEMORY_V1)
+
+
+def named_efficiency(name: str) -> Efficiency | None:
+    """The efficiencies a cost-model name stands for: '' or 'analytic' (calibrated on Hydraulis' pools), or
+    'analytic-eager' (`EFFICIENCY_EAGER`: Tidal's own eager runtime, fitted on one H200; decision 116); None for
+    anything else (a file: `costmodel.loader.load_cost_model`)."""
+    key = name.strip().lower()
+    if key in ("", "analytic"):
+        return Efficiency()
+    return EFFICIENCY_EAGER if key == "analytic-eager" else None

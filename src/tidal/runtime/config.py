@@ -11,7 +11,8 @@ Sections and keys (all optional except where noted; see docs/training.md for the
     [data]       source = "stdlib", max_len, tokens_per_step, long_docs = "split", seed, tokenizer = "",
                  cache_dir = "", cycle = false
     [planner]    strategies = "auto" | "tp2+2*tp1;4*tp1", packing = "hydraulis"|"wlb"|"wlb-fixed"|"fixed",
-                 cp_sharding = "adaptive", rotate = false, cost_model = "" (path to a fitted model or profile),
+                 cp_sharding = "adaptive", rotate = false,
+                 cost_model = "" (analytic) | "analytic-eager" | a fitted model or profile,
                  exact = false, name = "tidal"|"flexpipe", flexpipe_depths = "" ("1,2,4": cycle these depths)
     [optimizer]  lr, beta1, beta2, eps, weight_decay, clip, warmup_steps, decay_steps, min_lr_ratio
     [train]      steps, seed, schedule = "1f1b"|"gpipe", master_dtype = "float32", compute_dtype = "auto",

@@ -23,7 +23,7 @@ from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec, param_table
 from tidal.core.scheme import parse_strategies
 from tidal.core.strategy import Strategy, place
-from tidal.costmodel.analytic import AnalyticCostModel
+from tidal.costmodel.analytic import AnalyticCostModel, named_efficiency
 from tidal.costmodel.base import pipeline_device
 from tidal.costmodel.loader import load_cost_model
 from tidal.costmodel.memory import AUTO_ORDER, MemoryConfig, auto_recompute, executor_memory
@@ -96,7 +96,11 @@ def train_memory(cfg: TrainConfig, cluster: ClusterSpec) -> MemoryConfig:
 
 
 def build_cost_model(cfg: TrainConfig, spec: ModelSpec, cluster: ClusterSpec):
-    if cfg.planner.cost_model:
+    """The planner's cost model: a file (fitted, profile, pool), or the analytic model by name: `analytic` (the
+    default, calibrated on Hydraulis' pools) or `analytic-eager` (priced for this runtime, fitted on one H200;
+    decision 116), with the job's memory model and recomputation."""
+    eff = named_efficiency(cfg.planner.cost_model)
+    if eff is None:
         if cfg.train.recompute != "none":
             raise TidalError("[train] recompute needs the analytic cost model (its memory model); a cost model file "
                              "has measured MaxLens")
@@ -104,9 +108,9 @@ def build_cost_model(cfg: TrainConfig, spec: ModelSpec, cluster: ClusterSpec):
         return load_cost_model(cfg.planner.cost_model, spec, cluster, memory=train_memory(cfg, cluster))
     mem = train_memory(cfg, cluster)
     if mem.recompute == ("none",):
-        return AnalyticCostModel(spec, cluster, memory=mem)
+        return AnalyticCostModel(spec, cluster, eff, memory=mem)
     # MaxLen under the modes, and the forward each mode repeats charged in the coefficients (costmodel/recompute.py)
-    base = AnalyticCostModel(spec, cluster, memory=dataclasses.replace(mem, recompute="none"))
+    base = AnalyticCostModel(spec, cluster, eff, memory=dataclasses.replace(mem, recompute="none"))
     if mem.recompute == ("auto",):
         return RecomputeCostModel(base, "auto", need=mem.recompute_need)
     return RecomputeCostModel(base, ",".join(mem.recompute))

@@ -50,7 +50,7 @@ from tidal.core.cluster import ClusterSpec
 from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec
 from tidal.core.strategy import Strategy
-from tidal.costmodel.analytic import AnalyticCostModel
+from tidal.costmodel.analytic import AnalyticCostModel, named_efficiency
 from tidal.costmodel.loader import load_cost_model
 from tidal.costmodel.memory import MemoryConfig
 from tidal.costmodel.sync import SyncPricing
@@ -77,7 +77,7 @@ class StreamInputs:
     max_len: int
     long_docs: str
     cycle: bool
-    cost_model: str  # "" = analytic
+    cost_model: str  # "" = analytic; a name of `named_efficiency` or a file
     model: ModelSpec
     cluster: ClusterSpec
     candidates: tuple[Strategy, ...]
@@ -92,8 +92,9 @@ class StreamInputs:
         src = corpus.length_source()
         sampler = TokenBudgetSampler(src, self.tokens_per_step, self.max_len, long_docs=self.long_docs,
                                      seed=self.data_seed, cycle=self.cycle and src.size is not None)
-        cm = (load_cost_model(self.cost_model, self.model, self.cluster) if self.cost_model
-              else AnalyticCostModel(self.model, self.cluster, memory=memory))
+        eff = named_efficiency(self.cost_model)
+        cm = (load_cost_model(self.cost_model, self.model, self.cluster) if eff is None
+              else AnalyticCostModel(self.model, self.cluster, eff, memory=memory))
         return sampler, cm, corpus
 
 
