@@ -8,8 +8,9 @@ benchmarks/data/:
   the FIT set for the attention scale, the memory-bound bytes per token per hidden unit per layer, the per-layer
   constant and the per-document cost (non-negative least squares; `vocab_bytes` is counted, not fitted: the loss
   path's LOGIT_BYTES written and read once);
-- `tidal profile` rows of llama3.2-1b (16 layers, hidden 2048, head dim 64, GQA, vocabulary 128K): HELD OUT, never
-  fitted on.
+- `tidal profile` rows of llama3.2-1b (16 layers, hidden 2048, head dim 64, GQA, vocabulary 128K), and of
+  llama2-13b's and qwen2.5-7b's layer shapes (4 layers each; hidden 5120, and 3584 with GQA 28/4, FFN 18944 and a
+  152K vocabulary): HELD OUT, never fitted on.
 Prints the fitted constants and, per profile file, the median and worst |error| per micro-batch of the default
 analytic model (calibrated on Hydraulis' A800 pools, carried to the H200 by its datasheet) and of the eager one. The
 sdpa rows run another attention kernel than the fit's: they are printed for comparison only.
@@ -37,7 +38,12 @@ DATA = Path(__file__).resolve().parent / "data"
 MODEL_7B4 = str(Path(__file__).resolve().parent.parent / "examples" / "model-llama2-7b-4layers.toml")
 FIT = (("llama2-7b x4 flex, run 1", MODEL_7B4, "h200-llama2-7b-4layers-profile.csv"),
        ("llama2-7b x4 flex, run 2", MODEL_7B4, "h200-llama2-7b-4layers-profile-flex2.csv"))
-HELD_OUT = (("llama3.2-1b flex (held out)", "llama3.2-1b", "h200-llama3.2-1b-profile-flex.csv"),)
+EX = Path(__file__).resolve().parent.parent / "examples"
+HELD_OUT = (("llama3.2-1b flex (held out)", "llama3.2-1b", "h200-llama3.2-1b-profile-flex.csv"),
+            ("llama2-13b x4 flex (held out)", str(EX / "model-llama2-13b-4layers.toml"),
+             "h200-llama2-13b-4layers-profile-flex.csv"),
+            ("qwen2.5-7b x4 flex (held out)", str(EX / "model-qwen2.5-7b-4layers.toml"),
+             "h200-qwen2.5-7b-4layers-profile-flex.csv"))
 OTHER = (("llama2-7b x4 sdpa", MODEL_7B4, "h200-llama2-7b-4layers-profile-sdpa.csv"),
          ("llama3.2-1b sdpa", "llama3.2-1b", "h200-llama3.2-1b-profile-sdpa.csv"))
 TP1 = ParallelScheme(1, 1, 1)
