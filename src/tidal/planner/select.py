@@ -303,9 +303,3 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
     strat = tuple(StrategyReport(i, names[i], bounds[i], ests[i]) for i in range(len(profiles)))
     return StepSelection(plan, strat, tuple(reports), rank_spread(times), max_over_mean(times), cut)
 
-
-def plan_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer = pack, seed: int = 0,
-              exact: bool = False, seq_ids: Sequence[int] | None = None,
-              config: PlannerConfig = DEFAULT) -> StepPlan:
-    """select_step(...).plan"""
-    return select_step(lengths, profiles, packer=packer, seed=seed, exact=exact, seq_ids=seq_ids, config=config).plan
