@@ -266,12 +266,10 @@ def top_docs_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], r: int = 6, n
 
 
 def _timed(Y, w, wt, tau, cnt, C, P, lo: float, mt: tuple | None = None) -> float:
-    """Work bound with time-dependent eligibility: at step time T a document may only use pipelines where it alone
-    fits (PP (c + w) <= T). lhs_r(T) = sum_i min_{j ok at T} y_rj w_ij is nonincreasing and rhs_r(T) =
-    sum_j y_rj cap_j(T) nondecreasing in T, so the optimum T* lies above every T where lhs > rhs for some price row r.
-    lhs is constant between consecutive eligibility times tau, so on each such segment [a, b) the infeasible T are
-    those below min(b, T_s), T_s solving rhs(T) = lhs exactly (min_time); the bound is the largest of these (was a
-    24-step bisection capped at the largest tau; this is exact, and the last segment extends to infinity)."""
+    """Work bound with time-dependent eligibility (docs/planner.md, "Time-dependent eligibility"): a document may only
+    use pipelines where it alone fits (PP (c + w) <= T). lhs_r(T) = sum_i min_{j ok at T} y_rj w_ij is constant between
+    consecutive eligibility times tau, so on each such segment [a, b) the infeasible T are those below min(b, T_s),
+    T_s solving rhs_r(T) = sum_j y_rj cap_j(T) = lhs exactly (min_time); the bound is the largest of these."""
     R = Y.shape[0]
     B = tau.shape[0]
     G = cnt[None, :] * Y
@@ -305,21 +303,13 @@ def _timed(Y, w, wt, tau, cnt, C, P, lo: float, mt: tuple | None = None) -> floa
 def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int = 6, top: int = 6,
                    timed: bool = True, grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None,
                    arrays: ClassArrays | None = None, prep: StepLengths | None = None) -> float:
-    """Lower bound on the optimal step time of documents `lengths` on a strategy (any dispatch, any packing).
-
-    max(LB_doc, LB_work):
-      LB_doc  = max_i min_{j eligible} PP_j (c_j + w_j(l_i))   (the pipeline holding i runs >= PP_j micro-batch slots)
-      (LB_work is computed again with time-dependent eligibility, see _timed)
-      LB_top  = top_docs_bound of the `top` longest documents (exact min-max of D_j over their dispatches)
-      LB_work = max_y T(y): for prices y >= 0 on pipelines, sum_i min_j y_j w_j(l_i) <= sum_j y_j cap_j(T_opt)
-                (LP duality of the fractional assignment with per-pipeline capacity cap_j); any y gives a valid bound,
-                we try a few and improve them by multiplicative price updates.
-    `weights` (optional) multiplies each document (expected counts of a length histogram). inf when a document fits
-    no pipeline. `grouped`: group_pipes(pipes), `arrays`: ClassArrays of it, `prep`: prepare_lengths(lengths) (without
-    `weights`), when the caller has them already (the same bound, computed once per candidate or step).
-
-    Repeated lengths are merged into one weighted document first (the bound is a function of the length multiset;
-    large steps hold 5-10x fewer distinct lengths than documents)."""
+    """Lower bound on the optimal step time of documents `lengths` on a strategy (any dispatch, any packing):
+    max(LB_doc, LB_top, LB_work, LB_one), each term derived in docs/planner.md, "Step bound of a strategy" (`rounds`
+    price updates of LB_work, the `top` longest documents for LB_top, `timed`: LB_work with time-dependent
+    eligibility, _timed). `weights` (optional) multiplies each document (expected counts of a length histogram). inf
+    when a document fits no pipeline. `grouped`: group_pipes(pipes), `arrays`: ClassArrays of it, `prep`:
+    prepare_lengths(lengths) (without `weights`), when the caller has them already (the same bound, computed once per
+    candidate or step). Repeated lengths are merged into one weighted document first."""
     return StrategyBound(lengths, pipes, weights, grouped, arrays, prep).refined(rounds, top, timed)
 
 

@@ -61,12 +61,8 @@ def _costs(T: float, sb: StrategyBound, thetas: np.ndarray,
            arrays: tuple[np.ndarray, np.ndarray] | None = None, step: tuple | None = None,
            loops: SimpleNamespace | None = None) -> np.ndarray:
     """u_ik(T) for each theta variant (each K x VB of 0, 1 or 2): array (R_theta, B, K); inf where document i fits
-    class k in no mode (kernels_modes.mode_costs, the one source). `arrays`: mode_arrays(T, ...), `step`:
-    _step_arrays(sb), when the caller has them. Document i is eligible in mode v of class k when c + w_ik <= tau_kv,
-    and tau falls with v, so its modes are 1 .. n_ik (decision 102): the least work term is w_ik over the largest C_v
-    among the work modes (theta 1) up to n_ik, the least token term l_i over (the largest token mode up to n_ik) x
-    M_k; a one-stage class's modes marked 2 give the row (w + c l / M) / T. Division is monotone, so this is exactly
-    the minimum over the eligible modes."""
+    class k in no mode (kernels_modes.mode_costs, the one source; its eligible modes are a prefix, docs/planner.md,
+    "Mode-aware bound", Costs). `arrays`: mode_arrays(T, ...), `step`: _step_arrays(sb), when the caller has them."""
     loops = _loops() if loops is None else loops
     cw, w, l_, M, _, C, P = _step_arrays(sb) if step is None else step
     tau, cap = mode_arrays(T, C, P, loops) if arrays is None else arrays  # K x VB
