@@ -149,12 +149,7 @@ def _capacity(t: np.ndarray, consts: tuple) -> np.ndarray:
 
 def _min_time_consts(c: np.ndarray, pp: np.ndarray) -> tuple:
     """What min_time needs of the classes alone (c, PP): computed once per candidate by ClassArrays."""
-    c = np.asarray(c, dtype=np.float64)
-    p = np.asarray(pp, dtype=np.float64)
-    q = p - 1.0
-    s = np.sqrt(q * c)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        b2 = np.where(q > 0, p * p * c / np.where(q > 0, q, 1.0), np.inf)
+    p, c, b2, s = _capacity_consts(c, pp)
     bps = np.unique(np.concatenate([[0.0], p * c, b2[np.isfinite(b2)]]))
     # per segment index seg in [0, nb] (min_time): its ends, a point inside, and the coefficients of A, B and C0
     left = bps[np.maximum(np.arange(bps.size + 1) - 1, 0)]
@@ -323,23 +318,19 @@ class StrategyBound:
                  prep: StepLengths | None = None):
         self.final: float | None = None  # the bound when no stage is needed (no documents, nowhere to run one)
         self.pipes, self.weighted = pipes, weights is not None
-        if prep is None or weights is not None:
-            l_ = np.asarray(lengths, dtype=np.float64)
-            if l_.size == 0 or not pipes:
-                self.final = self.quick = 0.0 if l_.size == 0 else float("inf")
-                return
-            full = l_
-            wt = np.ones_like(l_) if weights is None else np.asarray(weights, dtype=np.float64)
-            l_, inv = np.unique(l_, return_inverse=True)
-            wt = np.bincount(inv.ravel(), weights=wt, minlength=l_.size)
-            # Price reference lengths: quantiles of the documents (of the distinct lengths when weighted).
-            refs = np.unique(np.quantile(full if weights is None else l_, [0.0, 0.5, 0.9, 1.0]))
-            self.ref90: float | None = None
-        else:
-            if prep.full.size == 0 or not pipes:
-                self.final = self.quick = 0.0 if prep.full.size == 0 else float("inf")
-                return
+        if weights is None:
+            prep = prepare_lengths(lengths) if prep is None else prep
             full, l_, wt, refs, self.ref90 = prep.full, prep.uniq, prep.wt, prep.refs, prep.ref90
+        else:
+            full = np.asarray(lengths, dtype=np.float64)
+            l_, inv = np.unique(full, return_inverse=True)
+            wt = np.bincount(inv.ravel(), weights=np.asarray(weights, dtype=np.float64), minlength=l_.size)
+            # Price reference lengths: quantiles of the distinct lengths when weighted.
+            refs = np.unique(np.quantile(l_, [0.0, 0.5, 0.9, 1.0])) if l_.size else l_
+            self.ref90 = float(np.quantile(l_, 0.9)) if l_.size else 0.0
+        if full.size == 0 or not pipes:
+            self.final = self.quick = 0.0 if full.size == 0 else float("inf")
+            return
         ca = ClassArrays.of(group_pipes(pipes) if grouped is None else grouped) if arrays is None else arrays
         A, B, C, P, M, Dd = ca.A, ca.B, ca.C, ca.P, ca.M, ca.D
         elig = l_[:, None] <= M[None, :]
@@ -402,8 +393,7 @@ class StrategyBound:
         if timed and len(classes) > 1:
             # Also price only the faster classes (zero price on the m slowest): the documents that cannot run on the
             # slow classes within T must fit in the fast ones.
-            ref = self.ref90 if self.ref90 is not None else float(
-                np.quantile(self.full if not self.weighted else l_, 0.9))
+            ref = self.ref90
             slow = np.argsort(-(P * (C + A * ref * ref + B * ref + ca.D)), kind="stable")
             Ys = [ys[0], ys[-1]]
             for m in range(1, len(classes)):
