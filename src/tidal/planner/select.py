@@ -134,14 +134,14 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
             ctx = Context(l_, prof, packer, seed, tgt, deadline, cfg, first.objective)
             est, plans = improve(ctx, est, plans, Allowance() if allowance is None else allowance, improve_below)
     if fallback and est > target and (deadline is None or time.perf_counter() < deadline):
-        hy = _hydraulis_plan(l_, prof, packer, seed, exact, est)
+        hy = _hydraulis_plan(l_, prof, packer, seed, exact, est, cfg)
         if hy is not None:
             return hy
     return est, plans
 
 
 def _hydraulis_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: int, exact: bool,
-                    limit: float, cfg: PlannerConfig = DEFAULT) -> tuple[float, tuple[PipelinePlan, ...]] | None:
+                    limit: float, cfg: PlannerConfig) -> tuple[float, tuple[PipelinePlan, ...]] | None:
     """Hydraulis' dispatch followed by `packer`, if it beats `limit` (packed only when its dispatch cost, a lower
     bound on its packed time, is below `limit`)."""
     hy = dispatch_hydraulis(l_, prof.pipes, trials=cfg.hydraulis_trials, seed=seed)
