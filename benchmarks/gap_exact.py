@@ -1,9 +1,9 @@
 """Is a step's gap to its bound in the plan or in the bound? Settled by an exact MILP (issue 27, decision 108).
 
 For each step of one grid cell (benchmarks/planner_grid.py: same candidates, tokens per step and sources): the plan of
-`select_step`, its bounds after `bounds_lp.prove_selection` (what `planner.py --grid --prove` reports), and for every
-candidate whose bound is under the plan's estimate, `exact.dispatch_feasible` (HiGHS MILP: is there a dispatch, every
-document whole on one pipeline, with every pipeline's `pipeline_bound` <= T?) by bisection on T between that bound
+`select_step`, its bounds after `proof.lp.prove_selection` (what `planner.py --grid --prove` reports), and for every
+candidate whose bound is under the plan's estimate, `proof.milp.dispatch_feasible` (HiGHS MILP: is there a dispatch,
+every document whole on one pipeline, with every pipeline's `pipeline_bound` <= T?) by bisection on T between that bound
 and the plan's estimate. "infeasible" at T proves that no plan of that candidate is faster than T (up to HiGHS'
 tolerances); a feasible dispatch is packed (`packing.pack`) and compared with the plan: faster means plan-side gap.
 
@@ -21,10 +21,10 @@ import time
 import numpy as np
 from planner_grid import probe_steps
 
-from tidal.planner.bounds_lp import prove_selection
-from tidal.planner.exact import dispatch_feasible
 from tidal.planner.packing import pack
 from tidal.planner.select import select_step
+from tidal.proof.lp import prove_selection
+from tidal.proof.milp import dispatch_feasible
 
 
 def packed_est(l_: np.ndarray, prof, groups) -> float:

@@ -4,8 +4,8 @@ For one step of one grid cell (benchmarks/planner_grid.py: same candidates, toke
 every candidate, or the one named by --candidate:
 
 - the planner's estimate (`select.assign`, what `select_step` runs per candidate) and the candidate's bounds: refined
-  (`StrategyBound.refined`), mode-aware (`bounds_modes.mode_bound`) and LP-priced (`bounds_lp.lp_bound`);
-- `s` of the mode relaxation's LP at the best of those bounds (`bounds_lp.lp_prices`): s < 0 means the LP is feasible
+  (`StrategyBound.refined`), mode-aware (`bounds_modes.mode_bound`) and LP-priced (`proof.lp.lp_bound`);
+- `s` of the mode relaxation's LP at the best of those bounds (`proof.lp.lp_prices`): s < 0 means the LP is feasible
   there with -s spare pipelines per pipeline, so no certificate of that relaxation can raise the bound;
 - the best plan that --restarts seeded random-order dispatches find (`dispatch.restart_dispatch`, --rounds
   local-search rounds each), each packed and polished (`polish.polish`, 400 rounds): a far costlier search than the
@@ -30,12 +30,12 @@ from planner_grid import probe_steps
 
 from tidal.planner import select as sel
 from tidal.planner.bounds import StrategyBound
-from tidal.planner.bounds_lp import lp_bound, lp_prices
 from tidal.planner.bounds_modes import mode_bound
 from tidal.planner.dispatch import restart_dispatch
 from tidal.planner.packing import pack
 from tidal.planner.passes import pack_groups
 from tidal.planner.polish import polish
+from tidal.proof.lp import lp_bound, lp_prices
 
 
 def probe(l_: np.ndarray, prof, restarts: int, rounds: int) -> dict:

@@ -234,10 +234,10 @@ def main() -> None:
                     "config.PASS_ORDER, comma-separated; 'all' or 'none'; decision 95's ablation)")
     ap.add_argument("--drop", default="", help="grid: passes to leave out (comma-separated names)")
     ap.add_argument("--prove", action="store_true",
-                    help="grid: est/lb against the LP-priced bound (bounds_lp.prove_selection, timed apart)")
+                    help="grid: est/lb against the LP-priced bound (proof.lp.prove_selection, timed apart)")
     ap.add_argument("--prove-milp", type=float, default=0.0, metavar="S",
-                    help="grid, with --prove: also the MILP bound (exact.milp_bound, S seconds per HiGHS solve; steps "
-                    "of <= 5000 documents x pipelines; decision 108)")
+                    help="grid, with --prove: also the MILP bound (proof.milp.milp_bound, S seconds per HiGHS solve; "
+                    "steps of <= 5000 documents x pipelines; decision 108)")
     a = ap.parse_args()
     if a.grid:
         import planner_grid

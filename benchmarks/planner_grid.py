@@ -28,10 +28,10 @@ from tidal.core import TidalError, get_cluster, get_model, parse_strategy, place
 from tidal.costmodel import default_cost_model
 from tidal.data import sample_steps
 from tidal.planner.alg1 import dispatch_hydraulis
-from tidal.planner.bounds_lp import prove_selection
 from tidal.planner.config import DEFAULT, PASS_ORDER, PlannerConfig
 from tidal.planner.packing import pack
 from tidal.planner.select import assign, profile_strategies, select_step
+from tidal.proof.lp import prove_selection
 
 MAX_LEN = 32768
 MODELS = ("llama2-7b", "llama2-13b", "llama-32b")
@@ -174,7 +174,7 @@ def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, b
             except TidalError as e:
                 err = str(e)
                 continue
-            if prove:  # the LP-priced bound (bounds_lp.prove_selection), after planning and timed apart
+            if prove:  # the LP-priced bound (proof.lp.prove_selection), after planning and timed apart
                 plain.append(plan.est_step_time / plan.lower_bound if plan.lower_bound > 0 else 1.0)
                 c0 = time.thread_time()
                 plan = prove_selection(l_, profs, sel, milp_s=milp_s).plan

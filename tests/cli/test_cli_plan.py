@@ -45,7 +45,7 @@ def test_plan_json_invariants(tmp_path, packing):
 
 @pytest.mark.parametrize("packing", ["hydraulis", "wlb"])
 def test_prove_bound_raises_only_the_bound(tmp_path, packing):
-    # the LP-priced bound (bounds_lp) after planning: the same plans, bounds never lower and never above the estimate
+    # the LP-priced bound (proof.lp) after planning: the same plans, bounds never lower and never above the estimate
     strategies = "tp4+4*tp2+4*tp1;4*tp4;tp8+4*tp2"
     a, _ = _run(tmp_path, "--packing", packing, "--strategies", strategies, "--data", "synthetic:github", name="a.json")
     b, _ = _run(tmp_path, "--packing", packing, "--strategies", strategies, "--data", "synthetic:github",

@@ -1,4 +1,4 @@
-"""LP-priced mode certificates (bounds_lp, decision 61): any weights and prices give a valid certificate (random ones
+"""LP-priced mode certificates (proof.lp, decision 61): any weights and prices give a valid certificate (random ones
 never prove a time some plan achieves), the LP-priced bound is never above the brute-force optimum, and it raises the
 bound where two heavy documents cannot share a micro-batch. Never above a plan, and prove_selection: with the mode
 bound's tests in test_planner_modes.py."""
@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from test_planner_modes import _profile, brute_force_cases, pipe_st, plan_and_bound
 
 from tidal.planner.bounds import PipeCost, StrategyBound
-from tidal.planner.bounds_lp import VB, certified, lp_bound
 from tidal.planner.bounds_modes import mode_bound
 from tidal.planner.select import assign
+from tidal.proof.lp import VB, certified, lp_bound
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""exact.dispatch_feasible and milp_bound (decision 108) against brute force over every whole-document dispatch of
+"""proof.milp.dispatch_feasible and milp_bound (decision 108) against brute force over every whole-document dispatch of
 tiny steps, and prove_selection with the MILP: the bound only rises, never above the plan or the optimum."""
 
 import itertools
@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tidal.planner.bounds import PipeCost
-from tidal.planner.exact import dispatch_feasible, milp_bound
 from tidal.planner.pipecost import bound_value
+from tidal.proof.milp import dispatch_feasible, milp_bound
 
 pytestmark = [pytest.mark.unit]
 
@@ -91,8 +91,8 @@ def test_prove_selection_with_milp_raises_a_fractional_bound():
     # plan within 0.2 %, never above it, and the plan is unchanged
     from test_planner_modes import _profile
 
-    from tidal.planner.bounds_lp import prove_selection
     from tidal.planner.select import select_step
+    from tidal.proof.lp import prove_selection
 
     p = PipeCost(2.5353846153846154e-10, 1.5593532528484408e-05, 0.06944, 1, 176195)
     lengths = np.array([25515, 2473, 4899, 6663, 221, 329, 1778, 29404, 29403, 23782, 22501, 22500, 22500, 3294, 4149])

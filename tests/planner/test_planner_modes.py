@@ -1,6 +1,6 @@
 """The mode-aware step bound (bounds_modes, decision 57): never above a plan's estimate (property test on generated
 instances, tiny MaxLen and d > 0 included) and never above the true optimum (brute force over every dispatch and every
-packing of small instances); with it, the LP-priced proof after planning (bounds_lp.prove_selection)."""
+packing of small instances); with it, the LP-priced proof after planning (proof.lp.prove_selection)."""
 
 import itertools
 
@@ -12,9 +12,9 @@ from planner_synth import PROFILES
 
 from tidal.core.errors import TidalError
 from tidal.planner.bounds import PipeCost, StrategyBound, pipeline_bound
-from tidal.planner.bounds_lp import lp_bound, prove_selection
 from tidal.planner.bounds_modes import infeasible, mode_bound
 from tidal.planner.select import StrategyProfile, assign, select_step
+from tidal.proof.lp import lp_bound, prove_selection
 
 pytestmark = pytest.mark.unit
 
@@ -56,7 +56,7 @@ def test_mode_bound_never_above_a_plan(lengths, pipes):
     assert not infeasible(est * (1 + 1e-9), sb, np.vstack(sb.prices())), "a plan of time est exists"
     assert mode_bound(sb, lo, 2 * est + 1.0) <= est * (1 + 1e-9)
     assert mode_bound(sb, 0.0, 2 * est + 1.0) <= est * (1 + 1e-9)
-    assert lp_bound(sb, lo, 2 * est + 1.0) <= est * (1 + 1e-9)  # the LP-priced certificates (bounds_lp)
+    assert lp_bound(sb, lo, 2 * est + 1.0) <= est * (1 + 1e-9)  # the LP-priced certificates (proof.lp)
     assert lp_bound(sb, 0.5 * lo, 2 * est + 1.0) <= est * (1 + 1e-9)
 
 
@@ -140,7 +140,7 @@ def test_big_document_holds_a_small_pipeline_to_one_micro_batch():
 @settings(max_examples=300, **SETTINGS)
 @given(lengths=st.lists(st.integers(1, 600), min_size=1, max_size=40), k=st.integers(0, len(PROFILES) - 1))
 def test_select_step_bound_with_modes_and_proof(lengths, k):
-    # the mode bound (in select_step) and the LP-priced proof after it (bounds_lp.prove_selection, decision 61) only
+    # the mode bound (in select_step) and the LP-priced proof after it (proof.lp.prove_selection, decision 61) only
     # raise the reported bounds, never above the estimate, and never change the plan
     profiles = [PROFILES[k], PROFILES[(k + 3) % len(PROFILES)]]
     if max(lengths) > max(p.max_len for p in profiles):

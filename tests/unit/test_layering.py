@@ -15,14 +15,16 @@ ALLOWED = {
     "planner": {"core", "costmodel"},
     # the compared systems (WLB-LLM, FlexPipe, fixed packing), every packing by name; above the planner (decision 106)
     "baselines": {"core", "costmodel", "planner"},
+    # bounds proven after planning, opt-in (LP-priced certificates, the dispatch MILP); above the planner (decision 114)
+    "proof": {"core", "costmodel", "planner"},
     "api": {"core", "costmodel", "planner", "baselines"},  # tidal.Planner, the library (docs/library.md)
     "simulator": {"core", "costmodel", "planner", "baselines"},
     "data": {"core"},
     "models": {"core"},
     "runtime": {"core", "costmodel", "planner", "baselines", "models", "data"},
-    "cli": {"core", "costmodel", "planner", "baselines", "simulator", "data", "models", "runtime"},
+    "cli": {"core", "costmodel", "planner", "baselines", "proof", "simulator", "data", "models", "runtime"},
 }
-NO_TORCH = {"core", "costmodel", "planner", "baselines", "api", "simulator"}
+NO_TORCH = {"core", "costmodel", "planner", "baselines", "proof", "api", "simulator"}
 NO_DIST = NO_TORCH | {"models", "data"}
 
 
@@ -141,6 +143,9 @@ def test_layer_check_flags_the_planner_importing_a_baseline():
         "layer planner must not import tidal.baselines.wlb", "layer planner must not import tidal.baselines.wlb.pack"]
     assert _violations("planner", ["tidal.api"]) and _violations("baselines", ["torch"])
     assert _violations("baselines", ["tidal.planner.stepper", "tidal.core.errors"]) == []
+    # the proofs after planning sit above the planner too (decision 114)
+    assert _violations("planner", ["tidal.proof.lp"]) == ["layer planner must not import tidal.proof.lp"]
+    assert _violations("proof", ["tidal.planner.bounds"]) == [] and _violations("runtime", ["tidal.proof.milp"])
 
 
 @pytest.mark.unit

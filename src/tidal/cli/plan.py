@@ -21,9 +21,9 @@ from tidal.costmodel.loader import load_cost_model
 from tidal.costmodel.sync import SyncPricing
 from tidal.data.sampler import LONG_DOC_POLICIES, TokenBudgetSampler
 from tidal.data.sources import length_source
-from tidal.planner.bounds_lp import prove_selection
 from tidal.planner.select import StepSelection
 from tidal.planner.stepper import CP_SHARDINGS, PlanningOptions, StepPlanner, build_candidates
+from tidal.proof.lp import prove_selection
 
 PROPOSAL_SAMPLE = 20000  # documents read from the source to propose candidates
 
@@ -84,7 +84,7 @@ def add_parser(sub) -> None:
                    help="fitted cost model (.json), profile (.csv), Hydraulis strategy pool (.json), or analytic-eager "
                         "(priced for Tidal's own runtime on Hopper); default: analytic from the specs")
     p.add_argument("--prove-bound", action="store_true",
-                   help="raise each step's lower bound with LP-priced certificates after planning (bounds_lp; the "
+                   help="raise each step's lower bound with LP-priced certificates after planning (tidal.proof.lp; the "
                         "plan is unchanged; up to ~50 ms median more per step, not in the per-step plan time)")
     p.add_argument("--json", type=Path, default=None, help="write the plan JSON here (docs/plan-format.md)")
     p.add_argument("--quiet", action="store_true", help="print only the summary")

@@ -1,6 +1,6 @@
 """The context-parallel (CP) layout of one packed micro-batch: which tokens each CP rank holds and the attention
 segments it runs (the planner builds it, planner/cp_sharding.py; the runtime reads it, runtime/cp.py). Types only;
-the field meanings and the two modes are in planner/cp_sharding.py's module docstring."""
+the two modes are in docs/runtime.md, "CP sharding"."""
 
 from __future__ import annotations
 
@@ -13,14 +13,16 @@ MODES = ("per-seq", "per-doc")
 
 @dataclass(frozen=True, eq=False)
 class RankShard:
-    """One CP rank's share of a packed micro-batch; see the module docstring for each field."""
+    """One CP rank's share of a packed micro-batch. A segment's Lq queries i = 0 .. Lq - 1 see keys k_start ..
+    k_start + k_len - Lq + i (flash-attn varlen's bottom-right causal alignment): the keys of their own document at
+    positions <= their own."""
 
-    indices: np.ndarray
-    positions: np.ndarray
-    doc_ids: np.ndarray
-    cu_seqlens_q: np.ndarray
-    k_start: np.ndarray
-    k_len: np.ndarray
+    indices: np.ndarray  # int64 [n_r]: packed indices of the rank's tokens, ascending
+    positions: np.ndarray  # int64 [n_r]: each token's position within its own document (RoPE resets per document)
+    doc_ids: np.ndarray  # int64 [n_r]: which document each token belongs to
+    cu_seqlens_q: np.ndarray  # int32 [s_r + 1]: local query segments (maximal packed-consecutive runs in one document)
+    k_start: np.ndarray  # int64 [s_r]: first key of each segment's document in the packed (gathered) K/V
+    k_len: np.ndarray  # int64 [s_r]: keys visible to the segment's last query (its end position + 1)
     max_seqlen_q: int
     max_seqlen_k: int
 

@@ -1,4 +1,4 @@
 """Pure, seeded planning functions: dispatch, packing, bounds, per-step selection, strategy proposal.
 
-Import submodules explicitly (e.g. `from tidal.planner.select import plan_step`); this package exports nothing.
+Import submodules explicitly (e.g. `from tidal.planner.select import select_step`); this package exports nothing.
 """

@@ -149,12 +149,7 @@ def _capacity(t: np.ndarray, consts: tuple) -> np.ndarray:
 
 def _min_time_consts(c: np.ndarray, pp: np.ndarray) -> tuple:
     """What min_time needs of the classes alone (c, PP): computed once per candidate by ClassArrays."""
-    c = np.asarray(c, dtype=np.float64)
-    p = np.asarray(pp, dtype=np.float64)
-    q = p - 1.0
-    s = np.sqrt(q * c)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        b2 = np.where(q > 0, p * p * c / np.where(q > 0, q, 1.0), np.inf)
+    p, c, b2, s = _capacity_consts(c, pp)
     bps = np.unique(np.concatenate([[0.0], p * c, b2[np.isfinite(b2)]]))
     # per segment index seg in [0, nb] (min_time): its ends, a point inside, and the coefficients of A, B and C0
     left = bps[np.maximum(np.arange(bps.size + 1) - 1, 0)]
@@ -266,12 +261,10 @@ def top_docs_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], r: int = 6, n
 
 
 def _timed(Y, w, wt, tau, cnt, C, P, lo: float, mt: tuple | None = None) -> float:
-    """Work bound with time-dependent eligibility: at step time T a document may only use pipelines where it alone
-    fits (PP (c + w) <= T). lhs_r(T) = sum_i min_{j ok at T} y_rj w_ij is nonincreasing and rhs_r(T) =
-    sum_j y_rj cap_j(T) nondecreasing in T, so the optimum T* lies above every T where lhs > rhs for some price row r.
-    lhs is constant between consecutive eligibility times tau, so on each such segment [a, b) the infeasible T are
-    those below min(b, T_s), T_s solving rhs(T) = lhs exactly (min_time); the bound is the largest of these (was a
-    24-step bisection capped at the largest tau; this is exact, and the last segment extends to infinity)."""
+    """Work bound with time-dependent eligibility (docs/planner.md, "Time-dependent eligibility"): a document may only
+    use pipelines where it alone fits (PP (c + w) <= T). lhs_r(T) = sum_i min_{j ok at T} y_rj w_ij is constant between
+    consecutive eligibility times tau, so on each such segment [a, b) the infeasible T are those below min(b, T_s),
+    T_s solving rhs_r(T) = sum_j y_rj cap_j(T) = lhs exactly (min_time); the bound is the largest of these."""
     R = Y.shape[0]
     B = tau.shape[0]
     G = cnt[None, :] * Y
@@ -305,21 +298,13 @@ def _timed(Y, w, wt, tau, cnt, C, P, lo: float, mt: tuple | None = None) -> floa
 def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int = 6, top: int = 6,
                    timed: bool = True, grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None,
                    arrays: ClassArrays | None = None, prep: StepLengths | None = None) -> float:
-    """Lower bound on the optimal step time of documents `lengths` on a strategy (any dispatch, any packing).
-
-    max(LB_doc, LB_work):
-      LB_doc  = max_i min_{j eligible} PP_j (c_j + w_j(l_i))   (the pipeline holding i runs >= PP_j micro-batch slots)
-      (LB_work is computed again with time-dependent eligibility, see _timed)
-      LB_top  = top_docs_bound of the `top` longest documents (exact min-max of D_j over their dispatches)
-      LB_work = max_y T(y): for prices y >= 0 on pipelines, sum_i min_j y_j w_j(l_i) <= sum_j y_j cap_j(T_opt)
-                (LP duality of the fractional assignment with per-pipeline capacity cap_j); any y gives a valid bound,
-                we try a few and improve them by multiplicative price updates.
-    `weights` (optional) multiplies each document (expected counts of a length histogram). inf when a document fits
-    no pipeline. `grouped`: group_pipes(pipes), `arrays`: ClassArrays of it, `prep`: prepare_lengths(lengths) (without
-    `weights`), when the caller has them already (the same bound, computed once per candidate or step).
-
-    Repeated lengths are merged into one weighted document first (the bound is a function of the length multiset;
-    large steps hold 5-10x fewer distinct lengths than documents)."""
+    """Lower bound on the optimal step time of documents `lengths` on a strategy (any dispatch, any packing):
+    max(LB_doc, LB_top, LB_work, LB_one), each term derived in docs/planner.md, "Step bound of a strategy" (`rounds`
+    price updates of LB_work, the `top` longest documents for LB_top, `timed`: LB_work with time-dependent
+    eligibility, _timed). `weights` (optional) multiplies each document (expected counts of a length histogram). inf
+    when a document fits no pipeline. `grouped`: group_pipes(pipes), `arrays`: ClassArrays of it, `prep`:
+    prepare_lengths(lengths) (without `weights`), when the caller has them already (the same bound, computed once per
+    candidate or step). Repeated lengths are merged into one weighted document first."""
     return StrategyBound(lengths, pipes, weights, grouped, arrays, prep).refined(rounds, top, timed)
 
 
@@ -333,23 +318,19 @@ class StrategyBound:
                  prep: StepLengths | None = None):
         self.final: float | None = None  # the bound when no stage is needed (no documents, nowhere to run one)
         self.pipes, self.weighted = pipes, weights is not None
-        if prep is None or weights is not None:
-            l_ = np.asarray(lengths, dtype=np.float64)
-            if l_.size == 0 or not pipes:
-                self.final = self.quick = 0.0 if l_.size == 0 else float("inf")
-                return
-            full = l_
-            wt = np.ones_like(l_) if weights is None else np.asarray(weights, dtype=np.float64)
-            l_, inv = np.unique(l_, return_inverse=True)
-            wt = np.bincount(inv.ravel(), weights=wt, minlength=l_.size)
-            # Price reference lengths: quantiles of the documents (of the distinct lengths when weighted).
-            refs = np.unique(np.quantile(full if weights is None else l_, [0.0, 0.5, 0.9, 1.0]))
-            self.ref90: float | None = None
-        else:
-            if prep.full.size == 0 or not pipes:
-                self.final = self.quick = 0.0 if prep.full.size == 0 else float("inf")
-                return
+        if weights is None:
+            prep = prepare_lengths(lengths) if prep is None else prep
             full, l_, wt, refs, self.ref90 = prep.full, prep.uniq, prep.wt, prep.refs, prep.ref90
+        else:
+            full = np.asarray(lengths, dtype=np.float64)
+            l_, inv = np.unique(full, return_inverse=True)
+            wt = np.bincount(inv.ravel(), weights=np.asarray(weights, dtype=np.float64), minlength=l_.size)
+            # Price reference lengths: quantiles of the distinct lengths when weighted.
+            refs = np.unique(np.quantile(l_, [0.0, 0.5, 0.9, 1.0])) if l_.size else l_
+            self.ref90 = float(np.quantile(l_, 0.9)) if l_.size else 0.0
+        if full.size == 0 or not pipes:
+            self.final = self.quick = 0.0 if full.size == 0 else float("inf")
+            return
         ca = ClassArrays.of(group_pipes(pipes) if grouped is None else grouped) if arrays is None else arrays
         A, B, C, P, M, Dd = ca.A, ca.B, ca.C, ca.P, ca.M, ca.D
         elig = l_[:, None] <= M[None, :]
@@ -412,8 +393,7 @@ class StrategyBound:
         if timed and len(classes) > 1:
             # Also price only the faster classes (zero price on the m slowest): the documents that cannot run on the
             # slow classes within T must fit in the fast ones.
-            ref = self.ref90 if self.ref90 is not None else float(
-                np.quantile(self.full if not self.weighted else l_, 0.9))
+            ref = self.ref90
             slow = np.argsort(-(P * (C + A * ref * ref + B * ref + ca.D)), kind="stable")
             Ys = [ys[0], ys[-1]]
             for m in range(1, len(classes)):

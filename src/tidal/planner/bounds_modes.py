@@ -1,36 +1,12 @@
-"""Mode-aware step bound (issue 9, decision 57): the work relaxation with each pipeline's integer micro-batch count.
+"""Mode-aware step bound (issue 9, decisions 57, 102): the work relaxation with each pipeline's integer micro-batch
+count.
 
-`strategy_bound`'s work term (bounds.py) gives every pipeline a work capacity `cap(T)` that relaxes its micro-batch
-count V to any real number and ignores tokens. For a PP = 1 pipeline with a small MaxLen that is loose: a pipeline
-holding a document of nearly MaxLen tokens is held to V = 1 at any T below twice that document's time, and then it has
-room for almost no other tokens. This module proves such bounds by a fractional relaxation that keeps V as a *mode*.
-
-Fix a step time T and a pipeline class (a, b, c, d, P, M). In mode v (the pipeline runs exactly v micro-batches) every
-micro-batch takes at most `tau_v = T / (P - 1 + v)` (`T - (v - 1) c` when P = 1: one stage sums its micro-batches,
-decision 94), so
-
-- a document i can be on it only if `c + w(l_i) <= tau_v` (it sits in one micro-batch);
-- its work is at most `C_v = v (tau_v - c)` (the v micro-batch times, each `c + W_k`, sum to at most `v tau_v`;
-  `T - v c` when P = 1);
-- its tokens are at most `v M` (every micro-batch holds at most M).
-
-For any `theta_v` in [0, 1], `theta_v W / C_v + (1 - theta_v) tokens / (v M) <= 1` then holds for a pipeline in mode
-v. Give document i on class k the cost `u_ik(T) = min over modes v where i is eligible of
-theta_v w_ik / C_v + (1 - theta_v) l_i / (v M_k)`: the documents of a pipeline in its actual mode v* cost at most their
-mode-v* terms, whose sum is <= 1, so **the costs of any pipeline's documents sum to at most 1** in every plan of time
-<= T. (Modes v >= VB are merged into one: eligibility at VB, which only widens as v grows, theta = 1 and the largest
-C_v over v >= VB, a real-valued sup; C_v <= 0 means no document of positive work fits, and 0 / 0 counts as 0.) With
-prices y_k >= 0 on classes (weak LP duality of the fractional assignment, as in bounds.py's LB_work):
-
-    sum_i min_k y_k u_ik(T)  <=  sum_j y_k(j) sum_{i on j} u_ik(j)  <=  sum_k y_k cnt_k.
-
-If some (y, theta) violates it at T, or a document is eligible nowhere at T, then no plan of time <= T exists, so the
-optimum T* > T. Every T so proven is a valid bound whatever heuristic chose y and theta (no monotonicity is needed);
-`mode_bound` searches T in [lo, hi] by bisection and returns the largest T it proved (or lo). This is the dual of the
-LP with variables x_ikv (share of document i on class k in mode v) and lambda_kv (pipelines of class k in mode v,
-sum_v lambda_kv <= cnt_k), so the family of certificates is complete for that LP; which certificates are tried
-(theta_v in {0, 1} by comparing the class's mean work per token with C_v / (v M), prices from the work bound) only
-affects tightness.
+At a step time T a pipeline in mode v (exactly v micro-batches) gives each micro-batch at most tau_v and has work
+capacity C_v and token capacity v M; a document i on class k costs u_ik(T), the least over its eligible modes of
+theta_v w_ik / C_v + (1 - theta_v) l_i / (v M_k), and one pipeline's documents cost at most 1 in every plan of time
+<= T. Prices y >= 0 with sum_i min_k y_k u_ik(T) > sum_k y_k cnt_k (or a document eligible nowhere) prove T
+infeasible, however y and theta were chosen. docs/planner.md, "Mode-aware bound", derives it and states which
+certificates are tried.
 """
 
 from __future__ import annotations
@@ -85,12 +61,8 @@ def _costs(T: float, sb: StrategyBound, thetas: np.ndarray,
            arrays: tuple[np.ndarray, np.ndarray] | None = None, step: tuple | None = None,
            loops: SimpleNamespace | None = None) -> np.ndarray:
     """u_ik(T) for each theta variant (each K x VB of 0, 1 or 2): array (R_theta, B, K); inf where document i fits
-    class k in no mode (kernels_modes.mode_costs, the one source). `arrays`: mode_arrays(T, ...), `step`:
-    _step_arrays(sb), when the caller has them. Document i is eligible in mode v of class k when c + w_ik <= tau_kv,
-    and tau falls with v, so its modes are 1 .. n_ik (decision 102): the least work term is w_ik over the largest C_v
-    among the work modes (theta 1) up to n_ik, the least token term l_i over (the largest token mode up to n_ik) x
-    M_k; a one-stage class's modes marked 2 give the row (w + c l / M) / T. Division is monotone, so this is exactly
-    the minimum over the eligible modes."""
+    class k in no mode (kernels_modes.mode_costs, the one source; its eligible modes are a prefix, docs/planner.md,
+    "Mode-aware bound", Costs). `arrays`: mode_arrays(T, ...), `step`: _step_arrays(sb), when the caller has them."""
     loops = _loops() if loops is None else loops
     cw, w, l_, M, _, C, P = _step_arrays(sb) if step is None else step
     tau, cap = mode_arrays(T, C, P, loops) if arrays is None else arrays  # K x VB

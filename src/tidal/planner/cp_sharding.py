@@ -1,36 +1,8 @@
-"""Context-parallel (CP) sharding of one packed micro-batch, padding-free. Pure numpy; no torch. The layout types
-(`CPShard`, `RankShard`, `MODES`) live in core/cplayout.py and are re-exported here.
-
-A packed micro-batch is documents of lengths ``l_0 .. l_{n-1}`` laid end to end (packed index ``0 .. T-1``,
-``T = sum(l)``). With CP degree ``cp`` every rank keeps a disjoint subset of the tokens for all token-wise work
-(GEMMs, norms, loss) and, in attention, its local queries attend to the keys/values of *all* tokens, all-gathered
-across the CP group and put back in packed order (WLB-LLM §2.1, §5).
-
-Modes (``C = 2 * cp`` chunks):
-
-* ``"per-seq"``: the whole packed sequence is cut into ``C`` contiguous chunks and rank ``r`` keeps chunks ``r`` and
-  ``C-1-r`` (head-tail pairing). When ``T % C != 0`` the extra ``T % C`` tokens go one per rank to head chunks first,
-  then to tail chunks, so token counts differ by at most one. No padding.
-* ``"per-doc"``: every document of length ``l`` is split into a body of ``C * (l // C)`` tokens, cut into ``C`` equal
-  chunks paired head-tail as above, and a remainder of ``l % C`` tokens (its last tokens) dealt round-robin to ranks;
-  the round-robin counter runs on across documents, so over the micro-batch every rank's token count differs by at
-  most one. Documents shorter than ``C`` are all remainder. No padding.
-
-Public API::
-
-    shard = shard_micro_batch(lengths, cp, mode)      # -> CPShard (frozen)
-    shard.ranks[r].indices      # int64 [n_r] packed indices of rank r's tokens, ascending
-    shard.ranks[r].positions    # int64 [n_r] position of each token within its own document (RoPE resets per doc)
-    shard.ranks[r].doc_ids      # int64 [n_r] which document each token belongs to
-    shard.ranks[r].cu_seqlens_q # int32 [s_r+1] local query segments (maximal packed-consecutive runs within one doc)
-    shard.ranks[r].k_start      # int64 [s_r] first key of each segment's document in the packed (gathered) K/V
-    shard.ranks[r].k_len        # int64 [s_r] keys visible to the segment's last query (= its end position + 1)
-    shard.ranks[r].max_seqlen_q, .max_seqlen_k
-    rank_attention_pairs(shard) # int64 [cp] causal (query, key) pairs each rank computes; sums to sum l(l+1)/2
-
-Attention semantics of a segment (flash-attn varlen "bottom-right" causal alignment): the segment's ``Lq`` queries
-``i = 0..Lq-1`` see keys ``k_start .. k_start + k_len - Lq + i`` (inclusive), i.e. exactly the keys of their own
-document at positions ``<=`` their own. ``cp == 1`` (either mode) gives one segment per document: plain varlen.
+"""Context-parallel (CP) sharding of one packed micro-batch, padding-free; pure numpy. The layout types (`CPShard`,
+`RankShard` with its fields, `MODES`) live in core/cplayout.py and are re-exported here. docs/runtime.md, "CP
+sharding", states the two modes: `per-seq` cuts the packed sequence into 2 cp chunks paired head-tail; `per-doc` pairs
+each document's body head-tail and deals its remainder round-robin across documents. cp == 1 gives one segment per
+document.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
-"""The mode bound's price search (bounds_modes.violated, three or more classes), written once (decisions 67, 102).
-
-Given the costs U (documents x classes; inf where a document fits a class in no mode), the document counts wt and the
-pipeline counts cnt, the question is whether some prices y >= 0 certify
-
-    g(y) = sum_i wt_i min_k y_k U[i, k] - (1 + 1e-9) sum_k y_k cnt_k > 0.
-
-g is concave, piecewise linear and positively homogeneous, so y may be kept on the simplex. `mode_violated` first
-tries the given rows and multiplicative updates of the best one (decision 67), then, from the best row found, a few
-sweeps of exact line searches along each pair of classes (decision 102): moving price between classes j and k
-(y_j + y_k fixed) changes g along a concave piecewise-linear function of the share s = y_j / (y_j + y_k); its right
-derivative is nonincreasing in s, so bisection on its sign finds the maximiser. Every row is checked as computed, so a
-verdict True is a valid certificate however the rows were found; the search only makes one likelier.
+"""The mode bound's loops, written once (decisions 67, 102, 112): its per-T arrays (`mode_arrays`, `mode_thetas`,
+`mode_costs`), the two-class breakpoint scan (`violated_two`) and the price search with three or more classes
+(`mode_violated`: multiplicative updates, then exact line searches along each pair of classes, `pair_search`; docs/
+planner.md, "Mode-aware bound"). Every row is checked as computed, so a verdict True is a valid certificate however
+the rows were found.
 
 `COMPILED` (numba.njit, cached on disk) where numba is installed, `PLAIN` the same source as plain Python
 (kernels.plain), `loops()` the first available. Import lazily (importing numba takes a second).

@@ -134,14 +134,14 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
             ctx = Context(l_, prof, packer, seed, tgt, deadline, cfg, first.objective)
             est, plans = improve(ctx, est, plans, Allowance() if allowance is None else allowance, improve_below)
     if fallback and est > target and (deadline is None or time.perf_counter() < deadline):
-        hy = _hydraulis_plan(l_, prof, packer, seed, exact, est)
+        hy = _hydraulis_plan(l_, prof, packer, seed, exact, est, cfg)
         if hy is not None:
             return hy
     return est, plans
 
 
 def _hydraulis_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed: int, exact: bool,
-                    limit: float, cfg: PlannerConfig = DEFAULT) -> tuple[float, tuple[PipelinePlan, ...]] | None:
+                    limit: float, cfg: PlannerConfig) -> tuple[float, tuple[PipelinePlan, ...]] | None:
     """Hydraulis' dispatch followed by `packer`, if it beats `limit` (packed only when its dispatch cost, a lower
     bound on its packed time, is below `limit`)."""
     hy = dispatch_hydraulis(l_, prof.pipes, trials=cfg.hydraulis_trials, seed=seed)
@@ -303,9 +303,3 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
     strat = tuple(StrategyReport(i, names[i], bounds[i], ests[i]) for i in range(len(profiles)))
     return StepSelection(plan, strat, tuple(reports), rank_spread(times), max_over_mean(times), cut)
 
-
-def plan_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer = pack, seed: int = 0,
-              exact: bool = False, seq_ids: Sequence[int] | None = None,
-              config: PlannerConfig = DEFAULT) -> StepPlan:
-    """select_step(...).plan"""
-    return select_step(lengths, profiles, packer=packer, seed=seed, exact=exact, seq_ids=seq_ids, config=config).plan

@@ -45,7 +45,7 @@ from tidal.core.errors import TidalError
 from tidal.planner.bounds import SLACK, StrategyBound, check_lengths, prepare_lengths
 from tidal.planner.bounds_modes import MIN_GAIN, VB, mode_arrays
 from tidal.planner.config import DEFAULT, PlannerConfig
-from tidal.planner.exact import milp_bound
+from tidal.proof.milp import milp_bound
 
 if TYPE_CHECKING:
     from tidal.planner.select import StepSelection, StrategyProfile
@@ -184,7 +184,7 @@ def prove_selection(lengths, profiles: Sequence[StrategyProfile], sel: StepSelec
     """`sel` (select_step(lengths, profiles)) with every candidate's bound raised by `lp_bound` where it is more than
     a factor 1 + config.mode_gap under min(step bound so far, the plan's estimate), in order of bound; the step's bound
     (plan.lower_bound) is the least of them. The plan itself is unchanged. Deterministic when `milp_s` is 0.
-    `milp_s` > 0: where a candidate's bound is still that far under, also `exact.milp_bound` (HiGHS MILP over whole-
+    `milp_s` > 0: where a candidate's bound is still that far under, also `milp.milp_bound` (HiGHS MILP over whole-
     document dispatches, `milp_s` seconds per solve; steps of a few documents per pipeline only; decision 108): its
     result rests on HiGHS' tolerances and, where a solve times out, on the machine's speed."""
     l_ = check_lengths(lengths)

@@ -1,0 +1,5 @@
+"""Bounds proven after planning, opt-in (decision 114): LP-priced mode certificates (`lp.prove_selection`, decision
+61) and the MILP over whole-document dispatches (`milp`, decision 108). A layer above the planner: it raises a
+selection's reported lower bound and never changes a plan; no planner module imports it (tests/unit/test_layering.py).
+`tidal plan --prove-bound` and the grid benchmarks' `--prove` run it.
+"""
