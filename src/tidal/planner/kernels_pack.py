@@ -15,7 +15,7 @@ import types
 import numpy as np
 
 from tidal.planner.kernels import compile_loops, plain
-from tidal.planner.pipecost import bound_value, packed_value, pipe_value
+from tidal.planner.pipecost import best_v, bound_value, packed_value, pipe_value
 
 
 def lpt(l_, w, order, V, M, c):
@@ -232,6 +232,142 @@ def pack_search(l_, w, order, M, c, q, W, wmax, vmin, v_opt, v_hi, rounds):
     return best_bins, best
 
 
+def np_sum_block(x, lo, n):
+    """numpy's pairwise sum of x[lo:lo + n] for n <= 128 (numpy's PW_BLOCKSIZE): sequential below 8 elements, else
+    eight interleaved accumulators combined as ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)), then the rest."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += x[i]
+        return res
+    r0, r1, r2, r3 = x[lo], x[lo + 1], x[lo + 2], x[lo + 3]
+    r4, r5, r6, r7 = x[lo + 4], x[lo + 5], x[lo + 6], x[lo + 7]
+    i = 8
+    m = n - n % 8
+    while i < m:
+        r0 += x[lo + i]
+        r1 += x[lo + i + 1]
+        r2 += x[lo + i + 2]
+        r3 += x[lo + i + 3]
+        r4 += x[lo + i + 4]
+        r5 += x[lo + i + 5]
+        r6 += x[lo + i + 6]
+        r7 += x[lo + i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += x[lo + i]
+        i += 1
+    return res
+
+
+def np_sum(x, lo, n):
+    """float(np.sum(x[lo:lo + n])) for a contiguous float64 x, float for float: numpy's pairwise summation (blocks of
+    at most 128 summed by np_sum_block; a longer run split at n2 = n // 2 rounded down to a multiple of 8, the two
+    halves' sums added), started from the identity 0.0. Iterative (an explicit stack: numba cannot cache recursive
+    functions). test_planner_packing checks it against np.sum in both modes."""
+    if n <= 128:
+        return 0.0 + np_sum_block(x, lo, n)
+    slo = np.empty(64, np.int64)  # depth <= log2(n / 128) + 1
+    sn = np.empty(64, np.int64)
+    sstate = np.zeros(64, np.int64)  # 0: children not pushed yet, 1: both summed (their values on `vals`)
+    vals = np.empty(64)
+    nv = 0
+    top = 0
+    slo[0], sn[0], sstate[0] = lo, n, 0
+    while top >= 0:
+        a, m = slo[top], sn[top]
+        if m <= 128:
+            vals[nv] = np_sum_block(x, a, m)
+            nv += 1
+            top -= 1
+        elif sstate[top] == 0:
+            sstate[top] = 1
+            m2 = m // 2
+            m2 -= m2 % 8
+            # right half below the left one, so the left is summed first
+            slo[top + 1], sn[top + 1], sstate[top + 1] = a + m2, m - m2, 0
+            slo[top + 2], sn[top + 2], sstate[top + 2] = a, m2, 0
+            top += 2
+        else:
+            vals[nv - 2] = vals[nv - 2] + vals[nv - 1]
+            nv -= 1
+            top -= 1
+    return 0.0 + vals[0]
+
+
+def pack_core(l_, a, b, d, c, q, M, S, su):
+    """packing.pack's heuristic path for n >= 2 sequences, from the lengths to the packing, in one call: the work
+    w = a l^2 + b l + d per sequence, W (np_sum: numpy's sum, the same float), w_max, V_min = ceil(S / M), the
+    bound's minimiser (pipecost.best_v; 1: one micro-batch, optimal), the longest-first order, the V range (su =
+    S // UtilLen, computed by the caller) and pack_search; then packing.finish's layout: the micro-batches by first
+    (smallest) index, ascending indices within, and their time (pipecost.packed_value of the per-micro-batch work
+    sums, each np_sum of the micro-batch's works in index order; their total summed in micro-batch order, as Python's
+    sum does). Returns (indices grouped by micro-batch, each micro-batch's end in them, est, the largest micro-batch's
+    tokens)."""
+    n = l_.size
+    w = np.empty(n)
+    wmax = -np.inf
+    for i in range(n):
+        x = float(l_[i])
+        w[i] = a * x * x + b * x + d
+        if w[i] > wmax:
+            wmax = w[i]
+    W = np_sum(w, 0, n)
+    vmin = max(1, -(-S // M))
+    vo = best_v(q, c, W, wmax, vmin, n)[0]
+    if vo == 1:  # one micro-batch meets the lower bound f(1) = PP (c + W): optimal
+        ends = np.empty(1, np.int64)
+        ends[0] = n
+        return np.arange(n), ends, pipe_value(q, c, W, wmax, 1), S
+    order = np.argsort(-l_, kind="mergesort")
+    v_util = min(n, max(vmin, su))
+    v_hi = min(n, max(v_util, vo + 2))
+    bins, _ = pack_search(l_, w, order, M, c, q, W, wmax, vmin, vo, v_hi, 20 + 2 * n)
+    nb = 0
+    for i in range(n):
+        if bins[i] + 1 > nb:
+            nb = bins[i] + 1
+    rank = np.full(nb, -1, np.int64)  # micro-batch rank by first index
+    nr = 0
+    for i in range(n):
+        if rank[bins[i]] < 0:
+            rank[bins[i]] = nr
+            nr += 1
+    cnt = np.zeros(nr, np.int64)
+    tok = np.zeros(nr, np.int64)
+    for i in range(n):
+        cnt[rank[bins[i]]] += 1
+        tok[rank[bins[i]]] += l_[i]
+    ends = np.empty(nr, np.int64)
+    pos = np.empty(nr, np.int64)
+    e = 0
+    tmax = 0
+    for r in range(nr):
+        pos[r] = e
+        e += cnt[r]
+        ends[r] = e
+        if tok[r] > tmax:
+            tmax = tok[r]
+    ol = np.empty(n, np.int64)
+    wo = np.empty(n)
+    for i in range(n):
+        r = rank[bins[i]]
+        ol[pos[r]] = i
+        wo[pos[r]] = w[i]
+        pos[r] += 1
+    tot = 0.0
+    top = -np.inf
+    s = 0
+    for r in range(nr):
+        x = np_sum(wo, s, ends[r] - s)
+        tot += x
+        if c + x > top:
+            top = c + x
+        s = ends[r]
+    return ol, ends, packed_value(q, c, tot, top, nr), tmax
+
+
 def ts_expand(t, x, A, B, D, C, Q, M, cnt, used, ocls, oW, otok, owm, ocnt, n_o, fd, fw):
     """The options of top_search's node for document x at depth t, into fd[t] / fw[t] sorted by bound (stable):
     each distinct open pipeline (identical open ones are one branch), then a new pipeline of each class with one left.
@@ -363,10 +499,12 @@ def top_search(top, A, B, D, C, Q, M, cnt, limit):
 
 # the packer's loops by the names their callers use, plain and compiled
 _PACK = {"lpt": lpt, "refine": refine, "ffd": ffd, "pack_score": pack_score, "pack_attempt": pack_attempt,
-         "pack_search": pack_search, "ts_expand": ts_expand, "top_search": top_search}
-PLAIN = plain(_PACK, {"np": np, "pipe_value": pipe_value, "packed_value": packed_value, "bound_value": bound_value})
+         "pack_search": pack_search, "np_sum_block": np_sum_block, "np_sum": np_sum, "pack_core": pack_core,
+         "ts_expand": ts_expand, "top_search": top_search}
+PLAIN = plain(_PACK, {"np": np, "pipe_value": pipe_value, "packed_value": packed_value, "bound_value": bound_value,
+                      "best_v": best_v})
 
-COMPILED = compile_loops(_PACK, globals(), ("bound_value", "pipe_value", "packed_value"))
+COMPILED = compile_loops(_PACK, globals(), ("bound_value", "pipe_value", "packed_value", "best_v"))
 
 
 def loops() -> types.SimpleNamespace:

@@ -94,9 +94,17 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
     if n == 0:
         return PackResult((), 0.0)
     p = PipeCost.of(coeffs, pp, max_len)
-    w = p.work(l_)
     if n == 1:
-        return finish(np.zeros(1, dtype=np.int64), l_, coeffs, pp, w)
+        return finish(np.zeros(1, dtype=np.int64), l_, coeffs, pp, p.work(l_))
+    if not exact:
+        # the whole heuristic in one compiled call (kernels_pack.pack_core: the same floats as the steps below)
+        S = int(l_.sum())
+        ol, ends, est, tmax = loops.pack_core(l_, p.a, p.b, p.d, p.c, p.q, max_len, S, int(S // coeffs.util_len()))
+        if tmax > max_len:
+            raise TidalError(f"packing produced a micro-batch of {int(tmax)} tokens > MaxLen {max_len}")
+        ol, ends = ol.tolist(), ends.tolist()
+        return PackResult(tuple(tuple(ol[a:b]) for a, b in zip([0] + ends[:-1], ends)), float(est))
+    w = p.work(l_)
     c = p.c
     S, W, wmax = int(l_.sum()), float(w.sum()), float(w.max())
     vmin = max(1, -(-S // max_len))
@@ -113,15 +121,14 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
         return pipe_value(q, c, W, wmax, V)
 
     best_bins, best = loops.pack_search(l_, w, order, max_len, c, q, W, wmax, vmin, v_opt, v_hi, rounds)
-    if exact:
-        from tidal.planner.exact import pack_milp_fixed_v
+    from tidal.planner.exact import pack_milp_fixed_v
 
-        for V in sorted(range(vmin, n + 1), key=lambda v: (bound(v), v)):
-            if bound(V) >= best * (1 - 1e-9):
-                break
-            b = pack_milp_fixed_v(l_, w, V, max_len, c, time_limit=time_limit)
-            if b is not None and loops.pack_score(b, w, c, q) < best:
-                best_bins, best = b, loops.pack_score(b, w, c, q)
+    for V in sorted(range(vmin, n + 1), key=lambda v: (bound(v), v)):
+        if bound(V) >= best * (1 - 1e-9):
+            break
+        b = pack_milp_fixed_v(l_, w, V, max_len, c, time_limit=time_limit)
+        if b is not None and loops.pack_score(b, w, c, q) < best:
+            best_bins, best = b, loops.pack_score(b, w, c, q)
     # check MaxLen here, where it is one bincount: passes.pack_groups trusts pack's micro-batches (each sequence
     # exactly once by construction of finish, which drops unused bin numbers itself, so no dense renumbering)
     tokens = np.bincount(best_bins, weights=l_)
