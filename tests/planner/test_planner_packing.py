@@ -3,6 +3,7 @@ import pytest
 from packer_contract import COEFFS, PackerContract
 
 from tidal.baselines.fixed import pack_fixed
+from tidal.costmodel import LatencyCoeffs
 from tidal.planner.packing import pack, pipeline_time
 
 pytestmark = pytest.mark.unit
@@ -70,11 +71,11 @@ def test_pack_checks_its_own_micro_batches():
 
     from tidal.core import TidalError
 
-    def one_bin(l_, *args):
-        return np.zeros(l_.size, dtype=np.int64), 1.0
+    def one_bin(l_, *args):  # kernels_pack.pack_core's answer: every sequence in one micro-batch
+        return np.arange(l_.size), np.array([l_.size]), 1.0, int(l_.sum())
 
     with pytest.raises(TidalError, match="tokens > MaxLen 100"):
-        pack([60, 60, 60, 60], COEFFS[0], 1, 100, loops=SimpleNamespace(pack_search=one_bin))
+        pack([60, 60, 60, 60], COEFFS[0], 1, 100, loops=SimpleNamespace(pack_core=one_bin))
 
 
 def test_finish_groups_and_times_exactly_as_pipeline_time():
@@ -95,3 +96,64 @@ def test_finish_groups_and_times_exactly_as_pipeline_time():
             res = finish(bins, l_, co, pp, w)
             assert res.micro_batches == want
             assert res.est_time == pipeline_time(l_, want, co, pp)
+
+
+def _loop_modes():
+    from tidal.planner import kernels_pack as kp
+
+    return [kp.PLAIN] + ([kp.COMPILED] if kp.COMPILED is not None else [])
+
+
+def test_np_sum_is_numpys_sum_in_both_modes():
+    """kernels_pack.np_sum (numpy's pairwise summation, replayed in the compiled packer) gives np.sum's float on
+    every length around its block edges (7/8, 128/129, the recursive split) and on slices, plain and compiled."""
+    rng = np.random.default_rng(11)
+    sizes = [0, 1, 2, 7, 8, 9, 15, 16, 17, 127, 128, 129, 135, 255, 256, 257, 1000, 1031, 4099]
+    sizes += rng.integers(0, 3000, size=60).tolist()
+    for loops in _loop_modes():
+        for n in sizes:
+            x = rng.random(n + 5) * 10.0 ** rng.integers(-9, 4, n + 5)
+            lo = int(rng.integers(0, 6))
+            m = min(n, x.size - lo)
+            assert loops.np_sum(x, lo, m) == float(np.sum(x[lo:lo + m])), (n, lo)
+
+
+def _pack_by_numpy_steps(l_, co, pp, M, loops):
+    """packing.pack's heuristic path as numpy steps (before kernels_pack.pack_core): the reference pack_core must
+    equal float for float."""
+    from tidal.planner.bounds import PipeCost
+    from tidal.planner.packing import PackResult, finish
+    from tidal.planner.pipecost import best_v, pipe_value
+
+    p = PipeCost.of(co, pp, M)
+    w = p.work(l_)
+    n, S, W, wmax = l_.size, int(l_.sum()), float(w.sum()), float(w.max())
+    vmin = max(1, -(-S // M))
+    v_opt, _ = best_v(p.q, p.c, W, wmax, vmin, n)
+    if v_opt == 1:
+        return PackResult((tuple(range(n)),), pipe_value(p.q, p.c, W, wmax, 1))
+    v_hi = min(n, max(min(n, max(vmin, int(S // co.util_len()))), v_opt + 2))
+    bins, _ = loops.pack_search(l_, w, np.argsort(-l_, kind="stable"), M, p.c, p.q, W, wmax, vmin, v_opt, v_hi,
+                                20 + 2 * n)
+    return finish(bins.astype(np.int64), l_, co, pp, w)
+
+
+def test_pack_core_equals_the_numpy_steps_in_both_modes():
+    """pack's one compiled call (kernels_pack.pack_core) gives the micro-batches and the estimate, float for float,
+    that the numpy steps it replaced give: ties, a per-document term, c = 0, one micro-batch, Eq. 1 pricing,
+    pipelines of 1-4 stages and more than 128 sequences (numpy's pairwise sums split there)."""
+    from tidal.planner.bounds import Eq1Coeffs
+
+    rng = np.random.default_rng(12)
+    for k, loops in enumerate(_loop_modes()):
+        for t in range(60 if k == 0 else 300):  # the plain loops are slow
+            n = int(rng.integers(2, 400 if t % 4 == 0 else 60))
+            M = int(rng.integers(50, 4000))
+            l_ = rng.integers(1, M + 1, size=n).astype(np.int64)
+            if t % 3 == 0:
+                l_ = rng.choice(l_[:5], size=n)  # ties
+            a, b = float(rng.choice([1e-6, 1e-4, 0.0])), float(rng.choice([1e-3, 1e-2]))
+            c, d = float(rng.choice([0.0, 0.05, 0.5, 5.0])), float(rng.choice([0.0, 0.02]))
+            co = (Eq1Coeffs if t % 5 == 0 else LatencyCoeffs)(a, b, c, d)
+            pp = int(rng.choice([1, 2, 4]))
+            assert pack(l_, co, pp, M, loops=loops) == _pack_by_numpy_steps(l_, co, pp, M, loops), t
