@@ -157,3 +157,21 @@ def test_pack_core_equals_the_numpy_steps_in_both_modes():
             co = (Eq1Coeffs if t % 5 == 0 else LatencyCoeffs)(a, b, c, d)
             pp = int(rng.choice([1, 2, 4]))
             assert pack(l_, co, pp, M, loops=loops) == _pack_by_numpy_steps(l_, co, pp, M, loops), t
+
+
+def test_mb_works_is_numpys_work_sum_in_both_modes():
+    """pipeline_time's per-micro-batch work (kernels_pack.mb_works) is np.sum of a x^2 + b x + d over each
+    micro-batch's lengths, float for float, negative indices as numpy's; an index out of range is an IndexError."""
+    rng = np.random.default_rng(13)
+    for loops in _loop_modes():
+        for _ in range(30):
+            lf = rng.integers(1, 40000, size=int(rng.integers(1, 600))).astype(np.float64)
+            sizes = rng.integers(1, 300, size=int(rng.integers(1, 6)))
+            flat = rng.integers(-lf.size, lf.size, size=int(sizes.sum()))
+            a, b, d = float(rng.choice([1e-9, 3e-7])), float(rng.choice([1e-4, 2e-3])), float(rng.choice([0.0, 0.3]))
+            want = [float(np.sum(a * x * x + b * x + d)) for x in np.split(lf[flat], np.cumsum(sizes)[:-1])]
+            assert loops.mb_works(lf, flat, sizes, a, b, d).tolist() == want
+        with pytest.raises(IndexError):
+            loops.mb_works(lf, np.array([lf.size]), np.array([1]), 1.0, 1.0, 0.0)
+    with pytest.raises(IndexError):
+        pipeline_time([5, 6], [(0, 2)], COEFFS[0], 2)

@@ -368,6 +368,27 @@ def pack_core(l_, a, b, d, c, q, M, S, su):
     return ol, ends, packed_value(q, c, tot, top, nr), tmax
 
 
+def mb_works(lf, flat, sizes, a, b, d):
+    """packing.pipeline_time's per-micro-batch work: micro-batch r is the next sizes[r] indices of `flat` (into the
+    lengths lf; negative ones count from the end, as numpy's); its work is np.sum of a x^2 + b x + d over its lengths
+    in their order (np_sum: the same float). An index out of range is an IndexError, as numpy's."""
+    n = flat.size
+    m = lf.size
+    w = np.empty(n)
+    for t in range(n):
+        i = flat[t]
+        if i < -m or i >= m:
+            raise IndexError("micro-batch index out of range")
+        x = lf[i if i >= 0 else i + m]
+        w[t] = a * x * x + b * x + d
+    out = np.empty(sizes.size)
+    s = 0
+    for r in range(sizes.size):
+        out[r] = np_sum(w, s, sizes[r])
+        s += sizes[r]
+    return out
+
+
 def ts_expand(t, x, A, B, D, C, Q, M, cnt, used, ocls, oW, otok, owm, ocnt, n_o, fd, fw):
     """The options of top_search's node for document x at depth t, into fd[t] / fw[t] sorted by bound (stable):
     each distinct open pipeline (identical open ones are one branch), then a new pipeline of each class with one left.
@@ -500,7 +521,7 @@ def top_search(top, A, B, D, C, Q, M, cnt, limit):
 # the packer's loops by the names their callers use, plain and compiled
 _PACK = {"lpt": lpt, "refine": refine, "ffd": ffd, "pack_score": pack_score, "pack_attempt": pack_attempt,
          "pack_search": pack_search, "np_sum_block": np_sum_block, "np_sum": np_sum, "pack_core": pack_core,
-         "ts_expand": ts_expand, "top_search": top_search}
+         "mb_works": mb_works,          "ts_expand": ts_expand, "top_search": top_search}
 PLAIN = plain(_PACK, {"np": np, "pipe_value": pipe_value, "packed_value": packed_value, "bound_value": bound_value,
                       "best_v": best_v})
 
