@@ -175,3 +175,42 @@ def test_mb_works_is_numpys_work_sum_in_both_modes():
             loops.mb_works(lf, np.array([lf.size]), np.array([1]), 1.0, 1.0, 0.0)
     with pytest.raises(IndexError):
         pipeline_time([5, 6], [(0, 2)], COEFFS[0], 2)
+
+
+def test_pipe_reports_equal_the_bound_and_imbalance_functions_in_both_modes():
+    """select._reports' per-pipeline figures from one call (kernels_pack.pipe_reports) equal, float for float,
+    bounds.pipeline_bound_of and metrics.mb_imbalance per pipeline (empty pipelines, one micro-batch, c = 0, Eq. 1
+    pricing, more than 128 documents); a negative micro-batch time is flagged (metrics' error)."""
+    from tidal.planner.bounds import SLACK, PipeCost, pipeline_bound_of
+    from tidal.planner.metrics import mb_imbalance
+
+    rng = np.random.default_rng(14)
+    for loops in _loop_modes():
+        for _ in range(40):
+            n_p = int(rng.integers(1, 12))
+            pcs = [PipeCost(float(rng.choice([1e-6, 1e-4])), float(rng.choice([1e-3, 1e-2])),
+                            float(rng.choice([0.0, 0.05, 0.5])), int(rng.choice([1, 2, 4])),
+                            int(rng.integers(100, 5000)), float(rng.choice([0.0, 0.02])), bool(rng.integers(0, 2)))
+                   for _ in range(n_p)]
+            docs = rng.integers(0, 300, size=n_p) * (rng.random(n_p) < 0.8)
+            mbs = np.array([0 if k == 0 else int(rng.integers(1, min(k, 9) + 1)) for k in docs], dtype=np.int64)
+            sub = rng.integers(1, 3000, size=int(docs.sum())).astype(np.int64)
+            pipe_of = np.repeat(np.arange(n_p), docs)
+            mb_of = np.concatenate([np.sort(rng.integers(0, m, size=k)) + int(mbs[:j].sum()) if k else
+                                    np.zeros(0, np.int64) for j, (k, m) in enumerate(zip(docs, mbs))]).astype(np.int64)
+            a, b, c, d = (np.array([getattr(p, k) for p in pcs]) for k in "abcd")
+            lf = sub.astype(np.float64)
+            wdoc = a[pipe_of] * lf * lf + b[pipe_of] * lf + d[pipe_of]
+            mb_work = np.bincount(mb_of, weights=wdoc, minlength=int(mbs.sum()))
+            de, me = np.cumsum(docs), np.cumsum(mbs)
+            q = np.array([p.pp - 1 for p in pcs], dtype=np.float64)
+            M = np.array([p.max_len for p in pcs], dtype=np.int64)
+            tok, bound, imb, bad = loops.pipe_reports(sub, wdoc, mb_work, de, me, c, q, M, SLACK)
+            assert not bad
+            for j, p in enumerate(pcs):
+                s, e, m0, m1 = de[j] - docs[j], de[j], me[j] - mbs[j], me[j]
+                assert tok[j] == int(sub[s:e].sum())
+                assert bound[j] == (pipeline_bound_of(wdoc[s:e], int(tok[j]), p) if e > s else 0.0)
+                assert imb[j] == (mb_imbalance(p.c + mb_work[m0:m1]) if m1 - m0 > 1 else 1.0)
+        assert loops.pipe_reports(np.ones(2, np.int64), np.ones(2), np.array([1.0, -5.0]), np.array([2]),
+                                  np.array([2]), np.array([0.5]), np.array([1.0]), np.array([10]), SLACK)[3]

@@ -389,6 +389,51 @@ def mb_works(lf, flat, sizes, a, b, d):
     return out
 
 
+def pipe_reports(sub, wdoc, mb_work, doc_end, mb_end, c, q, M, slack):
+    """select._reports' per-pipeline figures, pipeline j holding the documents [doc_end[j - 1], doc_end[j]) of `sub`
+    (lengths) and `wdoc` (their work) and the micro-batches [mb_end[j - 1], mb_end[j]) of `mb_work`: its tokens;
+    bounds.pipeline_bound_of (best_v with q = PP - 1 over V in [ceil(tokens / M), max(that, documents)], times
+    1 - slack; 0 when empty); metrics.mb_imbalance of c + each micro-batch's work (max / mean, np_sum: numpy's sums;
+    1.0 for one micro-batch or an all-zero sum). The same floats as those functions. bad: a micro-batch time that is
+    not finite or negative (metrics' TidalError)."""
+    n_p = doc_end.size
+    tok = np.zeros(n_p, np.int64)
+    bound = np.zeros(n_p)
+    imb = np.ones(n_p)
+    bad = False
+    s = 0
+    m0 = 0
+    tmp = np.empty(mb_work.size)
+    for j in range(n_p):
+        e = doc_end[j]
+        m1 = mb_end[j]
+        if e > s:
+            t = 0
+            wm = wdoc[s]
+            for i in range(s, e):
+                t += sub[i]
+                if wdoc[i] > wm:
+                    wm = wdoc[i]
+            tok[j] = t
+            vmin = max(1, -(-t // M[j]))
+            bound[j] = best_v(q[j], c[j], np_sum(wdoc, s, e - s), wm, vmin, max(vmin, e - s))[1] * (1 - slack)
+        if m1 - m0 > 1:
+            k = m1 - m0
+            top = -np.inf
+            for r in range(k):
+                tmp[r] = c[j] + mb_work[m0 + r]
+                if not (tmp[r] >= 0 and tmp[r] < np.inf):
+                    bad = True
+                if tmp[r] > top:
+                    top = tmp[r]
+            tot = np_sum(tmp, 0, k)
+            if tot != 0:
+                imb[j] = top / (tot / k)
+        s = e
+        m0 = m1
+    return tok, bound, imb, bad
+
+
 def ts_expand(t, x, A, B, D, C, Q, M, cnt, used, ocls, oW, otok, owm, ocnt, n_o, fd, fw):
     """The options of top_search's node for document x at depth t, into fd[t] / fw[t] sorted by bound (stable):
     each distinct open pipeline (identical open ones are one branch), then a new pipeline of each class with one left.
@@ -521,7 +566,7 @@ def top_search(top, A, B, D, C, Q, M, cnt, limit):
 # the packer's loops by the names their callers use, plain and compiled
 _PACK = {"lpt": lpt, "refine": refine, "ffd": ffd, "pack_score": pack_score, "pack_attempt": pack_attempt,
          "pack_search": pack_search, "np_sum_block": np_sum_block, "np_sum": np_sum, "pack_core": pack_core,
-         "mb_works": mb_works,          "ts_expand": ts_expand, "top_search": top_search}
+         "mb_works": mb_works, "pipe_reports": pipe_reports, "ts_expand": ts_expand, "top_search": top_search}
 PLAIN = plain(_PACK, {"np": np, "pipe_value": pipe_value, "packed_value": packed_value, "bound_value": bound_value,
                       "best_v": best_v})
 
