@@ -98,19 +98,21 @@ def test_finish_groups_and_times_exactly_as_pipeline_time():
             assert res.est_time == pipeline_time(l_, want, co, pp)
 
 
-def _loop_modes():
-    from tidal.planner import kernels_pack as kp
+def _loop_modes(module="kernels_pack"):
+    """A kernels module's loops: plain, and compiled where numba is installed."""
+    import importlib
 
-    return [kp.PLAIN] + ([kp.COMPILED] if kp.COMPILED is not None else [])
+    k = importlib.import_module(f"tidal.planner.{module}")
+    return [k.PLAIN] + ([k.COMPILED] if k.COMPILED is not None else [])
 
 
 def test_np_sum_is_numpys_sum_in_both_modes():
-    """kernels_pack.np_sum (numpy's pairwise summation, replayed in the compiled packer) gives np.sum's float on
+    """kernels_sums.np_sum (numpy's pairwise summation, replayed in the compiled packer) gives np.sum's float on
     every length around its block edges (7/8, 128/129, the recursive split) and on slices, plain and compiled."""
     rng = np.random.default_rng(11)
     sizes = [0, 1, 2, 7, 8, 9, 15, 16, 17, 127, 128, 129, 135, 255, 256, 257, 1000, 1031, 4099]
     sizes += rng.integers(0, 3000, size=60).tolist()
-    for loops in _loop_modes():
+    for loops in _loop_modes("kernels_sums"):
         for n in sizes:
             x = rng.random(n + 5) * 10.0 ** rng.integers(-9, 4, n + 5)
             lo = int(rng.integers(0, 6))
@@ -160,10 +162,10 @@ def test_pack_core_equals_the_numpy_steps_in_both_modes():
 
 
 def test_mb_works_is_numpys_work_sum_in_both_modes():
-    """pipeline_time's per-micro-batch work (kernels_pack.mb_works) is np.sum of a x^2 + b x + d over each
+    """pipeline_time's per-micro-batch work (kernels_sums.mb_works) is np.sum of a x^2 + b x + d over each
     micro-batch's lengths, float for float, negative indices as numpy's; an index out of range is an IndexError."""
     rng = np.random.default_rng(13)
-    for loops in _loop_modes():
+    for loops in _loop_modes("kernels_sums"):
         for _ in range(30):
             lf = rng.integers(1, 40000, size=int(rng.integers(1, 600))).astype(np.float64)
             sizes = rng.integers(1, 300, size=int(rng.integers(1, 6)))
@@ -178,14 +180,14 @@ def test_mb_works_is_numpys_work_sum_in_both_modes():
 
 
 def test_pipe_reports_equal_the_bound_and_imbalance_functions_in_both_modes():
-    """select._reports' per-pipeline figures from one call (kernels_pack.pipe_reports) equal, float for float,
+    """select._reports' per-pipeline figures from one call (kernels_sums.pipe_reports) equal, float for float,
     bounds.pipeline_bound_of and metrics.mb_imbalance per pipeline (empty pipelines, one micro-batch, c = 0, Eq. 1
     pricing, more than 128 documents); a negative micro-batch time is flagged (metrics' error)."""
     from tidal.planner.bounds import SLACK, PipeCost, pipeline_bound_of
     from tidal.planner.metrics import mb_imbalance
 
     rng = np.random.default_rng(14)
-    for loops in _loop_modes():
+    for loops in _loop_modes("kernels_sums"):
         for _ in range(40):
             n_p = int(rng.integers(1, 12))
             pcs = [PipeCost(float(rng.choice([1e-6, 1e-4])), float(rng.choice([1e-3, 1e-2])),

@@ -40,13 +40,13 @@ def pipeline_time(lengths, micro_batches, coeffs: LatencyCoeffs, pp: int) -> flo
     mbs = [mb for mb in micro_batches if len(mb)]
     if not mbs:
         return 0.0
-    from tidal.planner import kernels_pack
+    from tidal.planner import kernels_sums
 
     sizes = [len(mb) for mb in mbs]
     flat = np.fromiter(itertools.chain.from_iterable(mbs), dtype=np.int64, count=sum(sizes))
     # the per-micro-batch work as coeffs.mb_time sums it (c + this is mb_time), and as `finish` sums it: np.sum of
-    # a x^2 + b x + d over the micro-batch's lengths in its order, the same floats (kernels_pack.np_sum)
-    works = kernels_pack.loops().mb_works(np.ascontiguousarray(lengths, dtype=np.float64), flat,
+    # a x^2 + b x + d over the micro-batch's lengths in its order, the same floats (kernels_sums.np_sum)
+    works = kernels_sums.loops().mb_works(np.ascontiguousarray(lengths, dtype=np.float64), flat,
                                           np.array(sizes, dtype=np.int64), float(coeffs.a), float(coeffs.b),
                                           float(coeffs.d))
     return _packed_time(works.tolist(), coeffs, pp)

@@ -66,8 +66,8 @@ def _reports(l_: np.ndarray, prof: StrategyProfile, plans) -> list[PipelineRepor
     sum in its documents' order, as a per-pipeline bincount gives it), so the same floats as reporting pipeline by
     pipeline, without a Python pass over each pipeline's documents. Each pipeline's tokens, bound (the same work
     summed in the same order: bounds.pipeline_bound_of, decision 112) and micro-batch imbalance (metrics.mb_imbalance)
-    come from one compiled call (kernels_pack.pipe_reports, the same floats)."""
-    from tidal.planner import kernels_pack
+    come from one compiled call (kernels_sums.pipe_reports, the same floats)."""
+    from tidal.planner import kernels_sums
     from tidal.planner.bounds import SLACK
 
     flat, mb_of, n_mb = flatten([mb for pp_ in plans for mb in pp_.micro_batches])
@@ -82,7 +82,7 @@ def _reports(l_: np.ndarray, prof: StrategyProfile, plans) -> list[PipelineRepor
     mb_work = np.bincount(mb_of, weights=wdoc, minlength=n_mb)
     q = np.array([pc.pp - 1 for pc in prof.pipes], dtype=np.float64)
     M = np.array([pc.max_len for pc in prof.pipes], dtype=np.int64)
-    tok, bound, imb, bad = kernels_pack.loops().pipe_reports(sub, wdoc, mb_work, doc_end, mb_end, c, q, M, SLACK)
+    tok, bound, imb, bad = kernels_sums.loops().pipe_reports(sub, wdoc, mb_work, doc_end, mb_end, c, q, M, SLACK)
     if bad:
         raise TidalError("metrics need finite, non-negative values")
     de, me = [0] + doc_end.tolist(), [0] + mb_end.tolist()
