@@ -1,7 +1,7 @@
 """Plan time before and after a planner change, measured in one interleaved run (issue 27's plan-time figure).
 
     python benchmarks/plan_time_ab.py --before /path/to/old/checkout --after . [--steps 6] [--seeds 10]
-        [--models llama2-7b,llama2-13b,llama-32b] [--clusters a800x16,a800x32,a800x64,a800x256,a800x1024]
+        [--models llama2-7b,llama2-13b,llama-32b] [--clusters a800x16,a800x32,a800x64,a800x256,a800x1024] [--collect]
 
 Two worker processes, one per source tree (PYTHONPATH=<tree>/src, one thread each: OMP/MKL/NUMBA threads 1), each
 import their own `tidal`, build the grid's hand candidates (each tree's own benchmarks/planner_grid.py; the plan
@@ -10,6 +10,8 @@ once unmeasured by both. The parent sends the same step to both in an ABBA order
 load hits both alike) and records select_step's CPU time (thread_time) and wall time per step. It prints, per cell,
 median / p90 / max of CPU and wall ms before and after, the ratio of the CPU medians, and whether both trees gave
 the same plan (hash of StepPlan without plan_ms); then, per cluster size, the worst cell's CPU p90 before and after.
+A full garbage collection (gen 2: tens of ms once the worker holds many objects) lands in whichever step crosses
+Python's threshold, in one worker and not the other; `--collect` runs one before each measured step, untimed.
 Nothing is asserted. A source with fewer steps than asked (stdlib at 1024 GPUs) is measured on the steps it has; a
 step no candidate can hold is skipped (both trees).
 """
@@ -26,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 WORKER = r"""
-import hashlib, json, sys, tempfile, time
+import gc, hashlib, json, sys, tempfile, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from planner_grid import MAX_LEN, TOKENS, Grid, warm_kernels
@@ -51,6 +53,8 @@ for line in sys.stdin:
     if q["step"] >= len(ls):
         print(json.dumps({"skip": True}), flush=True)
         continue
+    if q.get("collect"):  # --collect: a full collection now, so that none falls inside the measured step
+        gc.collect()
     c0, w0 = time.thread_time(), time.perf_counter()
     try:
         plan = select_step(ls[q["step"]], profs, seed=0).plan
@@ -95,6 +99,9 @@ def main() -> None:
     ap.add_argument("--sources", default="commoncrawl,github,flanv2,heavytail,stdlib")
     ap.add_argument("--seeds", default="10", help="held-out seeds by default")
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--collect", action="store_true",
+                    help="gc.collect() in both workers before each measured step (not timed): Python's full "
+                         "collections (tens of ms in a long-running worker) then fall outside the steps")
     a = ap.parse_args()
     before, after = Path(a.before).resolve(), Path(a.after).resolve()
     workers = {"before": start(before, before / "benchmarks"), "after": start(after, after / "benchmarks")}
@@ -117,7 +124,7 @@ def main() -> None:
                     for seed in (int(s) for s in a.seeds.split(",")):
                         for step in range(a.steps):
                             qq = {"model": model, "cluster": cluster, "source": source, "seed": seed,
-                                  "steps": a.steps, "step": step}
+                                  "steps": a.steps, "step": step, "collect": a.collect}
                             order = ("before", "after") if k % 2 == 0 else ("after", "before")
                             k += 1
                             res = {w: ask(workers[w], qq) for w in order}

@@ -130,6 +130,32 @@ def test_local_search_state_matches_a_fresh_one():
                 np.testing.assert_array_equal(getattr(st, name), getattr(fresh, name), err_msg=name)
 
 
+def test_search_state_sums_equal_the_numpy_expressions():
+    """SearchState's sums and top-two lengths, built in one loop (kernels.state_sums), equal the np.bincount /
+    np.maximum.at expressions they replaced, exactly, in both modes (ties, empty pipelines, long documents)."""
+    rng = np.random.default_rng(8)
+    for t in range(20):
+        pipes, l_ = _case(rng)
+        if t % 2 == 0:
+            l_ = rng.choice(l_[:3], size=l_.size)  # ties
+        owner = d.greedy_owner(l_, pipes, rng.permutation(l_.size))
+        n, lf = len(pipes), l_.astype(np.float64)
+        H = np.array([p.max_len for p in pipes], dtype=np.float64) / 2
+        top1 = np.zeros(n)
+        np.maximum.at(top1, owner, lf)
+        is_top = lf == top1[owner]
+        top2 = np.zeros(n)
+        np.maximum.at(top2, owner[~is_top], lf[~is_top])
+        want = {"S": np.bincount(owner, weights=lf, minlength=n), "Q": np.bincount(owner, weights=lf * lf, minlength=n),
+                "N": np.bincount(owner, minlength=n).astype(np.float64),
+                "G": np.bincount(owner, weights=(lf > H[owner]).astype(np.float64), minlength=n),
+                "top1": top1, "top2": top2, "cnt1": np.bincount(owner[is_top], minlength=n)}
+        for lp in (kernels.COMPILED, kernels.PLAIN):
+            st = d.SearchState(pipes, l_, owner.copy(), loops=lp)
+            for name, v in want.items():
+                np.testing.assert_array_equal(getattr(st, name), v, err_msg=name)
+
+
 def test_compiled_dispatch_matches_python_with_deadline_far():
     rng = np.random.default_rng(4)
     for _ in range(50):

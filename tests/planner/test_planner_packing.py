@@ -3,6 +3,7 @@ import pytest
 from packer_contract import COEFFS, PackerContract
 
 from tidal.baselines.fixed import pack_fixed
+from tidal.costmodel import LatencyCoeffs
 from tidal.planner.packing import pack, pipeline_time
 
 pytestmark = pytest.mark.unit
@@ -70,11 +71,11 @@ def test_pack_checks_its_own_micro_batches():
 
     from tidal.core import TidalError
 
-    def one_bin(l_, *args):
-        return np.zeros(l_.size, dtype=np.int64), 1.0
+    def one_bin(l_, *args):  # kernels_pack.pack_core's answer: every sequence in one micro-batch
+        return np.arange(l_.size), np.array([l_.size]), 1.0, int(l_.sum())
 
     with pytest.raises(TidalError, match="tokens > MaxLen 100"):
-        pack([60, 60, 60, 60], COEFFS[0], 1, 100, loops=SimpleNamespace(pack_search=one_bin))
+        pack([60, 60, 60, 60], COEFFS[0], 1, 100, loops=SimpleNamespace(pack_core=one_bin))
 
 
 def test_finish_groups_and_times_exactly_as_pipeline_time():
@@ -95,3 +96,123 @@ def test_finish_groups_and_times_exactly_as_pipeline_time():
             res = finish(bins, l_, co, pp, w)
             assert res.micro_batches == want
             assert res.est_time == pipeline_time(l_, want, co, pp)
+
+
+def _loop_modes(module="kernels_pack"):
+    """A kernels module's loops: plain, and compiled where numba is installed."""
+    import importlib
+
+    k = importlib.import_module(f"tidal.planner.{module}")
+    return [k.PLAIN] + ([k.COMPILED] if k.COMPILED is not None else [])
+
+
+def test_np_sum_is_numpys_sum_in_both_modes():
+    """kernels_sums.np_sum (numpy's pairwise summation, replayed in the compiled packer) gives np.sum's float on
+    every length around its block edges (7/8, 128/129, the recursive split) and on slices, plain and compiled."""
+    rng = np.random.default_rng(11)
+    sizes = [0, 1, 2, 7, 8, 9, 15, 16, 17, 127, 128, 129, 135, 255, 256, 257, 1000, 1031, 4099]
+    sizes += rng.integers(0, 3000, size=60).tolist()
+    for loops in _loop_modes("kernels_sums"):
+        for n in sizes:
+            x = rng.random(n + 5) * 10.0 ** rng.integers(-9, 4, n + 5)
+            lo = int(rng.integers(0, 6))
+            m = min(n, x.size - lo)
+            assert loops.np_sum(x, lo, m) == float(np.sum(x[lo:lo + m])), (n, lo)
+
+
+def _pack_by_numpy_steps(l_, co, pp, M, loops):
+    """packing.pack's heuristic path as numpy steps (before kernels_pack.pack_core): the reference pack_core must
+    equal float for float."""
+    from tidal.planner.bounds import PipeCost
+    from tidal.planner.packing import PackResult, finish
+    from tidal.planner.pipecost import best_v, pipe_value
+
+    p = PipeCost.of(co, pp, M)
+    w = p.work(l_)
+    n, S, W, wmax = l_.size, int(l_.sum()), float(w.sum()), float(w.max())
+    vmin = max(1, -(-S // M))
+    v_opt, _ = best_v(p.q, p.c, W, wmax, vmin, n)
+    if v_opt == 1:
+        return PackResult((tuple(range(n)),), pipe_value(p.q, p.c, W, wmax, 1))
+    v_hi = min(n, max(min(n, max(vmin, int(S // co.util_len()))), v_opt + 2))
+    bins, _ = loops.pack_search(l_, w, np.argsort(-l_, kind="stable"), M, p.c, p.q, W, wmax, vmin, v_opt, v_hi,
+                                20 + 2 * n)
+    return finish(bins.astype(np.int64), l_, co, pp, w)
+
+
+def test_pack_core_equals_the_numpy_steps_in_both_modes():
+    """pack's one compiled call (kernels_pack.pack_core) gives the micro-batches and the estimate, float for float,
+    that the numpy steps it replaced give: ties, a per-document term, c = 0, one micro-batch, Eq. 1 pricing,
+    pipelines of 1-4 stages and more than 128 sequences (numpy's pairwise sums split there)."""
+    from tidal.planner.bounds import Eq1Coeffs
+
+    rng = np.random.default_rng(12)
+    for k, loops in enumerate(_loop_modes()):
+        for t in range(60 if k == 0 else 300):  # the plain loops are slow
+            n = int(rng.integers(2, 400 if t % 4 == 0 else 60))
+            M = int(rng.integers(50, 4000))
+            l_ = rng.integers(1, M + 1, size=n).astype(np.int64)
+            if t % 3 == 0:
+                l_ = rng.choice(l_[:5], size=n)  # ties
+            a, b = float(rng.choice([1e-6, 1e-4, 0.0])), float(rng.choice([1e-3, 1e-2]))
+            c, d = float(rng.choice([0.0, 0.05, 0.5, 5.0])), float(rng.choice([0.0, 0.02]))
+            co = (Eq1Coeffs if t % 5 == 0 else LatencyCoeffs)(a, b, c, d)
+            pp = int(rng.choice([1, 2, 4]))
+            assert pack(l_, co, pp, M, loops=loops) == _pack_by_numpy_steps(l_, co, pp, M, loops), t
+
+
+def test_mb_works_is_numpys_work_sum_in_both_modes():
+    """pipeline_time's per-micro-batch work (kernels_sums.mb_works) is np.sum of a x^2 + b x + d over each
+    micro-batch's lengths, float for float, negative indices as numpy's; an index out of range is an IndexError."""
+    rng = np.random.default_rng(13)
+    for loops in _loop_modes("kernels_sums"):
+        for _ in range(30):
+            lf = rng.integers(1, 40000, size=int(rng.integers(1, 600))).astype(np.float64)
+            sizes = rng.integers(1, 300, size=int(rng.integers(1, 6)))
+            flat = rng.integers(-lf.size, lf.size, size=int(sizes.sum()))
+            a, b, d = float(rng.choice([1e-9, 3e-7])), float(rng.choice([1e-4, 2e-3])), float(rng.choice([0.0, 0.3]))
+            want = [float(np.sum(a * x * x + b * x + d)) for x in np.split(lf[flat], np.cumsum(sizes)[:-1])]
+            assert loops.mb_works(lf, flat, sizes, a, b, d).tolist() == want
+        with pytest.raises(IndexError):
+            loops.mb_works(lf, np.array([lf.size]), np.array([1]), 1.0, 1.0, 0.0)
+    with pytest.raises(IndexError):
+        pipeline_time([5, 6], [(0, 2)], COEFFS[0], 2)
+
+
+def test_pipe_reports_equal_the_bound_and_imbalance_functions_in_both_modes():
+    """select._reports' per-pipeline figures from one call (kernels_sums.pipe_reports) equal, float for float,
+    bounds.pipeline_bound_of and metrics.mb_imbalance per pipeline (empty pipelines, one micro-batch, c = 0, Eq. 1
+    pricing, more than 128 documents); a negative micro-batch time is flagged (metrics' error)."""
+    from tidal.planner.bounds import SLACK, PipeCost, pipeline_bound_of
+    from tidal.planner.metrics import mb_imbalance
+
+    rng = np.random.default_rng(14)
+    for loops in _loop_modes("kernels_sums"):
+        for _ in range(40):
+            n_p = int(rng.integers(1, 12))
+            pcs = [PipeCost(float(rng.choice([1e-6, 1e-4])), float(rng.choice([1e-3, 1e-2])),
+                            float(rng.choice([0.0, 0.05, 0.5])), int(rng.choice([1, 2, 4])),
+                            int(rng.integers(100, 5000)), float(rng.choice([0.0, 0.02])), bool(rng.integers(0, 2)))
+                   for _ in range(n_p)]
+            docs = rng.integers(0, 300, size=n_p) * (rng.random(n_p) < 0.8)
+            mbs = np.array([0 if k == 0 else int(rng.integers(1, min(k, 9) + 1)) for k in docs], dtype=np.int64)
+            sub = rng.integers(1, 3000, size=int(docs.sum())).astype(np.int64)
+            pipe_of = np.repeat(np.arange(n_p), docs)
+            mb_of = np.concatenate([np.sort(rng.integers(0, m, size=k)) + int(mbs[:j].sum()) if k else
+                                    np.zeros(0, np.int64) for j, (k, m) in enumerate(zip(docs, mbs))]).astype(np.int64)
+            a, b, c, d = (np.array([getattr(p, k) for p in pcs]) for k in "abcd")
+            lf = sub.astype(np.float64)
+            wdoc = a[pipe_of] * lf * lf + b[pipe_of] * lf + d[pipe_of]
+            mb_work = np.bincount(mb_of, weights=wdoc, minlength=int(mbs.sum()))
+            de, me = np.cumsum(docs), np.cumsum(mbs)
+            q = np.array([p.pp - 1 for p in pcs], dtype=np.float64)
+            M = np.array([p.max_len for p in pcs], dtype=np.int64)
+            tok, bound, imb, bad = loops.pipe_reports(sub, wdoc, mb_work, de, me, c, q, M, SLACK)
+            assert not bad
+            for j, p in enumerate(pcs):
+                s, e, m0, m1 = de[j] - docs[j], de[j], me[j] - mbs[j], me[j]
+                assert tok[j] == int(sub[s:e].sum())
+                assert bound[j] == (pipeline_bound_of(wdoc[s:e], int(tok[j]), p) if e > s else 0.0)
+                assert imb[j] == (mb_imbalance(p.c + mb_work[m0:m1]) if m1 - m0 > 1 else 1.0)
+        assert loops.pipe_reports(np.ones(2, np.int64), np.ones(2), np.array([1.0, -5.0]), np.array([2]),
+                                  np.array([2]), np.array([0.5]), np.array([1.0]), np.array([10]), SLACK)[3]

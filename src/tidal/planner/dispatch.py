@@ -41,35 +41,37 @@ class SearchState:
     installed) unless given (kernels.PLAIN: the same source as plain Python)."""
 
     def __init__(self, pipes: Sequence[PipeCost], lengths: np.ndarray, owner: np.ndarray,
-                 loops: SimpleNamespace | None = None):
+                 loops: SimpleNamespace | None = None, arrays: tuple | None = None):
         if loops is None:
             from tidal.planner import kernels
 
             loops = kernels.loops()
         self.loops = loops
-        self.A, self.B, self.C, self.D = pipe_coeffs(pipes)
-        self.Q1 = np.array([p.q for p in pipes], dtype=np.float64)  # PipeCost.q: the one-stage rule rides on it
-        self.M = np.array([p.max_len for p in pipes], dtype=np.float64)
-        self.R = np.sqrt(self.Q1 / np.where(self.C > 0, self.C, 1e-300)).clip(max=1e150)
+        # `arrays`: pipe_arrays(pipes), when the caller builds several states on the same pipelines
+        self.A, self.B, self.C, self.D, self.Q1, self.M, self.R, self.H = pipe_arrays(pipes) if arrays is None \
+            else arrays
         self.l = lengths
         self.lf = lengths.astype(np.float64)
         self.owner = owner
         n = len(pipes)
-        self.S = np.bincount(owner, weights=self.lf, minlength=n)
-        self.Q = np.bincount(owner, weights=self.lf * self.lf, minlength=n)
-        self.N = np.bincount(owner, minlength=n).astype(np.float64)
-        self.H = self.M / 2  # documents longer than this need a micro-batch of their own
-        self.G = np.bincount(owner, weights=(self.lf > self.H[owner]).astype(np.float64), minlength=n)
-        self.top1 = np.zeros(n)
-        np.maximum.at(self.top1, owner, self.lf)
-        is_top = self.lf == self.top1[owner]
-        self.cnt1 = np.bincount(owner[is_top], minlength=n).astype(np.int64)
-        self.top2 = np.zeros(n)
-        np.maximum.at(self.top2, owner[~is_top], self.lf[~is_top])
+        # the sums np.bincount gives (weights added in index order), the top-two lengths np.maximum.at gives, and
+        # the longest length's count, in one loop (kernels.state_sums)
+        self.S, self.Q, self.N, self.G = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
+        self.top1, self.top2, self.cnt1 = np.zeros(n), np.zeros(n), np.zeros(n, dtype=np.int64)
         self.load = np.zeros(n)
+        loops.state_sums(self.lf, owner, self.H, self.S, self.Q, self.N, self.G, self.top1, self.cnt1, self.top2)
         loops.pipe_loads(self.A, self.B, self.C, self.D, self.Q1, self.M, self.R, self.Q, self.S, self.N, self.top1,
                          self.G, self.load)
 
+
+def pipe_arrays(pipes: Sequence[PipeCost]) -> tuple[np.ndarray, ...]:
+    """SearchState's per-pipeline arrays: the cost coefficients A, B, C, D, Q1 = PipeCost.q (the one-stage rule rides
+    on it), MaxLen M, R = sqrt(Q1 / c) (capped), H = M / 2 (documents longer need a micro-batch of their own)."""
+    A, B, C, D = pipe_coeffs(pipes)
+    Q1 = np.array([p.q for p in pipes], dtype=np.float64)
+    M = np.array([p.max_len for p in pipes], dtype=np.float64)
+    R = np.sqrt(Q1 / np.where(C > 0, C, 1e-300)).clip(max=1e150)
+    return A, B, C, D, Q1, M, R, M / 2
 
 def local_search(st: SearchState, max_rounds: int, max_docs: int = 16, pairs: bool = False, target: float = 0.0,
                  min_gain: float = 1e-4, deadline: float | None = None) -> bool:
@@ -178,7 +180,8 @@ def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, 
         return DispatchResult(tuple(() for _ in pipes), 0.0, tuple(0.0 for _ in pipes)), ()
     small, rounds = _rounds(l_, pipes, max_rounds)
     prep = greedy_prep(pipes)
-    st = SearchState(pipes, l_, greedy_owner(l_, pipes, prep=prep, scan=False))
+    arrays = pipe_arrays(pipes)
+    st = SearchState(pipes, l_, greedy_owner(l_, pipes, prep=prep, scan=False), arrays=arrays)
     done = local_search(st, rounds, pairs=small, target=target, deadline=deadline)
     first = float(st.load.max())
     alts: list[DispatchResult] = []
@@ -186,11 +189,11 @@ def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, 
         # Small instances: a few seeded random-order restarts (they escape LPT's worst cases and the local search's
         # local optima).
         best = restart_dispatch(l_, pipes, restarts, seed=seed, max_rounds=rounds, below=first, target=target,
-                                deadline=deadline, prep=prep)
+                                deadline=deadline, prep=prep, arrays=arrays)
         alts = [best] if best is not None else []
     if scan and done and first > target and _lumpy(st):
         # the bottleneck costs V (c + w_max): its longest document, not its work, sets it (decision 63)
-        sc = SearchState(pipes, l_, greedy_owner(l_, pipes, prep=prep, scan=True))
+        sc = SearchState(pipes, l_, greedy_owner(l_, pipes, prep=prep, scan=True), arrays=arrays)
         if float(sc.load.max()) < first:  # the scan greedy alone beats the first's local optimum: search from it
             local_search(sc, rounds, pairs=small, target=target, deadline=deadline)
             return _result(st), (*alts, _result(sc))
@@ -210,17 +213,20 @@ def _lumpy(st: SearchState) -> bool:
 def restart_dispatch(lengths: np.ndarray, pipes: Sequence[PipeCost], restarts: int, *, seed: int = 0,
                      max_rounds: int | None = None, below: float = float("inf"), target: float = 0.0,
                      deadline: float | None = None, prep: tuple | None = None,
-                     scan: bool = False) -> DispatchResult | None:
+                     scan: bool = False, arrays: tuple | None = None) -> DispatchResult | None:
     """The best of `restarts` seeded random-order greedy dispatches, each followed by the local search (`max_rounds`,
     default as dispatch_alternatives), or None if none has an objective below `below` (ties: the earlier restart).
-    Stops at the first whose objective is <= `target` or when `deadline` passes."""
+    Stops at the first whose objective is <= `target` or when `deadline` passes. `prep`, `arrays`: greedy_prep(pipes),
+    pipe_arrays(pipes), when the caller has them."""
     l_ = lengths
     small, rounds = _rounds(l_, pipes, max_rounds)
     prep = greedy_prep(pipes) if prep is None else prep
+    arrays = pipe_arrays(pipes) if arrays is None else arrays
     rng = np.random.default_rng(seed)
     best: tuple[float, SearchState] | None = None
     for _ in range(restarts):
-        cand = SearchState(pipes, l_, greedy_owner(l_, pipes, rng.permutation(l_.size), prep=prep, scan=scan))
+        cand = SearchState(pipes, l_, greedy_owner(l_, pipes, rng.permutation(l_.size), prep=prep, scan=scan),
+                           arrays=arrays)
         done = local_search(cand, rounds, pairs=small, target=target, deadline=deadline)
         obj = float(cand.load.max())
         if obj < below and (best is None or obj < best[0]):

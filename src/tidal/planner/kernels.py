@@ -400,6 +400,29 @@ def pair_swap(j, mine, eidx, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top
     return bi, bk, be, bp
 
 
+def state_sums(lf, owner, H, S, Q, N, G, top1, cnt1, top2):
+    """dispatch.SearchState's per-pipeline sums of the assignment `owner` (into zeroed arrays, in place): sum l (S),
+    sum l^2 (Q), count (N), documents longer than H (G), as np.bincount sums its weights (in index order, from 0);
+    the longest length (top1) and the longest among the others (top2), as np.maximum.at from 0; cnt1: how many
+    documents have the longest length."""
+    for i in range(owner.size):
+        j = owner[i]
+        x = lf[i]
+        S[j] += x
+        Q[j] += x * x
+        N[j] += 1.0
+        G[j] += 1.0 if x > H[j] else 0.0
+        if x > top1[j]:
+            top1[j] = x
+    for i in range(owner.size):
+        j = owner[i]
+        x = lf[i]
+        if x == top1[j]:
+            cnt1[j] += 1
+        elif x > top2[j]:
+            top2[j] = x
+
+
 def pipe_loads(A, B, C, D, Q1, M, R, Q, S, N, top1, G, load):
     """load[j] = pipecost.cost1 of every pipeline j (the dispatch's capacity-aware cost: SearchState's loads)."""
     for j in range(load.size):
@@ -450,7 +473,8 @@ def compile_loops(funcs: dict, module: dict, pipecost_names: tuple[str, ...] = (
 # the dispatch's loops by the names their callers use: plain Python (the reference, and the fallback without numba)
 # and compiled (the same source)
 _DISPATCH = {"sift_down": sift_down, "sift_up": sift_up, "greedy": greedy, "ls_refresh": ls_refresh,
-             "ls_move": ls_move, "pair_swap": pair_swap, "local_search": local_search, "pipe_loads": pipe_loads}
+             "ls_move": ls_move, "pair_swap": pair_swap, "local_search": local_search, "pipe_loads": pipe_loads,
+             "state_sums": state_sums}
 PLAIN = plain(_DISPATCH, {"np": np, "add_cost": add_cost, "cost1": cost1, "cost1_floor": cost1_floor})
 COMPILED = compile_loops(_DISPATCH, globals(), ("add_cost", "cost1", "cost1_floor"))
 

@@ -1,6 +1,7 @@
 """The packer's and the bounds' loops, written once (see kernels.py and decisions 49, 89 and 96).
 
-The packer (packing.pack): LPT, the move/swap rounds, FFD and the search over micro-batch counts. The bounds: the
+The packer (packing.pack): LPT, the move/swap rounds, FFD, the search over micro-batch counts and `pack_core`, pack's
+whole heuristic path in one call (its sums are numpy's: kernels_sums.np_sum; decision 115). The bounds: the
 top-documents branch and bound (bounds.top_docs_bound: `top_search`, `ts_expand`); the mode bound's price search is in
 kernels_modes.py. They are their only implementation: `COMPILED` holds them compiled
 (numba.njit, cached on disk) where numba is installed, `PLAIN` holds the same functions as plain Python
@@ -14,8 +15,10 @@ import types
 
 import numpy as np
 
+from tidal.planner import kernels_sums
 from tidal.planner.kernels import compile_loops, plain
-from tidal.planner.pipecost import bound_value, packed_value, pipe_value
+from tidal.planner.kernels_sums import np_sum
+from tidal.planner.pipecost import best_v, bound_value, packed_value, pipe_value
 
 
 def lpt(l_, w, order, V, M, c):
@@ -232,6 +235,78 @@ def pack_search(l_, w, order, M, c, q, W, wmax, vmin, v_opt, v_hi, rounds):
     return best_bins, best
 
 
+def pack_core(l_, a, b, d, c, q, M, S, su):
+    """packing.pack's heuristic path for n >= 2 sequences, from the lengths to the packing, in one call: the work
+    w = a l^2 + b l + d per sequence, W (kernels_sums.np_sum: numpy's sum, the same float), w_max, V_min =
+    ceil(S / M), the bound's minimiser (pipecost.best_v; 1: one micro-batch, optimal), the longest-first order, the V
+    range (su = S // UtilLen, computed by the caller) and pack_search; then packing.finish's layout: the
+    micro-batches by first (smallest) index, ascending indices within, and their time (pipecost.packed_value of the
+    per-micro-batch work sums, each np_sum of the micro-batch's works in index order; their total summed in
+    micro-batch order, as Python's sum does). Returns (indices grouped by micro-batch, each micro-batch's end in
+    them, est, the largest micro-batch's tokens)."""
+    n = l_.size
+    w = np.empty(n)
+    wmax = -np.inf
+    for i in range(n):
+        x = float(l_[i])
+        w[i] = a * x * x + b * x + d
+        if w[i] > wmax:
+            wmax = w[i]
+    W = np_sum(w, 0, n)
+    vmin = max(1, -(-S // M))
+    vo = best_v(q, c, W, wmax, vmin, n)[0]
+    if vo == 1:  # one micro-batch meets the lower bound f(1) = PP (c + W): optimal
+        ends = np.empty(1, np.int64)
+        ends[0] = n
+        return np.arange(n), ends, pipe_value(q, c, W, wmax, 1), S
+    order = np.argsort(-l_, kind="mergesort")
+    v_util = min(n, max(vmin, su))
+    v_hi = min(n, max(v_util, vo + 2))
+    bins, _ = pack_search(l_, w, order, M, c, q, W, wmax, vmin, vo, v_hi, 20 + 2 * n)
+    nb = 0
+    for i in range(n):
+        if bins[i] + 1 > nb:
+            nb = bins[i] + 1
+    rank = np.full(nb, -1, np.int64)  # micro-batch rank by first index
+    nr = 0
+    for i in range(n):
+        if rank[bins[i]] < 0:
+            rank[bins[i]] = nr
+            nr += 1
+    cnt = np.zeros(nr, np.int64)
+    tok = np.zeros(nr, np.int64)
+    for i in range(n):
+        cnt[rank[bins[i]]] += 1
+        tok[rank[bins[i]]] += l_[i]
+    ends = np.empty(nr, np.int64)
+    pos = np.empty(nr, np.int64)
+    e = 0
+    tmax = 0
+    for r in range(nr):
+        pos[r] = e
+        e += cnt[r]
+        ends[r] = e
+        if tok[r] > tmax:
+            tmax = tok[r]
+    ol = np.empty(n, np.int64)
+    wo = np.empty(n)
+    for i in range(n):
+        r = rank[bins[i]]
+        ol[pos[r]] = i
+        wo[pos[r]] = w[i]
+        pos[r] += 1
+    tot = 0.0
+    top = -np.inf
+    s = 0
+    for r in range(nr):
+        x = np_sum(wo, s, ends[r] - s)
+        tot += x
+        if c + x > top:
+            top = c + x
+        s = ends[r]
+    return ol, ends, packed_value(q, c, tot, top, nr), tmax
+
+
 def ts_expand(t, x, A, B, D, C, Q, M, cnt, used, ocls, oW, otok, owm, ocnt, n_o, fd, fw):
     """The options of top_search's node for document x at depth t, into fd[t] / fw[t] sorted by bound (stable):
     each distinct open pipeline (identical open ones are one branch), then a new pipeline of each class with one left.
@@ -363,10 +438,13 @@ def top_search(top, A, B, D, C, Q, M, cnt, limit):
 
 # the packer's loops by the names their callers use, plain and compiled
 _PACK = {"lpt": lpt, "refine": refine, "ffd": ffd, "pack_score": pack_score, "pack_attempt": pack_attempt,
-         "pack_search": pack_search, "ts_expand": ts_expand, "top_search": top_search}
-PLAIN = plain(_PACK, {"np": np, "pipe_value": pipe_value, "packed_value": packed_value, "bound_value": bound_value})
+         "pack_search": pack_search, "pack_core": pack_core, "ts_expand": ts_expand, "top_search": top_search}
+PLAIN = plain(_PACK, {"np": np, "pipe_value": pipe_value, "packed_value": packed_value, "bound_value": bound_value,
+                      "best_v": best_v, "np_sum": kernels_sums.PLAIN.np_sum})
+if kernels_sums.COMPILED is not None:  # pack_core calls the compiled np_sum (bound before compiling, as pipecost's)
+    np_sum = kernels_sums.COMPILED.np_sum
 
-COMPILED = compile_loops(_PACK, globals(), ("bound_value", "pipe_value", "packed_value"))
+COMPILED = compile_loops(_PACK, globals(), ("bound_value", "pipe_value", "packed_value", "best_v"))
 
 
 def loops() -> types.SimpleNamespace:

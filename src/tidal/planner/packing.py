@@ -9,6 +9,7 @@ docs/planner.md, "Packing", states the search.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Protocol
@@ -39,10 +40,16 @@ def pipeline_time(lengths, micro_batches, coeffs: LatencyCoeffs, pp: int) -> flo
     mbs = [mb for mb in micro_batches if len(mb)]
     if not mbs:
         return 0.0
-    l_ = np.asarray(lengths, dtype=np.float64)
-    a, b, d = coeffs.a, coeffs.b, coeffs.d
-    # the per-micro-batch work as coeffs.mb_time sums it (c + this is mb_time), and as `finish` sums it: same floats
-    return _packed_time([float(np.sum(a * x * x + b * x + d)) for x in (l_[list(mb)] for mb in mbs)], coeffs, pp)
+    from tidal.planner import kernels_sums
+
+    sizes = [len(mb) for mb in mbs]
+    flat = np.fromiter(itertools.chain.from_iterable(mbs), dtype=np.int64, count=sum(sizes))
+    # the per-micro-batch work as coeffs.mb_time sums it (c + this is mb_time), and as `finish` sums it: np.sum of
+    # a x^2 + b x + d over the micro-batch's lengths in its order, the same floats (kernels_sums.np_sum)
+    works = kernels_sums.loops().mb_works(np.ascontiguousarray(lengths, dtype=np.float64), flat,
+                                          np.array(sizes, dtype=np.int64), float(coeffs.a), float(coeffs.b),
+                                          float(coeffs.d))
+    return _packed_time(works.tolist(), coeffs, pp)
 
 
 def _packed_time(works: list[float], coeffs: LatencyCoeffs, pp: int) -> float:
@@ -94,9 +101,17 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
     if n == 0:
         return PackResult((), 0.0)
     p = PipeCost.of(coeffs, pp, max_len)
-    w = p.work(l_)
     if n == 1:
-        return finish(np.zeros(1, dtype=np.int64), l_, coeffs, pp, w)
+        return finish(np.zeros(1, dtype=np.int64), l_, coeffs, pp, p.work(l_))
+    if not exact:
+        # the whole heuristic in one compiled call (kernels_pack.pack_core: the same floats as the steps below)
+        S = int(l_.sum())
+        ol, ends, est, tmax = loops.pack_core(l_, p.a, p.b, p.d, p.c, p.q, max_len, S, int(S // coeffs.util_len()))
+        if tmax > max_len:
+            raise TidalError(f"packing produced a micro-batch of {int(tmax)} tokens > MaxLen {max_len}")
+        ol, ends = ol.tolist(), ends.tolist()
+        return PackResult(tuple(tuple(ol[a:b]) for a, b in zip([0] + ends[:-1], ends)), float(est))
+    w = p.work(l_)
     c = p.c
     S, W, wmax = int(l_.sum()), float(w.sum()), float(w.max())
     vmin = max(1, -(-S // max_len))
@@ -113,15 +128,14 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
         return pipe_value(q, c, W, wmax, V)
 
     best_bins, best = loops.pack_search(l_, w, order, max_len, c, q, W, wmax, vmin, v_opt, v_hi, rounds)
-    if exact:
-        from tidal.planner.exact import pack_milp_fixed_v
+    from tidal.planner.exact import pack_milp_fixed_v
 
-        for V in sorted(range(vmin, n + 1), key=lambda v: (bound(v), v)):
-            if bound(V) >= best * (1 - 1e-9):
-                break
-            b = pack_milp_fixed_v(l_, w, V, max_len, c, time_limit=time_limit)
-            if b is not None and loops.pack_score(b, w, c, q) < best:
-                best_bins, best = b, loops.pack_score(b, w, c, q)
+    for V in sorted(range(vmin, n + 1), key=lambda v: (bound(v), v)):
+        if bound(V) >= best * (1 - 1e-9):
+            break
+        b = pack_milp_fixed_v(l_, w, V, max_len, c, time_limit=time_limit)
+        if b is not None and loops.pack_score(b, w, c, q) < best:
+            best_bins, best = b, loops.pack_score(b, w, c, q)
     # check MaxLen here, where it is one bincount: passes.pack_groups trusts pack's micro-batches (each sequence
     # exactly once by construction of finish, which drops unused bin numbers itself, so no dense renumbering)
     tokens = np.bincount(best_bins, weights=l_)

@@ -16,12 +16,12 @@ import numpy as np
 from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.planner.alg1 import dispatch_hydraulis
-from tidal.planner.bounds import StrategyBound, check_lengths, pipeline_bound_of, prepare_lengths
+from tidal.planner.bounds import StrategyBound, check_lengths, prepare_lengths
 from tidal.planner.bounds_modes import MODE_ITERS, MODE_ITERS_MANY, TIGHTEN_ITERS, mode_bound, mode_search
 from tidal.planner.charges import charge
 from tidal.planner.config import DEFAULT, PlannerConfig
 from tidal.planner.dispatch import dispatch, dispatch_alternatives
-from tidal.planner.metrics import max_over_mean, mb_imbalance, rank_spread
+from tidal.planner.metrics import max_over_mean, rank_spread
 from tidal.planner.packing import Packer, pack
 from tidal.planner.passes import Allowance, Context, by_load, flatten, improve, pack_groups
 from tidal.planner.pipecost import pipe_coeffs
@@ -64,27 +64,31 @@ def _reports(l_: np.ndarray, prof: StrategyProfile, plans) -> list[PipelineRepor
     work w = a l^2 + b l + d computed once with each one's pipeline coefficients (PipeCost.work's operations per
     element); a micro-batch's time is c + the sum of its documents' work (one bincount over all micro-batches: each
     sum in its documents' order, as a per-pipeline bincount gives it), so the same floats as reporting pipeline by
-    pipeline, without a Python pass over each pipeline's documents. Each pipeline's bound sums the same work in the
-    same order (bounds.pipeline_bound_of; decision 112)."""
+    pipeline, without a Python pass over each pipeline's documents. Each pipeline's tokens, bound (the same work
+    summed in the same order: bounds.pipeline_bound_of, decision 112) and micro-batch imbalance (metrics.mb_imbalance)
+    come from one compiled call (kernels_sums.pipe_reports, the same floats)."""
+    from tidal.planner import kernels_sums
+    from tidal.planner.bounds import SLACK
+
     flat, mb_of, n_mb = flatten([mb for pp_ in plans for mb in pp_.micro_batches])
     sub = l_[flat]
     docs = np.array([sum(len(mb) for mb in pp_.micro_batches) for pp_ in plans], dtype=np.int64)
     mbs = np.array([len(pp_.micro_batches) for pp_ in plans], dtype=np.int64)
-    doc_end, mb_end = np.cumsum(docs).tolist(), np.cumsum(mbs).tolist()
+    doc_end, mb_end = np.cumsum(docs), np.cumsum(mbs)
     pipe_of = np.repeat(np.arange(len(plans)), docs)
-    a, b, _, d = pipe_coeffs(prof.pipes)
+    a, b, c, d = pipe_coeffs(prof.pipes)
     lf = sub.astype(np.float64)
     wdoc = a[pipe_of] * lf * lf + b[pipe_of] * lf + d[pipe_of]  # PipeCost.work, per document
     mb_work = np.bincount(mb_of, weights=wdoc, minlength=n_mb)
-    reports = []
-    for j, (pp_, pc) in enumerate(zip(plans, prof.pipes)):
-        s, e = (doc_end[j - 1] if j else 0), doc_end[j]
-        m0, m1 = (mb_end[j - 1] if j else 0), mb_end[j]
-        tok = int(sub[s:e].sum()) if e > s else 0
-        reports.append(PipelineReport(
-            j, prof.strategy.pipelines[j].scheme.short(), e - s, tok, m1 - m0,
-            pp_.est_time, pipeline_bound_of(wdoc[s:e], tok, pc) if e > s else 0.0,
-            mb_imbalance(pc.c + mb_work[m0:m1]) if m1 - m0 > 1 else 1.0))
+    q = np.array([pc.pp - 1 for pc in prof.pipes], dtype=np.float64)
+    M = np.array([pc.max_len for pc in prof.pipes], dtype=np.int64)
+    tok, bound, imb, bad = kernels_sums.loops().pipe_reports(sub, wdoc, mb_work, doc_end, mb_end, c, q, M, SLACK)
+    if bad:
+        raise TidalError("metrics need finite, non-negative values")
+    de, me = [0] + doc_end.tolist(), [0] + mb_end.tolist()
+    reports = [PipelineReport(j, prof.strategy.pipelines[j].scheme.short(), de[j + 1] - de[j], t, me[j + 1] - me[j],
+                              pp_.est_time, bd, im)
+               for j, (pp_, t, bd, im) in enumerate(zip(plans, tok.tolist(), bound.tolist(), imb.tolist()))]
     return reports
 
 

@@ -1,0 +1,160 @@
+"""numpy's sums replayed in the planner's loops, float for float, and the per-pipeline figures built on them
+(decision 115; the same pattern as kernels.py).
+
+`np_sum` is numpy's pairwise summation of a contiguous float64 run (what np.sum and np.mean add), so that a loop
+written once (compiled where numba is installed, plain Python otherwise) gives the same floats as the numpy
+expressions it replaces: kernels_pack.pack_core (packing.pack), `mb_works` (packing.pipeline_time's per-micro-batch
+work) and `pipe_reports` (select._reports' per-pipeline tokens, bound and imbalance). `COMPILED` / `PLAIN` /
+`loops()` as in kernels.py; the tests run both and compare them with numpy.
+Import this module lazily (importing numba takes a second).
+"""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+
+from tidal.planner.kernels import compile_loops, plain
+from tidal.planner.pipecost import best_v, pipe_value
+
+
+def np_sum_block(x, lo, n):
+    """numpy's pairwise sum of x[lo:lo + n] for n <= 128 (numpy's PW_BLOCKSIZE): sequential below 8 elements, else
+    eight interleaved accumulators combined as ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)), then the rest."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += x[i]
+        return res
+    r0, r1, r2, r3 = x[lo], x[lo + 1], x[lo + 2], x[lo + 3]
+    r4, r5, r6, r7 = x[lo + 4], x[lo + 5], x[lo + 6], x[lo + 7]
+    i = 8
+    m = n - n % 8
+    while i < m:
+        r0 += x[lo + i]
+        r1 += x[lo + i + 1]
+        r2 += x[lo + i + 2]
+        r3 += x[lo + i + 3]
+        r4 += x[lo + i + 4]
+        r5 += x[lo + i + 5]
+        r6 += x[lo + i + 6]
+        r7 += x[lo + i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += x[lo + i]
+        i += 1
+    return res
+
+
+def np_sum(x, lo, n):
+    """float(np.sum(x[lo:lo + n])) for a contiguous float64 x, float for float: numpy's pairwise summation (blocks of
+    at most 128 summed by np_sum_block; a longer run split at n2 = n // 2 rounded down to a multiple of 8, the two
+    halves' sums added), started from the identity 0.0. Iterative (an explicit stack: numba cannot cache recursive
+    functions). test_planner_packing checks it against np.sum in both modes."""
+    if n <= 128:
+        return 0.0 + np_sum_block(x, lo, n)
+    slo = np.empty(64, np.int64)  # depth <= log2(n / 128) + 1
+    sn = np.empty(64, np.int64)
+    sstate = np.zeros(64, np.int64)  # 0: children not pushed yet, 1: both summed (their values on `vals`)
+    vals = np.empty(64)
+    nv = 0
+    top = 0
+    slo[0], sn[0], sstate[0] = lo, n, 0
+    while top >= 0:
+        a, m = slo[top], sn[top]
+        if m <= 128:
+            vals[nv] = np_sum_block(x, a, m)
+            nv += 1
+            top -= 1
+        elif sstate[top] == 0:
+            sstate[top] = 1
+            m2 = m // 2
+            m2 -= m2 % 8
+            # right half below the left one, so the left is summed first
+            slo[top + 1], sn[top + 1], sstate[top + 1] = a + m2, m - m2, 0
+            slo[top + 2], sn[top + 2], sstate[top + 2] = a, m2, 0
+            top += 2
+        else:
+            vals[nv - 2] = vals[nv - 2] + vals[nv - 1]
+            nv -= 1
+            top -= 1
+    return 0.0 + vals[0]
+
+
+def mb_works(lf, flat, sizes, a, b, d):
+    """packing.pipeline_time's per-micro-batch work: micro-batch r is the next sizes[r] indices of `flat` (into the
+    lengths lf; negative ones count from the end, as numpy's); its work is np.sum of a x^2 + b x + d over its lengths
+    in their order (np_sum: the same float). An index out of range is an IndexError, as numpy's."""
+    n = flat.size
+    m = lf.size
+    w = np.empty(n)
+    for t in range(n):
+        i = flat[t]
+        if i < -m or i >= m:
+            raise IndexError("micro-batch index out of range")
+        x = lf[i if i >= 0 else i + m]
+        w[t] = a * x * x + b * x + d
+    out = np.empty(sizes.size)
+    s = 0
+    for r in range(sizes.size):
+        out[r] = np_sum(w, s, sizes[r])
+        s += sizes[r]
+    return out
+
+
+def pipe_reports(sub, wdoc, mb_work, doc_end, mb_end, c, q, M, slack):
+    """select._reports' per-pipeline figures, pipeline j holding the documents [doc_end[j - 1], doc_end[j]) of `sub`
+    (lengths) and `wdoc` (their work) and the micro-batches [mb_end[j - 1], mb_end[j]) of `mb_work`: its tokens;
+    bounds.pipeline_bound_of (best_v with q = PP - 1 over V in [ceil(tokens / M), max(that, documents)], times
+    1 - slack; 0 when empty); metrics.mb_imbalance of c + each micro-batch's work (max / mean, np_sum: numpy's sums;
+    1.0 for one micro-batch or an all-zero sum). The same floats as those functions. bad: a micro-batch time that is
+    not finite or negative (metrics' TidalError)."""
+    n_p = doc_end.size
+    tok = np.zeros(n_p, np.int64)
+    bound = np.zeros(n_p)
+    imb = np.ones(n_p)
+    bad = False
+    s = 0
+    m0 = 0
+    tmp = np.empty(mb_work.size)
+    for j in range(n_p):
+        e = doc_end[j]
+        m1 = mb_end[j]
+        if e > s:
+            t = 0
+            wm = wdoc[s]
+            for i in range(s, e):
+                t += sub[i]
+                if wdoc[i] > wm:
+                    wm = wdoc[i]
+            tok[j] = t
+            vmin = max(1, -(-t // M[j]))
+            bound[j] = best_v(q[j], c[j], np_sum(wdoc, s, e - s), wm, vmin, max(vmin, e - s))[1] * (1 - slack)
+        if m1 - m0 > 1:
+            k = m1 - m0
+            top = -np.inf
+            for r in range(k):
+                tmp[r] = c[j] + mb_work[m0 + r]
+                if not (tmp[r] >= 0 and tmp[r] < np.inf):
+                    bad = True
+                if tmp[r] > top:
+                    top = tmp[r]
+            tot = np_sum(tmp, 0, k)
+            if tot != 0:
+                imb[j] = top / (tot / k)
+        s = e
+        m0 = m1
+    return tok, bound, imb, bad
+
+
+# the loops by the names their callers use, plain and compiled
+_SUMS = {"np_sum_block": np_sum_block, "np_sum": np_sum, "mb_works": mb_works, "pipe_reports": pipe_reports}
+PLAIN = plain(_SUMS, {"np": np, "best_v": best_v, "pipe_value": pipe_value})
+
+COMPILED = compile_loops(_SUMS, globals(), ("best_v", "pipe_value"))
+
+
+def loops() -> types.SimpleNamespace:
+    """numpy's sums and the figures built on them: compiled where numba is installed, else plain Python."""
+    return COMPILED if COMPILED is not None else PLAIN
