@@ -101,7 +101,7 @@ def summary(rows: list[dict], sets: list[str]) -> None:
     for k, name in enumerate(sets):
         d = [(r["r_med"][k] / r["r_med"][0] - 1) * 100 for r in rows]
         w = int(np.argmax(d)) if d else 0
-        cell = f"{rows[w]['model']} {rows[w]['cluster']} {rows[w]['source']}" if d else "-"
+        cell = f"{rows[w]['model']} {rows[w]['cluster']} {rows[w]['source']}" if d and d[w] > 0 else "-"
         print(f"| {name} | {np.mean(d):+.4f} | {d[w]:+.4f} ({cell}) | {sum(x > 0.05 for x in d)} | "
               f"{tot[k] / max(nsteps, 1):.2f} | {max((max(r['cpu'][k]) for r in rows), default=0):.1f} | "
               f"{tot[k] / tot[0]:.3f} |")
