@@ -12,7 +12,7 @@ candidates.
     python benchmarks/planner_passes_time.py [--sets all,-late_restarts,-shrink,-polish,-fill,none]
         [--cands hand|proposal] [--models ..] [--clusters ..] [--sources ..] [--seeds 10,11,12] [--steps 5]
         [--out rows.json]
-    python benchmarks/planner_passes_time.py --a all --b none  (decision 95's two-set form: --sets A,B)
+    python benchmarks/planner_passes_time.py --a all --b none  (decision 95's two-set form: --sets all,none)
 
 A set is 'all', 'none', '-NAME' (all passes less one) or pass names (config.PASS_ORDER) joined by '+' ('--a' and
 '--b' also take them joined by ','). The defaults are the held-out split of the grid: seeds 10-12 on the four tuning
@@ -109,9 +109,10 @@ def summary(rows: list[dict], sets: list[str]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sets", default=None, help="sets of passes, ',' between sets (module doc)")
-    ap.add_argument("--a", default="all", help="two-set form: the first set")
-    ap.add_argument("--b", default="none", help="two-set form: the second set")
+    ap.add_argument("--sets", default="all,-late_restarts,-shrink,-polish,-fill,none",
+                    help="sets of passes, ',' between sets (module doc)")
+    ap.add_argument("--a", default=None, help="two-set form (instead of --sets): the first set (default all)")
+    ap.add_argument("--b", default=None, help="two-set form: the second set (default none)")
     ap.add_argument("--cands", choices=["hand", "proposal"], default="hand")
     ap.add_argument("--models", default="llama2-7b,llama2-13b,llama-32b")
     ap.add_argument("--clusters", default="a800x16,a800x64,a800x256")
@@ -120,7 +121,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--out", default=None, help="write the rows (every step's CPU ms and est/bound) as JSON")
     args = ap.parse_args()
-    sets = args.sets.split(",") if args.sets else [args.a, args.b]
+    sets = [args.a or "all", args.b or "none"] if args.a or args.b else [x for x in args.sets.split(",") if x]
     try:
         cfgs = [config(s) for s in sets]
         seeds = [int(x) for x in args.seeds.split(",") if x]
