@@ -33,12 +33,16 @@ class PlannerConfig:
     shrink_rounds: int = 5
     shrink_done: float = 1e-3
     shrink_per_step: int = 4
-    # late restarts (decision 59): restart_max < B x D <= late_restart_max gets late_restarts restarts of late_rounds
-    # rounds when above the bound by late_gap, on at most late_per_step candidates per select_step
+    # late restarts (decisions 59, 65): restart_max < B x D <= late_restart_max gets late_restarts restarts of
+    # late_rounds rounds when above the bound by late_gap; up to late_restart_max_big, late_big_restarts with the full
+    # local search when above by late_gap_big; on at most late_per_step candidates per select_step
     late_restarts: int = 2
     late_gap: float = 1e-3
     late_per_step: int = 1
     late_restart_max: int = 16384
+    late_restart_max_big: int = 2**17
+    late_big_restarts: int = 1
+    late_gap_big: float = 5e-3
     late_rounds: int = 20
     polish_rounds: int = 40  # decision 60 (0: no polish)
     polish_light: int = 8  # polish's swap partners: this many least-loaded pipelines on steps of > 256 documents
@@ -75,6 +79,9 @@ class PlannerConfig:
             raise TidalError(f"PlannerConfig.shrink_rounds must be >= 1, got {self.shrink_rounds}")
         if not all(isinstance(x, (int, float)) and 0 < x <= 1 for x in self.shrink_fracs):
             raise TidalError(f"PlannerConfig.shrink_fracs must be fractions in (0, 1], got {self.shrink_fracs!r}")
+        if self.late_restart_max_big < self.late_restart_max:
+            raise TidalError(f"PlannerConfig.late_restart_max_big ({self.late_restart_max_big}) must be >= "
+                             f"late_restart_max ({self.late_restart_max})")
 
     @classmethod
     def cheap(cls) -> PlannerConfig:

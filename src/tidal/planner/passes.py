@@ -107,22 +107,23 @@ def polished(ctx: Context, est: float, plans: Plans) -> tuple[float, Plans]:
 
 
 class LateRestarts:
-    """Decision 59: cfg.late_restarts random-order restarts of cfg.late_rounds rounds (dispatch.restart_dispatch) of
-    a step too large for the dispatch's own (cfg.restart_max < B x D <= cfg.late_restart_max), gap cfg.late_gap.
-    (Decision 65's one restart with the full local search up to B x D <= 2^17 earned nothing on the grid after
-    decision 102 and is gone, decision 113.)"""
+    """Decisions 59, 65: random-order restarts (dispatch.restart_dispatch) of a step too large for the dispatch's own
+    (cfg.restart_max < B x D <= cfg.late_restart_max: cfg.late_restarts of cfg.late_rounds rounds, gap cfg.late_gap;
+    up to cfg.late_restart_max_big: cfg.late_big_restarts with the full local search, gap cfg.late_gap_big)."""
     name = "late_restarts"
 
     def gap(self, ctx: Context) -> float:
-        return ctx.cfg.late_gap
+        return ctx.cfg.late_gap_big if _size(ctx) > ctx.cfg.late_restart_max else ctx.cfg.late_gap
 
     def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
         cfg = ctx.cfg
-        if not cfg.restart_max < _size(ctx) <= cfg.late_restart_max:
+        if not cfg.restart_max < _size(ctx) <= cfg.late_restart_max_big:
             return None
         left.spend(self.name)
-        alt = restart_dispatch(ctx.lengths, ctx.prof.pipes, cfg.late_restarts, seed=ctx.seed, below=est,
-                               target=ctx.target, deadline=ctx.deadline, max_rounds=cfg.late_rounds)
+        big = _size(ctx) > cfg.late_restart_max
+        alt = restart_dispatch(ctx.lengths, ctx.prof.pipes, cfg.late_big_restarts if big else cfg.late_restarts,
+                               seed=ctx.seed, below=est, target=ctx.target, deadline=ctx.deadline,
+                               max_rounds=None if big else cfg.late_rounds)
         if alt is None:
             return None
         return pack_groups(ctx.lengths, ctx.prof, alt.groups, ctx.packer, False, limit=est, order=by_load(alt))
