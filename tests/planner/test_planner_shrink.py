@@ -113,24 +113,26 @@ def test_late_restarts_on_a_large_step():
 
 
 def test_big_late_restart_on_a_large_step():
-    """llama-32b a800x256, 2*tp4cp8+48*tp4 (the bound-setting candidate of the proposal), synthetic:commoncrawl seed
-    0 step 2: 1,226 documents x 50 pipelines, above late_restart_max, so no restart ran: 1.0198 x the bound. One
-    random-order restart with the dispatch's full local search (20 + D rounds) reaches 1.0065 x (decision 65)."""
+    """llama-32b a800x1024, 64*tp8cp2 (a hand candidate), synthetic:github seed 0 step 1 (a tuning seed): 1,269
+    documents x 64 pipelines, above late_restart_max. One random-order restart with the dispatch's full local search
+    (20 + D rounds; decision 65) takes the plan from 1.0294 to 1.0288 x the bound. Decision 65's own step (llama-32b
+    a800x256 2*tp4cp8+48*tp4 commoncrawl seed 0 step 2) no longer gains since the later dispatch changes; on the
+    held-out seeds this tier earns only at 1024 GPUs (decision 113: +0.11 % on llama-32b a800x1024 hand github)."""
     from tidal.core import get_cluster, get_model, parse_strategy, place
-    from tidal.costmodel.analytic import analytic_v1  # the model the scenario was diagnosed under
+    from tidal.costmodel import default_cost_model
     from tidal.data import sample_steps
     from tidal.planner import select as sel
 
-    model, cluster = get_model("llama-32b"), get_cluster("a800x256")
-    prof = sel.profile_strategies([place(parse_strategy("2*tp4cp8+48*tp4"), cluster, model)],
-                                  analytic_v1(model, cluster))[0]
-    l_ = sample_steps("synthetic:commoncrawl", seed=0, tokens_per_step=800_000, max_len=32768,
-                      steps=3)[0][2].lengths_array()
+    model, cluster = get_model("llama-32b"), get_cluster("a800x1024")
+    prof = sel.profile_strategies([place(parse_strategy("64*tp8cp2"), cluster, model)],
+                                  default_cost_model(model, cluster))[0]
+    l_ = sample_steps("synthetic:github", seed=0, tokens_per_step=3_200_000, max_len=32768,
+                      steps=2)[0][1].lengths_array()
     cfg = PlannerConfig()
-    assert l_.size * len(prof.pipes) > cfg.late_restart_max
+    assert cfg.late_restart_max < l_.size * len(prof.pipes) <= cfg.late_restart_max_big
     bound = strategy_bound(l_, prof.pipes)
     est, plans = assign(l_, prof, target=bound)
     _check_plan(l_, plans)
     # no restart on steps this large
     before = assign(l_, prof, target=bound, config=PlannerConfig(late_restart_max_big=cfg.late_restart_max))[0]
-    assert est <= before < 1.01 * bound  # 1.0051 x since decision 94 (its tp4s are PP = 1, priced as a sum)
+    assert est < before < 1.04 * bound
