@@ -111,17 +111,22 @@ def test_compiled_local_search_matches_plain():
             np.testing.assert_array_equal(getattr(sts[0], name), getattr(sts[1], name), err_msg=name)
 
 
+def _tied_cases(seed: int, count: int):
+    """(pipes, lengths, greedy owner) of `count` random cases, every other one with many tied lengths."""
+    rng = np.random.default_rng(seed)
+    for t in range(count):
+        pipes, l_ = _case(rng)
+        if t % 2 == 0:
+            l_ = rng.choice(l_[:3], size=l_.size)  # ties
+        yield pipes, l_, d.greedy_owner(l_, pipes, rng.permutation(l_.size))
+
+
 def test_local_search_state_matches_a_fresh_one():
     """The local search updates its per-pipeline state in place, the top-two lengths in O(1) per move where it can
     (kernels.ls_move, decision 107): after it, every array equals a SearchState built afresh from the final owners
     (sums of integer lengths and their squares are exact), in both modes, with many tied lengths (counts of the
     longest > 1, second-longest removed)."""
-    rng = np.random.default_rng(7)
-    for t in range(12):
-        pipes, l_ = _case(rng)
-        if t % 2 == 0:
-            l_ = rng.choice(l_[:3], size=l_.size)  # ties
-        owner = d.greedy_owner(l_, pipes, rng.permutation(l_.size))
+    for t, (pipes, l_, owner) in enumerate(_tied_cases(7, 12)):
         for lp in (kernels.COMPILED, kernels.PLAIN):
             st = d.SearchState(pipes, l_, owner.copy(), loops=lp)
             d.local_search(st, 20 + len(pipes) + l_.size, pairs=t % 3 == 0)
@@ -133,12 +138,7 @@ def test_local_search_state_matches_a_fresh_one():
 def test_search_state_sums_equal_the_numpy_expressions():
     """SearchState's sums and top-two lengths, built in one loop (kernels.state_sums), equal the np.bincount /
     np.maximum.at expressions they replaced, exactly, in both modes (ties, empty pipelines, long documents)."""
-    rng = np.random.default_rng(8)
-    for t in range(20):
-        pipes, l_ = _case(rng)
-        if t % 2 == 0:
-            l_ = rng.choice(l_[:3], size=l_.size)  # ties
-        owner = d.greedy_owner(l_, pipes, rng.permutation(l_.size))
+    for pipes, l_, owner in _tied_cases(8, 20):
         n, lf = len(pipes), l_.astype(np.float64)
         H = np.array([p.max_len for p in pipes], dtype=np.float64) / 2
         top1 = np.zeros(n)
