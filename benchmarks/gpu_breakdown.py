@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from tidal.core import ParallelScheme, get_cluster
+from tidal.core import ParallelScheme, TidalError, get_cluster
 from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.models import Llama, VarlenBatch, loss_sum
 from tidal.runtime.config import model_arg
@@ -36,29 +36,49 @@ def kernel_class(name: str) -> str:
     return "other"
 
 
-def parse_mb(text: str) -> list[int]:
+def parse_mbs(text: str) -> list[list[int]]:
+    """'16384;1024x16' -> [[16384], [1024] * 16]: micro-batches split by ';', documents by ',', 'LxK' = K of L."""
     out = []
-    for part in text.split(","):
-        n, _, k = part.partition("x")
-        out += [int(n)] * (int(k) if k else 1)
+    for mb in text.split(";"):
+        lens = []
+        for part in mb.split(","):
+            n, _, k = part.strip().partition("x")
+            try:
+                lens += [int(n)] * (int(k) if k else 1)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"bad micro-batch {mb!r} in {text!r}: expected L or LxK, "
+                                                 "comma-separated") from None
+        if not lens or min(lens) < 1:
+            raise argparse.ArgumentTypeError(f"bad micro-batch {mb!r} in {text!r}: lengths must be >= 1")
+        out.append(lens)
     return out
+
+
+def positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="examples/model-llama2-7b-4layers.toml")
-    ap.add_argument("--mbs", default="16384;4096x4;1024x16;4096;1024")
+    ap.add_argument("--mbs", type=parse_mbs, default="16384;4096x4;1024x16;4096;1024")
     ap.add_argument("--attn-backend", default="sdpa")
     ap.add_argument("--device-type", default="h200")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--top", type=int, default=12, help="kernels listed per micro-batch, by device time")
+    ap.add_argument("--repeats", type=positive_int, default=3)
+    ap.add_argument("--top", type=positive_int, default=12, help="kernels listed per micro-batch, by device time")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    spec = model_arg(args.model).spec()
+    try:
+        spec = model_arg(args.model).spec()
+        cluster = get_cluster(f"{args.device_type}x1")
+    except TidalError as e:
+        ap.error(str(e))
     torch.manual_seed(0)
     model = Llama(spec, args.attn_backend).to(device=device, dtype=dtype)
-    cm = AnalyticCostModel(spec, get_cluster(f"{args.device_type}x1"))
+    cm = AnalyticCostModel(spec, cluster)
     dev = cm.cluster.groups[0].device
     e = cm.eff_for(dev)
     F, m = dev.peak_flops, spec
@@ -67,8 +87,8 @@ def main() -> None:
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     print(f"{spec.name}({spec.layers} layers) on {device}, {dtype}, attention {args.attn_backend}")
-    for text in args.mbs.split(";"):
-        lens = parse_mb(text)
+    for lens in args.mbs:
+        text = ",".join(map(str, lens)) if len(set(lens)) > 1 else f"{lens[0]}x{len(lens)}"
         n = sum(lens)
         toks = torch.randint(0, spec.vocab, (n + 1,), device=device)
         batch = VarlenBatch.from_lengths(lens, device=device)

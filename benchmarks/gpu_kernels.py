@@ -28,7 +28,7 @@ import time
 import numpy as np
 import torch
 
-from tidal.core import get_cluster
+from tidal.core import TidalError, get_cluster
 from tidal.models.attention import VarlenMeta, explain_backend, varlen_attention
 from tidal.runtime.config import model_arg
 
@@ -120,6 +120,17 @@ def attn_rows(spec, tps, lengths, device, dtype, repeats, backends, peak):
     return rows
 
 
+def positive_ints(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; '' -> [] (that part is skipped); anything else is a one-line argparse error."""
+    try:
+        out = [int(x) for x in text.split(",")] if text.strip() else []
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if any(x < 1 for x in out):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return out
+
+
 def fit_saturating(xs, effs):
     """Least squares of eff = a * x / (x + k) over a log grid of k (a closed form for each k)."""
     xs, effs = np.asarray(xs, float), np.asarray(effs, float)
@@ -136,31 +147,36 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="llama2-7b")
     ap.add_argument("--device-type", default="h200", help="the cluster device type whose datasheet peak divides")
-    ap.add_argument("--tps", default="1,2,4,8")
-    ap.add_argument("--tokens", default="1024,4096,16384")
-    ap.add_argument("--lengths", default="1024,4096,16384,32768")
+    ap.add_argument("--tps", type=positive_ints, default="1,2,4,8")
+    ap.add_argument("--tokens", type=positive_ints, default="1024,4096,16384", help="'' skips the GEMM rows")
+    ap.add_argument("--lengths", type=positive_ints, default="1024,4096,16384,32768",
+                    help="'' skips the attention rows")
     ap.add_argument("--backends", default="sdpa,flex")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=positive_ints, default="5")
     ap.add_argument("--dtype", default="", help="default: bfloat16 on CUDA, float32 on CPU")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
-    spec = model_arg(args.model).spec()
-    peak = get_cluster(f"{args.device_type}x1").groups[0].device.peak_flops
-    tps = [int(x) for x in args.tps.split(",")]
+    try:
+        spec = model_arg(args.model).spec()
+        peak = get_cluster(f"{args.device_type}x1").groups[0].device.peak_flops
+    except TidalError as e:
+        ap.error(str(e))
+    tps, repeats = args.tps, args.repeats[0]
+    bad = [t for t in tps if spec.heads % t or spec.kv_heads % t and t % spec.kv_heads or spec.ffn % t]
+    if bad:
+        ap.error(f"--tps {bad}: must divide {spec.name}'s heads ({spec.heads}) and FFN width ({spec.ffn})")
     hd = spec.head_dim
     backends = [b for b in args.backends.split(",")
                 if explain_backend(b, device, dtype, needs_grad=True, head_dim=hd)[0] == b]
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     print(f"{spec.name} on {name} ({dtype}), peak {peak / 1e12:.0f} TFLOP/s ({args.device_type} datasheet), "
-          f"median of {args.repeats}")
+          f"median of {repeats}")
     print(f"{'tp':>3} {'tokens':>7} {'x MFLOP':>8} {'layer ms':>9} {'eff':>6} | {'head ms':>8} {'eff':>6}")
-    g = gemm_rows(spec, tps, [int(x) for x in args.tokens.split(",")] if args.tokens else [], device, dtype,
-                  args.repeats, peak)
+    g = gemm_rows(spec, tps, args.tokens, device, dtype, repeats, peak)
     print(f"{'tp':>3} {'length':>7} {'backend':>8} {'ms':>9} {'eff':>6}")
-    a = attn_rows(spec, tps, [int(x) for x in args.lengths.split(",")] if args.lengths else [], device, dtype,
-                  args.repeats, backends, peak)
+    a = attn_rows(spec, tps, args.lengths, device, dtype, repeats, backends, peak)
     xs = [r["x"] for r in g] + [r["head_x"] for r in g]
     effs = [r["flops"] / peak for r in g] + [r["head_flops"] / peak for r in g]
     fit = {}

@@ -52,10 +52,12 @@ TP1 = ParallelScheme(1, 1, 1)
 def kernel_fit() -> Efficiency:
     """GEMM from the TP 1-8 GEMM rows; attention's half width from flex's TP 1 / TP 8 ratio at the longest length."""
     k = json.loads((DATA / "h200-kernels-llama2-7b.json").read_text())
-    flex = {r["tp"]: r["flops"] for r in k["attention"] if r["backend"] == "flex" and r["length"] == max(
-        x["length"] for x in k["attention"] if x["backend"] == "flex")}
-    w1, w8, ratio = 4096.0, 512.0, flex[1] / flex[8]  # e(w1)/e(w8) = w1 (w8 + k) / (w8 (w1 + k))
-    half = (w1 * w8 - ratio * w8 * w1) / (ratio * w8 - w1)
+    rows = [r for r in k["attention"] if r["backend"] == "flex"]
+    longest = max(r["length"] for r in rows)
+    by_tp = {r["tp"]: r for r in rows if r["length"] == longest}
+    wide, narrow = by_tp[min(by_tp)], by_tp[max(by_tp)]
+    w1, w8, ratio = wide["width"], narrow["width"], wide["flops"] / narrow["flops"]
+    half = (w1 * w8 - ratio * w8 * w1) / (ratio * w8 - w1)  # e(w1) / e(w8) = w1 (w8 + k) / (w8 (w1 + k)) = ratio
     return replace(Efficiency(), gemm=k["fit"]["gemm"], gemm_half_flops=k["fit"]["gemm_half_flops"],
                    attn_half_width=half, vocab_bytes=2 * LOGIT_BYTES["bfloat16"])
 
