@@ -1,0 +1,105 @@
+"""The per-micro-batch attention backend rule (`core.attnrule.H200_RULE`, decision 119), fitted on H200 measurements.
+
+Inputs (benchmarks/data/, one H200, PyTorch 2.11, bf16, no flash-attn; decision 116): `tidal profile` rows of the same
+micro-batches run with sdpa and with flex:
+- FIT: llama2-7b x 4 layers, sdpa (`h200-llama2-7b-4layers-profile-sdpa.csv`) against the mean of the two flex runs
+  (`h200-llama2-7b-4layers-profile.csv`, `-flex2.csv`): 12 micro-batches of 1K, 4K and 16K tokens, 1-16 documents;
+- HELD OUT: llama3.2-1b (16 layers, head dim 64, GQA 32/8), sdpa against flex: 16 micro-batches of 1K-32K tokens.
+The rule models t_sdpa - t_flex per layer as seg_cost * S - flex_const - flex_work * W (core/attnrule.py); the
+three constants come from non-negative least squares on the FIT rows. Printed per row set: the rule's pick against
+the measured faster backend, the time a wrong pick loses (of the faster one's time), and the summed time of always
+flex (today's `auto` on a GPU without flash-attn), always sdpa, the rule, and the best of the two per micro-batch.
+The summed-time ratios are an ESTIMATE of the gain from measured single-micro-batch rows, not an end-to-end
+measurement (not measured: no GPU here).
+
+    python benchmarks/attn_rule_fit.py
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import nnls
+
+from tidal.core.attnrule import H200_RULE, AttnBackendRule, causal_pairs
+from tidal.costmodel.fitted import read_profile
+from tidal.runtime.config import model_arg
+
+DATA = Path(__file__).resolve().parent / "data"
+EX = Path(__file__).resolve().parent.parent / "examples"
+FIT = ("llama2-7b x4 (fit)", str(EX / "model-llama2-7b-4layers.toml"), "h200-llama2-7b-4layers-profile-sdpa.csv",
+       ("h200-llama2-7b-4layers-profile.csv", "h200-llama2-7b-4layers-profile-flex2.csv"))
+HELD_OUT = ("llama3.2-1b (held out)", "llama3.2-1b", "h200-llama3.2-1b-profile-sdpa.csv",
+            ("h200-llama3.2-1b-profile-flex.csv",))
+
+
+def rows(model: str, sdpa: str, flex: tuple[str, ...]):
+    """(lengths, sdpa s, flex s, layers, heads, head dim) per micro-batch; flex is the mean of its runs."""
+    spec = model_arg(model).spec()
+    sd = read_profile(DATA / sdpa)
+    fl = [read_profile(DATA / f) for f in flex]
+    out = []
+    for i, r in enumerate(sd):
+        if any(list(f[i].lengths) != list(r.lengths) for f in fl):
+            raise SystemExit(f"{sdpa} and {flex} list different micro-batches at row {i}")
+        out.append((list(r.lengths), r.seconds, float(np.mean([f[i].seconds for f in fl])), spec.layers, spec.heads,
+                    spec.head_dim))
+    return out
+
+
+def features(lengths, heads, head_dim):
+    return [len(lengths), -1.0, -float(heads * head_dim * sum(causal_pairs(n, n) for n in lengths))]
+
+
+def fit(fit_rows) -> AttnBackendRule:
+    x = np.array([features(ls, h, d) for ls, _, _, _, h, d in fit_rows])
+    y = np.array([(ts - tf) / layers for _, ts, tf, layers, _, _ in fit_rows])
+    scale = np.abs(x).max(axis=0)
+    coef, _ = nnls(x / scale, y)
+    coef = coef / scale
+    return AttnBackendRule(float(coef[0]), float(coef[1]), float(coef[2]), source="refit")
+
+
+def report(name: str, rule: AttnBackendRule, rs) -> None:
+    print(f"\n{name}: {len(rs)} micro-batches")
+    print(f"  {'lengths':<26} {'sdpa ms':>9} {'flex ms':>9} {'faster':>7} {'rule':>6} {'margin ms/layer':>16} "
+          f"{'lost':>6}")
+    wrong, lost, tot = 0, [], {"flex": 0.0, "sdpa": 0.0, "rule": 0.0, "best": 0.0}
+    for ls, ts, tf, layers, h, d in rs:
+        t = {"sdpa": ts, "flex": tf}
+        best = min(t, key=t.get)
+        pick = rule.pick_lengths(ls, h, d)
+        loss = t[pick] / t[best] - 1
+        wrong += pick != best
+        lost.append(loss)
+        tot["flex"] += tf
+        tot["sdpa"] += ts
+        tot["rule"] += t[pick]
+        tot["best"] += t[best]
+        desc = f"{len(ls)} x {ls[0]}" if len(set(ls)) == 1 else " ".join(map(str, ls))
+        print(f"  {desc:<26} {ts * 1e3:9.1f} {tf * 1e3:9.1f} {best:>7} {pick:>6} "
+              f"{rule.margin(ls, ls, h, d) * 1e3:16.2f} {loss:6.1%}")
+    bad = [x for x in lost if x > 0]
+    print(f"  wrong picks {wrong}/{len(rs)}; time lost per wrong pick: "
+          + (f"median {statistics.median(bad):.1%}, worst {max(bad):.1%}" if bad else "none")
+          + f"; over all rows: mean {statistics.mean(lost):.1%}")
+    print(f"  summed time (estimate from these rows): always flex {tot['flex']:.3f} s, always sdpa {tot['sdpa']:.3f} s,"
+          f" rule {tot['rule']:.3f} s, best per micro-batch {tot['best']:.3f} s; rule / always flex "
+          f"{tot['rule'] / tot['flex']:.3f}, rule / always sdpa {tot['rule'] / tot['sdpa']:.3f}")
+
+
+def main() -> None:
+    fit_rows, held = rows(*FIT[1:]), rows(*HELD_OUT[1:])
+    rule = fit(fit_rows)
+    print(f"fitted: seg_cost {rule.seg_cost:.3g} s/segment/layer, flex_const {rule.flex_const:.3g} s/layer, "
+          f"flex_work {rule.flex_work:.3g} s per head*dim*pair per layer")
+    print(f"H200_RULE (core/attnrule.py): seg_cost {H200_RULE.seg_cost:.3g}, flex_const {H200_RULE.flex_const:.3g}, "
+          f"flex_work {H200_RULE.flex_work:.3g}")
+    for name, rs in ((FIT[0], fit_rows), (HELD_OUT[0], held)):
+        report(name, H200_RULE, rs)
+
+
+if __name__ == "__main__":
+    main()
