@@ -67,7 +67,7 @@ def report(name: str, rule: AttnBackendRule, rs) -> None:
     print(f"  {'lengths':<26} {'sdpa ms':>9} {'flex ms':>9} {'faster':>7} {'rule':>6} {'margin ms/layer':>16} "
           f"{'lost':>6}")
     wrong, lost, tot = 0, [], {"flex": 0.0, "sdpa": 0.0, "rule": 0.0, "best": 0.0}
-    for ls, ts, tf, layers, h, d in rs:
+    for ls, ts, tf, _, h, d in rs:
         t = {"sdpa": ts, "flex": tf}
         best = min(t, key=t.get)
         pick = rule.pick_lengths(ls, h, d)
