@@ -152,7 +152,7 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
         out = open(cfg.train.metrics, mode) if (rank == 0 and cfg.train.metrics) else None  # noqa: SIM115
         saved = done
         say(f"training steps {done + 1}-{cfg.train.steps}")
-        picks_before: dict[str, int] = {}
+        picks_before = executor.attn_picks()  # the warm-up's micro-batches are not a step's
         with StepGC(cfg.train.gc_every) as sgc:  # Python's GC at step boundaries (decision 66)
             for _ in range(cfg.train.steps - done):
                 t_loop = time.perf_counter()
@@ -312,6 +312,7 @@ def _row(index: int, step: StepPlan, job: Prepared, m, per_rank: np.ndarray, pla
         "strategy": str(job.candidates[step.strategy]),
         "strategy_index": step.strategy,
         "documents": m.sequences,
+        "micro_batches": [len(p.micro_batches) for p in step.pipelines],  # per pipeline of the strategy
         "deferred": len(step.deferred),
         "tokens": m.tokens,
         "loss": m.loss,
