@@ -12,18 +12,26 @@ flex (today's `auto` on a GPU without flash-attn), always sdpa, the rule, and th
 The summed-time ratios are an ESTIMATE of the gain from measured single-micro-batch rows, not an end-to-end
 measurement (not measured: no GPU here).
 
+Then the cost model (`costmodel.analytic.EFFICIENCY_EAGER_MIXED`, `--cost-model analytic-eager-mixed`): its `attn`
+fitted (least squares, every other term EFFICIENCY_EAGER's, attention flat across widths) on the FIT rows' measured
+time of the rule's pick, and the median / worst |error| per micro-batch of EFFICIENCY_EAGER (flex) and of
+EFFICIENCY_EAGER_MIXED against the rule's pick, sdpa and flex, on both row sets.
+
     python benchmarks/attn_rule_fit.py
 """
 
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from scipy.optimize import nnls
 
+from tidal.core import ParallelScheme, get_cluster
 from tidal.core.attnrule import H200_RULE, AttnBackendRule, causal_pairs
+from tidal.costmodel.analytic import EFFICIENCY_EAGER, EFFICIENCY_EAGER_MIXED, AnalyticCostModel, Efficiency
 from tidal.costmodel.fitted import read_profile
 from tidal.runtime.config import model_arg
 
@@ -90,6 +98,45 @@ def report(name: str, rule: AttnBackendRule, rs) -> None:
           f"{tot['rule'] / tot['flex']:.3f}, rule / always sdpa {tot['rule'] / tot['sdpa']:.3f}")
 
 
+def mb_time(model: str, eff: Efficiency, lengths) -> float:
+    cluster = get_cluster("h200x1")
+    cm = AnalyticCostModel(model_arg(model).spec(), cluster, eff)
+    return cm.coeffs(ParallelScheme(1, 1, 1), cluster.groups[0].device).mb_time(lengths)
+
+
+def picked(rs, rule: AttnBackendRule) -> list[float]:
+    """The measured time of the backend the rule picks, per micro-batch."""
+    return [ts if rule.pick_lengths(ls, h, d) == "sdpa" else tf for ls, ts, tf, _, h, d in rs]
+
+
+def fit_attn(model: str, rs, rule: AttnBackendRule) -> float:
+    """EFFICIENCY_EAGER with a flat attention efficiency fitted to the rule's picks: T = F + A / attn per row."""
+    flat = replace(EFFICIENCY_EAGER, attn_half_width=0.0)
+    a, y = [], []
+    for (ls, *_), t in zip(rs, picked(rs, rule)):
+        t1, t05 = mb_time(model, replace(flat, attn=1.0), ls), mb_time(model, replace(flat, attn=0.5), ls)
+        a.append(t05 - t1)
+        y.append(t - (2 * t1 - t05))
+    a, y = np.asarray(a), np.asarray(y)
+    return min(1.0, float(a @ a / (a @ y)))
+
+
+def cost_report(fit_rows, held) -> None:
+    print(f"\ncost model: attn fitted on {FIT[0]}'s rule picks: {fit_attn(FIT[1], fit_rows, H200_RULE):.3f} "
+          f"(EFFICIENCY_EAGER_MIXED.attn {EFFICIENCY_EAGER_MIXED.attn}; EFFICIENCY_EAGER.attn {EFFICIENCY_EAGER.attn} "
+          f"at half width {EFFICIENCY_EAGER.attn_half_width:g})")
+    print(f"  {'rows':<24} {'model':<24} {'vs rule pick':>22} {'vs sdpa':>22} {'vs flex':>22}")
+    print(f"  {'':<24} {'':<24}" + f" {'median  worst signed':>22}" * 3)
+    for (name, model, *_), rs in ((FIT, fit_rows), (HELD_OUT, held)):
+        for label, eff in (("EFFICIENCY_EAGER", EFFICIENCY_EAGER), ("EFFICIENCY_EAGER_MIXED", EFFICIENCY_EAGER_MIXED)):
+            cells = []
+            for meas in (picked(rs, H200_RULE), [r[1] for r in rs], [r[2] for r in rs]):
+                err = [mb_time(model, eff, r[0]) / t - 1 for r, t in zip(rs, meas)]
+                mags = [abs(x) for x in err]
+                cells.append(f"{statistics.median(mags):6.1%} {max(mags):6.1%} {statistics.median(err):+7.1%}")
+            print(f"  {name:<24} {label:<24} " + " ".join(f"{c:>22}" for c in cells))
+
+
 def main() -> None:
     fit_rows, held = rows(*FIT[1:]), rows(*HELD_OUT[1:])
     rule = fit(fit_rows)
@@ -99,6 +146,7 @@ def main() -> None:
           f"flex_work {H200_RULE.flex_work:.3g}")
     for name, rs in ((FIT[0], fit_rows), (HELD_OUT[0], held)):
         report(name, H200_RULE, rs)
+    cost_report(fit_rows, held)
 
 
 if __name__ == "__main__":
