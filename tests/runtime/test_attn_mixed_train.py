@@ -27,14 +27,12 @@ def test_mixed_backend_counts_its_picks_and_trains_exactly():
         train=TrainSection(2, 0, "1f1b", "float64", "float64", "", False, plan_ahead=0))
     job = prepare(cfg, 2)
     (rec,) = run_distributed(jobs_worker, 2, [job], timeout_s=300)[0]
-    by_name = {str(c): c for c in job.candidates}
     assert len({r["strategy"] for r in rec.rows}) == 2
     for r in rec.rows:
         assert r["attn_backend"] == "mixed (mixed; flex picks run sdpa: no FlexAttention backward on CPU)"
-        pipes = by_name[r["strategy"]].pipelines
         # every rank of a pipeline counts each of its micro-batches once (tp1pp2: both stages; 2*tp1: one rank)
-        ran = sum(n * p.scheme.tp * p.scheme.cp * p.scheme.pp for n, p in zip(r["micro_batches"], pipes))
-        assert r["attn_picks"] == {"sdpa": ran, "flex": 0}, r
+        ran = sum(p["micro_batches"] * len(p["ranks"]) for p in r["pipelines"])
+        assert ran > 0 and r["attn_picks"] == {"sdpa": ran, "flex": 0}, r
     losses, ref = replay_reference(job, rec.rows)
     rep = verify_report(rec.rows, losses, rec.state, ref)
     assert rep["loss"] <= TOL["loss"] and rep["params"] <= TOL["params"] and rep["moments"] <= TOL["moments"], rep

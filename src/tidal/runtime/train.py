@@ -312,7 +312,6 @@ def _row(index: int, step: StepPlan, job: Prepared, m, per_rank: np.ndarray, pla
         "strategy": str(job.candidates[step.strategy]),
         "strategy_index": step.strategy,
         "documents": m.sequences,
-        "micro_batches": [len(p.micro_batches) for p in step.pipelines],  # per pipeline of the strategy
         "deferred": len(step.deferred),
         "tokens": m.tokens,
         "loss": m.loss,
