@@ -129,3 +129,16 @@ def test_auto_is_mixed_on_cuda_without_flash_and_unchanged_on_cpu():
     assert chosen == "flash" or dict(skipped)["mixed"] == "its flex picks: compiled kernel needs head dim >= 16, got 8"
     assert explain_backend("auto", "cpu", torch.float64)[0] == "sdpa"
     assert explain_backend("mixed", "cpu", torch.float64) == ("mixed", [])  # named: runs anywhere
+
+
+def test_the_train_summary_says_which_backend_ran_how_many_micro_batches():
+    from rich.console import Console
+
+    from tidal.cli.render import train_summary
+
+    con = Console(width=200, record=True)
+    row = dict(strategy="2*tp1", tokens=10, loss=1.0, critical_path_s=1.0, wall_s=1.0, pull_s=0.0, push_s=0.0,
+               attn_backend="mixed (auto; flash: flash_attn is not installed)")
+    train_summary(con, [{**row, "attn_picks": {"sdpa": 3, "flex": 1}}, {**row, "attn_picks": {"sdpa": 0, "flex": 4}}])
+    assert ("attention backend: mixed (auto; flash: flash_attn is not installed); per micro-batch: flex 5, sdpa 3 "
+            "(stage micro-batches, summed over ranks)") in con.export_text()
