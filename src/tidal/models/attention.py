@@ -312,7 +312,9 @@ def flex_block_mask(meta: VarlenMeta, tq: int, tk: int, device: torch.device):
 class AttentionKernels:
     """Compiled kernels one model shares across its layers and micro-batches (today: FlexAttention on CUDA).
     Dynamo guards a compiled frame on the `torch.compile` wrapper that produced it, so the wrapper must live as long
-    as the model: a fresh `torch.compile(flex_attention)` per call would recompile every call."""
+    as the model: a fresh `torch.compile(flex_attention)` per call would recompile every call. Also the model's
+    "mixed" rule (a value passed in, default :data:`~tidal.core.attnrule.H200_RULE`) and ``picks``, the
+    micro-batches each backend ran under it."""
 
     def __init__(self, rule: AttnBackendRule = H200_RULE) -> None:
         if not isinstance(rule, AttnBackendRule):
