@@ -191,7 +191,7 @@ def explain_backend(name: str, device: torch.device | str, dtype: torch.dtype,
 
 def describe_backend(name: str, device: torch.device | str, dtype: torch.dtype, needs_grad: bool = True,
                      head_dim: int | None = None) -> str:
-    """One line for logs: 'sdpa (auto; flash: needs CUDA; flex: no FlexAttention backward on CPU)'."""
+    """One line for logs: 'sdpa (auto; flash: needs CUDA; mixed: its flex picks: no FlexAttention backward on CPU)'."""
     chosen, skipped = explain_backend(name, device, dtype, needs_grad, head_dim)
     if chosen == "mixed":
         flex_why = _unavailable("flex", torch.device(device).type == "cuda", dtype, needs_grad, False, head_dim)
