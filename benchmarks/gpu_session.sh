@@ -6,7 +6,9 @@
 # at 1K-16K tokens, for the cost model's H200 check; 6. activation bytes per layer and per vocabulary entry
 # (benchmarks/act_bytes.py) of llama3.2-1b and llama2-7b's shapes against the memory model; 7. GEMM and attention
 # efficiency at llama2-7b's TP shards (benchmarks/gpu_kernels.py: sdpa at TP 1-8, flex at TP 1 and 8), for the analytic
-# model's Hopper efficiencies; 8. part 5 with the sdpa backend (the runtime's overhead apart from flex's).
+# model's Hopper efficiencies; 8. part 5 with the sdpa backend (the runtime's overhead apart from flex's); 9. part 5
+# and llama3.2-1b with the per-micro-batch backend `mixed` (auto's choice on CUDA without flash-attn, decision 119):
+# against parts 5 and 8 (and benchmarks/data/h200-llama3.2-1b-profile-*.csv), the rule's measured gain.
 # Each part has its own time limit and goes on after a failure; everything lands in OUTDIR/session.log.
 set -u
 OUT=${1:-gpu-out}
@@ -38,7 +40,8 @@ part train-1b 110 python3 benchmarks/gpu_run.py --model llama3.2-1b --cluster h2
   --out "$OUT/train_1b.json"
 part attention 50 python3 benchmarks/attention_backends.py --repeats 5
 part profile-7b 110 python3 -m tidal.cli.main profile --model examples/model-llama2-7b-4layers.toml \
-  --cluster h200x1 --schemes tp1 --totals 1024,4096,16384 --mixes 2 --repeats 3 --out "$OUT/profile.json"
+  --cluster h200x1 --schemes tp1 --totals 1024,4096,16384 --mixes 2 --repeats 3 --attn-backend flex \
+  --out "$OUT/profile.json"
 part act-bytes-1b 40 python3 benchmarks/act_bytes.py --model llama3.2-1b --tokens 4096,16384 --attn-backend sdpa
 part act-bytes-7b 40 python3 benchmarks/act_bytes.py --model llama2-7b --tokens 4096,16384 --attn-backend sdpa
 part kernels 110 python3 benchmarks/gpu_kernels.py --backends sdpa --out "$OUT/kernels.json"
@@ -47,4 +50,9 @@ part kernels-flex 80 python3 benchmarks/gpu_kernels.py --backends flex --tps 1,8
 part profile-7b-sdpa 110 python3 -m tidal.cli.main profile --model examples/model-llama2-7b-4layers.toml \
   --cluster h200x1 --schemes tp1 --totals 1024,4096,16384 --mixes 2 --repeats 3 --attn-backend sdpa \
   --out "$OUT/profile_sdpa.json"
+part profile-7b-mixed 110 python3 -m tidal.cli.main profile --model examples/model-llama2-7b-4layers.toml \
+  --cluster h200x1 --schemes tp1 --totals 1024,4096,16384 --mixes 2 --repeats 3 --attn-backend mixed \
+  --out "$OUT/profile_mixed.json"
+part profile-1b-mixed 150 python3 -m tidal.cli.main profile --model llama3.2-1b --cluster h200x1 --schemes tp1 \
+  --totals 1024,4096,16384,32768 --mixes 2 --repeats 3 --attn-backend mixed --out "$OUT/profile_1b_mixed.json"
 grep "^===" "$LOG"

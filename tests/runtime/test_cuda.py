@@ -64,6 +64,33 @@ def test_model_on_cuda_matches_cpu_fp32(backend, no_tf32):
     _close(loss, grads, ref_loss, ref, 1e-4, 1e-4)
 
 
+def test_mixed_on_cuda_runs_both_kernels_and_matches_cpu(no_tf32):
+    """attn_backend "mixed" (auto's choice on CUDA without flash-attn, decision 119) on two micro-batches whose
+    H200-rule picks differ: 40 documents of 5 tokens (flex, the compiled kernel with its backward) and one of 200
+    (sdpa). Loss and gradients of each within the fp32 tolerances above of CPU sdpa; each kernel ran once."""
+    from tidal.models.attention import explain_backend
+
+    assert explain_backend("auto", "cuda", torch.float32, head_dim=TINY16.head_dim)[0] in ("flash", "mixed")
+    torch.manual_seed(0)
+    cpu = Llama(TINY16, "sdpa")
+    gpu = Llama(TINY16, "mixed")
+    gpu.load_state_dict(cpu.state_dict())
+    gpu = gpu.to("cuda")
+    g = torch.Generator().manual_seed(1)
+    for lengths in ([5] * 40, [200]):
+        toks = torch.randint(0, 256, (sum(lengths) + 1,), generator=g)
+        out = []
+        for model, dev in ((cpu, "cpu"), (gpu, "cuda")):
+            model.zero_grad()
+            t = toks.to(dev)
+            loss = loss_sum(model(t[:-1], VarlenBatch.from_lengths(lengths, device=dev)), t[1:]) / sum(lengths)
+            loss.backward()
+            out.append((float(loss.detach()), {n: p.grad.detach().float().cpu() for n, p in model.named_parameters()}))
+        (ref_loss, ref), (loss, grads) = out
+        _close(loss, grads, ref_loss, ref, 1e-4, 1e-4)
+    assert gpu.attn_picks == {"flex": 1, "sdpa": 1}
+
+
 def test_flex_falls_back_below_head_dim_16(no_tf32):
     """tiny (head dim 8) asked for flex on CUDA runs sdpa (the compiled kernel refuses it) and still matches."""
     ref_loss, ref = _run("cpu", "sdpa", spec=get_model("tiny"))

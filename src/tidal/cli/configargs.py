@@ -15,7 +15,7 @@ from dataclasses import fields
 # one line per key: what it does (the default is added from the dataclass); docs/training.md has the full reference
 KEY_HELP = {
     "model.name": "preset name (tiny, small, llama2-7b, llama3-8b, qwen2.5-7b, mistral-7b, ...) or a custom shape's",
-    "model.attn_backend": "attention kernel: auto, flash, flex, sdpa, reference",
+    "model.attn_backend": "attention kernel: auto, mixed, flash, flex, sdpa, reference",
     "model.layers": "transformer layers (a custom shape, or a change to the preset)",
     "model.hidden": "hidden size",
     "model.heads": "attention heads",

@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
     p.add_argument("--repeats", type=int, default=1, help="timed runs per micro-batch (median)")
     p.add_argument("--memory-gib", type=float, default=None,
                    help="per-device memory for MaxLen (default: CUDA's total memory, else the cluster's device type)")
-    p.add_argument("--attn-backend", default="auto", help="attention kernel: auto, flash, flex, sdpa, reference")
+    p.add_argument("--attn-backend", default="auto", help="attention kernel: auto, mixed, flash, flex, sdpa, reference")
     p.add_argument("--dtype", default="auto",
                    help="compute dtype profiled: auto (training's default: bfloat16 on CUDA, float32 on CPU), "
                         "float32, bfloat16 or float64")

@@ -126,7 +126,13 @@ def train_summary(con: Console, rows: list[dict], metrics_path: str = "") -> Non
                   f"{_share(rs):.1%}")
     con.print(t)
     if rows[0].get("attn_backend"):
-        con.print(f"attention backend: {rows[0]['attn_backend']}")
+        picks: dict[str, int] = {}
+        for r in rows:
+            for b, n in r.get("attn_picks", {}).items():
+                picks[b] = picks.get(b, 0) + n
+        ran = ", ".join(f"{b} {n}" for b, n in sorted(picks.items(), key=lambda kv: -kv[1]) if n)
+        con.print(f"attention backend: {rows[0]['attn_backend']}"
+                  + (f"; per micro-batch: {ran} (stage micro-batches, summed over ranks)" if ran else ""))
     tok = sum(r["tokens"] for r in rows)
     wall = sum(r["wall_s"] for r in rows)
     con.print(f"final loss {rows[-1]['loss']:.4f} | {tok:,} tokens in {wall:.1f} s wall ({tok / wall:,.0f} tok/s) | "

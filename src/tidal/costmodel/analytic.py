@@ -16,7 +16,7 @@ every stage's time. CP's kernel imbalance is charged per micro-batch outside the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tidal.core.cluster import ClusterSpec, DeviceType
 from tidal.core.errors import TidalError
@@ -95,6 +95,16 @@ EFFICIENCY_EAGER = Efficiency(gemm=0.714, gemm_half_flops=1.44e7, attn=0.221, at
                               doc_per_layer=1.59e-5)
 
 
+# Tidal's eager runtime on Hopper with attn_backend "mixed" (auto's choice on CUDA without flash-attn; decision 119):
+# each micro-batch runs sdpa or flex by core.attnrule.H200_RULE, a minimum of two prices that the per-document
+# form T = c + sum(a l^2 + b l + d) cannot hold. Its additive envelope: attention at sdpa's rate (flat across
+# widths, as sdpa's TP 1-8 kernel rows are at 16-32K tokens; the rule runs sdpa wherever the l^2 term is large),
+# the per-micro-batch and per-document constants of flex (the rule runs flex wherever sdpa's per-document costs
+# would be large). `attn` fitted on llama2-7b x4's measured time of the rule's pick per micro-batch, every other
+# term EFFICIENCY_EAGER's (benchmarks/attn_rule_fit.py; llama3.2-1b held out).
+EFFICIENCY_EAGER_MIXED = replace(EFFICIENCY_EAGER, attn=0.556, attn_half_width=0.0)
+
+
 def _link_bw(device: DeviceType, span: int, inter_scale: float = 1.0, ring: bool = False) -> float:
     """Per-device bandwidth of a group of `span` consecutive devices: intra-node if it fits in a node. Across nodes, a
     ring collective (TP, CP) runs one ring per NIC, each crossing the node boundary once, so its per-device bandwidth
@@ -166,9 +176,10 @@ def analytic_v1(model: ModelSpec, cluster: ClusterSpec) -> AnalyticCostModel:
 
 def named_efficiency(name: str) -> Efficiency | None:
     """The efficiencies a cost-model name stands for: '' or 'analytic' (calibrated on Hydraulis' pools), or
-    'analytic-eager' (`EFFICIENCY_EAGER`: Tidal's own eager runtime, fitted on one H200; decision 116); None for
-    anything else (a file: `costmodel.loader.load_cost_model`)."""
+    'analytic-eager' (`EFFICIENCY_EAGER`: Tidal's own eager runtime with flex attention, fitted on one H200;
+    decision 116), 'analytic-eager-mixed' (`EFFICIENCY_EAGER_MIXED`: the same runtime choosing sdpa or flex per
+    micro-batch; decision 119); None for anything else (a file: `costmodel.loader.load_cost_model`)."""
     key = name.strip().lower()
     if key in ("", "analytic"):
         return Efficiency()
-    return EFFICIENCY_EAGER if key == "analytic-eager" else None
+    return {"analytic-eager": EFFICIENCY_EAGER, "analytic-eager-mixed": EFFICIENCY_EAGER_MIXED}.get(key)

@@ -20,11 +20,17 @@ Backends (``BACKENDS``):
 * ``"sdpa"``: ``scaled_dot_product_attention`` once per segment (causal kernel, or the segment's own
   bottom-right mask for CP pieces): work and memory follow the documents, not the packed micro-batch.
 * ``"reference"``: pure torch, one segment at a time, explicit softmax; the ground truth the others are tested against.
-* ``"auto"``: the fastest correct one for the device: flash, then flex (CUDA only), then sdpa, then reference.
-  :func:`explain_backend` says which one runs and why the faster ones were passed over.
+* ``"mixed"``: ``sdpa`` or ``flex`` chosen once per micro-batch from its segment lengths by an
+  :class:`~tidal.core.attnrule.AttnBackendRule` (decision 119: per-document sdpa is the faster kernel per FLOP,
+  one flex call wins on many short documents). The pick is made on the host from ``VarlenMeta.host`` on the first
+  layer, cached on the VarlenMeta like the block mask, and counted in the model's :class:`AttentionKernels`
+  (``picks``: backend -> micro-batches). A flex pick where flex cannot run (CPU with gradients) runs sdpa.
+* ``"auto"``: the fastest correct one for the device: flash, then mixed (CUDA only: its flex picks need the compiled
+  kernel), then sdpa, then reference. :func:`explain_backend` says which one runs and why the faster ones were
+  passed over.
 
-An unavailable backend falls back along ``FALLBACK`` (flash -> flex -> sdpa -> reference); :func:`resolve_backend`
-reports the one actually used.
+An unavailable backend falls back along its chain (``CHAINS``; flash -> flex -> sdpa -> reference);
+:func:`resolve_backend` reports the one actually used.
 """
 
 from __future__ import annotations
@@ -35,10 +41,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from tidal.core.attnrule import H200_RULE, AttnBackendRule
 from tidal.core.errors import TidalError
 
-BACKENDS = ("auto", "flash", "flex", "sdpa", "reference")
+BACKENDS = ("auto", "mixed", "flash", "flex", "sdpa", "reference")
 FALLBACK = ("flash", "flex", "sdpa", "reference")
+# what each request tries, in order (the first that can run here runs)
+CHAINS = {"auto": ("flash", "mixed", "sdpa", "reference"), "mixed": ("mixed", "sdpa", "reference"),
+          **{b: FALLBACK[FALLBACK.index(b):] for b in FALLBACK}}
 
 
 @dataclass(frozen=True, eq=False)
@@ -139,7 +149,11 @@ FLEX_MIN_HEAD_DIM = 16
 
 def _unavailable(name: str, cuda: bool, dtype: torch.dtype, needs_grad: bool, auto: bool,
                  head_dim: int | None = None) -> str:
-    """Why backend `name` cannot (or, under auto, should not) run here; empty when it can."""
+    """Why backend `name` cannot (or, under auto, should not) run here; empty when it can. ``mixed`` runs where its
+    flex picks can (its sdpa picks run anywhere)."""
+    if name == "mixed":  # named, it runs anywhere (a flex pick that cannot run here runs sdpa); auto asks flex's way
+        why = _unavailable("flex", cuda, dtype, needs_grad, auto, head_dim) if auto else ""
+        return f"its flex picks: {why}" if why else ""
     if name == "flash":
         if not cuda:
             return "needs CUDA"
@@ -161,13 +175,13 @@ def _unavailable(name: str, cuda: bool, dtype: torch.dtype, needs_grad: bool, au
 def explain_backend(name: str, device: torch.device | str, dtype: torch.dtype,
                     needs_grad: bool = True, head_dim: int | None = None) -> tuple[str, list[tuple[str, str]]]:
     """(backend that runs, [(faster backend passed over, why)]) for a request of `name` on `device` in `dtype`, for
-    attention heads of `head_dim` (None: not checked)."""
+    attention heads of `head_dim` (None: not checked). "mixed" stands for a per-micro-batch choice (see
+    :func:`pick_backend` and ``AttentionKernels.picks`` for what ran)."""
     if name not in BACKENDS:
         raise TidalError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKENDS)}")
     cuda = torch.device(device).type == "cuda"
-    chain = FALLBACK if name == "auto" else FALLBACK[FALLBACK.index(name):]
     skipped = []
-    for b in chain:
+    for b in CHAINS[name]:
         why = _unavailable(b, cuda, dtype, needs_grad, name == "auto", head_dim)
         if not why:
             return b, skipped
@@ -177,14 +191,19 @@ def explain_backend(name: str, device: torch.device | str, dtype: torch.dtype,
 
 def describe_backend(name: str, device: torch.device | str, dtype: torch.dtype, needs_grad: bool = True,
                      head_dim: int | None = None) -> str:
-    """One line for logs: 'sdpa (auto; flash: needs CUDA; flex: no FlexAttention backward on CPU)'."""
+    """One line for logs: 'sdpa (auto; flash: needs CUDA; mixed: its flex picks: no FlexAttention backward on CPU)'."""
     chosen, skipped = explain_backend(name, device, dtype, needs_grad, head_dim)
+    if chosen == "mixed":
+        flex_why = _unavailable("flex", torch.device(device).type == "cuda", dtype, needs_grad, False, head_dim)
+        if flex_why:
+            skipped = [*skipped, ("flex picks run sdpa", flex_why)]
     reasons = "; ".join(f"{b}: {why}" for b, why in skipped)
     return f"{chosen} ({name}{'; ' + reasons if reasons else ''})"
 
 
 def resolve_backend(name: str, q: torch.Tensor, needs_grad: bool) -> str:
-    """The backend `varlen_attention` will run for this request: `name` if usable, else the next in FALLBACK."""
+    """The backend `varlen_attention` will run for this request: `name` if usable, else the next of its chain
+    ("mixed" when the choice is made per micro-batch)."""
     return explain_backend(name, q.device, q.dtype, needs_grad, q.shape[-1])[0]
 
 
@@ -192,7 +211,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: Va
                      backend: str = "auto", scale: float | None = None,
                      kernels: AttentionKernels | None = None) -> torch.Tensor:
     """Causal per-segment attention; returns ``[Tq, H, D]``. See the module docstring for the semantics. `kernels`
-    holds compiled kernels across calls (a model passes its own; without it, a compiled backend compiles per call)."""
+    holds compiled kernels across calls (a model passes its own; without it, a compiled backend compiles per call),
+    the rule of "mixed" and the count of what it picked."""
     if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape or q.shape[-1] != k.shape[-1]:
         raise TidalError(f"varlen_attention wants q [T,H,D], k/v [T,Hkv,D]; got {tuple(q.shape)}, {tuple(k.shape)}")
     if q.shape[1] % k.shape[1]:
@@ -202,6 +222,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: Va
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     name = resolve_backend(backend, q, needs_grad)
+    if name == "mixed":
+        name = pick_backend(meta, q, needs_grad, kernels)
     if name == "flex":
         out = _attn_flex(q, k, v, meta, scale, kernels)
     else:
@@ -255,6 +277,24 @@ def _attn_sdpa(q, k, v, meta: VarlenMeta, scale: float) -> torch.Tensor:
     return torch.cat(outs, dim=0) if outs else q.new_zeros(q.shape)
 
 
+def pick_backend(meta: VarlenMeta, q: torch.Tensor, needs_grad: bool,
+                 kernels: AttentionKernels | None = None) -> str:
+    """The backend "mixed" runs for the micro-batch of `meta`: the rule's pick (``kernels.rule``; without kernels,
+    :data:`~tidal.core.attnrule.H200_RULE`) from the host lists and q's head count and width, made on the first
+    layer and cached on `meta` (every layer shares it; nothing read from the device), then resolved where it runs
+    (a flex pick on CPU with gradients runs sdpa). Each micro-batch is counted once in ``kernels.picks``."""
+    rule = kernels.rule if kernels is not None else H200_RULE
+    key = ("backend_pick", rule, int(q.shape[1]), int(q.shape[2]), needs_grad)
+    if key not in meta.cache:
+        cu, _, kl = meta.host
+        pick = rule.pick([cu[s + 1] - cu[s] for s in range(len(kl))], kl, int(q.shape[1]), int(q.shape[2]))
+        meta.cache[key] = resolve_backend(pick, q, needs_grad)
+        if kernels is not None and ("backend_counted", id(kernels)) not in meta.cache:
+            meta.cache[("backend_counted", id(kernels))] = True
+            kernels.picks[meta.cache[key]] = kernels.picks.get(meta.cache[key], 0) + 1
+    return meta.cache[key]
+
+
 def flex_block_mask(meta: VarlenMeta, tq: int, tk: int, device: torch.device):
     """The micro-batch's FlexAttention block mask, built on first use and then shared by every layer."""
     key = ("flex_block_mask", str(device), tq, tk)
@@ -272,10 +312,16 @@ def flex_block_mask(meta: VarlenMeta, tq: int, tk: int, device: torch.device):
 class AttentionKernels:
     """Compiled kernels one model shares across its layers and micro-batches (today: FlexAttention on CUDA).
     Dynamo guards a compiled frame on the `torch.compile` wrapper that produced it, so the wrapper must live as long
-    as the model: a fresh `torch.compile(flex_attention)` per call would recompile every call."""
+    as the model: a fresh `torch.compile(flex_attention)` per call would recompile every call. Also the model's
+    "mixed" rule (a value passed in, default :data:`~tidal.core.attnrule.H200_RULE`) and ``picks``, the
+    micro-batches each backend ran under it."""
 
-    def __init__(self) -> None:
+    def __init__(self, rule: AttnBackendRule = H200_RULE) -> None:
+        if not isinstance(rule, AttnBackendRule):
+            raise TidalError(f"the attention backend rule must be an AttnBackendRule, got {type(rule).__name__}")
         self._flex = None
+        self.rule = rule  # "mixed": sdpa or flex per micro-batch (core/attnrule.py)
+        self.picks: dict[str, int] = {}  # "mixed": backend -> micro-batches it ran (counted once per micro-batch)
 
     def flex(self, cuda: bool):
         fn, _ = _flex_fn()

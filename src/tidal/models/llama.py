@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tidal.core.attnrule import H200_RULE, AttnBackendRule
 from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec, param_table
 from tidal.models.attention import AttentionKernels, VarlenMeta, varlen_attention
@@ -292,7 +293,7 @@ class Llama(nn.Module):
     """
 
     def __init__(self, spec: ModelSpec, attn_backend: str = "auto", init_std: float = 0.02,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, attn_rule: AttnBackendRule = H200_RULE) -> None:
         super().__init__()
         self.spec = spec
         # the initialisation seed: given, or the first draw of torch's global generator (so that
@@ -306,7 +307,8 @@ class Llama(nn.Module):
         # set by the TP runtime under sequence parallelism: `.rows(tokens)` rows of the residual stream live on this
         # rank between layers, and `.gather(h, tokens)` rebuilds the whole sequence before the output head
         self.seq_parallel = None
-        kernels = AttentionKernels()  # one compiled FlexAttention per model, not per layer or call
+        # one compiled FlexAttention per model, not per layer or call; "mixed"'s rule and what it picked
+        kernels = self.attn_kernels = AttentionKernels(attn_rule)
         for layer in self.layers.values():
             layer.attention.kernels = kernels
         self._init(init_std)
@@ -331,6 +333,11 @@ class Llama(nn.Module):
     def set_attn_backend(self, backend: str) -> None:
         for layer in self.layers.values():
             layer.attention.backend = backend
+
+    @property
+    def attn_picks(self) -> dict[str, int]:
+        """Under "mixed" (or "auto" resolved to it): backend -> micro-batches it ran, counted once per micro-batch."""
+        return dict(self.attn_kernels.picks)
 
     def set_fused(self, fused: bool) -> None:
         """One GEMM for q/k/v and one for gate/up (default), or separate projections."""

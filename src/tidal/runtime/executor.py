@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
+from tidal.core.attnrule import H200_RULE, AttnBackendRule
 from tidal.core.cluster import ClusterSpec
 from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec, param_table
@@ -59,6 +60,7 @@ class ExecConfig:
     compute_dtype: str = "auto"  # parameters pulled in this dtype; auto: config.compute_dtype_for (bf16 on CUDA)
     schedule: str = "1f1b"
     attn_backend: str = "auto"
+    attn_rule: AttnBackendRule = H200_RULE  # "mixed" (auto on CUDA without flash-attn): sdpa or flex per micro-batch
     overlap_pull: bool = True  # pull layer by layer in the background; each module waits for its own parameters
     pull_window: int = 2  # parameter groups this rank receives into, in flight at once (decision 75)
     push_window: int = 2  # parameter groups' pushes in flight at once, posted from the backward (decision 75)
@@ -169,7 +171,7 @@ class Executor(ExecutorState):
                 self._flat.append(None)
                 continue
             grid = RankGrid.build(strategy.pipelines[mine[0]], self.rank, self.groups)
-            model = build_stage_model(spec, grid, seed=cfg.seed, attn_backend=cfg.attn_backend,
+            model = build_stage_model(spec, grid, seed=cfg.seed, attn_backend=cfg.attn_backend, attn_rule=cfg.attn_rule,
                                       dtype=self.compute_dtype, device=self.device, init=False,  # pulled each step
                                       sequence_parallel=cfg.sequence_parallel,
                                       recompute=cfg.stage_recompute(grid.scheme, grid.stage), offload=cfg.offload)
@@ -191,6 +193,14 @@ class Executor(ExecutorState):
         self._last: int | None = None  # candidate of the last step that updated (reconfiguration accounting)
         self._pull_wait_cpu = 0.0
         self._init_master()
+
+    def attn_picks(self) -> dict[str, int]:
+        """Under "mixed": backend -> micro-batches this rank's stages ran with it so far (every candidate's model)."""
+        out: dict[str, int] = {}
+        for model in self.models:
+            for b, n in ({} if model is None else model.attn_picks).items():
+                out[b] = out.get(b, 0) + n
+        return out
 
     def _plan_candidate(self, k: int):
         """Candidate k's pull per parameter group (forward order) and its push per parameter group (backward order:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from tidal.core.attnrule import H200_RULE, AttnBackendRule
 from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec, param_table
 from tidal.core.plan import PipelinePlan
@@ -105,6 +106,7 @@ def held_params(model: nn.Module, spec: ModelSpec) -> list[nn.Parameter | None]:
 
 
 def build_stage_model(spec: ModelSpec, grid: RankGrid, *, seed: int = 0, attn_backend: str = "auto",
+                      attn_rule: AttnBackendRule = H200_RULE,
                       dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                       init: bool = True, fused: bool = True, sequence_parallel: bool = False,
                       checkpoint: str | None = None, recompute: str = "none", offload: bool = False) -> Llama:
@@ -121,7 +123,7 @@ def build_stage_model(spec: ModelSpec, grid: RankGrid, *, seed: int = 0, attn_ba
     grid.scheme.validate(spec)
     init_seed = derive_seed(seed)
     with torch.device("meta"):
-        model = Llama(spec, attn_backend, seed=init_seed)
+        model = Llama(spec, attn_backend, seed=init_seed, attn_rule=attn_rule)
     split_stage(model, grid.scheme.stage_layers(spec.layers), grid.stage)
     model.set_fused(fused)
     parallelize_tp(model, grid.tp_group, grid.tp_rank, slots=grid.tp_slots, fused=fused,

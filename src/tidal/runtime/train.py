@@ -58,6 +58,7 @@ _RANK_FIELDS = ("busy_s", "compute_busy_s", "process_busy_s", "wall_s", "pull_s"
                 "push_cpu_s", "pull_bytes", "push_bytes", "gc_s", "reconfigured", "moved_groups", "moved_recv_bytes",
                 "moved_param_bytes", "extra_bytes")
 _RECONFIG = _RANK_FIELDS[-5:]  # StepMetrics.reconfig's fields
+_PICKED = ("sdpa", "flex")  # what attn_backend "mixed" picks per micro-batch (models/attention.pick_backend)
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,7 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
         out = open(cfg.train.metrics, mode) if (rank == 0 and cfg.train.metrics) else None  # noqa: SIM115
         saved = done
         say(f"training steps {done + 1}-{cfg.train.steps}")
+        picks_before = executor.attn_picks()  # the warm-up's micro-batches are not a step's
         with StepGC(cfg.train.gc_every) as sgc:  # Python's GC at step boundaries (decision 66)
             for _ in range(cfg.train.steps - done):
                 t_loop = time.perf_counter()
@@ -176,9 +178,12 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
                 marks(done + 1, "metrics all-gather")
                 # per-rank figures, then this rank's stop request and non-finite flag (every rank reads every rank's)
                 mem, mem_kind = peak_memory_bytes(executor.device)
+                picks = executor.attn_picks()  # "mixed": micro-batches per backend this step (cumulative - before)
+                step_picks = [picks.get(b, 0) - picks_before.get(b, 0) for b in _PICKED]
+                picks_before = picks
                 mine = torch.tensor([gc_s if f == "gc_s" else float(getattr(m.reconfig if f in _RECONFIG else m, f))
                                      for f in _RANK_FIELDS]
-                                    + [mem, stop.signum, m.optim.get("local_bad", 0.0)],
+                                    + [mem, *step_picks, stop.signum, m.optim.get("local_bad", 0.0)],
                                     dtype=torch.float64, device=executor.device)
                 every = [torch.zeros_like(mine) for _ in range(world)]
                 dist.all_gather(every, mine)
@@ -198,6 +203,9 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
                         plans.apply(SetCostModel(new))  # later steps are planned with the refitted coefficients
                         cost_model, label = new, f"refit-{refit.generation}"
                     row["attn_backend"] = executor.attn_backend
+                    ran = gathered[:, len(_RANK_FIELDS) + 1 : len(_RANK_FIELDS) + 1 + len(_PICKED)].sum(axis=0)
+                    if ran.any():  # per backend, micro-batches its stages ran this step, summed over ranks
+                        row["attn_picks"] = {b: int(n) for b, n in zip(_PICKED, ran)}
                     # per pipeline of the step, the recomputation each stage ran (decision 90)
                     cand = job.candidates[step.strategy].pipelines
                     row["recompute"] = [[job.exec_config.stage_recompute(c.scheme, s) for s in range(c.scheme.pp)]
