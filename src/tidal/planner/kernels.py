@@ -210,14 +210,11 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
     n = owner.size
     mine = np.empty(n, np.int64)
     eidx = np.empty(n, np.int64)
-    keep = np.empty(n, np.int64)
     uidx = np.empty(n, np.int64)
     sel = np.empty(max_docs, np.int64)
     light = np.zeros(n_p, np.bool_)
-    lid = np.empty(n, np.int64)
-    ulid = np.empty(n, np.int64)
-    dlen = np.empty(n)
-    njl = np.empty(n)
+    pstart = np.zeros(n_p, np.int64)
+    pend = np.zeros(n_p, np.int64)
     for _ in range(max_rounds):
         j = 0
         for k in range(1, n_p):
@@ -248,6 +245,7 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
         bk = -1
         be = -1
         bp = -1
+        bu = -1  # the swap's document of j (its index in sel) when the best so far is a swap, else -1
         for u in range(ns):  # move one document of j to another eligible pipeline
             x = lf[sel[u]]
             x2 = x * x
@@ -284,59 +282,80 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
                     ne += 1
         if ne:
             # a swap's value depends on the partner's (length, pipeline) only: the first document of each such pair
-            # (in index order) stands for the others, which cannot be strictly better
-            # (and j's new cost depends on the partner's length only: computed at most once per distinct length,
-            # `dl`, when first needed; the partner's cost1 only where its float lower bound can beat `best`)
-            key = l_[eidx[:ne]] * n_p + owner[eidx[:ne]]
+            # (in index order) stands for the others, which cannot be strictly better. The representatives, by
+            # (pipeline, length): pipeline k's lengths ascend in uidx[pstart[k]:pend[k]]
+            top = 0
+            for r in range(ne):
+                if l_[eidx[r]] > top:
+                    top = l_[eidx[r]]
+            key = owner[eidx[:ne]] * (top + 1) + l_[eidx[:ne]]
             ko = np.argsort(key, kind="mergesort")
+            pstart[:] = 0
+            pend[:] = 0
             ue = 0
-            nd = 0
             for r in range(ne):
                 if r == 0 or key[ko[r]] != key[ko[r - 1]]:
-                    if r == 0 or l_[eidx[ko[r]]] != l_[eidx[ko[r - 1]]]:
-                        dlen[nd] = lf[eidx[ko[r]]]
-                        nd += 1
-                    lid[ko[r]] = nd - 1
-                    keep[ue] = ko[r]
+                    e = eidx[ko[r]]
+                    k = owner[e]
+                    if pend[k] == 0:
+                        pstart[k] = ue
+                    uidx[ue] = e
                     ue += 1
-            keep[:ue].sort()
-            for t in range(ue):
-                uidx[t] = eidx[keep[t]]
-                ulid[t] = lid[keep[t]]
-            for u in range(ns):  # swap a document of j with a document of another pipeline
+                    pend[k] = ue
+            # swap a document of j with a representative: by partner pipeline, only the lengths that both cost
+            # floors (pipecost.cost1_floor) leave able to reach `best`: the partner's floor does not grow with the
+            # partner's length (a binary search finds where it drops to `best`), j's does not fall (the scan stops
+            # where it passes `best`). The visiting order differs from index order, so a tie at `best` goes to the
+            # earlier (document of j, partner index), as the index-order scan with its strict test: the same move
+            for u in range(ns):
                 x = lf[sel[u]]
                 x2 = x * x
                 lj = top2[j] if (x == top1[j] and cnt1[j] == 1) else top1[j]
                 gx = G[j] - (1.0 if x > hj else 0.0)
-                njl[:nd] = -1.0  # not computed yet (a cost is >= 0)
-                for t in range(ue):
-                    e = uidx[t]
-                    ke = owner[e]
-                    le = lf[e]
-                    if not (le <= mj and x <= M[ke] and le != x):
+                for ke in range(n_p):
+                    t0 = pstart[ke]
+                    t1 = pend[ke]
+                    if t0 == t1 or not x <= M[ke]:
                         continue
-                    dl = ulid[t]
-                    if njl[dl] >= 0 and not njl[dl] < best:  # j's cost for this partner length known, no better
-                        continue
-                    lk = top2[ke] if (le == top1[ke] and cnt1[ke] == 1) else top1[ke]
-                    if cost1_floor(A[ke], B[ke], C[ke], D[ke], Q1[ke], Q[ke] - le * le + x2, S[ke] - le + x, N[ke],
-                                   max(lk, x)) >= best:
-                        continue
-                    if njl[dl] < 0:
-                        njl[dl] = cost1(aj, bj, cj, dj, qj, mj, rj, Q[j] - x2 + le * le, S[j] - x + le, N[j],
-                                        max(lj, le), gx + (1.0 if le > hj else 0.0))
-                    nj = njl[dl]
-                    if not nj < best:
-                        continue
-                    hk = H[ke]
-                    nk = cost1(A[ke], B[ke], C[ke], D[ke], Q1[ke], M[ke], R[ke], Q[ke] - le * le + x2, S[ke] - le + x,
-                                N[ke],
-                                max(lk, x), G[ke] - (1.0 if le > hk else 0.0) + (1.0 if x > hk else 0.0))
-                    v = max(nj, nk)
-                    if v < best:
-                        best, bi, bk, be, bp = v, sel[u], ke, e, -1
+                    ak, bk_, ck, dk, qk = A[ke], B[ke], C[ke], D[ke], Q1[ke]
+                    lo = t0
+                    hi = t1
+                    while lo < hi:  # the first partner length whose floor is <= best
+                        mid = (lo + hi) // 2
+                        le = lf[uidx[mid]]
+                        lk = top2[ke] if (le == top1[ke] and cnt1[ke] == 1) else top1[ke]
+                        if cost1_floor(ak, bk_, ck, dk, qk, Q[ke] - le * le + x2, S[ke] - le + x, N[ke],
+                                       max(lk, x)) > best:
+                            lo = mid + 1
+                        else:
+                            hi = mid
+                    for t in range(lo, t1):
+                        e = uidx[t]
+                        le = lf[e]
+                        if not le <= mj:
+                            break
+                        if le == x:
+                            continue
+                        if cost1_floor(aj, bj, cj, dj, qj, Q[j] - x2 + le * le, S[j] - x + le, N[j],
+                                       max(lj, le)) > best:
+                            break
+                        lk = top2[ke] if (le == top1[ke] and cnt1[ke] == 1) else top1[ke]
+                        if cost1_floor(ak, bk_, ck, dk, qk, Q[ke] - le * le + x2, S[ke] - le + x, N[ke],
+                                       max(lk, x)) > best:
+                            continue
+                        nj = cost1(aj, bj, cj, dj, qj, mj, rj, Q[j] - x2 + le * le, S[j] - x + le, N[j],
+                                   max(lj, le), gx + (1.0 if le > hj else 0.0))
+                        if nj > best or (nj == best and not (bu == u and e < be)):
+                            continue
+                        hk = H[ke]
+                        nk = cost1(ak, bk_, ck, dk, qk, M[ke], R[ke], Q[ke] - le * le + x2, S[ke] - le + x, N[ke],
+                                   max(lk, x), G[ke] - (1.0 if le > hk else 0.0) + (1.0 if x > hk else 0.0))
+                        v = max(nj, nk)
+                        if v < best or (v == best and bu == u and e < be):
+                            best, bi, bk, be, bp, bu = v, sel[u], ke, e, -1, u
             if bi < 0 and pairs and 2 <= nm <= 24:
-                bi, bk, be, bp = pair_swap(j, mine[:nm], uidx[:ue], lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G,
+                pidx = np.sort(uidx[:ue])  # pair_swap scans the representatives in index order
+                bi, bk, be, bp = pair_swap(j, mine[:nm], pidx, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G,
                                             top1, cnt1, top2, best)
         if bi < 0:
             return True
