@@ -1,14 +1,27 @@
 """The dispatch local search before decision 117 (main fbe38d4), kept as the reference that the current one
 (kernels.local_search: swap partners visited by pipeline and length, between two cost floors) must equal move for
 move. Plain Python, calling the same helpers (kernels.PLAIN's ls_move and pair_swap, pipecost's cost1 and
-cost1_floor)."""
+a copy of cost1_floor as it was)."""
+
+import math
 
 import numpy as np
 
 from tidal.planner import kernels
-from tidal.planner.pipecost import cost1, cost1_floor
+from tidal.planner.pipecost import cost1
 
 ls_move = kernels.PLAIN.ls_move
+
+
+def cost1_floor(a, b, c, d, q1, Q, S, N, lmax):
+    """pipecost.cost1_floor as it was at main fbe38d4 (whatever m and G)."""
+    W = a * Q + b * S + d * N
+    lo = W + c
+    if q1 > 0:
+        r = math.sqrt(W) + math.sqrt(q1 * c)
+        lo = max(lo, r * r, (q1 + 1) * (c + (a * lmax * lmax + b * lmax + d)))
+    return lo * (1 - 1e-12)
+
 pair_swap = kernels.PLAIN.pair_swap
 
 

@@ -209,10 +209,12 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
     n_p = S.size
     n = owner.size
     mine = np.empty(n, np.int64)
-    eidx = np.empty(n, np.int64)
     uidx = np.empty(n, np.int64)
+    pidx = np.empty(n, np.int64)
     sel = np.empty(max_docs, np.int64)
-    light = np.zeros(n_p, np.bool_)
+    part = np.zeros(n_p, np.bool_)
+    asc = np.argsort(l_, kind="mergesort")  # by length, then index
+    desc = np.argsort(-l_, kind="mergesort")  # by length descending, then index
     pstart = np.zeros(n_p, np.int64)
     pend = np.zeros(n_p, np.int64)
     for _ in range(max_rounds):
@@ -228,11 +230,12 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
             if owner[i] == j:
                 mine[nm] = i
                 nm += 1
-        ordr = np.argsort(-l_[mine[:nm]], kind="mergesort")
         ns = 0
         last = -1
-        for r in range(nm):
-            i = mine[ordr[r]]
+        for r in range(n):  # j's documents by length descending, then index: the first of each length
+            i = desc[r]
+            if owner[i] != j:
+                continue
             if l_[i] != last:
                 if ns == max_docs:
                     break
@@ -257,51 +260,43 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
                 if k == j or not x <= M[k]:
                     continue
                 # cost1 only where its float lower bound (pipecost.cost1_floor) can beat `best`: the same moves
-                if cost1_floor(A[k], B[k], C[k], D[k], Q1[k], Q[k] + x2, S[k] + x, N[k] + 1, max(top1[k], x)) >= best:
+                if cost1_floor(A[k], B[k], C[k], D[k], Q1[k], M[k], Q[k] + x2, S[k] + x, N[k] + 1, max(top1[k], x),
+                               G[k] + (1.0 if x > H[k] else 0.0)) >= best:
                     continue
                 nk = cost1(A[k], B[k], C[k], D[k], Q1[k], M[k], R[k], Q[k] + x2, S[k] + x, N[k] + 1, max(top1[k], x),
                             G[k] + (1.0 if x > H[k] else 0.0))
                 v = max(nj, nk)
                 if v < best:
                     best, bi, bk, be, bp = v, sel[u], k, -1, -1
-        ne = 0
+        # swap partners: documents of the other pipelines, on large steps (B > 256, more than 8 pipelines) only of
+        # the 8 least-loaded ones, by (load, index)
         if n > 256 and n_p > 8:
-            # large steps: swap partners only from the 8 least-loaded pipelines, by (load, index)
-            light[:] = False
+            part[:] = False
             for k in np.argsort(load, kind="mergesort")[:8]:
-                light[k] = True
-            light[j] = False
-            for i in range(n):
-                if light[owner[i]]:
-                    eidx[ne] = i
-                    ne += 1
+                part[k] = True
         else:
-            for i in range(n):
-                if owner[i] != j:
-                    eidx[ne] = i
-                    ne += 1
-        if ne:
-            # a swap's value depends on the partner's (length, pipeline) only: the first document of each such pair
-            # (in index order) stands for the others, which cannot be strictly better. The representatives, by
-            # (pipeline, length): pipeline k's lengths ascend in uidx[pstart[k]:pend[k]]
-            top = 0
-            for r in range(ne):
-                if l_[eidx[r]] > top:
-                    top = l_[eidx[r]]
-            key = owner[eidx[:ne]] * (top + 1) + l_[eidx[:ne]]
-            ko = np.argsort(key, kind="mergesort")
-            pstart[:] = 0
-            pend[:] = 0
-            ue = 0
-            for r in range(ne):
-                if r == 0 or key[ko[r]] != key[ko[r - 1]]:
-                    e = eidx[ko[r]]
-                    k = owner[e]
-                    if pend[k] == 0:
-                        pstart[k] = ue
-                    uidx[ue] = e
-                    ue += 1
-                    pend[k] = ue
+            part[:] = True
+        part[j] = False
+        # a swap's value depends on the partner's (length, pipeline) only: the first document of each such pair (in
+        # index order) stands for the others, which cannot be strictly better. The representatives by pipeline:
+        # pipeline k's in uidx[pstart[k]:pend[k]], lengths ascending (a counting sort of `asc`, the documents by
+        # length and index, sorted once per call)
+        pend[:] = 0
+        for i in range(n):
+            if part[owner[i]]:
+                pend[owner[i]] += 1
+        ue = 0
+        for k in range(n_p):
+            pstart[k] = ue
+            ue += pend[k]
+            pend[k] = pstart[k]
+        for r in range(n):
+            i = asc[r]
+            k = owner[i]
+            if part[k] and (pend[k] == pstart[k] or l_[uidx[pend[k] - 1]] != l_[i]):
+                uidx[pend[k]] = i
+                pend[k] += 1
+        if ue:
             # swap a document of j with a representative: by partner pipeline, only the lengths that both cost
             # floors (pipecost.cost1_floor) leave able to reach `best`: the partner's floor does not grow with the
             # partner's length (a binary search finds where it drops to `best`), j's does not fall (the scan stops
@@ -317,15 +312,16 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
                     t1 = pend[ke]
                     if t0 == t1 or not x <= M[ke]:
                         continue
-                    ak, bk_, ck, dk, qk = A[ke], B[ke], C[ke], D[ke], Q1[ke]
+                    ak, bk_, ck, dk, qk, mk, hk = A[ke], B[ke], C[ke], D[ke], Q1[ke], M[ke], H[ke]
+                    gk = G[ke] + (1.0 if x > hk else 0.0)  # the partner's long documents with x, before giving one
                     lo = t0
                     hi = t1
                     while lo < hi:  # the first partner length whose floor is <= best
                         mid = (lo + hi) // 2
                         le = lf[uidx[mid]]
                         lk = top2[ke] if (le == top1[ke] and cnt1[ke] == 1) else top1[ke]
-                        if cost1_floor(ak, bk_, ck, dk, qk, Q[ke] - le * le + x2, S[ke] - le + x, N[ke],
-                                       max(lk, x)) > best:
+                        if cost1_floor(ak, bk_, ck, dk, qk, mk, Q[ke] - le * le + x2, S[ke] - le + x, N[ke],
+                                       max(lk, x), gk - (1.0 if le > hk else 0.0)) > best:
                             lo = mid + 1
                         else:
                             hi = mid
@@ -336,26 +332,32 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
                             break
                         if le == x:
                             continue
-                        if cost1_floor(aj, bj, cj, dj, qj, Q[j] - x2 + le * le, S[j] - x + le, N[j],
-                                       max(lj, le)) > best:
+                        gj = gx + (1.0 if le > hj else 0.0)
+                        if cost1_floor(aj, bj, cj, dj, qj, mj, Q[j] - x2 + le * le, S[j] - x + le, N[j],
+                                       max(lj, le), gj) > best:
                             break
                         lk = top2[ke] if (le == top1[ke] and cnt1[ke] == 1) else top1[ke]
-                        if cost1_floor(ak, bk_, ck, dk, qk, Q[ke] - le * le + x2, S[ke] - le + x, N[ke],
-                                       max(lk, x)) > best:
+                        g2 = gk - (1.0 if le > hk else 0.0)
+                        if cost1_floor(ak, bk_, ck, dk, qk, mk, Q[ke] - le * le + x2, S[ke] - le + x, N[ke],
+                                       max(lk, x), g2) > best:
                             continue
                         nj = cost1(aj, bj, cj, dj, qj, mj, rj, Q[j] - x2 + le * le, S[j] - x + le, N[j],
-                                   max(lj, le), gx + (1.0 if le > hj else 0.0))
+                                   max(lj, le), gj)
                         if nj > best or (nj == best and not (bu == u and e < be)):
                             continue
-                        hk = H[ke]
-                        nk = cost1(ak, bk_, ck, dk, qk, M[ke], R[ke], Q[ke] - le * le + x2, S[ke] - le + x, N[ke],
-                                   max(lk, x), G[ke] - (1.0 if le > hk else 0.0) + (1.0 if x > hk else 0.0))
+                        nk = cost1(ak, bk_, ck, dk, qk, mk, R[ke], Q[ke] - le * le + x2, S[ke] - le + x, N[ke],
+                                   max(lk, x), g2)
                         v = max(nj, nk)
                         if v < best or (v == best and bu == u and e < be):
                             best, bi, bk, be, bp, bu = v, sel[u], ke, e, -1, u
             if bi < 0 and pairs and 2 <= nm <= 24:
-                pidx = np.sort(uidx[:ue])  # pair_swap scans the representatives in index order
-                bi, bk, be, bp = pair_swap(j, mine[:nm], pidx, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G,
+                nu = 0
+                for k in range(n_p):
+                    for t in range(pstart[k], pend[k]):
+                        pidx[nu] = uidx[t]
+                        nu += 1
+                pidx[:nu].sort()  # pair_swap scans the representatives in index order
+                bi, bk, be, bp = pair_swap(j, mine[:nm], pidx[:nu], lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G,
                                             top1, cnt1, top2, best)
         if bi < 0:
             return True
