@@ -60,8 +60,9 @@ def polish(lengths: np.ndarray, pipes: tuple[PipeCost, ...], plans: tuple[Pipeli
 
     # a pipeline's micro-batches are contiguous in mb_pipe (plans' order): per-pipeline extremes by reduceat over
     # the pipelines that have any (the same values as ufunc.at from -inf / n_mb, without its per-element cost)
-    has = np.bincount(mb_pipe, minlength=P) > 0
-    starts = np.flatnonzero(np.r_[True, mb_pipe[1:] != mb_pipe[:-1]])
+    per = np.bincount(mb_pipe, minlength=P)
+    has = per > 0
+    starts = (np.cumsum(per) - per)[has]
     mb_idx = np.arange(n_mb)
 
     def per_pipe(ufunc, x, fill):
