@@ -199,13 +199,12 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
     length, longest first) try every move to another eligible pipeline, then every swap with a document of another
     pipeline (on large steps, B > 256 and more than 8 pipelines, only with the 8 least-loaded ones), then, when
     nothing helped, `pairs` is set and j holds 2-24 documents, two of j's documents for one of another (pair_swap).
-    Moves are scanned in a fixed order with a strict improvement test, so the first best is taken; a move must lower
-    max(new cost of j, new cost of the other) below j's cost by more than `min_gain` (relative). Per pipeline the
-    cost arrays A, B, C, D (and Q1 = PipeCost.q, M = MaxLen, R = sqrt(Q1 / c), H = M / 2) come in as arrays.
-    Returns True when no move improves (or the load is <= `target`), False when max_rounds ran out. A candidate's
-    cost1 is skipped where pipecost.cost1_floor (a lower bound on its float value) shows it cannot beat the best so
-    far, and j's cost after a swap is computed once per distinct partner length: the same moves as evaluating every
-    candidate (decision 107)."""
+    A move must lower max(new cost of j, new cost of the other) below j's cost by more than `min_gain` (relative);
+    the least such value is taken, ties to the first in (document of j, move before swap, pipeline / partner index)
+    order. Per pipeline A, B, C, D, Q1 = PipeCost.q, M = MaxLen, R = sqrt(Q1 / c), H = M / 2 come in as arrays.
+    Returns True when no move improves (or the load is <= `target`), False when max_rounds ran out. cost1 is
+    skipped where pipecost.cost1_floor (a float-safe lower bound, monotone in the sums) shows a candidate cannot
+    win, and whole ranges of swap partners by their length (decisions 107, 117): the same moves as evaluating all."""
     n_p = S.size
     n = owner.size
     mine = np.empty(n, np.int64)
@@ -268,8 +267,7 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
                 v = max(nj, nk)
                 if v < best:
                     best, bi, bk, be, bp = v, sel[u], k, -1, -1
-        # swap partners: documents of the other pipelines, on large steps (B > 256, more than 8 pipelines) only of
-        # the 8 least-loaded ones, by (load, index)
+        # swap partners: the other pipelines' documents (large steps: of the 8 least-loaded, by (load, index))
         if n > 256 and n_p > 8:
             part[:] = False
             for k in np.argsort(load, kind="mergesort")[:8]:
@@ -277,10 +275,8 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
         else:
             part[:] = True
         part[j] = False
-        # a swap's value depends on the partner's (length, pipeline) only: the first document of each such pair (in
-        # index order) stands for the others, which cannot be strictly better. The representatives by pipeline:
-        # pipeline k's in uidx[pstart[k]:pend[k]], lengths ascending (a counting sort of `asc`, the documents by
-        # length and index, sorted once per call)
+        # a swap's value depends on the partner's (length, pipeline) only: the first document of each (by index)
+        # stands for the others. Pipeline k's in uidx[pstart[k]:pend[k]], lengths ascending (counting sort of `asc`)
         pend[:] = 0
         for i in range(n):
             if part[owner[i]]:
@@ -297,11 +293,9 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
                 uidx[pend[k]] = i
                 pend[k] += 1
         if ue:
-            # swap a document of j with a representative: by partner pipeline, only the lengths that both cost
-            # floors (pipecost.cost1_floor) leave able to reach `best`: the partner's floor does not grow with the
-            # partner's length (a binary search finds where it drops to `best`), j's does not fall (the scan stops
-            # where it passes `best`). The visiting order differs from index order, so a tie at `best` goes to the
-            # earlier (document of j, partner index), as the index-order scan with its strict test: the same move
+            # swaps, per partner pipeline only the lengths both cost floors leave able to reach `best`: the
+            # partner's floor does not rise with the partner's length (binary search), j's does not fall (stop); a
+            # tie at `best` goes to the earlier (document of j, partner index): the index-order scan's move
             for u in range(ns):
                 x = lf[sel[u]]
                 x2 = x * x
