@@ -119,8 +119,10 @@ def polish(lengths: np.ndarray, pipes: tuple[PipeCost, ...], plans: tuple[Pipeli
         # swaps: a document of ms with any document of another pipeline (on large steps, of the `light` least loaded
         # pipelines only, as in the dispatch's local search: that is where the bottleneck's work can go)
         if lf.size > 256 and light < P:
-            near = np.argsort(time, kind="stable")[:light]
-            e_idx = np.flatnonzero(np.isin(mb_pipe[doc_mb], near[near != j]))
+            near = np.zeros(P, dtype=bool)  # np.isin's answer by a lookup table (np.isin sorts: ~0.1 ms a call)
+            near[np.argsort(time, kind="stable")[:light]] = True
+            near[j] = False
+            e_idx = np.flatnonzero(near[mb_pipe[doc_mb]])
         else:
             e_idx = np.flatnonzero(mb_pipe[doc_mb] != j)
         if e_idx.size:
