@@ -5,6 +5,7 @@ compares the plans."""
 
 import numpy as np
 import pytest
+from ls_reference import local_search_reference
 
 from tidal.core.errors import TidalError
 from tidal.planner import dispatch as d
@@ -109,6 +110,39 @@ def test_compiled_local_search_matches_plain():
         np.testing.assert_array_equal(sts[0].owner, sts[1].owner)
         for name in ("load", "S", "Q", "N", "G", "top1", "top2", "cnt1"):
             np.testing.assert_array_equal(getattr(sts[0], name), getattr(sts[1], name), err_msg=name)
+
+
+def test_local_search_equals_the_index_order_reference():
+    """kernels.local_search visits swap partners by pipeline and length between two cost floors, ties to the earlier
+    (document of j, partner index) (decision 117): the same moves as the index-order scan it replaced
+    (ls_reference.py, main fbe38d4, plain Python), compiled and plain: same owners, loads and return value, on small
+    (pairs), mid and large (> 256 documents, > 8 pipelines) instances, with tied lengths and identical pipelines."""
+    rng = np.random.default_rng(11)
+    for t in range(60):
+        pipes, l_ = _case(rng)
+        if t % 3 == 0:
+            pipes = [KINDS[int(rng.integers(0, 2))] for _ in range(int(rng.integers(2, 14)))]  # equal loads
+        if t % 4 == 0:
+            l_ = rng.choice(l_[:3], size=l_.size)  # ties: few distinct lengths
+        if t % 5 == 1:
+            top = min(p.max_len for p in pipes)
+            l_ = np.concatenate([l_, rng.integers(1, top + 1, size=300)]).astype(np.int64)  # > 256 documents
+        l_ = np.minimum(l_, max(p.max_len for p in pipes))
+        owner = d.greedy_owner(l_, pipes, rng.permutation(l_.size) if t % 2 else None)
+        small = l_.size * len(pipes) <= 512
+        rounds = 20 + len(pipes) + (l_.size if small else 0)
+        pairs = small or t % 7 == 0
+        ref = d.SearchState(pipes, l_, owner.copy(), loops=kernels.PLAIN)
+        done = local_search_reference(ref.l, ref.lf, ref.owner, ref.A, ref.B, ref.C, ref.D, ref.Q1, ref.M, ref.R,
+                                      ref.H, ref.S, ref.Q, ref.N, ref.G, ref.top1, ref.cnt1, ref.top2, ref.load,
+                                      rounds, 16, pairs, 0.0, 1e-4)
+        for lp in (kernels.COMPILED, kernels.PLAIN) if t % 6 == 0 else (kernels.COMPILED,):
+            st = d.SearchState(pipes, l_, owner.copy(), loops=lp)
+            assert lp.local_search(st.l, st.lf, st.owner, st.A, st.B, st.C, st.D, st.Q1, st.M, st.R, st.H, st.S,
+                                   st.Q, st.N, st.G, st.top1, st.cnt1, st.top2, st.load, rounds, 16, pairs, 0.0,
+                                   1e-4) == done
+            np.testing.assert_array_equal(st.owner, ref.owner)
+            np.testing.assert_array_equal(st.load, ref.load)
 
 
 def _tied_cases(seed: int, count: int):

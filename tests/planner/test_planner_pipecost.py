@@ -93,7 +93,7 @@ def test_cost1_floor_is_below_cost1_and_tight():
 
     fns = [pipecost.cost1_floor] + ([kernels.compile_pipecost()["cost1_floor"]] if kernels.AVAILABLE else [])
     for f in fns:
-        lo = np.array([f(A[j], B[j], C[j], Dd[j], Q1[j], Q[j], S[j], N[j], lmax[j]) for j in range(n)])
+        lo = np.array([f(A[j], B[j], C[j], Dd[j], Q1[j], M[j], Q[j], S[j], N[j], lmax[j], G[j]) for j in range(n)])
         assert np.all(lo <= cost), np.flatnonzero(lo > cost)[:5]
         assert np.median(lo / cost) > 0.95
 

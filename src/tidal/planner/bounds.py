@@ -333,15 +333,20 @@ class StrategyBound:
             return
         ca = ClassArrays.of(group_pipes(pipes) if grouped is None else grouped) if arrays is None else arrays
         A, B, C, P, M, Dd = ca.A, ca.B, ca.C, ca.P, ca.M, ca.D
-        elig = l_[:, None] <= M[None, :]
-        if not np.all(elig.any(axis=1)):
+        if l_[-1] > M.max():  # the longest distinct length (ascending) fits no class
             self.final = self.quick = float("inf")
             return
+        elig = l_[:, None] <= M[None, :]
         w = A[None, :] * (l_ * l_)[:, None] + B[None, :] * l_[:, None] + Dd[None, :]
-        per_doc = np.where(elig, P[None, :] * (C[None, :] + w), np.inf).min(axis=1)
-        self.lb_doc = float(per_doc[wt > 0].max()) if np.any(wt > 0) else 0.0
         self.ca, self.full, self.l_, self.wt, self.w = ca, full, l_, wt, w
         self.wm = np.where(elig, w, np.inf)
+        self._wmT = wmT = np.ascontiguousarray(self.wm.T)  # K x U: one row per class (_bound_for, refined)
+        # per document, min over the classes of P (c + w) where it fits: K - 1 elementwise minima of rows (the same
+        # floats as a min over the K-wide axis, faster for small K)
+        per_doc = P[0] * (C[0] + wmT[0])
+        for k in range(1, wmT.shape[0]):
+            np.minimum(per_doc, P[k] * (C[k] + wmT[k]), out=per_doc)
+        self.lb_doc = float(per_doc[wt > 0].max()) if np.any(wt > 0) else 0.0
         # Price candidates: inverse work of each class at a few reference lengths, plus uniform.
         r = refs[:, None]  # one row per reference length, the same floats as one expression per length
         Y = np.vstack([1.0 / np.maximum(A[None, :] * r * r + B[None, :] * r + Dd[None, :], 1e-300),
@@ -361,7 +366,13 @@ class StrategyBound:
         return list(self.Y0) + list(self.ys)
 
     def _bound_for(self, Y: np.ndarray) -> np.ndarray:  # Y: R x K prices -> R bounds
-        total = np.min(self.wm[None, :, :] * Y[:, None, :], axis=2) @ self.wt  # R
+        # the least priced work per document, min over the K classes as K - 1 elementwise minima of rows (the same
+        # floats as np.min over a K-wide last axis, NaN included, several times faster for small K: decision 117)
+        wmT = self._wmT
+        total = wmT[0][None, :] * Y[:, 0:1]
+        for k in range(1, wmT.shape[0]):
+            np.minimum(total, wmT[k][None, :] * Y[:, k:k + 1], out=total)
+        total = total @ self.wt  # R
         return min_time(self.ca.cnt[None, :] * Y, self.ca.C, self.ca.P, total, self.ca.mt)
 
     def refined(self, rounds: int = 6, top: int = 6, timed: bool = True) -> float:
@@ -377,7 +388,13 @@ class StrategyBound:
             rows, steps = np.arange(l_.size), np.array([[0.25], [0.5], [1.0]])
             for _ in range(rounds):
                 t = max(best, 1e-300)
-                arg = np.argmin(wm * y[None, :], axis=1)
+                # np.argmin(wm * y, axis=1) (the first least index; y > 0, so no NaN) one class at a time
+                val = self._wmT[0] * y[0]
+                arg = np.zeros(l_.size, dtype=np.int64)
+                for kk in range(1, len(classes)):
+                    vk = self._wmT[kk] * y[kk]
+                    arg[vk < val] = kk
+                    np.minimum(val, vk, out=val)
                 loads = np.bincount(arg, weights=w[rows, arg] * wt, minlength=len(classes))
                 capk = cnt * _capacity(np.full(len(classes), t), cap_consts)
                 ratio = (loads + 1e-30) / np.maximum(capk, 1e-30)

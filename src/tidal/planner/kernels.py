@@ -199,25 +199,23 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
     length, longest first) try every move to another eligible pipeline, then every swap with a document of another
     pipeline (on large steps, B > 256 and more than 8 pipelines, only with the 8 least-loaded ones), then, when
     nothing helped, `pairs` is set and j holds 2-24 documents, two of j's documents for one of another (pair_swap).
-    Moves are scanned in a fixed order with a strict improvement test, so the first best is taken; a move must lower
-    max(new cost of j, new cost of the other) below j's cost by more than `min_gain` (relative). Per pipeline the
-    cost arrays A, B, C, D (and Q1 = PipeCost.q, M = MaxLen, R = sqrt(Q1 / c), H = M / 2) come in as arrays.
-    Returns True when no move improves (or the load is <= `target`), False when max_rounds ran out. A candidate's
-    cost1 is skipped where pipecost.cost1_floor (a lower bound on its float value) shows it cannot beat the best so
-    far, and j's cost after a swap is computed once per distinct partner length: the same moves as evaluating every
-    candidate (decision 107)."""
+    A move must lower max(new cost of j, new cost of the other) below j's cost by more than `min_gain` (relative);
+    the least such value is taken, ties to the first in (document of j, move before swap, pipeline / partner index)
+    order. Per pipeline A, B, C, D, Q1 = PipeCost.q, M = MaxLen, R = sqrt(Q1 / c), H = M / 2 come in as arrays.
+    Returns True when no move improves (or the load is <= `target`), False when max_rounds ran out. cost1 is
+    skipped where pipecost.cost1_floor (a float-safe lower bound, monotone in the sums) shows a candidate cannot
+    win, and whole ranges of swap partners by their length (decisions 107, 117): the same moves as evaluating all."""
     n_p = S.size
     n = owner.size
     mine = np.empty(n, np.int64)
-    eidx = np.empty(n, np.int64)
-    keep = np.empty(n, np.int64)
     uidx = np.empty(n, np.int64)
+    pidx = np.empty(n, np.int64)
     sel = np.empty(max_docs, np.int64)
-    light = np.zeros(n_p, np.bool_)
-    lid = np.empty(n, np.int64)
-    ulid = np.empty(n, np.int64)
-    dlen = np.empty(n)
-    njl = np.empty(n)
+    part = np.zeros(n_p, np.bool_)
+    asc = np.argsort(l_, kind="mergesort")  # by length, then index
+    desc = np.argsort(-l_, kind="mergesort")  # by length descending, then index
+    pstart = np.zeros(n_p, np.int64)
+    pend = np.zeros(n_p, np.int64)
     for _ in range(max_rounds):
         j = 0
         for k in range(1, n_p):
@@ -231,11 +229,12 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
             if owner[i] == j:
                 mine[nm] = i
                 nm += 1
-        ordr = np.argsort(-l_[mine[:nm]], kind="mergesort")
         ns = 0
         last = -1
-        for r in range(nm):
-            i = mine[ordr[r]]
+        for r in range(n):  # j's documents by length descending, then index: the first of each length
+            i = desc[r]
+            if owner[i] != j:
+                continue
             if l_[i] != last:
                 if ns == max_docs:
                     break
@@ -248,6 +247,7 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
         bk = -1
         be = -1
         bp = -1
+        bu = -1  # the swap's document of j (its index in sel) when the best so far is a swap, else -1
         for u in range(ns):  # move one document of j to another eligible pipeline
             x = lf[sel[u]]
             x2 = x * x
@@ -259,84 +259,99 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
                 if k == j or not x <= M[k]:
                     continue
                 # cost1 only where its float lower bound (pipecost.cost1_floor) can beat `best`: the same moves
-                if cost1_floor(A[k], B[k], C[k], D[k], Q1[k], Q[k] + x2, S[k] + x, N[k] + 1, max(top1[k], x)) >= best:
+                if cost1_floor(A[k], B[k], C[k], D[k], Q1[k], M[k], Q[k] + x2, S[k] + x, N[k] + 1, max(top1[k], x),
+                               G[k] + (1.0 if x > H[k] else 0.0)) >= best:
                     continue
                 nk = cost1(A[k], B[k], C[k], D[k], Q1[k], M[k], R[k], Q[k] + x2, S[k] + x, N[k] + 1, max(top1[k], x),
                             G[k] + (1.0 if x > H[k] else 0.0))
                 v = max(nj, nk)
                 if v < best:
                     best, bi, bk, be, bp = v, sel[u], k, -1, -1
-        ne = 0
+        # swap partners: the other pipelines' documents (large steps: of the 8 least-loaded, by (load, index))
         if n > 256 and n_p > 8:
-            # large steps: swap partners only from the 8 least-loaded pipelines, by (load, index)
-            light[:] = False
+            part[:] = False
             for k in np.argsort(load, kind="mergesort")[:8]:
-                light[k] = True
-            light[j] = False
-            for i in range(n):
-                if light[owner[i]]:
-                    eidx[ne] = i
-                    ne += 1
+                part[k] = True
         else:
-            for i in range(n):
-                if owner[i] != j:
-                    eidx[ne] = i
-                    ne += 1
-        if ne:
-            # a swap's value depends on the partner's (length, pipeline) only: the first document of each such pair
-            # (in index order) stands for the others, which cannot be strictly better
-            # (and j's new cost depends on the partner's length only: computed at most once per distinct length,
-            # `dl`, when first needed; the partner's cost1 only where its float lower bound can beat `best`)
-            key = l_[eidx[:ne]] * n_p + owner[eidx[:ne]]
-            ko = np.argsort(key, kind="mergesort")
-            ue = 0
-            nd = 0
-            for r in range(ne):
-                if r == 0 or key[ko[r]] != key[ko[r - 1]]:
-                    if r == 0 or l_[eidx[ko[r]]] != l_[eidx[ko[r - 1]]]:
-                        dlen[nd] = lf[eidx[ko[r]]]
-                        nd += 1
-                    lid[ko[r]] = nd - 1
-                    keep[ue] = ko[r]
-                    ue += 1
-            keep[:ue].sort()
-            for t in range(ue):
-                uidx[t] = eidx[keep[t]]
-                ulid[t] = lid[keep[t]]
-            for u in range(ns):  # swap a document of j with a document of another pipeline
+            part[:] = True
+        part[j] = False
+        # a swap's value depends on the partner's (length, pipeline) only: the first document of each (by index)
+        # stands for the others. Pipeline k's in uidx[pstart[k]:pend[k]], lengths ascending (counting sort of `asc`)
+        pend[:] = 0
+        for i in range(n):
+            if part[owner[i]]:
+                pend[owner[i]] += 1
+        ue = 0
+        for k in range(n_p):
+            pstart[k] = ue
+            ue += pend[k]
+            pend[k] = pstart[k]
+        for r in range(n):
+            i = asc[r]
+            k = owner[i]
+            if part[k] and (pend[k] == pstart[k] or l_[uidx[pend[k] - 1]] != l_[i]):
+                uidx[pend[k]] = i
+                pend[k] += 1
+        if ue:
+            # swaps, per partner pipeline only the lengths both cost floors leave able to reach `best`: the
+            # partner's floor does not rise with the partner's length (binary search), j's does not fall (stop); a
+            # tie at `best` goes to the earlier (document of j, partner index): the index-order scan's move
+            for u in range(ns):
                 x = lf[sel[u]]
                 x2 = x * x
                 lj = top2[j] if (x == top1[j] and cnt1[j] == 1) else top1[j]
                 gx = G[j] - (1.0 if x > hj else 0.0)
-                njl[:nd] = -1.0  # not computed yet (a cost is >= 0)
-                for t in range(ue):
-                    e = uidx[t]
-                    ke = owner[e]
-                    le = lf[e]
-                    if not (le <= mj and x <= M[ke] and le != x):
+                for ke in range(n_p):
+                    t0 = pstart[ke]
+                    t1 = pend[ke]
+                    if t0 == t1 or not x <= M[ke]:
                         continue
-                    dl = ulid[t]
-                    if njl[dl] >= 0 and not njl[dl] < best:  # j's cost for this partner length known, no better
-                        continue
-                    lk = top2[ke] if (le == top1[ke] and cnt1[ke] == 1) else top1[ke]
-                    if cost1_floor(A[ke], B[ke], C[ke], D[ke], Q1[ke], Q[ke] - le * le + x2, S[ke] - le + x, N[ke],
-                                   max(lk, x)) >= best:
-                        continue
-                    if njl[dl] < 0:
-                        njl[dl] = cost1(aj, bj, cj, dj, qj, mj, rj, Q[j] - x2 + le * le, S[j] - x + le, N[j],
-                                        max(lj, le), gx + (1.0 if le > hj else 0.0))
-                    nj = njl[dl]
-                    if not nj < best:
-                        continue
-                    hk = H[ke]
-                    nk = cost1(A[ke], B[ke], C[ke], D[ke], Q1[ke], M[ke], R[ke], Q[ke] - le * le + x2, S[ke] - le + x,
-                                N[ke],
-                                max(lk, x), G[ke] - (1.0 if le > hk else 0.0) + (1.0 if x > hk else 0.0))
-                    v = max(nj, nk)
-                    if v < best:
-                        best, bi, bk, be, bp = v, sel[u], ke, e, -1
+                    ak, bk_, ck, dk, qk, mk, hk = A[ke], B[ke], C[ke], D[ke], Q1[ke], M[ke], H[ke]
+                    gk = G[ke] + (1.0 if x > hk else 0.0)  # the partner's long documents with x, before giving one
+                    lo = t0
+                    hi = t1
+                    while lo < hi:  # the first partner length whose floor is <= best
+                        mid = (lo + hi) // 2
+                        le = lf[uidx[mid]]
+                        lk = top2[ke] if (le == top1[ke] and cnt1[ke] == 1) else top1[ke]
+                        if cost1_floor(ak, bk_, ck, dk, qk, mk, Q[ke] - le * le + x2, S[ke] - le + x, N[ke],
+                                       max(lk, x), gk - (1.0 if le > hk else 0.0)) > best:
+                            lo = mid + 1
+                        else:
+                            hi = mid
+                    for t in range(lo, t1):
+                        e = uidx[t]
+                        le = lf[e]
+                        if not le <= mj:
+                            break
+                        if le == x:
+                            continue
+                        gj = gx + (1.0 if le > hj else 0.0)
+                        if cost1_floor(aj, bj, cj, dj, qj, mj, Q[j] - x2 + le * le, S[j] - x + le, N[j],
+                                       max(lj, le), gj) > best:
+                            break
+                        lk = top2[ke] if (le == top1[ke] and cnt1[ke] == 1) else top1[ke]
+                        g2 = gk - (1.0 if le > hk else 0.0)
+                        if cost1_floor(ak, bk_, ck, dk, qk, mk, Q[ke] - le * le + x2, S[ke] - le + x, N[ke],
+                                       max(lk, x), g2) > best:
+                            continue
+                        nj = cost1(aj, bj, cj, dj, qj, mj, rj, Q[j] - x2 + le * le, S[j] - x + le, N[j],
+                                   max(lj, le), gj)
+                        if nj > best or (nj == best and not (bu == u and e < be)):
+                            continue
+                        nk = cost1(ak, bk_, ck, dk, qk, mk, R[ke], Q[ke] - le * le + x2, S[ke] - le + x, N[ke],
+                                   max(lk, x), g2)
+                        v = max(nj, nk)
+                        if v < best or (v == best and bu == u and e < be):
+                            best, bi, bk, be, bp, bu = v, sel[u], ke, e, -1, u
             if bi < 0 and pairs and 2 <= nm <= 24:
-                bi, bk, be, bp = pair_swap(j, mine[:nm], uidx[:ue], lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G,
+                nu = 0
+                for k in range(n_p):
+                    for t in range(pstart[k], pend[k]):
+                        pidx[nu] = uidx[t]
+                        nu += 1
+                pidx[:nu].sort()  # pair_swap scans the representatives in index order
+                bi, bk, be, bp = pair_swap(j, mine[:nm], pidx[:nu], lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G,
                                             top1, cnt1, top2, best)
         if bi < 0:
             return True

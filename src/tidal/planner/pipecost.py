@@ -124,16 +124,30 @@ def cost1(a, b, c, d, q1, m, r, Q, S, N, lmax, G):
     return min(pipe_value(q1, c, W, wm, lo), pipe_value(q1, c, W, wm, hi))
 
 
-def cost1_floor(a, b, c, d, q1, Q, S, N, lmax):
-    """A lower bound on the float value of cost1(a, b, c, d, q1, m, r, Q, S, N, lmax, G) for N >= 1, whatever m, r
-    and G: the local search skips cost1 where this cannot beat its best move (kernels.local_search), so it must hold
-    in floating point. Every V cost1 tries is >= 1, and f(V) >= (q + V)(W / V + c) >= (sqrt(W) + sqrt(q c))^2 (the
-    minimum over real V > 0), f(V) >= W + c (q = 0: f = W + V c), and for q > 0 f(V) >= (q + 1)(c + w_max). With
-    rounding to nearest each of these holds for the computed values up to a few ulps (the same float W: the same
-    operations as cost1; rounding is monotone), which the factor 1 - 1e-12 covers."""
+def cost1_floor(a, b, c, d, q1, m, Q, S, N, lmax, G):
+    """A lower bound on the float value of cost1(a, b, c, d, q1, m, r, Q, S, N, lmax, G) for N >= 1, whatever r:
+    the local search skips cost1 where this cannot beat its best move (kernels.local_search), so it must hold in
+    floating point. Every V cost1 tries is >= V_min = max(1, ceil(S / m), G) (the same float expression), and
+    f(V) >= g(V) = (q + V)(W / V + c), convex in V with its minimum at sqrt(q W / c): min over V >= V_min is
+    (sqrt(W) + sqrt(q c))^2 when that point is >= V_min, else g(V_min); f(V) >= (q + V_min)(c + w_max) for q > 0;
+    f(V) >= W (c = 0 < q); f = W + V c >= W + V_min c for q = 0. With rounding to nearest each holds for the computed
+    values up to a few ulps (the same float W as cost1's; no subtraction), which the factor 1 - 1e-12 covers.
+    The exact bound does not fall when W, w_max or V_min grow, so neither does it when Q, S, lmax or G grow (float
+    sums and products of non-negative terms are monotone too): one computed value also bounds cost1 at every larger
+    input (its exact bound is no lower, and the factor covers both roundings), which lets the local search stop a
+    scan over partner lengths (decision 117)."""
     W = a * Q + b * S + d * N
-    lo = W + c
+    vmin = max(max(1.0, np.ceil(S / m)), G)
     if q1 > 0:
-        r = math.sqrt(W) + math.sqrt(q1 * c)
-        lo = max(lo, r * r, (q1 + 1) * (c + (a * lmax * lmax + b * lmax + d)))
+        lo = (q1 + vmin) * (c + (a * lmax * lmax + b * lmax + d))
+        if c > 0:
+            if q1 * W >= c * vmin * vmin:  # g's minimum over real V > 0 is at V >= V_min
+                r = math.sqrt(W) + math.sqrt(q1 * c)
+                lo = max(lo, r * r)
+            else:
+                lo = max(lo, (q1 + vmin) * (W / vmin + c))
+        else:
+            lo = max(lo, W)
+    else:
+        lo = W + vmin * c
     return lo * (1 - 1e-12)

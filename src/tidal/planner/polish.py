@@ -17,6 +17,8 @@ packing.pipeline_time, and the result is kept only if faster, so it is never wor
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from tidal.core.errors import TidalError
@@ -44,8 +46,9 @@ def polish(lengths: np.ndarray, pipes: tuple[PipeCost, ...], plans: tuple[Pipeli
     mb_pipe = np.array([j for j, p in enumerate(plans) for _ in p.micro_batches], dtype=np.int64)
     n_mb = len(mb_docs)
     doc_mb = np.full(lf.size, -1, dtype=np.int64)
-    for m, docs in enumerate(mb_docs):
-        doc_mb[docs] = m
+    sizes = [len(mb) for mb in mb_docs]
+    doc_mb[np.fromiter(itertools.chain.from_iterable(mb_docs), dtype=np.int64, count=sum(sizes))] = \
+        np.repeat(np.arange(n_mb), sizes)
     if np.any(doc_mb < 0):
         raise TidalError(f"polish: sequence {int(np.flatnonzero(doc_mb < 0)[0])} is in no micro-batch of the plan")
     alive = np.ones(n_mb, dtype=bool)
@@ -55,16 +58,25 @@ def polish(lengths: np.ndarray, pipes: tuple[PipeCost, ...], plans: tuple[Pipeli
     Q1 = np.array([p.pp - 1 for p in pipes], dtype=np.float64)
     changed = np.zeros(P, dtype=bool)
 
+    # a pipeline's micro-batches are contiguous in mb_pipe (plans' order): per-pipeline extremes by reduceat over
+    # the pipelines that have any (the same values as ufunc.at from -inf / n_mb, without its per-element cost)
+    per = np.bincount(mb_pipe, minlength=P)
+    has = per > 0
+    starts = (np.cumsum(per) - per)[has]
+    mb_idx = np.arange(n_mb)
+
+    def per_pipe(ufunc, x, fill):
+        out = np.full(P, fill, dtype=x.dtype)
+        out[has] = ufunc.reduceat(x, starts)
+        return out
+
     def pipe_state():
         t = np.where(alive, mb_t, -np.inf)
-        top1 = np.full(P, -np.inf)
-        np.maximum.at(top1, mb_pipe, t)
-        arg = np.full(P, n_mb, dtype=np.int64)  # first micro-batch at the top, per pipeline (n_mb: none)
+        top1 = per_pipe(np.maximum, t, -np.inf)
         is_top = alive & (t == top1[mb_pipe])
-        np.minimum.at(arg, mb_pipe[is_top], np.flatnonzero(is_top))
-        t2 = np.where(np.arange(n_mb) == arg[mb_pipe], -np.inf, t)
-        top2 = np.full(P, -np.inf)
-        np.maximum.at(top2, mb_pipe, t2)
+        arg = per_pipe(np.minimum, np.where(is_top, mb_idx, n_mb), n_mb)  # first micro-batch at the top (n_mb: none)
+        t2 = np.where(mb_idx == arg[mb_pipe], -np.inf, t)
+        top2 = per_pipe(np.maximum, t2, -np.inf)
         V = np.bincount(mb_pipe[alive], minlength=P).astype(np.float64)
         tot = np.bincount(mb_pipe[alive], weights=mb_t[alive], minlength=P)  # one stage: the sum (decision 94)
         time = np.where(V > 0, np.where(Q1 > 0, (Q1 + V) * np.maximum(top1, 0.0), tot), 0.0)
@@ -107,10 +119,28 @@ def polish(lengths: np.ndarray, pipes: tuple[PipeCost, ...], plans: tuple[Pipeli
         # swaps: a document of ms with any document of another pipeline (on large steps, of the `light` least loaded
         # pipelines only, as in the dispatch's local search: that is where the bottleneck's work can go)
         if lf.size > 256 and light < P:
-            near = np.argsort(time, kind="stable")[:light]
-            e_idx = np.flatnonzero(np.isin(mb_pipe[doc_mb], near[near != j]))
+            near = np.zeros(P, dtype=bool)  # np.isin's answer by a lookup table (np.isin sorts: ~0.1 ms a call)
+            near[np.argsort(time, kind="stable")[:light]] = True
+            near[j] = False
+            e_idx = np.flatnonzero(near[mb_pipe[doc_mb]])
         else:
             e_idx = np.flatnonzero(mb_pipe[doc_mb] != j)
+        if e_idx.size:
+            # only partners that can win with some document of ms: j's new time (below) grows with the partner's
+            # work on j from the same least base over the rows, the partner's with x (least at the shortest,
+            # xs[-1]), so each side's least over the rows is one value per partner, in the same float operations;
+            # a partner where either is >= best_val has no entry below it (decision 117)
+            lc = lf[e_idx]
+            mc = doc_mb[e_idx]
+            kc = mb_pipe[mc]
+            wjc = A[j] * lc * lc + B[j] * lc + Dd[j]
+            njc = fj * np.maximum(sec, (mb_t[ms] - wj).min() + wjc) if Q1[j] > 0 else (tj - wj).min() + wjc
+            x1 = xs[-1:]
+            wkc = A[kc] * lc * lc + B[kc] * lc + Dd[kc]
+            wx1 = A[kc] * x1 ** 2 + B[kc] * x1 + Dd[kc]
+            nkc = np.where(Q1[kc] > 0, (Q1[kc] + V[kc]) * np.maximum(np.where(mc == arg[kc], top2[kc], top1[kc]),
+                                                                      mb_t[mc] - wkc + wx1), time[kc] - wkc + wx1)
+            e_idx = e_idx[(njc < best_val) & (nkc < best_val)]
         if e_idx.size:
             me = doc_mb[e_idx]
             k = mb_pipe[me]
