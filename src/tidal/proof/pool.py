@@ -46,25 +46,37 @@ def _modes(p: PipeCost, T: float, vmax: int) -> list[tuple[int, float, float]]:
 
 
 def _buckets(short: np.ndarray, edges_extra: Sequence[int], nb: int) -> list[np.ndarray]:
-    """The short lengths (descending) split at nb geometric edges and at `edges_extra` (a bucket never straddles)."""
+    """The positions in `short` (lengths, descending) of each bucket: split at nb geometric edges and at
+    `edges_extra` (a bucket never straddles one)."""
     if short.size == 0:
         return []
     lo, hi = float(short.min()), float(short.max())
     edges = set(np.floor(np.geomspace(lo, hi + 1.0, nb + 1))[1:-1].tolist()) | {float(e) for e in edges_extra}
     cuts = np.array(sorted(e for e in edges if lo < e <= hi))  # bucket: lengths in [edge, next edge)
     key = np.searchsorted(cuts, short, side="right")
-    return [short[key == k] for k in np.unique(key)]
+    return [np.flatnonzero(key == k) for k in np.unique(key)]
 
 
 def pool_feasible(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_limit: float = 30.0,
                   extra: int = 0, nb: int = NB, whole: int | None = None) -> str:
     """"infeasible" (no whole-document dispatch has every pipeline's relaxed cost <= T: every plan is slower than T,
     up to HiGHS' tolerances), "feasible" (the relaxation has a solution: proves nothing), or "unknown" (time out).
-    `extra`: this many more of the longest documents are kept whole beyond those that must be (module doc)."""
-    l_ = np.sort(np.asarray(lengths, dtype=np.int64))[::-1]
+    `extra`: this many more of the longest documents are kept whole beyond those that must be (module doc); `whole`
+    (if given): exactly this many of the longest are (a document that must be whole may then be fluid: still valid)."""
+    return pool_solve(lengths, pipes, T, time_limit, extra, nb, whole)[0]
+
+
+def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_limit: float = 30.0,
+               extra: int = 0, nb: int = NB, whole: int | None = None) -> tuple[str, dict | None]:
+    """pool_feasible's status and, when "feasible", the relaxation's solution for a diagnosis (benchmarks/gap_pool.py
+    rounds it to a dispatch): "order" (document indices, longest first; positions below are into it), "slots" (per
+    slot: the pipeline index in `pipes`, its whole documents), "fluid" (per pipeline kind: the pool's pipeline indices
+    and, per bucket, the positions of its documents and the counts placed on each slot or on the pool)."""
+    order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
+    l_ = np.asarray(lengths, dtype=np.int64)[order]
     n = l_.size
     if n == 0:
-        return "feasible"
+        return "feasible", None
     kinds: dict[PipeCost, int] = {}
     for p in pipes:
         kinds[p] = kinds.get(p, 0) + 1
@@ -73,7 +85,7 @@ def pool_feasible(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time
     fits1 = np.array([[bool(ms) and x <= p.max_len and p.c + p.w1(float(x)) <= ms[0][2] for p, ms in zip(ks, modes)]
                       for x in l_])  # n x kinds, monotone in length
     if not fits1.any(axis=1).all():
-        return "infeasible"  # some document fits no pipeline at T
+        return "infeasible", None  # some document fits no pipeline at T
     must = int(np.count_nonzero(~fits1.all(axis=1)))
     nbig = min(n, must + max(0, extra)) if whole is None else min(n, whole)
     s = float(l_[0])  # length unit
@@ -116,8 +128,10 @@ def pool_feasible(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time
     # document u_b (t = tokens / u_b, Q = squares / u_b^2: every linking coefficient in [lmin / lmax, 1])
     loc_fluid: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
     bks = _buckets(l_[nbig:], [p.max_len + 1 for p in ks], nb)
-    units = [float(bl.max()) for bl in bks]
-    for b, bl in enumerate(bks):
+    bks = [nbig + pos for pos in bks]  # positions in l_
+    units = [float(l_[pos].max()) for pos in bks]
+    for b, pos in enumerate(bks):
+        bl = l_[pos]
         lmin, u = float(bl.min()), units[b]
         cnt, tok, sq = float(bl.size), float(bl.sum()) / u, float((bl.astype(np.float64) ** 2).sum()) / (u * u)
         here = []
@@ -137,7 +151,7 @@ def pool_feasible(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time
                 loc_fluid.setdefault(("p", pi), []).append((b, nc, tc, qc))
                 here.append((nc, tc, qc))
         if not here:
-            return "infeasible"
+            return "infeasible", None
         rows.add([(h[0], 1.0) for h in here], cnt, cnt)
         rows.add([(h[1], 1.0) for h in here], tok, tok)
         rows.add([(h[2], 1.0) for h in here], sq, sq)
@@ -175,8 +189,27 @@ def pool_feasible(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time
         rows.add([(mc, float(v))] + [(nc, -1.0) for _, nc, _, _ in fl], -np.inf, 0.0)
     x = rows.solve(np.zeros(ncol), np.array(integ), np.zeros(ncol), np.array(ub), time_limit, status=True)
     if isinstance(x, str):
-        return "infeasible"
-    return "unknown" if x is None else "feasible"
+        return "infeasible", None
+    if x is None:
+        return "unknown", None
+    idx = {p: [j for j, q in enumerate(pipes) if q == p] for p in ks}
+    used = [0] * len(ks)
+    sol_slots = []
+    for ki, _, xs in slots:
+        sol_slots.append((idx[ks[ki]][used[ki]], [i for c, i in xs if x[c] > 0.5]))
+        used[ki] += 1
+    where = {("s", si): sol_slots[si][0] for si in range(len(slots))}
+    fluid = []
+    for b, pos in enumerate(bks):
+        counts = {}
+        for key, fl in loc_fluid.items():
+            for bb, nc, _, _ in fl:
+                if bb == b and x[nc] > 1e-9:
+                    k2 = where.get(key, ("pool", pool[key[1]][0]) if key[0] == "p" else None)
+                    counts[k2] = counts.get(k2, 0.0) + float(x[nc])
+        fluid.append((pos, counts))
+    pools = {ki: idx[p][used[ki]:] for ki, p in enumerate(ks)}
+    return "feasible", {"order": order, "slots": sol_slots, "fluid": fluid, "pools": pools, "kinds": ks}
 
 
 def pool_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], lo: float, hi: float, time_limit: float = 10.0,
