@@ -73,3 +73,25 @@ def test_pool_feasible_at_a_generous_time_on_a_realistic_step():
     avg = float(sum(kinds[3].work(lengths))) / len(pipes)
     T = 3 * avg + kinds[0].c + kinds[0].w1(float(lengths.max()))
     assert pool_feasible(lengths, pipes, T, time_limit=30.0) == "feasible"
+
+
+def test_prove_selection_with_the_pool_keeps_the_plan_and_stays_under_it():
+    # decision 108's step (seven documents of 22.5k-29.4k tokens on four identical one-stage pipelines) with two
+    # tp1-like pipelines beside them that none of the long documents fits: those seven must stay whole, so the pooled
+    # MILP proves more than the LP, never more than the plan, and the plan is unchanged
+    from test_planner_modes import _profile
+
+    from tidal.planner.select import select_step
+    from tidal.proof.lp import prove_selection
+
+    p = PipeCost(2.5353846153846154e-10, 1.5593532528484408e-05, 0.06944, 1, 176195)
+    q = PipeCost(3.5347692307692307e-09, 0.00018047671657781997, 0.04768, 1, 8361)
+    lengths = np.array([25515, 2473, 4899, 6663, 221, 329, 1778, 29404, 29403, 23782, 22501, 22500, 22500, 3294, 4149])
+    prof = [_profile([p] * 4 + [q] * 2)]
+    sel = select_step(lengths, prof)
+    lp = prove_selection(lengths, prof, sel)
+    pool = prove_selection(lengths, prof, sel, pool_s=10.0)
+    est = sel.plan.est_step_time
+    assert lp.plan.lower_bound < est / 1.03
+    assert lp.plan.lower_bound * 1.02 < pool.plan.lower_bound <= est
+    assert pool.plan.to_dict(timings=False)["pipelines"] == sel.plan.to_dict(timings=False)["pipelines"]
