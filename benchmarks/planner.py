@@ -6,7 +6,8 @@ and token first-fit-decreasing. Prints figures; nothing is asserted.
     python benchmarks/planner.py --grid [--models M,..] [--clusters C,..] [--cands proposal,hand] [--sources S,..]
                                  [--seeds 0,1,2] [--held-out-seeds 10,11,12] [--held-out-sources stdlib]
                                  [--steps 10] [--hy-trials 1] [--budget-ms X] [--prove] [--prove-milp S]
-                                 [--out grid.json] [--passes all|none|NAME,..] [--drop NAME,..] (decision 95)
+                                 [--prove-pool S] [--out grid.json] [--passes all|none|NAME,..] [--drop NAME,..]
+                                 (decision 95)
 """
 
 from __future__ import annotations
@@ -238,6 +239,9 @@ def main() -> None:
     ap.add_argument("--prove-milp", type=float, default=0.0, metavar="S",
                     help="grid, with --prove: also the MILP bound (proof.milp.milp_bound, S seconds per HiGHS solve; "
                     "steps of <= 5000 documents x pipelines; decision 108)")
+    ap.add_argument("--prove-pool", type=float, default=0.0, metavar="S",
+                    help="grid, with --prove: also the pooled MILP bound (proof.pool.pool_bound, S seconds per HiGHS "
+                    "solve; steps of hundreds of documents; decision 118)")
     a = ap.parse_args()
     if a.grid:
         import planner_grid

@@ -1,0 +1,116 @@
+"""How far the pooled MILP (proof.pool, decision 118) raises the proven bound of large steps, and at what cost.
+
+For each step of one grid cell (benchmarks/planner_grid.py: same candidates, tokens per step and sources): the plan of
+`select_step`, the step bound after `proof.lp.prove_selection` (what `planner.py --grid --prove` reports), and after
+`prove_selection(..., pool_s=S)` (the pooled MILP on every candidate still under the plan, S seconds per HiGHS solve),
+with the proof's CPU time (thread_time) beside the LP proof's. "closed" counts the steps whose proven gap ends <= 1 %.
+A bound that rises to the plan puts that step's gap in the bound; one that stays under it leaves the gap open (the
+relaxation is feasible there, or a solve timed out: "unknown" proves nothing).
+
+With --round: where the relaxation is feasible (at the plan's estimate / 1.001 and at the pooled bound x 1.01, on
+each candidate still under the plan), its solution is rounded to a whole-document dispatch (`rounded`: each bucket's
+fluid counts by largest remainder; a pool's documents spread longest first onto its least-loaded pipeline) and
+packed (`packing.pack`); "rounded / plan" < 1 is a faster plan, so a gap on the plan's side.
+
+    cd benchmarks && python gap_pool.py --model llama2-7b --cluster a800x256 --source github --seeds 10 --steps 0:3
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+from planner_grid import probe_steps
+
+from tidal.planner.packing import pack
+from tidal.planner.select import select_step
+from tidal.proof.lp import prove_selection
+from tidal.proof.pool import pool_solve
+
+
+def rounded(l_: np.ndarray, prof, sol) -> float:
+    """The packed step time of pool_solve's solution rounded to a whole-document dispatch (module doc)."""
+    pipes, order = prof.pipes, sol["order"]
+    groups: list[list[int]] = [[] for _ in pipes]
+    for j, docs in sol["slots"]:
+        groups[j] += [int(order[i]) for i in docs]
+    pooled: dict[int, list[int]] = {}
+    for pos, counts in sol["fluid"]:
+        keys = list(counts)
+        want = np.array([counts[k] for k in keys])
+        want = want * (pos.size / want.sum())
+        take = np.floor(want).astype(int)
+        for r in np.argsort(-(want - take))[:pos.size - int(take.sum())]:
+            take[r] += 1
+        docs = [int(order[i]) for i in pos]
+        for key, t in zip(keys, take):
+            part, docs = docs[:t], docs[t:]
+            if isinstance(key, tuple):
+                pooled.setdefault(key[1], []).extend(part)
+            else:
+                groups[key] += part
+    for ki, docs in pooled.items():
+        js = sol["pools"][ki]
+        p = pipes[js[0]]
+        load = {j: float(p.work(l_[groups[j]]).sum()) if groups[j] else 0.0 for j in js}
+        for d in sorted(docs, key=lambda d: -l_[d]):
+            j = min(js, key=lambda j: load[j])
+            groups[j].append(d)
+            load[j] += p.w1(float(l_[d]))
+    return max((pack(l_[g], p.coeffs, p.pp, p.max_len).est_time for g, p in zip(groups, pipes) if g), default=0.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="llama2-7b")
+    ap.add_argument("--cluster", default="a800x256")
+    ap.add_argument("--candidates", choices=["proposal", "hand"], default="proposal")
+    ap.add_argument("--source", default="github")
+    ap.add_argument("--seeds", default="10")
+    ap.add_argument("--steps", default="0:3", help="comma-separated step indices, or N:M for a range")
+    ap.add_argument("--pool-s", type=float, default=10.0, help="seconds per HiGHS solve of the pooled MILP")
+    ap.add_argument("--round", action="store_true", help="also round feasible relaxations to plans (module doc)")
+    args = ap.parse_args(argv)
+    if not args.pool_s > 0:
+        raise SystemExit(f"error: --pool-s must be > 0, got {args.pool_s}")
+    names, profs, steps = probe_steps(args.model, args.cluster, args.candidates, args.source, args.seeds, args.steps)
+    print(f"# {args.model} {args.cluster} {args.candidates} {args.source} seeds {args.seeds}: candidates "
+          f"{', '.join(names)}; pooled MILP {args.pool_s:g} s per solve")
+    print("| seed | step | docs | plan s | LP bound s | plan / LP bound | pooled bound s | plan / pooled bound "
+          "| LP proof cpu s | pooled proof cpu s | rounded / plan |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    before, after, cpu, best = [], [], [], []
+    for seed, k, l_ in steps:
+        sel = select_step(l_, profs, seed=0)
+        c0 = time.thread_time()
+        lp = prove_selection(l_, profs, sel).plan
+        c1 = time.thread_time()
+        pool = prove_selection(l_, profs, sel, pool_s=args.pool_s).plan
+        c2 = time.thread_time()
+        est = sel.plan.est_step_time
+        before.append(est / lp.lower_bound)
+        after.append(est / pool.lower_bound)
+        cpu.append(c2 - c1)
+        r = np.inf
+        if args.round:
+            for rep, prof in zip(sel.strategies, profs):
+                if rep.lower_bound < est and int(l_.max()) <= prof.max_len:
+                    for T in (est / 1.001, pool.lower_bound * 1.01):
+                        st, sol = pool_solve(l_, prof.pipes, T, args.pool_s)
+                        if sol is not None:
+                            r = min(r, rounded(l_, prof, sol) / est)
+            best.append(r)
+        print(f"| {seed} | {k} | {l_.size} | {est:.4f} | {lp.lower_bound:.4f} | {before[-1]:.4f} | "
+              f"{pool.lower_bound:.4f} | {after[-1]:.4f} | {c1 - c0:.2f} | {c2 - c1:.1f} | {r:.4f} |", flush=True)
+    b, a = np.array(before), np.array(after)
+    print(f"steps {b.size}: plan / bound median {np.median(b):.4f} -> {np.median(a):.4f}, max {b.max():.4f} -> "
+          f"{a.max():.4f}; <= 1.01: {int((b <= 1.01).sum())} -> {int((a <= 1.01).sum())}; within 0.2 % of the plan "
+          f"after: {int((a <= 1.002).sum())}; pooled proof cpu s median {np.median(cpu):.1f} max {max(cpu):.1f}"
+          + (f"; rounded plans faster than the plan: {sum(x < 1 for x in best)} (best {min(best):.4f})"
+             if best else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,233 @@
+"""The pooled MILP (issue 27, decision 118): milp.dispatch_feasible's question (is there a whole-document dispatch
+whose every pipeline's relaxed cost is <= T?), relaxed so that it solves on steps of hundreds of documents and
+pipelines. `pool_feasible` at one T, `pool_bound` by bisection. Opt-in, after planning
+(`proof.lp.prove_selection(pool_s=...)`); the plan never depends on it.
+
+What stays integral and what becomes fluid:
+- **Long documents** (the `extra` + those that fit not every kind in mode 1 at T; always the longest ones): whole,
+  binary x_ij on individually modelled pipelines ("slots"), as in milp.py.
+- **Slots**: per kind k (identical PipeCost), S_k = min(n_k, long documents that fit k) pipelines, each with its own
+  mode binaries z_jv, symmetry-broken (the r-th longest document may use only the first r + 1 slots of a kind).
+  A dispatch puts long documents on at most S_k pipelines of kind k; relabelled, those are the slots.
+- **Pool**: the other n_k - S_k pipelines of kind k, which hold no long document: integer m_kv (how many of them
+  run v micro-batches), summed rows: work <= m_kv C_kv, tokens <= m_kv v M_k, micro-batches v m_kv <= documents.
+- **Short documents** as fluid mass, in length buckets b (lmin_b <= l <= lmax_b): per location (a slot, or a
+  pool's (kind, mode)) the count n, tokens t and sum of squares Q of the bucket's documents there, with
+  lmin n <= t <= lmax n and lmin t <= Q <= lmax t, and the totals of each bucket exact. The work of a location is
+  a_k Q + b_k t + d_k n, exact for any real split. A bucket may be placed where its shortest document fits (l <=
+  M_k, c + w(lmin) <= tau_kv; on a slot, only in the modes that allow it).
+Every whole-document dispatch of relaxed cost <= T gives a solution (the split of each bucket by location), so
+"infeasible" proves that no plan has step time <= T (up to HiGHS' tolerances: `pool_bound` scales by 1 - 1e-6, as
+milp.py; every row is scaled to values of order 1: lengths in units of the longest, times in seconds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from tidal.planner.bounds import PipeCost
+from tidal.planner.exact import MilpRows
+
+NB = 16  # geometric length buckets of the short documents (plus an edge at every kind's MaxLen)
+
+
+def _modes(p: PipeCost, T: float, vmax: int) -> list[tuple[int, float, float]]:
+    """(v, work capacity C_v, per-micro-batch limit tau_v) for v = 1.. while tau_v >= c: milp.dispatch_feasible's."""
+    ms = []
+    for v in range(1, vmax + 1):
+        tau = T / (p.q + v) if p.q > 0 else T - (v - 1) * p.c
+        cap = v * (tau - p.c) if p.q > 0 else T - v * p.c
+        if tau < p.c:
+            break
+        ms.append((v, cap, tau))
+    return ms
+
+
+def _buckets(short: np.ndarray, edges_extra: Sequence[int], nb: int) -> list[np.ndarray]:
+    """The positions in `short` (lengths, descending) of each bucket: split at nb geometric edges and at
+    `edges_extra` (a bucket never straddles one)."""
+    if short.size == 0:
+        return []
+    lo, hi = float(short.min()), float(short.max())
+    edges = set(np.floor(np.geomspace(lo, hi + 1.0, nb + 1))[1:-1].tolist()) | {float(e) for e in edges_extra}
+    cuts = np.array(sorted(e for e in edges if lo < e <= hi))  # bucket: lengths in [edge, next edge)
+    key = np.searchsorted(cuts, short, side="right")
+    return [np.flatnonzero(key == k) for k in np.unique(key)]
+
+
+def pool_feasible(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_limit: float = 30.0,
+                  extra: int = 0, nb: int = NB, whole: int | None = None) -> str:
+    """"infeasible" (no whole-document dispatch has every pipeline's relaxed cost <= T: every plan is slower than T,
+    up to HiGHS' tolerances), "feasible" (the relaxation has a solution: proves nothing), or "unknown" (time out).
+    `extra`: this many more of the longest documents are kept whole beyond those that must be (module doc); `whole`
+    (if given): exactly this many of the longest are (a document that must be whole may then be fluid: still valid)."""
+    return pool_solve(lengths, pipes, T, time_limit, extra, nb, whole)[0]
+
+
+def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_limit: float = 30.0,
+               extra: int = 0, nb: int = NB, whole: int | None = None) -> tuple[str, dict | None]:
+    """pool_feasible's status and, when "feasible", the relaxation's solution for a diagnosis (benchmarks/gap_pool.py
+    rounds it to a dispatch): "order" (document indices, longest first; positions below are into it), "slots" (per
+    slot: the pipeline index in `pipes`, its whole documents), "fluid" (per pipeline kind: the pool's pipeline indices
+    and, per bucket, the positions of its documents and the counts placed on each slot or on the pool)."""
+    order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
+    l_ = np.asarray(lengths, dtype=np.int64)[order]
+    n = l_.size
+    if n == 0:
+        return "feasible", None
+    kinds: dict[PipeCost, int] = {}
+    for p in pipes:
+        kinds[p] = kinds.get(p, 0) + 1
+    ks = list(kinds)
+    modes = [_modes(p, T, n) for p in ks]
+    fits1 = np.array([[bool(ms) and x <= p.max_len and p.c + p.w1(float(x)) <= ms[0][2] for p, ms in zip(ks, modes)]
+                      for x in l_])  # n x kinds, monotone in length
+    if not fits1.any(axis=1).all():
+        return "infeasible", None  # some document fits no pipeline at T
+    must = int(np.count_nonzero(~fits1.all(axis=1)))
+    nbig = min(n, must + max(0, extra)) if whole is None else min(n, whole)
+    s = float(l_[0])  # length unit
+    rows = MilpRows()
+    ncol = 0
+    integ: list[int] = []
+    ub: list[float] = []
+
+    def cols(k: int, integer: int, upper: float) -> list[int]:
+        nonlocal ncol
+        out = list(range(ncol, ncol + k))
+        ncol += k
+        integ.extend([integer] * k)
+        ub.extend([upper] * k)
+        return out
+
+    big_on: list[list[tuple[int, int]]] = [[] for _ in range(nbig)]  # per long document: (column, slot)
+    slots = []  # (kind index, z columns, [(column, doc)])
+    for ki, (p, ms) in enumerate(zip(ks, modes)):
+        elig = [i for i in range(nbig) if fits1[i, ki]]
+        for pos in range(min(kinds[p], len(elig))):
+            z = cols(len(ms), 1, 1.0)
+            xs = []
+            for i in elig:
+                if pos <= i:  # symmetry: the i-th longest uses only the first i + 1 slots of a kind
+                    (c,) = cols(1, 1, 1.0)
+                    xs.append((c, i))
+                    big_on[i].append((c, len(slots)))
+            slots.append((ki, z, xs))
+    for i in range(nbig):
+        rows.add([(c, 1.0) for c, _ in big_on[i]], 1.0, 1.0)
+    pool_n = [kinds[p] - sum(1 for sl in slots if sl[0] == ki) for ki, p in enumerate(ks)]
+    pool = []  # (kind index, mode index, m column)
+    for ki, ms in enumerate(modes):
+        if pool_n[ki] > 0 and ms:
+            mcols = cols(len(ms), 1, float(pool_n[ki]))
+            rows.add([(c, 1.0) for c in mcols], 0.0, float(pool_n[ki]))
+            pool.extend((ki, vi, c) for vi, c in enumerate(mcols))
+    # per location: [(bucket, n column, t column, Q column)]; bucket b's tokens and squares in units of its longest
+    # document u_b (t = tokens / u_b, Q = squares / u_b^2: every linking coefficient in [lmin / lmax, 1])
+    loc_fluid: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
+    bks = _buckets(l_[nbig:], [p.max_len + 1 for p in ks], nb)
+    bks = [nbig + pos for pos in bks]  # positions in l_
+    units = [float(l_[pos].max()) for pos in bks]
+    for b, pos in enumerate(bks):
+        bl = l_[pos]
+        lmin, u = float(bl.min()), units[b]
+        cnt, tok, sq = float(bl.size), float(bl.sum()) / u, float((bl.astype(np.float64) ** 2).sum()) / (u * u)
+        here = []
+        for si, (ki, z, _) in enumerate(slots):
+            p, ms = ks[ki], modes[ki]
+            ok = [zc for zc, (v, _, tau) in zip(z, ms) if lmin <= p.max_len and p.c + p.w1(lmin) <= tau]
+            if not ok:
+                continue
+            nc, tc, qc = cols(3, 0, np.inf)
+            loc_fluid.setdefault(("s", si), []).append((b, nc, tc, qc))
+            rows.add([(nc, 1.0)] + [(zc, -cnt) for zc in ok], -np.inf, 0.0)  # none where no allowed mode is on
+            here.append((nc, tc, qc))
+        for pi, (ki, vi, _) in enumerate(pool):
+            p = ks[ki]
+            if lmin <= p.max_len and p.c + p.w1(lmin) <= modes[ki][vi][2]:
+                nc, tc, qc = cols(3, 0, np.inf)
+                loc_fluid.setdefault(("p", pi), []).append((b, nc, tc, qc))
+                here.append((nc, tc, qc))
+        if not here:
+            return "infeasible", None
+        rows.add([(h[0], 1.0) for h in here], cnt, cnt)
+        rows.add([(h[1], 1.0) for h in here], tok, tok)
+        rows.add([(h[2], 1.0) for h in here], sq, sq)
+        for nc, tc, qc in here:  # lmin n <= l-sum <= lmax n, lmin l-sum <= squares <= lmax l-sum, in units of u_b
+            rows.add([(tc, 1.0), (nc, -lmin / u)], 0.0, np.inf)
+            rows.add([(tc, 1.0), (nc, -1.0)], -np.inf, 0.0)
+            rows.add([(qc, 1.0), (tc, -lmin / u)], 0.0, np.inf)
+            rows.add([(qc, 1.0), (tc, -1.0)], -np.inf, 0.0)
+
+    def fluid_terms(key, p: PipeCost):
+        """A location's fluid: its columns, its work terms (seconds) and its token terms (units of s)."""
+        fl = loc_fluid.get(key, [])
+        work = ([(qc, p.a * units[b] ** 2) for b, _, _, qc in fl] + [(tc, p.b * units[b]) for b, _, tc, _ in fl]
+                + [(nc, p.d) for _, nc, _, _ in fl if p.d])
+        return fl, work, [(tc, units[b] / s) for b, _, tc, _ in fl]
+
+    for si, (ki, z, xs) in enumerate(slots):
+        p, ms = ks[ki], modes[ki]
+        fl, work, toks = fluid_terms(("s", si), p)
+        rows.add([(zc, 1.0) for zc in z], 0.0, 1.0)
+        wk = [(c, p.w1(float(l_[i]))) for c, i in xs]
+        rows.add(wk + work + [(zc, -cap) for zc, (_, cap, _) in zip(z, ms)], -np.inf, 0.0)
+        rows.add([(c, float(l_[i]) / s) for c, i in xs] + toks
+                 + [(zc, -p.max_len * v / s) for zc, (v, _, _) in zip(z, ms)], -np.inf, 0.0)
+        rows.add([(zc, float(v)) for zc, (v, _, _) in zip(z, ms)] + [(c, -1.0) for c, _ in xs]
+                 + [(nc, -1.0) for _, nc, _, _ in fl], -np.inf, 0.0)
+        for c, w in wk:
+            rows.add([(c, 1.0)] + [(zc, -1.0) for zc, (_, _, tau) in zip(z, ms) if p.c + w <= tau], -np.inf, 0.0)
+    for pi, (ki, vi, mc) in enumerate(pool):
+        p = ks[ki]
+        v, cap, _ = modes[ki][vi]
+        fl, work, toks = fluid_terms(("p", pi), p)
+        rows.add(work + [(mc, -cap)], -np.inf, 0.0)
+        rows.add(toks + [(mc, -p.max_len * v / s)], -np.inf, 0.0)
+        rows.add([(mc, float(v))] + [(nc, -1.0) for _, nc, _, _ in fl], -np.inf, 0.0)
+    x = rows.solve(np.zeros(ncol), np.array(integ), np.zeros(ncol), np.array(ub), time_limit, status=True)
+    if isinstance(x, str):
+        return "infeasible", None
+    if x is None:
+        return "unknown", None
+    idx = {p: [j for j, q in enumerate(pipes) if q == p] for p in ks}
+    used = [0] * len(ks)
+    sol_slots = []
+    for ki, _, xs in slots:
+        sol_slots.append((idx[ks[ki]][used[ki]], [i for c, i in xs if x[c] > 0.5]))
+        used[ki] += 1
+    where = {("s", si): sol_slots[si][0] for si in range(len(slots))}
+    fluid = []
+    for b, pos in enumerate(bks):
+        counts = {}
+        for key, fl in loc_fluid.items():
+            for bb, nc, _, _ in fl:
+                if bb == b and x[nc] > 1e-9:
+                    k2 = where.get(key, ("pool", pool[key[1]][0]) if key[0] == "p" else None)
+                    counts[k2] = counts.get(k2, 0.0) + float(x[nc])
+        fluid.append((pos, counts))
+    pools = {ki: idx[p][used[ki]:] for ki, p in enumerate(ks)}
+    return "feasible", {"order": order, "slots": sol_slots, "fluid": fluid, "pools": pools, "kinds": ks}
+
+
+def pool_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], lo: float, hi: float, time_limit: float = 10.0,
+               iters: int = 4, gap: float = 1e-3, extra: int = 0, nb: int = NB, whole: int | None = None) -> float:
+    """The largest T in (lo, hi) at which pool_feasible answers "infeasible", times (1 - 1e-6), or lo: first at
+    hi / (1 + gap), then `iters` bisection steps between lo and it (milp.milp_bound's search)."""
+    if not hi > lo or int(np.asarray(lengths).size) == 0:
+        return lo
+    T = hi / (1 + gap)
+    if lo >= T:
+        return lo
+    if pool_feasible(lengths, pipes, T, time_limit, extra, nb, whole) == "infeasible":
+        return T * (1 - 1e-6)
+    a, b = lo, T
+    for _ in range(iters):
+        m = 0.5 * (a + b)
+        if pool_feasible(lengths, pipes, m, time_limit, extra, nb, whole) == "infeasible":
+            a = m
+        else:
+            b = m
+    return a * (1 - 1e-6) if a > lo else lo
