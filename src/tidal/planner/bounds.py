@@ -228,10 +228,11 @@ class StepLengths:
 
 def prepare_lengths(lengths) -> StepLengths:
     full = np.asarray(lengths, dtype=np.float64)
-    uniq, inv = np.unique(full, return_inverse=True)
-    wt = np.bincount(inv.ravel(), weights=np.ones_like(full), minlength=uniq.size)
-    refs = np.unique(np.quantile(full, [0.0, 0.5, 0.9, 1.0])) if full.size else full
-    return StepLengths(full, uniq, wt, refs, float(np.quantile(full, 0.9)) if full.size else 0.0)
+    uniq, counts = np.unique(full, return_counts=True)  # the counts as floats: bincount of ones, the same values
+    if not full.size:
+        return StepLengths(full, uniq, counts.astype(np.float64), full, 0.0)
+    q = np.quantile(full, [0.0, 0.5, 0.9, 1.0])  # one call: each quantile the same float as its own call
+    return StepLengths(full, uniq, counts.astype(np.float64), np.unique(q), float(q[2]))
 
 
 def top_docs_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], r: int = 6, node_limit: int = 3000,
