@@ -51,3 +51,17 @@ def test_assign_keeps_the_faster_of_first_dispatch_and_best_restart():
             for alt in alts:
                 assert alt.objective < first.objective
                 assert est <= pack_groups(l_, prof, alt.groups, pack, False)[0]
+
+
+def test_prepare_lengths_is_the_per_quantity_computation():
+    """Decision 120: prepare_lengths takes its four quantiles in one np.quantile call and the counts from np.unique;
+    the same floats (bit for bit) as each quantity computed on its own, as before."""
+    rng = np.random.default_rng(7)
+    for l_ in list(_steps(5)) + [rng.lognormal(6, 1.5, int(n)).round() for n in rng.integers(1, 3000, 40)]:
+        full = np.asarray(l_, dtype=np.float64)
+        uniq, inv = np.unique(full, return_inverse=True)
+        p = prepare_lengths(l_)
+        assert np.array_equal(p.uniq, uniq) and p.wt.dtype == np.float64
+        assert np.array_equal(p.wt, np.bincount(inv.ravel(), weights=np.ones_like(full), minlength=uniq.size))
+        assert np.array_equal(p.refs, np.unique(np.quantile(full, [0.0, 0.5, 0.9, 1.0])))
+        assert p.ref90 == float(np.quantile(full, 0.9))

@@ -113,3 +113,76 @@ def test_a_plan_that_misses_a_sequence_is_an_error():
              PipelinePlan(1, 1, 1, strat.pipelines[1].devices, 100, ((2,),), 0.55))
     with pytest.raises(TidalError, match="sequence 1 is in no micro-batch"):
         polish(np.array([50, 10, 45]), (pc, pc), plans, 0.6)
+
+
+def _first_round_wins(l_, pipes, plans, max_docs=16, min_gain=1e-4):
+    """Brute force over polish's first round: does a move or a swap of one of the `max_docs` longest documents of the
+    slowest pipeline's slowest micro-batch lower the max of the two pipelines' times (re-timed with pipeline_time)
+    below its time x (1 - min_gain)? Returns (any win, the second-slowest pipeline's time)."""
+    def t(j, mbs):
+        return pipeline_time(l_, [mb for mb in mbs if mb], pipes[j].coeffs, pipes[j].pp)
+    times = [t(j, p.micro_batches) for j, p in enumerate(plans)]
+    j = int(np.argmax(times))
+    mbt = [pipes[j].coeffs.c + sum(pipes[j].coeffs.a * l_[i] ** 2 + pipes[j].coeffs.b * l_[i] for i in mb)
+           for mb in plans[j].micro_batches]
+    ms = int(np.argmax(mbt))
+    docs = sorted(plans[j].micro_batches[ms], key=lambda i: -l_[i])[:max_docs]
+    limit = times[j] * (1 - min_gain)
+    for d in docs:
+        for k, p in enumerate(plans):
+            if k == j:
+                continue
+            for m, mb in enumerate(p.micro_batches):
+                rest = [list(x) for x in plans[j].micro_batches]
+                rest[ms].remove(d)
+                dst = [list(x) for x in p.micro_batches]
+                if l_[list(mb)].sum() + l_[d] <= pipes[k].max_len:  # the move
+                    dst[m].append(d)
+                    if max(t(j, rest), t(k, dst)) < limit:
+                        return True, sorted(times)[-2]
+                    dst[m].remove(d)
+                for e in mb:  # the swaps
+                    if l_[e] == l_[d] or l_[rest[ms]].sum() + l_[e] > pipes[j].max_len or \
+                            l_[list(mb)].sum() - l_[e] + l_[d] > pipes[k].max_len:
+                        continue
+                    sw, dw = [list(x) for x in rest], [list(x) for x in dst]
+                    sw[ms].append(e)
+                    dw[m].remove(e)
+                    dw[m].append(d)
+                    if max(t(j, sw), t(k, dw)) < limit:
+                        return True, sorted(times)[-2]
+    return False, sorted(times)[-2]
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(gen=st.integers(0, 2**32 - 1), pps=st.lists(st.integers(1, 3), min_size=2, max_size=3),
+       n=st.integers(4, 14), spread=st.sampled_from([0.0, 0.05, 1.0]))
+def test_polish_first_round_matches_brute_force(gen, pps, n, spread):
+    """Decision 120: polish stops before its moves and swaps when the slowest pipeline has PP >= 2 and its second
+    micro-batch alone already keeps it at or above its time x (1 - min_gain). Against a brute force over every move
+    and swap of the first round: where none wins, polish returns its input; where one wins (and no other pipeline
+    ties the slowest), it returns a strictly faster plan, which a wrong early stop would not. Near-balanced
+    micro-batches (spread 0 or 0.05) are where the early stop fires."""
+    rng = np.random.default_rng(gen)
+    pipes = tuple(PipeCost(float(rng.uniform(0, 1e-4)), float(rng.uniform(1e-3, 1e-2)), float(rng.uniform(0, 0.1)),
+                           pp, 1000) for pp in pps)
+    strat = place(tuple(ParallelScheme(1, 1, 1) for _ in pps), CLUSTER)
+    base = rng.integers(20, 60)
+    l_ = np.maximum(1, np.round(base * (1 + spread * rng.standard_normal(n)))).astype(np.int64)
+    owner = rng.integers(0, len(pps), n)
+    owner[:len(pps)] = np.arange(len(pps))  # every pipeline holds a document
+    plans = []
+    for j, pc in enumerate(pipes):
+        idx = [int(i) for i in np.flatnonzero(owner == j)]
+        mbs = tuple(tuple(idx[s::2]) for s in range(2) if idx[s::2])  # two micro-batches (one when one document)
+        plans.append(PipelinePlan(1, pc.pp, 1, strat.pipelines[j].devices, pc.max_len, mbs,
+                                  pipeline_time(l_, mbs, pc.coeffs, pc.pp)))
+    plans = tuple(plans)
+    est0 = max(p.est_time for p in plans)
+    wins, second = _first_round_wins(l_, pipes, plans)
+    est, out = polish(l_, pipes, plans, est0, rounds=1)
+    _check(l_, pipes, out, est)
+    if not wins:
+        assert out is plans and est == est0
+    elif second < est0 * (1 - 1e-4):
+        assert est < est0

@@ -203,6 +203,7 @@ class ClassArrays:
     M: np.ndarray  # MaxLen, float
     mt: tuple  # _min_time_consts(C, P)
     D: np.ndarray  # per-document term d
+    cap: tuple  # _capacity_consts(C, P) (refined's rounds; decision 120)
 
     @staticmethod
     def of(grouped: tuple[tuple[PipeCost, ...], np.ndarray]) -> ClassArrays:
@@ -211,7 +212,7 @@ class ClassArrays:
         P = np.array([p.pp for p in classes], dtype=np.float64)
         return ClassArrays(classes, cnt, np.array([p.a for p in classes]), np.array([p.b for p in classes]), C, P,
                            np.array([p.max_len for p in classes], dtype=np.float64), _min_time_consts(C, P),
-                           np.array([p.d for p in classes]))
+                           np.array([p.d for p in classes]), _capacity_consts(C, P))
 
 
 @dataclass(frozen=True, eq=False)
@@ -228,10 +229,11 @@ class StepLengths:
 
 def prepare_lengths(lengths) -> StepLengths:
     full = np.asarray(lengths, dtype=np.float64)
-    uniq, inv = np.unique(full, return_inverse=True)
-    wt = np.bincount(inv.ravel(), weights=np.ones_like(full), minlength=uniq.size)
-    refs = np.unique(np.quantile(full, [0.0, 0.5, 0.9, 1.0])) if full.size else full
-    return StepLengths(full, uniq, wt, refs, float(np.quantile(full, 0.9)) if full.size else 0.0)
+    uniq, counts = np.unique(full, return_counts=True)  # the counts as floats: bincount of ones, the same values
+    if not full.size:
+        return StepLengths(full, uniq, counts.astype(np.float64), full, 0.0)
+    q = np.quantile(full, [0.0, 0.5, 0.9, 1.0])  # one call: each quantile the same float as its own call
+    return StepLengths(full, uniq, counts.astype(np.float64), np.unique(q), float(q[2]))
 
 
 def top_docs_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], r: int = 6, node_limit: int = 3000,
@@ -384,7 +386,7 @@ class StrategyBound:
         ys = [best_y]
         if len(classes) > 1:
             y = best_y.copy()
-            cap_consts = _capacity_consts(C, P)  # the same for every round
+            cap_consts, t_capk = ca.cap, None  # the same for every round; capk for the last t (decision 120)
             rows, steps = np.arange(l_.size), np.array([[0.25], [0.5], [1.0]])
             for _ in range(rounds):
                 t = max(best, 1e-300)
@@ -396,8 +398,9 @@ class StrategyBound:
                     arg[vk < val] = kk
                     np.minimum(val, vk, out=val)
                 loads = np.bincount(arg, weights=w[rows, arg] * wt, minlength=len(classes))
-                capk = cnt * _capacity(np.full(len(classes), t), cap_consts)
-                ratio = (loads + 1e-30) / np.maximum(capk, 1e-30)
+                if t != t_capk:  # capk depends on t alone, and t on best, which rarely rises: the same floats again
+                    capm, t_capk = np.maximum(cnt * _capacity(np.full(len(classes), t), cap_consts), 1e-30), t
+                ratio = (loads + 1e-30) / capm
                 cand = y * np.minimum(np.maximum(ratio, 0.25), 4.0) ** steps
                 cand = cand / cand.sum(axis=1, keepdims=True)
                 v = self._bound_for(cand)

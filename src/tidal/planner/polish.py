@@ -101,9 +101,13 @@ def polish(lengths: np.ndarray, pipes: tuple[PipeCost, ...], plans: tuple[Pipeli
             new_j = np.where(mine.size == 1, (fj - 1) * sec if fj - 1 > Q1[j] else 0.0, fj * np.maximum(sec, left))
         else:
             new_j = tj - wj - (C[j] if mine.size == 1 else 0.0)
+        best_val, best = tj * (1 - min_gain), None
+        if Q1[j] > 0 and mine.size > 1 and fj * sec >= best_val:
+            # no move or swap can win: j's new time is fj * max(sec, .) >= fj * sec (fj > 0, the same float product
+            # as new_j's and nj's), and every entry is the max of it and the partner's (decision 120)
+            break
         # moves: documents of ms into any live micro-batch of another pipeline with token room
         cand = np.flatnonzero(alive & (mb_pipe != j))
-        best_val, best = tj * (1 - min_gain), None
         if cand.size:
             k = mb_pipe[cand]
             wk = A[k][None, :] * xs[:, None] ** 2 + B[k][None, :] * xs[:, None] + Dd[k][None, :]
