@@ -13,6 +13,20 @@ from tidal.planner.bounds import PipeCost
 from tidal.planner.exact import MilpRows, columns_by
 
 
+def pipe_modes(p: PipeCost, T: float, vmax: int) -> list[tuple[int, float, float]]:
+    """(v, work capacity C_v, per-micro-batch limit tau_v) of pipeline `p` at time T, for v = 1.. `vmax` while
+    tau_v >= c: tau_v is what one micro-batch may take in mode v; one stage (q = 0) sums its micro-batches
+    (decision 94). Shared by this MILP and the pooled one (proof/pool.py)."""
+    ms = []
+    for v in range(1, vmax + 1):
+        tau = T / (p.q + v) if p.q > 0 else T - (v - 1) * p.c
+        cap = v * (tau - p.c) if p.q > 0 else T - v * p.c
+        if tau < p.c:
+            break
+        ms.append((v, cap, tau))
+    return ms
+
+
 def dispatch_feasible(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_limit: float = 30.0):
     """Is there a dispatch (every document whole on one pipeline) whose every pipeline's relaxed cost is <= T? The
     relaxed cost is bounds.pipeline_bound's: min over V in [ceil(tokens / MaxLen), count] of (q + V) max(W / V + c,
@@ -37,17 +51,7 @@ def dispatch_feasible(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, 
     for p in pipes:
         pos.append(first.get(p, 0))
         first[p] = pos[-1] + 1
-    modes = []  # per pipeline: (v, capacity, tau) for the modes with capacity >= 0
-    for p in pipes:
-        ms = []
-        for v in range(1, n + 1):
-            # tau: what one micro-batch may take in mode v; one stage (q = 0) sums its micro-batches (decision 94)
-            tau = T / (p.q + v) if p.q > 0 else T - (v - 1) * p.c
-            cap = v * (tau - p.c) if p.q > 0 else T - v * p.c
-            if tau < p.c:
-                break
-            ms.append((v, cap, tau))
-        modes.append(ms)
+    modes = [pipe_modes(p, T, n) for p in pipes]  # per pipeline: (v, capacity, tau) for the modes with capacity >= 0
     pairs = []
     for i in range(n):
         for j, p in enumerate(pipes):

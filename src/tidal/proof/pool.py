@@ -29,20 +29,9 @@ import numpy as np
 
 from tidal.planner.bounds import PipeCost
 from tidal.planner.exact import MilpRows
+from tidal.proof.milp import pipe_modes
 
 NB = 16  # geometric length buckets of the short documents (plus an edge at every kind's MaxLen)
-
-
-def _modes(p: PipeCost, T: float, vmax: int) -> list[tuple[int, float, float]]:
-    """(v, work capacity C_v, per-micro-batch limit tau_v) for v = 1.. while tau_v >= c: milp.dispatch_feasible's."""
-    ms = []
-    for v in range(1, vmax + 1):
-        tau = T / (p.q + v) if p.q > 0 else T - (v - 1) * p.c
-        cap = v * (tau - p.c) if p.q > 0 else T - v * p.c
-        if tau < p.c:
-            break
-        ms.append((v, cap, tau))
-    return ms
 
 
 def _buckets(short: np.ndarray, edges_extra: Sequence[int], nb: int) -> list[np.ndarray]:
@@ -81,7 +70,7 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
     for p in pipes:
         kinds[p] = kinds.get(p, 0) + 1
     ks = list(kinds)
-    modes = [_modes(p, T, n) for p in ks]
+    modes = [pipe_modes(p, T, n) for p in ks]
     fits1 = np.array([[bool(ms) and x <= p.max_len and p.c + p.w1(float(x)) <= ms[0][2] for p, ms in zip(ks, modes)]
                       for x in l_])  # n x kinds, monotone in length
     if not fits1.any(axis=1).all():
