@@ -243,6 +243,8 @@ def main() -> None:
                     help="grid, with --prove: also the pooled MILP bound (proof.pool.pool_bound, S seconds per HiGHS "
                     "solve; steps of hundreds of documents; decision 118)")
     a = ap.parse_args()
+    if not (a.prove_milp >= 0 and a.prove_pool >= 0):
+        ap.error(f"--prove-milp and --prove-pool take seconds >= 0 (0: off); got {a.prove_milp}, {a.prove_pool}")
     if a.grid:
         import planner_grid
 

@@ -134,7 +134,10 @@ def probe_steps(model: str, cluster: str, candidates: str, source: str, seeds: s
         grid = Grid(Path(tmp))
         if source not in grid.specs:
             raise SystemExit(f"error: unknown --source {source!r}; choose one of {', '.join(sorted(grid.specs))}")
-        names, profs, _ = grid.candidates(model, cluster, candidates, source)
+        try:
+            names, profs, _ = grid.candidates(model, cluster, candidates, source)
+        except TidalError as e:
+            raise SystemExit(f"error: {e}") from None
         out = [(seed, k, sample_steps(grid.specs[source], seed=seed, tokens_per_step=TOKENS[n], max_len=MAX_LEN,
                                       steps=max(idx) + 1)[0][k].lengths_array())
                for seed in seed_list for k in idx]

@@ -1,0 +1,23 @@
+"""The proof benchmarks refuse bad arguments with one line, before any planning (no traceback)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["planner.py", "--grid", "--prove-pool", "-2"], "--prove-pool take seconds >= 0"),
+    (["planner.py", "--grid", "--prove-milp", "nan"], "--prove-milp and --prove-pool"),
+    (["gap_pool.py", "--model", "nope"], "unknown model preset 'nope'"),
+    (["gap_exact.py", "--model", "nope", "--cluster", "a800x16"], "unknown model preset 'nope'"),
+    (["gap_pool.py", "--pool-s", "0"], "--pool-s must be > 0"),
+])
+def test_proof_benchmarks_refuse_bad_arguments_in_one_line(argv, says):
+    r = subprocess.run([sys.executable, *argv], cwd=BENCH, capture_output=True, text=True, timeout=120)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and says in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert len([x for x in err if "error" in x]) == 1, r.stderr
