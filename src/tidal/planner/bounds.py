@@ -301,12 +301,9 @@ def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int
                    timed: bool = True, grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None,
                    arrays: ClassArrays | None = None, prep: StepLengths | None = None) -> float:
     """Lower bound on the optimal step time of documents `lengths` on a strategy (any dispatch, any packing):
-    max(LB_doc, LB_top, LB_work, LB_one), each term derived in docs/planner.md, "Step bound of a strategy" (`rounds`
-    price updates of LB_work, the `top` longest documents for LB_top, `timed`: LB_work with time-dependent
-    eligibility, _timed). `weights` (optional) multiplies each document (expected counts of a length histogram). inf
-    when a document fits no pipeline. `grouped`: group_pipes(pipes), `arrays`: ClassArrays of it, `prep`:
-    prepare_lengths(lengths) (without `weights`), when the caller has them already (the same bound, computed once per
-    candidate or step). Repeated lengths are merged into one weighted document first."""
+    max(LB_doc, LB_top, LB_work, LB_one) (docs/planner.md, "Step bound of a strategy"). `weights` (optional)
+    multiplies each document; inf when a document fits no pipeline. `grouped`, `arrays`, `prep`: group_pipes(pipes),
+    its ClassArrays, prepare_lengths(lengths) (without `weights`), when the caller has them already."""
     return StrategyBound(lengths, pipes, weights, grouped, arrays, prep).refined(rounds, top, timed)
 
 

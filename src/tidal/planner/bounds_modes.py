@@ -1,12 +1,6 @@
 """Mode-aware step bound (issue 9, decisions 57, 102): the work relaxation with each pipeline's integer micro-batch
-count.
-
-At a step time T a pipeline in mode v (exactly v micro-batches) gives each micro-batch at most tau_v and has work
-capacity C_v and token capacity v M; a document i on class k costs u_ik(T), the least over its eligible modes of
-theta_v w_ik / C_v + (1 - theta_v) l_i / (v M_k), and one pipeline's documents cost at most 1 in every plan of time
-<= T. Prices y >= 0 with sum_i min_k y_k u_ik(T) > sum_k y_k cnt_k (or a document eligible nowhere) prove T
-infeasible, however y and theta were chosen. docs/planner.md, "Mode-aware bound", derives it and states which
-certificates are tried.
+count. Prices y >= 0 with sum_i min_k y_k u_ik(T) > sum_k y_k cnt_k prove a step time T infeasible; docs/planner.md,
+"Mode-aware bound", derives u_ik and states which certificates are tried.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""The mode bound's loops, written once (decisions 67, 102, 112): its per-T arrays (`mode_arrays`, `mode_thetas`,
-`mode_costs`), the two-class breakpoint scan (`violated_two`) and the price search with three or more classes
-(`mode_violated`: multiplicative updates, then exact line searches along each pair of classes, `pair_search`; docs/
-planner.md, "Mode-aware bound"). Every row is checked as computed, so a verdict True is a valid certificate however
-the rows were found.
-
-`COMPILED` (numba.njit, cached on disk) where numba is installed, `PLAIN` the same source as plain Python
-(kernels.plain), `loops()` the first available. Import lazily (importing numba takes a second).
+"""The mode bound's loops, written once (decisions 67, 102, 112; docs/planner.md, "Mode-aware bound"): its per-T
+arrays, the two-class breakpoint scan and the price search with three or more classes. Every row is checked as
+computed, so a verdict True is a valid certificate. `COMPILED` (numba) where installed, `PLAIN` the same source as
+plain Python, `loops()` the first available; import lazily (importing numba takes a second).
 """
 from __future__ import annotations
 
