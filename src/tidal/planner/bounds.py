@@ -161,12 +161,11 @@ def _min_time_consts(c: np.ndarray, pp: np.ndarray) -> tuple:
     return bps, work_capacity(bps[None, :], c[:, None], p[:, None]), seg
 
 
-def min_time(G: np.ndarray, c: np.ndarray, pp: np.ndarray, total: np.ndarray,
-             consts: tuple | None = None) -> np.ndarray:
+def min_time(G: np.ndarray, total: np.ndarray, consts: tuple) -> np.ndarray:
     """Per row r, the T solving sum_k G[r, k] cap_k(T) = total[r] (exactly: the sum is A T + B sqrt(T) + C0 between
-    consecutive breakpoints PP c and PP^2 c / (PP - 1) of the caps, so each segment is a quadratic in sqrt(T)).
-    `consts`: _min_time_consts(c, pp), when the caller has it already."""
-    bps, capb, (left_s, right_s, cA, cB, cC) = _min_time_consts(c, pp) if consts is None else consts
+    consecutive breakpoints PP c and PP^2 c / (PP - 1) of the caps, so each segment is a quadratic in sqrt(T)), the
+    classes' (c, PP) given by `consts` = _min_time_consts(c, pp)."""
+    bps, capb, (left_s, right_s, cA, cB, cC) = consts
     Fb = G @ capb  # R x nb
     seg = np.sum(Fb < total[:, None], axis=1)  # crossing lies in (bps[seg-1], bps[seg]] (or beyond the last)
     left, right = left_s[seg], right_s[seg]
@@ -262,7 +261,7 @@ def top_docs_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], r: int = 6, n
     return 0.0
 
 
-def _timed(Y, w, wt, tau, cnt, C, P, lo: float, mt: tuple | None = None) -> float:
+def _timed(Y, w, wt, tau, cnt, lo: float, mt: tuple) -> float:
     """Work bound with time-dependent eligibility (docs/planner.md, "Time-dependent eligibility"): a document may only
     use pipelines where it alone fits (PP (c + w) <= T). lhs_r(T) = sum_i min_{j ok at T} y_rj w_ij is constant between
     consecutive eligibility times tau, so on each such segment [a, b) the infeasible T are those below min(b, T_s),
@@ -292,7 +291,7 @@ def _timed(Y, w, wt, tau, cnt, C, P, lo: float, mt: tuple | None = None) -> floa
         L = L0[:, None]
     a = np.concatenate([[lo], starts])  # segment s is [a[s], b[s]) with lhs L[:, s]
     b = np.concatenate([starts, [np.inf]])
-    Ts = min_time(np.repeat(G, a.size, axis=0), C, P, np.maximum(L, 0.0).ravel(), mt).reshape(R, a.size)
+    Ts = min_time(np.repeat(G, a.size, axis=0), np.maximum(L, 0.0).ravel(), mt).reshape(R, a.size)
     cand = np.where(Ts > a[None, :], np.minimum(Ts, b[None, :]), -np.inf)
     return max(lo, float(cand.max()))
 
@@ -372,7 +371,7 @@ class StrategyBound:
         for k in range(1, wmT.shape[0]):
             np.minimum(total, wmT[k][None, :] * Y[:, k:k + 1], out=total)
         total = total @ self.wt  # R
-        return min_time(self.ca.cnt[None, :] * Y, self.ca.C, self.ca.P, total, self.ca.mt)
+        return min_time(self.ca.cnt[None, :] * Y, total, self.ca.mt)
 
     def refined(self, rounds: int = 6, top: int = 6, timed: bool = True) -> float:
         if self.final is not None:
@@ -417,8 +416,8 @@ class StrategyBound:
                 z = ys[-1].copy()
                 z[slow[:m]] = 0.0
                 Ys.append(z)
-            best = max(best, _timed(np.array(Ys), w, wt, P[None, :] * (C[None, :] + wm), cnt, C, P,
-                                    max(best, lb_doc), ca.mt))
+            best = max(best, _timed(np.array(Ys), w, wt, P[None, :] * (C[None, :] + wm), cnt, max(best, lb_doc),
+                                    ca.mt))
         lb_top = top_docs_bound(self.full if not self.weighted else l_[wt > 0], self.pipes, r=top,
                                 grouped=(classes, cnt)) if top > 0 else 0.0
         return max(lb_doc, best, lb_top, self.lb_one) * (1 - SLACK)
