@@ -33,7 +33,7 @@ def test_shared_bound_work_gives_the_same_bounds():
                 continue
             arrays = ClassArrays.of(group_pipes(prof.pipes))
             sb = StrategyBound(l_, prof.pipes, grouped=prof.grouped, arrays=arrays, prep=prep)
-            assert sb.quick == strategy_bound(l_, prof.pipes, rounds=0, top=0, timed=False)
+            assert sb.quick == strategy_bound(l_, prof.pipes, top=0, timed=False)
             assert sb.refined() == strategy_bound(l_, prof.pipes)
             assert strategy_bound(l_, prof.pipes, arrays=arrays, prep=prep) == strategy_bound(l_, prof.pipes)
 

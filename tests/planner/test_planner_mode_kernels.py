@@ -1,13 +1,13 @@
-"""The mode bound's per-T arrays and its two-class price scan as one-source kernels (kernels_modes.mode_arrays,
-mode_thetas, mode_costs, violated_two; decision 112): compiled and plain Python, each equal float for float to the
-numpy expressions they replaced (kept here as the references)."""
+"""The mode bound's per-T arrays as one-source kernels (kernels_modes.mode_arrays, mode_thetas, mode_costs; decision
+112): compiled and plain Python, each equal float for float to the numpy expressions they replaced (kept here as the
+references); and the price search with two classes against the exact two-class maximum (decision 122)."""
 
 import numpy as np
 import pytest
 
 from tidal.planner import kernels_modes as km
 from tidal.planner.bounds import PipeCost, StrategyBound
-from tidal.planner.bounds_modes import VB, _costs, _step_arrays, _thetas, _violated_two, mode_arrays
+from tidal.planner.bounds_modes import VB, _costs, _step_arrays, _thetas, mode_arrays, violated
 
 pytestmark = pytest.mark.unit
 
@@ -60,22 +60,20 @@ def _costs_ref(T, sb, th, tau, cap):
     return out
 
 
-def _violated_two_ref(U, wt, cnt):
+def _two_class_ratio(U, wt, cnt):
+    """The exact max over y = (t, 1 - t) of sum_i wt_i min_k y_k U_ik / (y . cnt) (inf entries skipped): the
+    numerator is concave piecewise-linear, so the max is at a breakpoint u_i2 / (u_i1 + u_i2) or an end."""
     u1, u2 = U[:, 0], U[:, 1]
     with np.errstate(invalid="ignore", divide="ignore"):
-        ti = np.where(~np.isfinite(u1), 0.0, np.where(~np.isfinite(u2), 1.0, u2 / (u1 + u2)))
-    ti = np.where(np.isnan(ti), 0.5, ti)
-    o = np.argsort(ti, kind="stable")
-    t = ti[o]
-    a1 = np.where(np.isfinite(u1[o]), u1[o], 0.0) * wt[o]
-    a2 = np.where(np.isfinite(u2[o]), u2[o], 0.0) * wt[o]
-    suf1 = np.cumsum(a1[::-1])[::-1]
-    pre2 = np.concatenate([[0.0], np.cumsum(a2)[:-1]])
-    inner = (t > 0) & (t < 1)
-    t, suf1, pre2 = t[inner], suf1[inner], pre2[inner]
-    ends = (float(np.where(np.isfinite(u2), 0.0, u1) @ wt) > cnt[0] * (1 + 1e-9)
-            or float(np.where(np.isfinite(u1), 0.0, u2) @ wt) > cnt[1] * (1 + 1e-9))
-    return bool(ends or np.any(t * suf1 + (1 - t) * pre2 > (t * cnt[0] + (1 - t) * cnt[1]) * (1 + 1e-9)))
+        ts = np.where(np.isfinite(u1) & np.isfinite(u2) & (u1 + u2 > 0), u2 / (u1 + u2), 0.0)
+    best = 0.0
+    for t in np.concatenate([[0.0, 1.0], ts]):
+        a, b = t * u1, (1 - t) * u2
+        a = np.where(np.isfinite(u1), a, np.inf)
+        b = np.where(np.isfinite(u2), b, np.inf)
+        m = np.minimum(a, b)
+        best = max(best, float(np.where(np.isfinite(m), m, 0.0) @ wt) / max(t * cnt[0] + (1 - t) * cnt[1], 1e-300))
+    return best
 
 
 def test_mode_arrays_thetas_and_costs_equal_the_numpy_expressions_in_both_modes():
@@ -107,7 +105,10 @@ def test_mode_arrays_thetas_and_costs_equal_the_numpy_expressions_in_both_modes(
     assert twos > 0 and merged > 0
 
 
-def test_two_class_price_scan_equals_the_numpy_expressions_in_both_modes():
+def test_two_classes_price_search_is_exact_in_both_modes():
+    """Two classes (decision 122): the price search's pair line search spans the whole simplex, so it finds a
+    certificate whenever the exact two-class maximum (at a breakpoint or an end) exceeds the threshold by more than
+    its bisection's resolution, and never one where it does not (a found row is a valid certificate)."""
     rng = np.random.default_rng(12)
     verdicts = set()
     for _ in range(300):
@@ -115,15 +116,18 @@ def test_two_class_price_scan_equals_the_numpy_expressions_in_both_modes():
         U = rng.uniform(0.0, 1.0, size=(B, 2))
         U[rng.random((B, 2)) < 0.2] = np.inf
         U[rng.random((B, 2)) < 0.05] = 0.0
-        U[rng.random(B) < 0.05] = 0.0  # both zero: t = 0.5
+        U[rng.random(B) < 0.05] = 0.0  # both zero
         U = np.round(U, int(rng.integers(1, 4)))  # ties between breakpoints
+        U[~np.isfinite(U).any(axis=1), 0] = 1.0  # every document fits somewhere (infeasible checks that first)
         wt = rng.integers(1, 4, size=B).astype(np.float64)
         lhs = float(np.where(np.isfinite(U), 0.5 * U, np.inf).min(axis=1) @ wt)
         cnt = rng.uniform(0.5, 1.5, size=2) * max(lhs, 1e-3) * rng.uniform(0.8, 1.3)
-        want = _violated_two_ref(U, wt, cnt)
+        ratio = _two_class_ratio(U, wt, cnt)
         for loops in MODES:
-            assert _violated_two(U, wt, cnt, loops) == want
-        ends = (float(np.where(np.isfinite(U[:, 1]), 0.0, U[:, 0]) @ wt) > cnt[0] * (1 + 1e-9)
-                or float(np.where(np.isfinite(U[:, 0]), 0.0, U[:, 1]) @ wt) > cnt[1] * (1 + 1e-9))
-        verdicts.add((want, ends))
-    assert (True, False) in verdicts and (False, False) in verdicts  # the scan itself decides both ways
+            got = violated(U, wt, cnt, np.array([[0.5, 0.5]]), 6, loops=loops)
+            if ratio <= 1 + 1e-9:
+                assert not got
+            elif ratio > (1 + 1e-9) * (1 + 1e-6):
+                assert got
+        verdicts.add(ratio > 1 + 1e-9)
+    assert verdicts == {True, False}

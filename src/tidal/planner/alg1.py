@@ -1,10 +1,7 @@
-"""Hydraulis Alg. 1's dispatch, a planner part (decision 106): select.assign packs its best shuffle too (Tidal's plan
-is never worse than Alg. 1 followed by the same packer), and the Hydraulis baseline dispatches with it. Written once:
-`alg1_trial` is one random shuffle as the paper's loop writes it, and `dispatch_hydraulis` runs `trials` of them. The
-trial runs compiled (numba.njit, cached on disk) where numba is installed and as the same plain Python function where
-it is not (issue 27 item 2, decision 89); the tests run both. The result is re-scored with the pipelines' own pricing
-rule: the Hydraulis baseline passes pipelines with `PipeCost.eq1` (a one-stage pipeline priced by the paper's Eq. 1,
-decision 97), select.assign Tidal's own.
+"""Hydraulis Alg. 1's dispatch, a planner part (decision 106): select.assign packs its best shuffle too (never worse
+than Alg. 1 + the same packer), and the Hydraulis baseline dispatches with it. `alg1_trial` (one shuffle, written
+once) runs compiled where numba is installed, else as the same plain Python (decision 89); the result is re-scored
+with the pipelines' own pricing rule (`PipeCost.eq1`, decision 97).
 """
 
 from __future__ import annotations

@@ -127,24 +127,20 @@ def work_capacity(t: np.ndarray, c: np.ndarray, pp: np.ndarray) -> np.ndarray:
     """Largest work W (seconds of sum a l^2 + b l) one pipeline can finish within time t, relaxing V to any real >= 1:
     cap(t) = sup_{V >= 1} V * (t / (PP - 1 + V) - c). With q = PP - 1 the optimum is V = sqrt(t q / c) - q, giving
     (sqrt(t) - sqrt(q c))^2 when that V exceeds 1 (t > PP^2 c / q), else V = 1 and t / PP - c. Nondecreasing in t."""
-    return _capacity(np.asarray(t, dtype=np.float64), _capacity_consts(c, pp))
+    p, c, thr, sq = _capacity_consts(c, pp)
+    t = np.asarray(t, dtype=np.float64)
+    root = np.sqrt(t) - sq
+    return np.maximum(np.where(t > thr, root * root, t / p - c), 0.0)
 
 
 def _capacity_consts(c, pp) -> tuple:
-    """What work_capacity needs of the pipelines alone (c, PP): computed once where it is evaluated at many t."""
+    """What work_capacity needs of the pipelines alone (c, PP)."""
     c = np.asarray(c, dtype=np.float64)
     p = np.asarray(pp, dtype=np.float64)
     q = p - 1.0
     with np.errstate(divide="ignore", invalid="ignore"):
         thr = np.where(q > 0, p * p * c / np.where(q > 0, q, 1.0), np.inf)
     return p, c, thr, np.sqrt(q * c)
-
-
-def _capacity(t: np.ndarray, consts: tuple) -> np.ndarray:
-    """work_capacity(t, c, pp) from _capacity_consts(c, pp)."""
-    p, c, thr, sq = consts
-    root = np.sqrt(t) - sq
-    return np.maximum(np.where(t > thr, root * root, t / p - c), 0.0)
 
 
 def _min_time_consts(c: np.ndarray, pp: np.ndarray) -> tuple:
@@ -161,12 +157,11 @@ def _min_time_consts(c: np.ndarray, pp: np.ndarray) -> tuple:
     return bps, work_capacity(bps[None, :], c[:, None], p[:, None]), seg
 
 
-def min_time(G: np.ndarray, c: np.ndarray, pp: np.ndarray, total: np.ndarray,
-             consts: tuple | None = None) -> np.ndarray:
+def min_time(G: np.ndarray, total: np.ndarray, consts: tuple) -> np.ndarray:
     """Per row r, the T solving sum_k G[r, k] cap_k(T) = total[r] (exactly: the sum is A T + B sqrt(T) + C0 between
-    consecutive breakpoints PP c and PP^2 c / (PP - 1) of the caps, so each segment is a quadratic in sqrt(T)).
-    `consts`: _min_time_consts(c, pp), when the caller has it already."""
-    bps, capb, (left_s, right_s, cA, cB, cC) = _min_time_consts(c, pp) if consts is None else consts
+    consecutive breakpoints PP c and PP^2 c / (PP - 1) of the caps, so each segment is a quadratic in sqrt(T)), the
+    classes' (c, PP) given by `consts` = _min_time_consts(c, pp)."""
+    bps, capb, (left_s, right_s, cA, cB, cC) = consts
     Fb = G @ capb  # R x nb
     seg = np.sum(Fb < total[:, None], axis=1)  # crossing lies in (bps[seg-1], bps[seg]] (or beyond the last)
     left, right = left_s[seg], right_s[seg]
@@ -203,7 +198,6 @@ class ClassArrays:
     M: np.ndarray  # MaxLen, float
     mt: tuple  # _min_time_consts(C, P)
     D: np.ndarray  # per-document term d
-    cap: tuple  # _capacity_consts(C, P) (refined's rounds; decision 120)
 
     @staticmethod
     def of(grouped: tuple[tuple[PipeCost, ...], np.ndarray]) -> ClassArrays:
@@ -212,7 +206,7 @@ class ClassArrays:
         P = np.array([p.pp for p in classes], dtype=np.float64)
         return ClassArrays(classes, cnt, np.array([p.a for p in classes]), np.array([p.b for p in classes]), C, P,
                            np.array([p.max_len for p in classes], dtype=np.float64), _min_time_consts(C, P),
-                           np.array([p.d for p in classes]), _capacity_consts(C, P))
+                           np.array([p.d for p in classes]))
 
 
 @dataclass(frozen=True, eq=False)
@@ -262,7 +256,7 @@ def top_docs_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], r: int = 6, n
     return 0.0
 
 
-def _timed(Y, w, wt, tau, cnt, C, P, lo: float, mt: tuple | None = None) -> float:
+def _timed(Y, w, wt, tau, cnt, lo: float, mt: tuple) -> float:
     """Work bound with time-dependent eligibility (docs/planner.md, "Time-dependent eligibility"): a document may only
     use pipelines where it alone fits (PP (c + w) <= T). lhs_r(T) = sum_i min_{j ok at T} y_rj w_ij is constant between
     consecutive eligibility times tau, so on each such segment [a, b) the infeasible T are those below min(b, T_s),
@@ -292,28 +286,25 @@ def _timed(Y, w, wt, tau, cnt, C, P, lo: float, mt: tuple | None = None) -> floa
         L = L0[:, None]
     a = np.concatenate([[lo], starts])  # segment s is [a[s], b[s]) with lhs L[:, s]
     b = np.concatenate([starts, [np.inf]])
-    Ts = min_time(np.repeat(G, a.size, axis=0), C, P, np.maximum(L, 0.0).ravel(), mt).reshape(R, a.size)
+    Ts = min_time(np.repeat(G, a.size, axis=0), np.maximum(L, 0.0).ravel(), mt).reshape(R, a.size)
     cand = np.where(Ts > a[None, :], np.minimum(Ts, b[None, :]), -np.inf)
     return max(lo, float(cand.max()))
 
 
-def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, rounds: int = 6, top: int = 6,
+def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, top: int = 6,
                    timed: bool = True, grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None,
                    arrays: ClassArrays | None = None, prep: StepLengths | None = None) -> float:
     """Lower bound on the optimal step time of documents `lengths` on a strategy (any dispatch, any packing):
-    max(LB_doc, LB_top, LB_work, LB_one), each term derived in docs/planner.md, "Step bound of a strategy" (`rounds`
-    price updates of LB_work, the `top` longest documents for LB_top, `timed`: LB_work with time-dependent
-    eligibility, _timed). `weights` (optional) multiplies each document (expected counts of a length histogram). inf
-    when a document fits no pipeline. `grouped`: group_pipes(pipes), `arrays`: ClassArrays of it, `prep`:
-    prepare_lengths(lengths) (without `weights`), when the caller has them already (the same bound, computed once per
-    candidate or step). Repeated lengths are merged into one weighted document first."""
-    return StrategyBound(lengths, pipes, weights, grouped, arrays, prep).refined(rounds, top, timed)
+    max(LB_doc, LB_top, LB_work, LB_one) (docs/planner.md, "Step bound of a strategy"). `weights` (optional)
+    multiplies each document; inf when a document fits no pipeline. `grouped`, `arrays`, `prep`: group_pipes(pipes),
+    its ClassArrays, prepare_lengths(lengths) (without `weights`), when the caller has them already."""
+    return StrategyBound(lengths, pipes, weights, grouped, arrays, prep).refined(top, timed)
 
 
 class StrategyBound:
-    """strategy_bound in two stages that share their work: `quick`, the doc bound and the work bound at the fixed
-    reference prices (strategy_bound with rounds=0, top=0, timed=False), and `refined(...)`, strategy_bound itself,
-    which starts from the quick stage's arrays and prices instead of computing them again."""
+    """strategy_bound in two stages that share their work: `quick`, the doc, one-pipeline and work bounds at the
+    fixed reference prices (strategy_bound with top=0, timed=False), and `refined(...)`, strategy_bound itself,
+    which adds the time-dependent work bound and the top-documents bound."""
 
     def __init__(self, lengths, pipes: Sequence[PipeCost], weights=None,
                  grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None, arrays: ClassArrays | None = None,
@@ -355,17 +346,16 @@ class StrategyBound:
                        np.ones((1, len(ca.classes)))])
         Y = Y / Y.sum(axis=1, keepdims=True)
         vals = self._bound_for(Y)
-        self.Y0, self.ys = Y, [Y[int(np.argmax(vals))]]
         best_i = int(np.argmax(vals))
-        self.y0, self.best0 = Y[best_i], float(vals[best_i])
+        self.Y0, self.y0, self.best0 = Y, Y[best_i], float(vals[best_i])
         # One pipeline in all: every document is on it, so its own bound (with V >= tokens / MaxLen, which the work
         # and mode terms relax: they may mix modes fractionally) bounds the step.
         self.lb_one = pipeline_bound(full, ca.classes[0]) if ca.cnt.sum() == 1 and weights is None else 0.0
         self.quick = max(self.lb_doc, self.best0, self.lb_one, 0.0) * (1 - SLACK)
 
     def prices(self) -> list[np.ndarray]:
-        """The price rows tried so far: the reference ones and each improvement (bounds_modes reuses them)."""
-        return list(self.Y0) + list(self.ys)
+        """LB_work's price rows (the mode bound starts from them)."""
+        return list(self.Y0)
 
     def _bound_for(self, Y: np.ndarray) -> np.ndarray:  # Y: R x K prices -> R bounds
         # the least priced work per document, min over the K classes as K - 1 elementwise minima of rows (the same
@@ -375,52 +365,24 @@ class StrategyBound:
         for k in range(1, wmT.shape[0]):
             np.minimum(total, wmT[k][None, :] * Y[:, k:k + 1], out=total)
         total = total @ self.wt  # R
-        return min_time(self.ca.cnt[None, :] * Y, self.ca.C, self.ca.P, total, self.ca.mt)
+        return min_time(self.ca.cnt[None, :] * Y, total, self.ca.mt)
 
-    def refined(self, rounds: int = 6, top: int = 6, timed: bool = True) -> float:
+    def refined(self, top: int = 6, timed: bool = True) -> float:
         if self.final is not None:
             return self.final
-        ca, l_, wt, w, wm, lb_doc = self.ca, self.l_, self.wt, self.w, self.wm, self.lb_doc
+        ca, l_, wt, lb_doc, best = self.ca, self.l_, self.wt, self.lb_doc, self.best0
         classes, cnt, A, B, C, P = ca.classes, ca.cnt, ca.A, ca.B, ca.C, ca.P
-        best_y, best = self.y0, self.best0
-        ys = [best_y]
-        if len(classes) > 1:
-            y = best_y.copy()
-            cap_consts, t_capk = ca.cap, None  # the same for every round; capk for the last t (decision 120)
-            rows, steps = np.arange(l_.size), np.array([[0.25], [0.5], [1.0]])
-            for _ in range(rounds):
-                t = max(best, 1e-300)
-                # np.argmin(wm * y, axis=1) (the first least index; y > 0, so no NaN) one class at a time
-                val = self._wmT[0] * y[0]
-                arg = np.zeros(l_.size, dtype=np.int64)
-                for kk in range(1, len(classes)):
-                    vk = self._wmT[kk] * y[kk]
-                    arg[vk < val] = kk
-                    np.minimum(val, vk, out=val)
-                loads = np.bincount(arg, weights=w[rows, arg] * wt, minlength=len(classes))
-                if t != t_capk:  # capk depends on t alone, and t on best, which rarely rises: the same floats again
-                    capm, t_capk = np.maximum(cnt * _capacity(np.full(len(classes), t), cap_consts), 1e-30), t
-                ratio = (loads + 1e-30) / capm
-                cand = y * np.minimum(np.maximum(ratio, 0.25), 4.0) ** steps
-                cand = cand / cand.sum(axis=1, keepdims=True)
-                v = self._bound_for(cand)
-                k = int(np.argmax(v))
-                y = cand[k]
-                if v[k] > best:
-                    best = float(v[k])
-                    ys.append(y)
-        self.ys = ys
         if timed and len(classes) > 1:
             # Also price only the faster classes (zero price on the m slowest): the documents that cannot run on the
             # slow classes within T must fit in the fast ones.
             ref = self.ref90
             slow = np.argsort(-(P * (C + A * ref * ref + B * ref + ca.D)), kind="stable")
-            Ys = [ys[0], ys[-1]]
+            Ys = [self.y0]
             for m in range(1, len(classes)):
-                z = ys[-1].copy()
+                z = self.y0.copy()
                 z[slow[:m]] = 0.0
                 Ys.append(z)
-            best = max(best, _timed(np.array(Ys), w, wt, P[None, :] * (C[None, :] + wm), cnt, C, P,
+            best = max(best, _timed(np.array(Ys), self.w, wt, P[None, :] * (C[None, :] + self.wm), cnt,
                                     max(best, lb_doc), ca.mt))
         lb_top = top_docs_bound(self.full if not self.weighted else l_[wt > 0], self.pipes, r=top,
                                 grouped=(classes, cnt)) if top > 0 else 0.0

@@ -1,12 +1,6 @@
 """Mode-aware step bound (issue 9, decisions 57, 102): the work relaxation with each pipeline's integer micro-batch
-count.
-
-At a step time T a pipeline in mode v (exactly v micro-batches) gives each micro-batch at most tau_v and has work
-capacity C_v and token capacity v M; a document i on class k costs u_ik(T), the least over its eligible modes of
-theta_v w_ik / C_v + (1 - theta_v) l_i / (v M_k), and one pipeline's documents cost at most 1 in every plan of time
-<= T. Prices y >= 0 with sum_i min_k y_k u_ik(T) > sum_k y_k cnt_k (or a document eligible nowhere) prove T
-infeasible, however y and theta were chosen. docs/planner.md, "Mode-aware bound", derives it and states which
-certificates are tried.
+count. Prices y >= 0 with sum_i min_k y_k u_ik(T) > sum_k y_k cnt_k prove a step time T infeasible; docs/planner.md,
+"Mode-aware bound", derives u_ik and states which certificates are tried.
 """
 
 from __future__ import annotations
@@ -88,36 +82,17 @@ def _thetas(T: float, sb: StrategyBound, cap: np.ndarray | None = None, step: tu
     return th[None]
 
 
-def _violated_two(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray, loops: SimpleNamespace | None = None) -> bool:
-    """Two classes: the best prices exactly. With y = (t, 1 - t), g(t) = sum_i wt_i min(t u_i1, (1 - t) u_i2) -
-    t n_1 - (1 - t) n_2 is concave and piecewise linear with breakpoints t_i = u_i2 / (u_i1 + u_i2), so its maximum
-    over [0, 1] is at a breakpoint or an end; the ends here, the breakpoints with prefix sums (O(B log B)) in
-    kernels_modes.violated_two (the one source)."""
-    u1, u2 = U[:, 0], U[:, 1]
-    # ends: y = (1, 0) prices only the documents that fit class 1 alone, and y = (0, 1) likewise
-    if (float(np.where(np.isfinite(u2), 0.0, u1) @ wt) > cnt[0] * (1 + 1e-9)
-            or float(np.where(np.isfinite(u1), 0.0, u2) @ wt) > cnt[1] * (1 + 1e-9)):
-        return True
-    f = np.float64
-    return bool((_loops() if loops is None else loops).violated_two(
-        np.ascontiguousarray(U, f), np.ascontiguousarray(wt, f), np.ascontiguousarray(cnt, f)))
-
-
 def violated(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray, Y: np.ndarray, rounds: int,
              loops: SimpleNamespace | None = None, sweeps: int = SWEEPS, found: np.ndarray | None = None) -> bool:
     """Some price row (from Y, R x K, or multiplicative updates of the best of them: raise the prices of the classes
     whose argmin-assigned cost exceeds their pipeline count; then `sweeps` sweeps of exact line searches along each
-    pair of classes, decision 102) certifies sum_i min_k y_k u_ik > sum_k y_k cnt_k. Two classes: exactly
-    (_violated_two). Three or more: kernels_modes.mode_violated (the one source; `loops`: kernels_modes.loops(),
-    compiled where numba is installed, unless given). `found` (K), 3+ classes: receives the certifying row."""
-    if loops is None:
-        loops = _loops()
-    if cnt.size == 2:
-        return _violated_two(U, wt, cnt, loops)
+    pair of classes, decision 102; with two classes that one line is the whole simplex) certifies
+    sum_i min_k y_k u_ik > sum_k y_k cnt_k: kernels_modes.mode_violated (the one source; `loops`:
+    kernels_modes.loops(), compiled where numba is installed, unless given). `found` (K): gets the certifying row."""
     f = np.float64
-    return bool(loops.mode_violated(np.ascontiguousarray(U, f), np.ascontiguousarray(wt, f),
-                                    np.ascontiguousarray(cnt, f), np.ascontiguousarray(Y, f), int(rounds),
-                                    int(sweeps), np.zeros(cnt.size) if found is None else found))
+    return bool((_loops() if loops is None else loops).mode_violated(
+        np.ascontiguousarray(U, f), np.ascontiguousarray(wt, f), np.ascontiguousarray(cnt, f),
+        np.ascontiguousarray(Y, f), int(rounds), int(sweeps), np.zeros(cnt.size) if found is None else found))
 
 
 def infeasible(T: float, sb: StrategyBound, Y: np.ndarray, rounds: int = 6, step: tuple | None = None,

@@ -1,9 +1,6 @@
-"""The planner's tuning knobs as one frozen value (issue 27, decision 85).
-
-`PlannerConfig()` holds today's values (each chosen where its decision says); `PlannerConfig.cheap()` is the strategy
-proposal's planner (no improvement passes, no jump scan). A config is passed down the call chain (select_step ->
-assign -> dispatch and the passes); nothing reads a module global, so a test or a caller changes a knob with
-`dataclasses.replace(PlannerConfig(), knob=value)`. Every field is checked in __post_init__ (one-line TidalError).
+"""The planner's tuning knobs as one frozen value (issue 27, decision 85; docs/planner.md, "Configuration"):
+`PlannerConfig()` holds today's values, `PlannerConfig.cheap()` the strategy proposal's planner; passed down the call
+chain, never read from a module global; every field checked in __post_init__ (one-line TidalError).
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Adaptive per-micro-batch choice between per-sequence and per-document CP sharding (WLB-LLM §5.3).
-
-Both modes give every CP rank the same number of tokens (+-1), so GEMMs, norms and CP communication cost the same;
-they differ only in attention. For each mode we shard the micro-batch with `tidal.planner.cp_sharding`, turn every
-rank's query segments into kernel pieces (segment of Lq queries whose last query sees k_len keys of its document:
-q_start = k_len - Lq), and estimate each rank's attention time with the kernel model (tile padding + achieved FLOP/s
-by query length, `tidal.costmodel.kernel`). The CP group waits for its slowest rank, so a mode costs
-max over ranks; the cheaper mode wins, ties go to per-seq (fewer, longer segments; the conventional layout).
+"""Adaptive per-micro-batch choice between per-sequence and per-document CP sharding (WLB-LLM §5.3; docs/wlb.md,
+"Adaptive CP sharding"): each mode's slowest CP rank under the attention kernel model, the cheaper mode wins (ties to
+per-seq); and the CP kernel imbalance the planner's estimates and the simulator share (decision 77).
 """
 
 from __future__ import annotations

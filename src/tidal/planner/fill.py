@@ -1,16 +1,7 @@
-"""Single-micro-batch pipelines filled first (issue 9, decision 68).
-
-A PP = 1 pipeline whose longest document is too heavy for two micro-batches under a time `cap` (2 (c + w(l_max)) >
-cap) runs one micro-batch: it holds at most MaxLen tokens, whatever time it has left. The dispatch's greedy places
-documents longest first onto the pipeline with the least resulting cost, so the mid-length documents go to empty
-pipelines and such a pipeline is topped up with short ones: it ends token-full well under the step time, while the
-others carry the work it could have taken (a mid-length document has more work per token, a l + b, than short ones).
-
-`fill_dispatch` re-dispatches a plan with those pipelines filled first: each keeps its longest document, then every
-other document, longest first, goes to the single-micro-batch pipeline with the least token room that still holds
-it within `cap` (best fit), the rest go to the other pipelines by the dispatch's greedy, and the dispatch's local
-search runs on the whole. The caller packs the result and keeps it only if faster (select.assign), and runs it only
-when `worth_filling` finds a pipeline it could change.
+"""Single-micro-batch pipelines filled first (issue 9, decision 68): the `fill` pass's re-dispatch. A PP = 1 pipeline
+whose longest document is too heavy for two micro-batches under a time `cap` runs one micro-batch of at most MaxLen
+tokens; `fill_dispatch` fills such pipelines first (best fit, longest first), the rest by the dispatch's greedy, then
+the local search. docs/planner.md, "Eleventh round", states why; `worth_filling` is the cheap test before it.
 """
 
 from __future__ import annotations

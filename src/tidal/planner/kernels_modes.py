@@ -1,11 +1,7 @@
-"""The mode bound's loops, written once (decisions 67, 102, 112): its per-T arrays (`mode_arrays`, `mode_thetas`,
-`mode_costs`), the two-class breakpoint scan (`violated_two`) and the price search with three or more classes
-(`mode_violated`: multiplicative updates, then exact line searches along each pair of classes, `pair_search`; docs/
-planner.md, "Mode-aware bound"). Every row is checked as computed, so a verdict True is a valid certificate however
-the rows were found.
-
-`COMPILED` (numba.njit, cached on disk) where numba is installed, `PLAIN` the same source as plain Python
-(kernels.plain), `loops()` the first available. Import lazily (importing numba takes a second).
+"""The mode bound's loops, written once (decisions 67, 102, 112; docs/planner.md, "Mode-aware bound"): its per-T
+arrays and the price search (multiplicative updates, then line searches along each pair of classes). Every row is
+checked as computed, so a verdict True is a valid certificate. `COMPILED` (numba) where installed, `PLAIN` the same
+source as plain Python, `loops()` the first available; import lazily (importing numba takes a second).
 """
 from __future__ import annotations
 
@@ -95,7 +91,7 @@ def pair_search(U, wt, cnt, y, j, k, iters):
 
 
 def mode_violated(U, wt, cnt, Y, rounds, sweeps, found):
-    """bounds_modes.violated's price search for three or more classes: does some price row y certify
+    """bounds_modes.violated's price search: does some price row y certify
     sum_i min_k y_k U[i, k] wt[i] > (1 + 1e-9) sum_k y_k cnt[k]? The rows are Y's (R x K), then `rounds` multiplicative
     updates of the best row (the one with the largest ratio of the two sides): each class's price is raised by its
     argmin-assigned cost over its pipeline count (clipped to [0.25, 4]) to the powers 0.25, 0.5 and 1 (damped by
@@ -235,44 +231,8 @@ def mode_costs(T, C, M, cw, w, l, tau, cap, th, out):
             out[i, k] = u
 
 
-def violated_two(U, wt, cnt):
-    """bounds_modes._violated_two's breakpoint scan (the two ends are checked by the caller): with y = (t, 1 - t),
-    the breakpoints t_i = u_i2 / (u_i1 + u_i2) (0 where u_i1 is inf, 1 where u_i2 is, 0.5 where both are 0) in stable
-    ascending order; at each inner one (0 < t < 1), whether t sum_{m >= i} wt u_m1 + (1 - t) sum_{m < i} wt u_m2 >
-    (1 + 1e-9) (t cnt_1 + (1 - t) cnt_2), the sums running in sorted order (inf entries count 0)."""
-    B = U.shape[0]
-    ti = np.empty(B)
-    for i in range(B):
-        u1, u2 = U[i, 0], U[i, 1]
-        if not np.isfinite(u1):
-            t = 0.0
-        elif not np.isfinite(u2):
-            t = 1.0
-        else:
-            t = u2 / (u1 + u2) if u1 + u2 != 0.0 else 0.5
-        ti[i] = 0.5 if np.isnan(t) else t
-    o = np.argsort(ti, kind="mergesort")
-    suf1 = np.empty(B)
-    acc = 0.0
-    for r in range(B - 1, -1, -1):
-        u1 = U[o[r], 0]
-        a = (u1 if np.isfinite(u1) else 0.0) * wt[o[r]]
-        acc = a if r == B - 1 else acc + a
-        suf1[r] = acc
-    pre = 0.0
-    for r in range(B):
-        t = ti[o[r]]
-        if t > 0 and t < 1 and t * suf1[r] + (1 - t) * pre > (t * cnt[0] + (1 - t) * cnt[1]) * (1 + 1e-9):
-            return True
-        u2 = U[o[r], 1]
-        a = (u2 if np.isfinite(u2) else 0.0) * wt[o[r]]
-        pre = a if r == 0 else pre + a
-    return False
-
-
 _MODES = {"price_gap": price_gap, "pair_search": pair_search, "mode_violated": mode_violated,
-          "mode_arrays": mode_arrays, "mode_thetas": mode_thetas, "mode_costs": mode_costs,
-          "violated_two": violated_two}
+          "mode_arrays": mode_arrays, "mode_thetas": mode_thetas, "mode_costs": mode_costs}
 PLAIN = plain(_MODES, {"np": np})
 
 COMPILED = compile_loops(_MODES, globals())

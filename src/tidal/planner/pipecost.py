@@ -1,12 +1,7 @@
-"""The pipeline cost formula, written once (issue 27, decisions 85, 94, 96, 97): a pipeline of PP = q + 1 stages
-running V micro-batches of total work W, longest document work w_max and per-micro-batch constant c takes
-
-    f(V) = (q + V) * max(W / V + c, c + w_max)    for q >= 1,
-    f(V) = V c + W                                for q = 0 (one stage sums its micro-batches),
-
-and the planner needs its minimum over integer V in [V_min, V_max]. Plain Python on scalars: kernels.compile_pipecost
-compiles these functions into the numba loops, and the Python paths call them as they are (one source, the same floats
-in both modes). docs/planner.md, "One cost formula", lists each function, its callers and the tests.
+"""The pipeline cost formula, written once (issue 27, decisions 85, 94, 96, 97): f(V) = (q + V) max(W / V + c,
+c + w_max) for a pipeline of PP = q + 1 >= 2 stages, V c + W for one stage, and its minimum over integer V. Plain
+Python on scalars, compiled into the numba loops by kernels.compile_pipecost (the same floats in both modes).
+docs/planner.md, "One cost formula", lists each function, its callers and the tests.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Strategy proposal (Hydraulis §7): a few heterogeneous candidate strategies for a dataset's length distribution.
-
-The DP over schemes <TP, PP, CP> in dual form with continuous relaxation (fix the latency t, compute n_t[l], the least
-fractional devices that finish every document of length <= l within t, bisect on t), its roundings improved by an
-integer local search on `expected_cost`, the homogeneous strategies and mixes, planned on sampled steps and reduced to
-a greedy cover; `refine` adds the local search of proposal_search.py (decision 99). docs/planner.md, "Strategy
-proposal", states each step and its cost.
+"""Strategy proposal (Hydraulis §7): a few heterogeneous candidate strategies for a dataset's length distribution:
+the DP in dual form with its roundings, the homogeneous strategies and mixes, planned on sampled steps and reduced to
+a greedy cover; `refine` adds proposal_search's local search (decision 99). docs/planner.md, "Strategy proposal".
 """
 
 from __future__ import annotations

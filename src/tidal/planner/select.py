@@ -60,13 +60,9 @@ class StepSelection:
 
 
 def _reports(l_: np.ndarray, prof: StrategyProfile, plans) -> list[PipelineReport]:
-    """Per-pipeline reports of a plan. Every pipeline's documents are gathered once (in micro-batch order) and their
-    work w = a l^2 + b l + d computed once with each one's pipeline coefficients (PipeCost.work's operations per
-    element); a micro-batch's time is c + the sum of its documents' work (one bincount over all micro-batches: each
-    sum in its documents' order, as a per-pipeline bincount gives it), so the same floats as reporting pipeline by
-    pipeline, without a Python pass over each pipeline's documents. Each pipeline's tokens, bound (the same work
-    summed in the same order: bounds.pipeline_bound_of, decision 112) and micro-batch imbalance (metrics.mb_imbalance)
-    come from one compiled call (kernels_sums.pipe_reports, the same floats)."""
+    """Per-pipeline reports of a plan: each document's work computed once with its pipeline's coefficients, each
+    pipeline's tokens, bound (bounds.pipeline_bound_of) and micro-batch imbalance in one compiled call
+    (kernels_sums.pipe_reports), the same floats as reporting pipeline by pipeline (decision 112)."""
     from tidal.planner import kernels_sums
     from tidal.planner.bounds import SLACK
 
@@ -97,21 +93,11 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
            fallback: bool = True, improve_below: float = float("inf"), allowance: Allowance | None = None,
            config: PlannerConfig = DEFAULT,
            tighten: Callable[[float, float], float] | None = None) -> tuple[float, tuple[PipelinePlan, ...]]:
-    """Two-stage assignment on one strategy: (step estimate, per-pipeline plans with step indices). `target` (a
-    lower bound) lets the dispatch local search stop once it meets it (nothing better exists); `deadline` (perf_counter)
-    cuts the local search short. `config` (config.PlannerConfig) holds every knob. The first dispatch and its
-    alternatives (dispatch_alternatives) are packed and the fastest kept; then, on the heuristic path, the improvement
-    passes of config.passes run (passes.improve: each while the plan is above `target` by more than its gap, `target`
-    is below `improve_below` (select_step passes the incumbent: a candidate whose bound cannot beat it gets no pass),
-    the deadline allows and its `allowance` is left; its result kept only if faster). `allowance`
-    (passes.Allowance): select_step's per-step allowances; None: no limit. With `fallback`, Hydraulis' dispatch
-    (dispatch_hydraulis, config.hydraulis_trials shuffles, `seed`) followed by the same packer is also tried when its
-    dispatch cost (a lower bound on its packed time) is below our estimate, and the better plan kept: the result is
-    never worse than that baseline (unless the deadline passed before it ran). `tighten(est, improve_below)`: a
-    valid lower bound on this candidate's plans, at least `target` (searched up to the smaller argument), asked for
-    once before the passes when the plan is above `target` by more than config.tighten_gap and the candidate can
-    still beat `improve_below` (select_step gives the mode bound, decision 102); the passes then use it as their
-    target (none runs once it reaches `improve_below`)."""
+    """Two-stage assignment on one strategy: (step estimate, per-pipeline plans), as docs/planner.md, "The pipeline,
+    in one list", orders it: the first dispatch and its alternatives packed, the fastest kept; the passes of
+    `config.passes` (passes.improve) against `target` (a lower bound; `tighten(est, improve_below)` may raise it once,
+    the mode bound) while the candidate can beat `improve_below`, the `deadline` (perf_counter) and `allowance`
+    allow; with `fallback`, Hydraulis' dispatch + the same packer when faster ("Never worse than Hydraulis")."""
     cfg = config
     l_ = np.asarray(lengths, dtype=np.int64)
     if exact:
@@ -160,16 +146,11 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
                 exact: bool = False, seq_ids: Sequence[int] | None = None, prune: bool = True,
                 budget_ms: float | None = None, tol: float = 1e-3, modes: bool = True,
                 config: PlannerConfig = DEFAULT) -> StepSelection:
-    """Plan one step: the candidate (index into `profiles`) with the least estimated step time, plus reports.
-    `tol`: a candidate (or Hydraulis' dispatch on it) is skipped when its proven bound is within a factor 1 + tol of
-    the incumbent, so the estimate is within 1 + tol of the best over candidates of min(our assignment, Hydraulis'
-    dispatch + the same packer); tol = 0 gives exactly that best (ties to the lower index), pruned or not.
-    `budget_ms`: once that much wall time has passed, no further candidate is assigned, the local search stops and the
-    bounds are not refined; the best plan so far is returned (always valid; at least one candidate is assigned, by the
-    greedy dispatch at worst) with a proven, possibly looser, lower bound, and `cut_short` set. Without a budget, or
-    when it is not reached, the result is deterministic. `modes`: raise the reported bound of candidates whose bound is
-    more than a factor 1 + config.mode_gap under the chosen estimate with bounds_modes.mode_bound (the plan is
-    unchanged). `config`: the planner's knobs (config.PlannerConfig; select_step's per-step allowances come from it)."""
+    """Plan one step: the candidate (index into `profiles`) with the least estimated step time, plus reports
+    (docs/planner.md, "Per-step selection"). `tol`: a candidate (or Hydraulis' dispatch on it) is skipped when its
+    bound is within a factor 1 + tol of the incumbent (0: the exact best, ties to the lower index); `budget_ms`: past
+    it, the best plan so far with `cut_short` set ("Time budget"); `modes`: the reported bound raised by the mode
+    bound (never the plan)."""
     t0 = time.perf_counter()
     cfg = config
     deadline = None if budget_ms is None else t0 + budget_ms / 1e3

@@ -375,14 +375,8 @@ def _fingerprint(options: PlanningOptions, candidates: Sequence[Strategy]) -> di
 
 def carry_state(d: dict, options: PlanningOptions, candidates: Sequence[Strategy]) -> tuple[dict, str]:
     """`d` (a planner's `state_dict()`) made loadable by a planner of `options` and `candidates`, and a one-line
-    note ("" when nothing changed).
-
-    The stream's state (the source's position, WLB queues, in-flight sequences, step counter) is independent of the
-    candidate strategies, so a resume under another strategy list or world size carries it over whole: the same
-    documents come next, none lost or repeated; only the strategy profiles are rebuilt (they always are). Options
-    that change the plans but not the stream (CP sharding, exact, rotate, budget; packing while nothing is queued)
-    rebuild the planner around the carried stream. Options that change the stream itself (max_len,
-    tokens_per_step, seed) cannot continue it exactly once: TidalError, one line."""
+    note ("" when nothing changed); TidalError when an option that changes the stream itself (max_len,
+    tokens_per_step, seed; packing while sequences are queued) changed. docs/training.md, "Another strategy list"."""
     try:
         old_opts, old_cands = dict(d["options"]), list(d["candidates"])
     except (KeyError, TypeError, ValueError) as e:
