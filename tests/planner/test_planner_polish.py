@@ -228,7 +228,7 @@ def test_polish_rounds_equal_the_numpy_polish(mode):
                                         int(rng.choice([200, 1000, 5000])))
         est0 = max(p.est_time for p in plans)
         kw = dict(rounds=int(rng.choice([1, 5, 40, 80])), light=int(rng.choice([2, 3, 8])),
-                  target=float(est0 * rng.choice([0, 0.5, 0.99])))
+                  target=float(est0 * rng.choice([0, 0, 0.5, 0.99])))
         ref = polish_reference(l_, pipes, plans, est0, **kw)
         est, out = polish(l_, pipes, plans, est0, loops=loops, **kw)
         assert est == ref[0] and out == ref[1], g
