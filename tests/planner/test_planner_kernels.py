@@ -175,7 +175,7 @@ def test_local_search_equals_the_index_order_reference():
         for lp in (kernels.COMPILED, kernels.PLAIN) if t % 6 == 0 else (kernels.COMPILED,):
             st = d.SearchState(pipes, l_, owner.copy(), loops=lp)
             assert lp.local_search(st.l, st.lf, st.owner, st.A, st.B, st.C, st.D, st.Q1, st.M, st.R, st.H, st.S,
-                                   st.Q, st.N, st.G, st.top1, st.cnt1, st.top2, st.load, st.asc, st.desc, rounds,
+                                   st.Q, st.N, st.G, st.top1, st.cnt1, st.top2, st.load, *d.length_orders(l_), rounds,
                                    16, pairs, 0.0, 1e-4) == done
             np.testing.assert_array_equal(st.owner, ref.owner)
             np.testing.assert_array_equal(st.load, ref.load)

@@ -52,8 +52,9 @@ class SearchState:
             else arrays
         self.l = lengths
         self.lf = lengths.astype(np.float64)
-        # `orders`: length_orders(lengths), when the caller builds several states on the same lengths
-        self.asc, self.desc = length_orders(lengths) if orders is None else orders
+        # `orders`: length_orders(lengths), when the caller builds several states on the same lengths (else made by
+        # the first local_search)
+        self.orders = orders
         self.owner = owner
         n = len(pipes)
         # the sums np.bincount gives (weights added in index order), the top-two lengths np.maximum.at gives, and
@@ -89,12 +90,14 @@ def local_search(st: SearchState, max_rounds: int, max_docs: int = 16, pairs: bo
     cut short by the deadline."""
     chunk = max_rounds if deadline is None else 4
     done = 0
+    if st.orders is None and max_rounds > 0:
+        st.orders = length_orders(st.l)
     while done < max_rounds:
         if deadline is not None and time.perf_counter() > deadline:
             return False
         n = min(chunk, max_rounds - done)
         if st.loops.local_search(st.l, st.lf, st.owner, st.A, st.B, st.C, st.D, st.Q1, st.M, st.R, st.H, st.S, st.Q,
-                                 st.N, st.G, st.top1, st.cnt1, st.top2, st.load, st.asc, st.desc, n, max_docs,
+                                 st.N, st.G, st.top1, st.cnt1, st.top2, st.load, *st.orders, n, max_docs,
                                  pairs, target, min_gain):
             return True
         done += n
