@@ -15,11 +15,32 @@ import numpy as np
 from tidal.planner.kernels import compile_loops, plain
 
 
-def polish_rounds(lf, A, B, C, D, Q1, M, mb_pipe, doc_mb, alive, changed, target, rounds, max_docs, min_gain, light):
-    """Up to `rounds` rounds of polish (module doc of polish.py) on the plan whose document i is in micro-batch
-    doc_mb[i] of pipeline mb_pipe[doc_mb[i]] (pipelines' micro-batches contiguous, `alive` all True on entry). Moves
-    documents in doc_mb, clears `alive` of micro-batches a move empties, sets `changed` of the pipelines it touches."""
+def polish_rounds(lf, A, B, C, D, Q1, M, n_mbs, flat, sizes, mb_pipe, doc_mb, alive, changed, target, rounds,
+                  max_docs, min_gain, light):
+    """Up to `rounds` rounds of polish (module doc of polish.py) on a plan whose pipeline j has n_mbs[j] micro-batches
+    (in pipeline order), micro-batch r holding the next sizes[r] documents of `flat`. Fills mb_pipe (each micro-batch's
+    pipeline) and doc_mb (each document's micro-batch; the last one listing it) and returns the first document in no
+    micro-batch, before any round; else -1 after the rounds, which move documents in doc_mb, clear `alive` (all True
+    on entry) of micro-batches a move empties, and set `changed` of the pipelines they touch. An index out of range
+    is an IndexError (negative ones count from the end), as numpy's."""
     n, n_mb, P = lf.size, mb_pipe.size, A.size
+    m = 0
+    for j in range(P):
+        for _ in range(n_mbs[j]):
+            mb_pipe[m] = j
+            m += 1
+    doc_mb[:] = -1
+    t = 0
+    for m in range(n_mb):
+        for _ in range(sizes[m]):
+            i = flat[t]
+            if i < -n or i >= n:
+                raise IndexError("micro-batch index out of range")
+            doc_mb[i if i >= 0 else i + n] = m
+            t += 1
+    for i in range(n):
+        if doc_mb[i] < 0:
+            return i
     mb_t, mb_tok = np.zeros(n_mb), np.zeros(n_mb)
     cnt = np.zeros(n_mb, np.int64)
     for i in range(n):
@@ -163,6 +184,7 @@ def polish_rounds(lf, A, B, C, D, Q1, M, mb_pipe, doc_mb, alive, changed, target
             alive[dst] = True  # a swap refills the micro-batch its first half emptied
             alive[src] = cnt[src] > 0
         changed[j] = changed[mb_pipe[bm]] = True
+    return -1
 
 
 _POLISH = {"polish_rounds": polish_rounds}

@@ -49,20 +49,20 @@ def polish(lengths: np.ndarray, pipes: tuple[PipeCost, ...], plans: tuple[Pipeli
 
         loops = kernels_polish.loops()
     lf = np.asarray(lengths, dtype=np.float64)
-    mb_pipe = np.array([j for j, p in enumerate(plans) for _ in p.micro_batches], dtype=np.int64)
     n_mb = len(mb_docs)
-    doc_mb = np.full(lf.size, -1, dtype=np.int64)
     sizes = [len(mb) for mb in mb_docs]
-    doc_mb[np.fromiter(itertools.chain.from_iterable(mb_docs), dtype=np.int64, count=sum(sizes))] = \
-        np.repeat(np.arange(n_mb), sizes)
-    if np.any(doc_mb < 0):
-        raise TidalError(f"polish: sequence {int(np.flatnonzero(doc_mb < 0)[0])} is in no micro-batch of the plan")
+    mb_pipe, doc_mb = np.empty(n_mb, dtype=np.int64), np.empty(lf.size, dtype=np.int64)
     alive = np.ones(n_mb, dtype=bool)
     changed = np.zeros(P, dtype=bool)
     per_pipe = [np.asarray(x, dtype=np.float64) for x in pipe_coeffs(pipes)] + [
         np.array([p.pp - 1 for p in pipes], dtype=np.float64), np.array([p.max_len for p in pipes], dtype=np.float64)]
-    loops.polish_rounds(lf, *per_pipe, mb_pipe, doc_mb, alive, changed,
-                        float(target), int(rounds), int(max_docs), float(min_gain), int(light))
+    missing = loops.polish_rounds(lf, *per_pipe, np.array([len(p.micro_batches) for p in plans], dtype=np.int64),
+                                  np.fromiter(itertools.chain.from_iterable(mb_docs), dtype=np.int64,
+                                              count=sum(sizes)), np.array(sizes, dtype=np.int64), mb_pipe, doc_mb,
+                                  alive, changed, float(target), int(rounds), int(max_docs), float(min_gain),
+                                  int(light))
+    if missing >= 0:
+        raise TidalError(f"polish: sequence {missing} is in no micro-batch of the plan")
     if not changed.any():
         return est, plans
     out = list(plans)
