@@ -154,12 +154,12 @@ def _rounds(l_: np.ndarray, pipes: Sequence[PipeCost], max_rounds: int | None) -
 def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: int = 0,
              max_rounds: int | None = None, restarts: int = 4, target: float = 0.0,
              time_limit: float = 10.0, deadline: float | None = None,
-             config: PlannerConfig = DEFAULT) -> DispatchResult:
+             config: PlannerConfig = DEFAULT, orders: tuple | None = None) -> DispatchResult:
     """Dispatch sequences to pipelines minimising max_j of the capacity-aware pipeline cost (`_cost`): the better of
     dispatch_alternatives' results (the lowest objective, ties to the first). exact=True also solves the MILP (of
     the linear objective D_j, bounds.eq2_bound) and keeps the better of the two."""
     first, alts = dispatch_alternatives(lengths, pipes, seed=seed, max_rounds=max_rounds, restarts=restarts,
-                                        target=target, deadline=deadline, config=config)
+                                        target=target, deadline=deadline, config=config, orders=orders)
     res = min((first, *alts), key=lambda r: r.objective)
     if exact and any(res.groups):
         from tidal.planner.exact import dispatch_milp
@@ -175,8 +175,8 @@ def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: i
 
 def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, max_rounds: int | None = None,
                           restarts: int = 4, target: float = 0.0, deadline: float | None = None,
-                          scan: bool = True,
-                          config: PlannerConfig = DEFAULT) -> tuple[DispatchResult, tuple[DispatchResult, ...]]:
+                          scan: bool = True, config: PlannerConfig = DEFAULT,
+                          orders: tuple | None = None) -> tuple[DispatchResult, tuple[DispatchResult, ...]]:
     """The greedy dispatch and its local search, and alternatives, each only if its objective is lower: the best of
     `restarts` seeded random-order restarts, each followed by the same local search, on small instances (B x D <=
     config.restart_max, decision 64), and the jump-scan greedy below.
@@ -185,14 +185,15 @@ def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, 
     <= `target` (e.g. a lower bound: nothing better is possible), and at `deadline` (a time.perf_counter value: the
     greedy dispatch always completes, so the result is always valid). `scan`: when the first dispatch's bottleneck is
     set by its longest document (_lumpy), also the greedy with its jump scan (greedy_owner), an alternative when its
-    objective is below the first's (then after the same local search)."""
+    objective is below the first's (then after the same local search). `orders`: length_orders(lengths), when the
+    caller has them."""
     l_ = check_dispatch(lengths, pipes)
     if l_.size == 0:
         return DispatchResult(tuple(() for _ in pipes), 0.0, tuple(0.0 for _ in pipes)), ()
     small, rounds = _rounds(l_, pipes, max_rounds)
     prep = greedy_prep(pipes)
     arrays = pipe_arrays(pipes)
-    orders = length_orders(l_)
+    orders = length_orders(l_) if orders is None else orders
     st = SearchState(pipes, l_, greedy_owner(l_, pipes, orders[1], prep=prep, scan=False), arrays=arrays,
                      orders=orders)
     done = local_search(st, rounds, pairs=small, target=target, deadline=deadline)
