@@ -82,11 +82,47 @@ def test_compiled_packing_rounds_match_plain():
             if ok:
                 T = np.bincount(bins, weights=w, minlength=V) + c
                 tok = np.bincount(bins, weights=l_, minlength=V).astype(np.int64)
-                loops.refine(bins, l_, w, T, tok, V, M, 20 + 2 * n, 32)
+                loops.refine(bins, l_, w, T, tok, V, M, 20 + 2 * n, 32, order[::-1].copy())
             out.append((ok, bins if ok else None))
         assert out[0][0] == out[1][0]
         if out[0][0]:
             np.testing.assert_array_equal(out[0][1], out[1][1])
+
+
+@pytest.mark.parametrize("mode", ["COMPILED", "PLAIN"])
+def test_packing_rounds_equal_the_index_order_reference(mode):
+    """Decision 121: the packer's move/swap rounds (kernels_pack.refine: swap partners by micro-batch and length,
+    between the bounds their two new times set) against the index-order scan they replaced (refine_reference.py, main
+    e799719), compiled and plain: the same bins, times and token counts after 1-60 rounds from random bins (many moves
+    and swaps), with equal lengths (ties), constant works (a = b = 0) and 1, 4 or 32 candidates."""
+    from refine_reference import refine_reference
+
+    from tidal.planner import kernels_pack as kp
+
+    loops = getattr(kp, mode)
+    rng = np.random.default_rng(5)
+    moved = 0
+    for t in range(150 if mode == "COMPILED" else 40):
+        n = int(rng.integers(2, 120 if t % 5 == 0 else 40))
+        M = int(rng.integers(100, 3000))
+        l_ = rng.integers(1, 300, size=n).astype(np.int64)
+        if t % 2 == 0:
+            l_ = rng.choice(l_[:4], size=n)  # ties
+        a, b, d = (float(rng.choice(x)) for x in ((0.0, 1e-4, 3e-5), (0.0, 0.01, 1.0), (0.0, 0.2)))
+        w = a * l_ * l_ + b * l_ + d
+        V = int(rng.integers(2, max(3, n // 2)))
+        bins0 = rng.integers(0, V, n)
+        rounds, max_docs = int(rng.integers(1, 60)), int(rng.choice([1, 4, 32]))
+        out = []
+        for f, extra in ((refine_reference, ()), (loops.refine, (np.argsort(l_, kind="stable"),))):
+            bins = bins0.copy()
+            T = np.bincount(bins, weights=w, minlength=V) + 0.3
+            tok = np.bincount(bins, weights=l_, minlength=V).astype(np.int64)
+            f(bins, l_, w, T, tok, V, M, rounds, max_docs, *extra)
+            out.append((bins.tolist(), T.tolist(), tok.tolist()))
+        assert out[0] == out[1], t
+        moved += int((np.asarray(out[0][0]) != bins0).sum())
+    assert moved > 200
 
 
 def test_compiled_local_search_matches_plain():
@@ -139,8 +175,8 @@ def test_local_search_equals_the_index_order_reference():
         for lp in (kernels.COMPILED, kernels.PLAIN) if t % 6 == 0 else (kernels.COMPILED,):
             st = d.SearchState(pipes, l_, owner.copy(), loops=lp)
             assert lp.local_search(st.l, st.lf, st.owner, st.A, st.B, st.C, st.D, st.Q1, st.M, st.R, st.H, st.S,
-                                   st.Q, st.N, st.G, st.top1, st.cnt1, st.top2, st.load, rounds, 16, pairs, 0.0,
-                                   1e-4) == done
+                                   st.Q, st.N, st.G, st.top1, st.cnt1, st.top2, st.load, *d.length_orders(l_), rounds,
+                                   16, pairs, 0.0, 1e-4) == done
             np.testing.assert_array_equal(st.owner, ref.owner)
             np.testing.assert_array_equal(st.load, ref.load)
 

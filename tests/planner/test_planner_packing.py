@@ -216,3 +216,17 @@ def test_pipe_reports_equal_the_bound_and_imbalance_functions_in_both_modes():
                 assert imb[j] == (mb_imbalance(p.c + mb_work[m0:m1]) if m1 - m0 > 1 else 1.0)
         assert loops.pipe_reports(np.ones(2, np.int64), np.ones(2), np.array([1.0, -5.0]), np.array([2]),
                                   np.array([2]), np.array([0.5]), np.array([1.0]), np.array([10]), SLACK)[3]
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_pack_names_its_sequences_by_ids(exact):
+    """pack(ids=) (passes.pack_groups' call, decision 121) is pack with each index i replaced by ids[i]: the same
+    micro-batches and estimate, on the heuristic and the exact path, one sequence and one micro-batch included."""
+    rng = np.random.default_rng(1)
+    for n, pp in ((1, 2), (3, 1), (6, 2)) if exact else ((1, 2), (3, 1), (12, 2), (40, 3)):
+        lengths = rng.integers(1, 400, size=n)
+        ids = np.sort(rng.choice(10_000, size=n, replace=False)).astype(np.int64)
+        ref = pack(lengths, COEFFS[0], pp, 1024, exact=exact, time_limit=5.0)
+        got = pack(lengths, COEFFS[0], pp, 1024, exact=exact, time_limit=5.0, ids=ids)
+        assert got.est_time == ref.est_time
+        assert got.micro_batches == tuple(tuple(int(ids[i]) for i in mb) for mb in ref.micro_batches)

@@ -41,7 +41,7 @@ class SearchState:
     installed) unless given (kernels.PLAIN: the same source as plain Python)."""
 
     def __init__(self, pipes: Sequence[PipeCost], lengths: np.ndarray, owner: np.ndarray,
-                 loops: SimpleNamespace | None = None, arrays: tuple | None = None):
+                 loops: SimpleNamespace | None = None, arrays: tuple | None = None, orders: tuple | None = None):
         if loops is None:
             from tidal.planner import kernels
 
@@ -52,6 +52,9 @@ class SearchState:
             else arrays
         self.l = lengths
         self.lf = lengths.astype(np.float64)
+        # `orders`: length_orders(lengths), when the caller builds several states on the same lengths (else made by
+        # the first local_search)
+        self.orders = orders
         self.owner = owner
         n = len(pipes)
         # the sums np.bincount gives (weights added in index order), the top-two lengths np.maximum.at gives, and
@@ -62,6 +65,12 @@ class SearchState:
         loops.state_sums(self.lf, owner, self.H, self.S, self.Q, self.N, self.G, self.top1, self.cnt1, self.top2)
         loops.pipe_loads(self.A, self.B, self.C, self.D, self.Q1, self.M, self.R, self.Q, self.S, self.N, self.top1,
                          self.G, self.load)
+
+
+def length_orders(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The documents by ascending and by descending length, ties by index (kernels.local_search's `asc`, `desc`; the
+    second is also greedy_owner's longest-first order)."""
+    return np.argsort(lengths, kind="stable"), np.argsort(-lengths, kind="stable")
 
 
 def pipe_arrays(pipes: Sequence[PipeCost]) -> tuple[np.ndarray, ...]:
@@ -81,13 +90,15 @@ def local_search(st: SearchState, max_rounds: int, max_docs: int = 16, pairs: bo
     cut short by the deadline."""
     chunk = max_rounds if deadline is None else 4
     done = 0
+    if st.orders is None and max_rounds > 0:
+        st.orders = length_orders(st.l)
     while done < max_rounds:
         if deadline is not None and time.perf_counter() > deadline:
             return False
         n = min(chunk, max_rounds - done)
         if st.loops.local_search(st.l, st.lf, st.owner, st.A, st.B, st.C, st.D, st.Q1, st.M, st.R, st.H, st.S, st.Q,
-                                 st.N, st.G, st.top1, st.cnt1, st.top2, st.load, n, max_docs, pairs, target,
-                                 min_gain):
+                                 st.N, st.G, st.top1, st.cnt1, st.top2, st.load, *st.orders, n, max_docs,
+                                 pairs, target, min_gain):
             return True
         done += n
     return True
@@ -99,7 +110,7 @@ def _result(st: SearchState) -> DispatchResult:
     ends = np.cumsum(np.bincount(st.owner, minlength=n_pipes)).tolist()
     flat = order.tolist()
     groups = tuple(tuple(flat[a:b]) for a, b in zip([0] + ends[:-1], ends))
-    return DispatchResult(groups, float(loads.max()) if n_pipes else 0.0, tuple(float(x) for x in loads))
+    return DispatchResult(groups, float(loads.max()) if n_pipes else 0.0, tuple(loads.tolist()))
 
 
 def check_dispatch(lengths, pipes: Sequence[PipeCost]) -> np.ndarray:
@@ -143,12 +154,12 @@ def _rounds(l_: np.ndarray, pipes: Sequence[PipeCost], max_rounds: int | None) -
 def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: int = 0,
              max_rounds: int | None = None, restarts: int = 4, target: float = 0.0,
              time_limit: float = 10.0, deadline: float | None = None,
-             config: PlannerConfig = DEFAULT) -> DispatchResult:
+             config: PlannerConfig = DEFAULT, orders: tuple | None = None) -> DispatchResult:
     """Dispatch sequences to pipelines minimising max_j of the capacity-aware pipeline cost (`_cost`): the better of
     dispatch_alternatives' results (the lowest objective, ties to the first). exact=True also solves the MILP (of
     the linear objective D_j, bounds.eq2_bound) and keeps the better of the two."""
     first, alts = dispatch_alternatives(lengths, pipes, seed=seed, max_rounds=max_rounds, restarts=restarts,
-                                        target=target, deadline=deadline, config=config)
+                                        target=target, deadline=deadline, config=config, orders=orders)
     res = min((first, *alts), key=lambda r: r.objective)
     if exact and any(res.groups):
         from tidal.planner.exact import dispatch_milp
@@ -164,8 +175,8 @@ def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: i
 
 def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, max_rounds: int | None = None,
                           restarts: int = 4, target: float = 0.0, deadline: float | None = None,
-                          scan: bool = True,
-                          config: PlannerConfig = DEFAULT) -> tuple[DispatchResult, tuple[DispatchResult, ...]]:
+                          scan: bool = True, config: PlannerConfig = DEFAULT,
+                          orders: tuple | None = None) -> tuple[DispatchResult, tuple[DispatchResult, ...]]:
     """The greedy dispatch and its local search, and alternatives, each only if its objective is lower: the best of
     `restarts` seeded random-order restarts, each followed by the same local search, on small instances (B x D <=
     config.restart_max, decision 64), and the jump-scan greedy below.
@@ -174,14 +185,17 @@ def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, 
     <= `target` (e.g. a lower bound: nothing better is possible), and at `deadline` (a time.perf_counter value: the
     greedy dispatch always completes, so the result is always valid). `scan`: when the first dispatch's bottleneck is
     set by its longest document (_lumpy), also the greedy with its jump scan (greedy_owner), an alternative when its
-    objective is below the first's (then after the same local search)."""
+    objective is below the first's (then after the same local search). `orders`: length_orders(lengths), when the
+    caller has them."""
     l_ = check_dispatch(lengths, pipes)
     if l_.size == 0:
         return DispatchResult(tuple(() for _ in pipes), 0.0, tuple(0.0 for _ in pipes)), ()
     small, rounds = _rounds(l_, pipes, max_rounds)
     prep = greedy_prep(pipes)
     arrays = pipe_arrays(pipes)
-    st = SearchState(pipes, l_, greedy_owner(l_, pipes, prep=prep, scan=False), arrays=arrays)
+    orders = length_orders(l_) if orders is None else orders
+    st = SearchState(pipes, l_, greedy_owner(l_, pipes, orders[1], prep=prep, scan=False), arrays=arrays,
+                     orders=orders)
     done = local_search(st, rounds, pairs=small, target=target, deadline=deadline)
     first = float(st.load.max())
     alts: list[DispatchResult] = []
@@ -189,11 +203,12 @@ def dispatch_alternatives(lengths, pipes: Sequence[PipeCost], *, seed: int = 0, 
         # Small instances: a few seeded random-order restarts (they escape LPT's worst cases and the local search's
         # local optima).
         best = restart_dispatch(l_, pipes, restarts, seed=seed, max_rounds=rounds, below=first, target=target,
-                                deadline=deadline, prep=prep, arrays=arrays)
+                                deadline=deadline, prep=prep, arrays=arrays, orders=orders)
         alts = [best] if best is not None else []
     if scan and done and first > target and _lumpy(st):
         # the bottleneck costs V (c + w_max): its longest document, not its work, sets it (decision 63)
-        sc = SearchState(pipes, l_, greedy_owner(l_, pipes, prep=prep, scan=True), arrays=arrays)
+        sc = SearchState(pipes, l_, greedy_owner(l_, pipes, orders[1], prep=prep, scan=True), arrays=arrays,
+                         orders=orders)
         if float(sc.load.max()) < first:  # the scan greedy alone beats the first's local optimum: search from it
             local_search(sc, rounds, pairs=small, target=target, deadline=deadline)
             return _result(st), (*alts, _result(sc))
@@ -213,20 +228,22 @@ def _lumpy(st: SearchState) -> bool:
 def restart_dispatch(lengths: np.ndarray, pipes: Sequence[PipeCost], restarts: int, *, seed: int = 0,
                      max_rounds: int | None = None, below: float = float("inf"), target: float = 0.0,
                      deadline: float | None = None, prep: tuple | None = None,
-                     scan: bool = False, arrays: tuple | None = None) -> DispatchResult | None:
+                     scan: bool = False, arrays: tuple | None = None,
+                     orders: tuple | None = None) -> DispatchResult | None:
     """The best of `restarts` seeded random-order greedy dispatches, each followed by the local search (`max_rounds`,
     default as dispatch_alternatives), or None if none has an objective below `below` (ties: the earlier restart).
-    Stops at the first whose objective is <= `target` or when `deadline` passes. `prep`, `arrays`: greedy_prep(pipes),
-    pipe_arrays(pipes), when the caller has them."""
+    Stops at the first whose objective is <= `target` or when `deadline` passes. `prep`, `arrays`, `orders`:
+    greedy_prep(pipes), pipe_arrays(pipes), length_orders(lengths), when the caller has them."""
     l_ = lengths
     small, rounds = _rounds(l_, pipes, max_rounds)
     prep = greedy_prep(pipes) if prep is None else prep
     arrays = pipe_arrays(pipes) if arrays is None else arrays
+    orders = length_orders(l_) if orders is None else orders
     rng = np.random.default_rng(seed)
     best: tuple[float, SearchState] | None = None
     for _ in range(restarts):
         cand = SearchState(pipes, l_, greedy_owner(l_, pipes, rng.permutation(l_.size), prep=prep, scan=scan),
-                           arrays=arrays)
+                           arrays=arrays, orders=orders)
         done = local_search(cand, rounds, pairs=small, target=target, deadline=deadline)
         obj = float(cand.load.max())
         if obj < below and (best is None or obj < best[0]):

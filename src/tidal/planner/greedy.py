@@ -47,7 +47,7 @@ def greedy_owner(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarr
     arrays = greedy_prep(pipes) if prep is None else prep
     if order is None:
         order = np.argsort(-lengths, kind="stable")
-    owner, bad = loops.greedy(lengths.astype(np.int64), order.astype(np.int64), *arrays, scan)
+    owner, bad = loops.greedy(lengths.astype(np.int64, copy=False), order.astype(np.int64, copy=False), *arrays, scan)
     if bad >= 0:
         raise TidalError(f"sequence of length {int(lengths[bad])} exceeds the MaxLen of every pipeline")
     return owner

@@ -192,8 +192,8 @@ def ls_move(i, k, owner, lf, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, to
     load[k] = cost1(A[k], B[k], C[k], D[k], Q1[k], M[k], R[k], Q[k], S[k], N[k], top1[k], G[k])
 
 
-def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load, max_rounds, max_docs,
-                 pairs, target, min_gain):
+def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load, asc, desc, max_rounds,
+                 max_docs, pairs, target, min_gain):
     """The dispatch's local search (dispatch.local_search), on the arrays of a dispatch.SearchState (updated in
     place). Per round: find the bottleneck pipeline j; for up to `max_docs` of its documents (one per distinct
     length, longest first) try every move to another eligible pipeline, then every swap with a document of another
@@ -201,7 +201,8 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
     nothing helped, `pairs` is set and j holds 2-24 documents, two of j's documents for one of another (pair_swap).
     A move must lower max(new cost of j, new cost of the other) below j's cost by more than `min_gain` (relative);
     the least such value is taken, ties to the first in (document of j, move before swap, pipeline / partner index)
-    order. Per pipeline A, B, C, D, Q1 = PipeCost.q, M = MaxLen, R = sqrt(Q1 / c), H = M / 2 come in as arrays.
+    order. Per pipeline A, B, C, D, Q1 = PipeCost.q, M = MaxLen, R = sqrt(Q1 / c), H = M / 2 come in as arrays; the
+    documents by ascending and by descending length, ties by index, as `asc` and `desc` (dispatch.length_orders).
     Returns True when no move improves (or the load is <= `target`), False when max_rounds ran out. cost1 is
     skipped where pipecost.cost1_floor (a float-safe lower bound, monotone in the sums) shows a candidate cannot
     win, and whole ranges of swap partners by their length (decisions 107, 117): the same moves as evaluating all."""
@@ -212,8 +213,6 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
     pidx = np.empty(n, np.int64)
     sel = np.empty(max_docs, np.int64)
     part = np.zeros(n_p, np.bool_)
-    asc = np.argsort(l_, kind="mergesort")  # by length, then index
-    desc = np.argsort(-l_, kind="mergesort")  # by length descending, then index
     pstart = np.zeros(n_p, np.int64)
     pend = np.zeros(n_p, np.int64)
     for _ in range(max_rounds):

@@ -42,14 +42,20 @@ def lpt(l_, w, order, V, M, c):
     return bin_of, True
 
 
-def refine(bin_of, l_, w, T, tok, V, M, rounds, max_docs):
+def refine(bin_of, l_, w, T, tok, V, M, rounds, max_docs, asc):
     """Move/swap sequences off the slowest micro-batch while that strictly lowers it (in place; T: micro-batch times,
     tok: token counts), at most `rounds` rounds. Candidates: the first document of each distinct length of the slowest
     micro-batch, longest first, at most `max_docs`; for each, moves to micro-batches in index order, then swaps with
-    every other document in index order; the first strict best wins."""
+    every other document in index order; the first strict best wins. `asc`: the sequences by ascending length (any order
+    among equal lengths). The work w must not fall as the length grows (a, b, d >= 0, as check_pipe requires): then
+    a swap's two new times are monotone in the partner's length, so each round buckets the others by micro-batch in
+    `asc` order and visits, per micro-batch, only the run of partners whose both times can be <= the best so far (a
+    binary search finds its start); a tie at the best goes to the lower index: the swap the index-order scan took
+    (decision 121)."""
     n = l_.size
     mine = np.empty(n, np.int64)
-    others = np.empty(n, np.int64)
+    byb = np.empty(n, np.int64)  # the sequences grouped by micro-batch, each group by ascending length
+    cnt = np.zeros(V + 1, np.int64)
     for _ in range(rounds):
         b = 0
         for k in range(1, V):
@@ -57,14 +63,18 @@ def refine(bin_of, l_, w, T, tok, V, M, rounds, max_docs):
                 b = k
         tb = T[b]
         nm = 0
-        no = 0
+        cnt[:] = 0
         for i in range(n):
+            cnt[bin_of[i] + 1] += 1
             if bin_of[i] == b:
                 mine[nm] = i
                 nm += 1
-            else:
-                others[no] = i
-                no += 1
+        for k in range(V):
+            cnt[k + 1] += cnt[k]
+        for t in range(n):
+            i = asc[t]
+            byb[cnt[bin_of[i]]] = i
+            cnt[bin_of[i]] += 1  # afterwards cnt[k] is group k's end, cnt[k - 1] (0 for k = 0) its start
         ord_ = np.argsort(-l_[mine[:nm]], kind="mergesort")
         best = np.inf
         bi = -1
@@ -88,14 +98,29 @@ def refine(bin_of, l_, w, T, tok, V, M, rounds, max_docs):
                         v = max(tb - wx, T[k] + wx)
                         if v < best:
                             best, bi, bk, be = v, i, k, -1
-            for q in range(no):
-                e = others[q]
-                le = l_[e]
-                ke = bin_of[e]
-                if tok[b] - x + le <= M and tok[ke] - le + x <= M and le != x:
-                    v = max(tb - wx + w[e], T[ke] - w[e] + wx)
-                    if v < best:
-                        best, bi, bk, be = v, i, ke, e
+            swap_here = False  # best is a swap of this document (a tie then goes to the lower index)
+            for k in range(V):
+                if k == b:
+                    continue
+                lo = 0 if k == 0 else cnt[k - 1]
+                hi = cnt[k]
+                while lo < hi:  # the first partner with room in k whose time on k, T[k] - w[e] + wx, is <= best
+                    mid = (lo + hi) // 2
+                    e = byb[mid]
+                    if l_[e] >= tok[k] + x - M and T[k] - w[e] + wx <= best:
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                for t in range(lo, cnt[k]):
+                    e = byb[t]
+                    le = l_[e]
+                    if le > M - tok[b] + x or tb - wx + w[e] > best:
+                        break  # longer partners do not fit in b, or their time on b is above best
+                    if le != x:
+                        v = max(tb - wx + w[e], T[k] - w[e] + wx)
+                        if v < best or (v == best and swap_here and e < be):
+                            best, bi, bk, be = v, i, k, e
+                            swap_here = True
         if not best < tb * (1 - 1e-12):
             return
         T[b] -= w[bi]
@@ -154,7 +179,7 @@ def pack_score(bin_of, w, c, q):
     return packed_value(q, c, tot, c + mx, used)
 
 
-def pack_attempt(V, l_, w, order, M, c, q, W, wmax, vmin, rounds, tried, best_bins, best):
+def pack_attempt(V, l_, w, order, M, c, q, W, wmax, vmin, rounds, tried, best_bins, best, asc):
     """pack_search's attempt(V): LPT into V micro-batches and the move/swap rounds, unless V was tried or its bound
     cannot beat `best`. Returns (value, best bins, best)."""
     if not vmin <= V <= l_.size:
@@ -174,7 +199,7 @@ def pack_attempt(V, l_, w, order, M, c, q, W, wmax, vmin, rounds, tried, best_bi
             tok[bin_of[i]] += l_[i]
         for k in range(V):
             T[k] = T[k] + c
-        refine(bin_of, l_, w, T, tok, V, M, rounds, 32)
+        refine(bin_of, l_, w, T, tok, V, M, rounds, 32, asc)
         val = pack_score(bin_of, w, c, q)
     tried[V] = val
     if val < best:
@@ -187,6 +212,7 @@ def pack_search(l_, w, order, M, c, q, W, wmax, vmin, v_opt, v_hi, rounds):
     count, within [vmin, v_hi]) by (bound f(V), V), then a walk from the incumbent's V while it improves; a V whose
     bound cannot beat the incumbent is skipped. Returns (bins, score)."""
     n = l_.size
+    asc = order[::-1].copy()  # ascending lengths (refine's partner order)
     best_bins = ffd(l_, order, M)
     best = pack_score(best_bins, w, c, q)
     tried = np.full(n + 1, np.nan)
@@ -217,7 +243,7 @@ def pack_search(l_, w, order, M, c, q, W, wmax, vmin, v_opt, v_hi, rounds):
                 break
     for t in range(nc):
         _, best_bins, best = pack_attempt(cands[t], l_, w, order, M, c, q, W, wmax, vmin, rounds, tried, best_bins,
-                                         best)
+                                         best, asc)
     seen = np.zeros(n + 1, np.bool_)
     v_best = 0
     for i in range(n):
@@ -228,7 +254,7 @@ def pack_search(l_, w, order, M, c, q, W, wmax, vmin, v_opt, v_hi, rounds):
         V = v_best + step
         while vmin <= V <= n:
             val, best_bins, best = pack_attempt(V, l_, w, order, M, c, q, W, wmax, vmin, rounds, tried, best_bins,
-                                               best)
+                                               best, asc)
             if not val <= best:
                 break
             V += step

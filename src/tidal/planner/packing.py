@@ -68,7 +68,8 @@ def validate(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int) -> np.ndarra
 
 
 def finish(bin_of: np.ndarray, l_: np.ndarray, coeffs: LatencyCoeffs, pp: int,
-            w: np.ndarray | None = None) -> PackResult:
+           w: np.ndarray | None = None, ids: np.ndarray | None = None) -> PackResult:
+    """The packing whose sequence i is in bin bin_of[i], laid out and timed; `ids` as in `pack`."""
     order = np.argsort(bin_of, kind="stable")  # ascending indices within each bin
     cnt = np.bincount(bin_of)
     cnt = cnt[cnt > 0]
@@ -76,7 +77,8 @@ def finish(bin_of: np.ndarray, l_: np.ndarray, coeffs: LatencyCoeffs, pp: int,
     starts = ends - cnt
     # Deterministic order: micro-batches by first (smallest) index (distinct, so any sort gives the same order).
     by_first = np.argsort(order[starts])
-    starts_l, ends_l, ol = starts[by_first].tolist(), ends[by_first].tolist(), order.tolist()
+    starts_l, ends_l = starts[by_first].tolist(), ends[by_first].tolist()
+    ol = (order if ids is None else ids[order]).tolist()
     mbs = tuple(tuple(ol[a:b]) for a, b in zip(starts_l, ends_l))
     if w is None:
         return PackResult(mbs, pipeline_time(l_, mbs, coeffs, pp))
@@ -88,10 +90,11 @@ def finish(bin_of: np.ndarray, l_: np.ndarray, coeffs: LatencyCoeffs, pp: int,
 
 
 def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool = False,
-         time_limit: float = 10.0, loops: SimpleNamespace | None = None) -> PackResult:
+         time_limit: float = 10.0, loops: SimpleNamespace | None = None, ids: np.ndarray | None = None) -> PackResult:
     """Work-balanced packing of one pipeline's sequences (see module doc). Deterministic. `loops`: the heuristic's
     loops (kernels_pack.PLAIN or .COMPILED, the same source); None takes kernels_pack.loops(), compiled where numba
-    is installed."""
+    is installed. `ids`: an int64 array naming the sequences in the result (ids[i] for sequence i; default i), e.g.
+    their indices in the step (passes.pack_groups)."""
     if loops is None:
         from tidal.planner import kernels_pack
 
@@ -102,14 +105,14 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
         return PackResult((), 0.0)
     p = PipeCost.of(coeffs, pp, max_len)
     if n == 1:
-        return finish(np.zeros(1, dtype=np.int64), l_, coeffs, pp, p.work(l_))
+        return finish(np.zeros(1, dtype=np.int64), l_, coeffs, pp, p.work(l_), ids)
     if not exact:
         # the whole heuristic in one compiled call (kernels_pack.pack_core: the same floats as the steps below)
         S = int(l_.sum())
         ol, ends, est, tmax = loops.pack_core(l_, p.a, p.b, p.d, p.c, p.q, max_len, S, int(S // coeffs.util_len()))
         if tmax > max_len:
             raise TidalError(f"packing produced a micro-batch of {int(tmax)} tokens > MaxLen {max_len}")
-        ol, ends = ol.tolist(), ends.tolist()
+        ol, ends = (ol if ids is None else ids[ol]).tolist(), ends.tolist()
         return PackResult(tuple(tuple(ol[a:b]) for a, b in zip([0] + ends[:-1], ends)), float(est))
     w = p.work(l_)
     c = p.c
@@ -118,7 +121,7 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
     q = p.q  # PP - 1, or the one-stage Eq. 1 marker (pipecost.stage_q)
     v_opt, _ = best_v(q, p.c, W, wmax, vmin, n)
     if v_opt == 1:  # one micro-batch meets the lower bound f(1) = PP (c + W): optimal
-        return PackResult((tuple(range(n)),), pipe_value(q, c, W, wmax, 1))
+        return PackResult((tuple(range(n)) if ids is None else tuple(ids.tolist()),), pipe_value(q, c, W, wmax, 1))
     order = np.argsort(-l_, kind="stable")
     v_util = min(n, max(vmin, int(S // coeffs.util_len())))
     v_hi = min(n, max(v_util, v_opt + 2))  # App. D upper end, widened to contain the bound's minimiser
@@ -141,4 +144,4 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
     tokens = np.bincount(best_bins, weights=l_)
     if tokens.max() > max_len:  # token counts < 2^53: the float sums are exact
         raise TidalError(f"packing produced a micro-batch of {int(tokens.max())} tokens > MaxLen {max_len}")
-    return finish(best_bins.astype(np.int64, copy=False), l_, coeffs, pp, w)
+    return finish(best_bins.astype(np.int64, copy=False), l_, coeffs, pp, w, ids)

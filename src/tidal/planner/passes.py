@@ -28,7 +28,7 @@ import numpy as np
 from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan
 from tidal.planner.config import PASS_ORDER, PlannerConfig
-from tidal.planner.dispatch import dispatch, restart_dispatch
+from tidal.planner.dispatch import dispatch, length_orders, restart_dispatch
 from tidal.planner.fill import fill_dispatch, worth_filling
 from tidal.planner.packing import Packer, pack, pipeline_time
 from tidal.planner.polish import polish
@@ -48,9 +48,16 @@ class Context:
     deadline: float | None  # perf_counter
     cfg: PlannerConfig
     objective: float  # the first dispatch's objective (the MaxLen retry compares packed pipelines with it)
+    _orders: tuple | None = dataclasses.field(default=None, repr=False)
 
     def on_time(self) -> bool:
         return self.deadline is None or time.perf_counter() < self.deadline
+
+    def orders(self) -> tuple:
+        """dispatch.length_orders(lengths), sorted once for the passes' dispatches."""
+        if self._orders is None:
+            self._orders = length_orders(self.lengths)
+        return self._orders
 
 
 class Allowance:
@@ -123,7 +130,7 @@ class LateRestarts:
         big = _size(ctx) > cfg.late_restart_max
         alt = restart_dispatch(ctx.lengths, ctx.prof.pipes, cfg.late_big_restarts if big else cfg.late_restarts,
                                seed=ctx.seed, below=est, target=ctx.target, deadline=ctx.deadline,
-                               max_rounds=None if big else cfg.late_rounds)
+                               max_rounds=None if big else cfg.late_rounds, orders=ctx.orders())
         if alt is None:
             return None
         return pack_groups(ctx.lengths, ctx.prof, alt.groups, ctx.packer, False, limit=est, order=by_load(alt))
@@ -161,7 +168,7 @@ class Shrink:
                 continue
             left.spend(self.name)
             disp = dispatch(l_, shrunk, seed=ctx.seed, restarts=0, target=ctx.target, deadline=ctx.deadline,
-                            max_rounds=cfg.shrink_rounds, config=cfg)
+                            max_rounds=cfg.shrink_rounds, config=cfg, orders=ctx.orders())
             # packed most-loaded first, given up at the first pipeline that is no faster than the plan it must beat
             est2, plans2 = pack_groups(l_, ctx.prof, disp.groups, ctx.packer, False, limit=est, order=by_load(disp))
             if est2 < est:  # not monotone in the fraction (which documents still fit changes), so all are tried
@@ -262,14 +269,15 @@ def pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Pack
                 # pack's own answer, without its per-call overhead (hundreds of such pipelines at 1024 GPUs): with
                 # PP = 1 and c > 0, one micro-batch (c + W) beats every V >= 2 (>= W + V c), so pack returns it.
                 mbs = (tuple(idx.tolist()),)
+            elif packer is pack:  # it checks its own packing (decision 69's review: 0.8 ms per step here), names
+                # the sequences by idx, and its est_time is pipeline_time of these micro-batches (the same floats)
+                res = pack(sub, pipe.coeffs, pipe.pp, pipe.max_len, exact=exact, ids=idx)
+                mbs, est = res.micro_batches, res.est_time
             else:
                 res = packer(sub, pipe.coeffs, pipe.pp, pipe.max_len, exact=exact)
-                if packer is not pack:  # pack checks its own (decision 69's review: 0.8 ms per step here)
-                    check_packing(res.micro_batches, idx.size, sub, pipe.max_len)
+                check_packing(res.micro_batches, idx.size, sub, pipe.max_len)
                 gl = idx.tolist()
                 mbs = tuple(tuple(map(gl.__getitem__, mb)) for mb in res.micro_batches if len(mb))
-                if packer is pack:  # its est_time is pipeline_time of these micro-batches (the same floats)
-                    est = res.est_time
             if est is None:  # another packer's est_time is not trusted
                 est = pipeline_time(lf, mbs, pipe.coeffs, pipe.pp)
         if est >= limit:

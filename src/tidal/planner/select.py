@@ -20,7 +20,7 @@ from tidal.planner.bounds import StrategyBound, check_lengths, prepare_lengths
 from tidal.planner.bounds_modes import MODE_ITERS, MODE_ITERS_MANY, TIGHTEN_ITERS, mode_bound, mode_search
 from tidal.planner.charges import charge
 from tidal.planner.config import DEFAULT, PlannerConfig
-from tidal.planner.dispatch import dispatch, dispatch_alternatives
+from tidal.planner.dispatch import dispatch, dispatch_alternatives, length_orders
 from tidal.planner.metrics import max_over_mean, rank_spread
 from tidal.planner.packing import Packer, pack
 from tidal.planner.passes import Allowance, Context, by_load, flatten, improve, pack_groups
@@ -91,13 +91,14 @@ def _reports(l_: np.ndarray, prof: StrategyProfile, plans) -> list[PipelineRepor
 def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack, seed: int = 0,
            exact: bool = False, target: float = 0.0, deadline: float | None = None,
            fallback: bool = True, improve_below: float = float("inf"), allowance: Allowance | None = None,
-           config: PlannerConfig = DEFAULT,
-           tighten: Callable[[float, float], float] | None = None) -> tuple[float, tuple[PipelinePlan, ...]]:
+           config: PlannerConfig = DEFAULT, tighten: Callable[[float, float], float] | None = None,
+           orders: tuple | None = None) -> tuple[float, tuple[PipelinePlan, ...]]:
     """Two-stage assignment on one strategy: (step estimate, per-pipeline plans), as docs/planner.md, "The pipeline,
     in one list", orders it: the first dispatch and its alternatives packed, the fastest kept; the passes of
     `config.passes` (passes.improve) against `target` (a lower bound; `tighten(est, improve_below)` may raise it once,
     the mode bound) while the candidate can beat `improve_below`, the `deadline` (perf_counter) and `allowance`
-    allow; with `fallback`, Hydraulis' dispatch + the same packer when faster ("Never worse than Hydraulis")."""
+    allow; with `fallback`, Hydraulis' dispatch + the same packer when faster ("Never worse than Hydraulis").
+    `orders`: dispatch.length_orders(lengths), when the caller has them (select_step sorts them once per step)."""
     cfg = config
     l_ = np.asarray(lengths, dtype=np.int64)
     if exact:
@@ -107,8 +108,9 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
         # the dispatch objective is a bound on the packed time: a restart that lowers it can pack worse, so the first
         # dispatch and each alternative (best restart, jump-scan greedy) are packed and the fastest kept (ties to the
         # earliest)
+        orders = length_orders(l_) if orders is None else orders
         first, alts = dispatch_alternatives(l_, prof.pipes, seed=seed, target=target, deadline=deadline,
-                                            scan=cfg.scan, config=cfg)
+                                            scan=cfg.scan, config=cfg, orders=orders)
         est, plans = pack_groups(l_, prof, first.groups, packer, exact)
         for alt in alts:
             if deadline is not None and time.perf_counter() >= deadline:
@@ -121,7 +123,7 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
             if tighten is not None and target < improve_below and est > target * (1 + cfg.tighten_gap) \
                     and (deadline is None or time.perf_counter() < deadline):
                 tgt = max(target, tighten(est, improve_below))
-            ctx = Context(l_, prof, packer, seed, tgt, deadline, cfg, first.objective)
+            ctx = Context(l_, prof, packer, seed, tgt, deadline, cfg, first.objective, orders)
             est, plans = improve(ctx, est, plans, Allowance() if allowance is None else allowance, improve_below)
     if fallback and est > target and (deadline is None or time.perf_counter() < deadline):
         hy = _hydraulis_plan(l_, prof, packer, seed, exact, est, cfg)
@@ -172,6 +174,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
     longest = int(l_.max())
     # quick bounds (doc + work with fixed prices) order and prune the candidates; refined ones give the reported bound
     prep = prepare_lengths(l_)  # shared by every candidate's bounds
+    orders = length_orders(l_)  # and the documents' length orders by every candidate's dispatches
     sbs = [StrategyBound(l_, p.pipes, grouped=p.grouped, arrays=p.class_arrays, prep=prep)
            if longest <= p.max_len else None for p in profiles]
     # a charged candidate (charges.charge: pull/push, CP imbalance) adds at least its floor to its bounds
@@ -235,7 +238,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
         est, plans = charged(k, assign(l_, profiles[k], packer=packer, seed=seed, exact=exact,
                                        target=bounds[k] - off[k], deadline=deadline, fallback=False,
                                        improve_below=float("inf") if best is None else best[0] / (1 + tol) - off[k],
-                                       allowance=allowance, config=cfg, tighten=tighten(k)))
+                                       allowance=allowance, config=cfg, tighten=tighten(k), orders=orders))
         ests[k] = est
         if best is None or (est, k) < (best[0], best[1]):
             best = (est, k, plans)
