@@ -42,7 +42,7 @@ def fits_bins(lengths, cap: int, V: int, time_limit: float = 10.0) -> str:
         return "feasible"
     if V <= 0 or int(l_.max()) > cap or l2_bins(l_, cap) > V:
         return "infeasible"
-    if int(l_.sum()) <= cap or V >= n:
+    if int(l_.sum()) <= cap or n <= V:
         return "feasible"
     order = np.argsort(-l_, kind="stable")
     pairs = [(int(i), k) for r, i in enumerate(order.tolist()) for k in range(min(V, r + 1))]
@@ -67,7 +67,7 @@ def min_bins(lengths, cap: int, time_limit: float = 10.0, upper: int | None = No
     l_ = np.asarray(lengths, dtype=np.int64)
     lo = l2_bins(l_, cap)
     V = int(l_.size) if upper is None else int(upper)
-    while V > lo:
+    while lo < V:
         st = fits_bins(l_, cap, V - 1, time_limit)
         if st == "feasible":
             V -= 1

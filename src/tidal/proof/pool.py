@@ -16,6 +16,11 @@ What stays integral and what becomes fluid:
   lmin n <= t <= lmax n and lmin t <= Q <= lmax t, and the totals of each bucket exact. The work of a location is
   a_k Q + b_k t + d_k n, exact for any real split. A bucket may be placed where its shortest document fits (l <=
   M_k, c + w(lmin) <= tau_kv; on a slot, only in the modes that allow it).
+- **Micro-batch counts** (`counts`, decision 123): on a slot, the whole documents and the fluid ones (buckets whose
+  shortest document is) longer than M_k / 2 number at most sum_v v z_jv (two never share a micro-batch), those longer
+  than M_k / 3 at most twice that; on a pool location (k, v), the fluid ones at most v m_kv (twice). Buckets get an
+  edge at M_k / 2 and M_k / 3 so that none straddles them. These hold for every packing of a plan, not for the
+  relaxed cost: with them, "infeasible" proves that no packed plan has step time <= T.
 Every whole-document dispatch of relaxed cost <= T gives a solution (the split of each bucket by location), so
 "infeasible" proves that no plan has step time <= T (up to HiGHS' tolerances: `pool_bound` scales by 1 - 1e-6, as
 milp.py; every row is scaled to values of order 1: lengths in units of the longest, times in seconds).
@@ -32,6 +37,7 @@ from tidal.planner.exact import MilpRows
 from tidal.proof.milp import pipe_modes
 
 NB = 16  # geometric length buckets of the short documents (plus an edge at every kind's MaxLen)
+COUNTS = ((2, 1), (3, 2))  # (f, k): documents longer than MaxLen / f, at most k per micro-batch (`counts`)
 
 
 def _buckets(short: np.ndarray, edges_extra: Sequence[int], nb: int) -> list[np.ndarray]:
@@ -47,16 +53,19 @@ def _buckets(short: np.ndarray, edges_extra: Sequence[int], nb: int) -> list[np.
 
 
 def pool_feasible(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_limit: float = 30.0,
-                  extra: int = 0, nb: int = NB, whole: int | None = None) -> str:
+                  extra: int = 0, nb: int = NB, whole: int | None = None, counts: bool = False) -> str:
     """"infeasible" (no whole-document dispatch has every pipeline's relaxed cost <= T: every plan is slower than T,
     up to HiGHS' tolerances), "feasible" (the relaxation has a solution: proves nothing), or "unknown" (time out).
     `extra`: this many more of the longest documents are kept whole beyond those that must be (module doc); `whole`
-    (if given): exactly this many of the longest are (a document that must be whole may then be fluid: still valid)."""
-    return pool_solve(lengths, pipes, T, time_limit, extra, nb, whole)[0]
+    (if given): exactly this many of the longest are (a document that must be whole may then be fluid: still valid).
+    `counts`: also the micro-batch count rows (module doc, decision 123); "infeasible" then proves that no *packed*
+    plan has step time <= T (the rows hold for every packing, not for the relaxed cost)."""
+    return pool_solve(lengths, pipes, T, time_limit, extra, nb, whole, counts)[0]
 
 
 def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_limit: float = 30.0,
-               extra: int = 0, nb: int = NB, whole: int | None = None) -> tuple[str, dict | None]:
+               extra: int = 0, nb: int = NB, whole: int | None = None,
+               counts: bool = False) -> tuple[str, dict | None]:
     """pool_feasible's status and, when "feasible", the relaxation's solution for a diagnosis (benchmarks/gap_pool.py
     rounds it to a dispatch): "order" (document indices, longest first; positions below are into it), "slots" (per
     slot: the pipeline index in `pipes`, its whole documents), "fluid" (per pipeline kind: the pool's pipeline indices
@@ -116,9 +125,11 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
     # per location: [(bucket, n column, t column, Q column)]; bucket b's tokens and squares in units of its longest
     # document u_b (t = tokens / u_b, Q = squares / u_b^2: every linking coefficient in [lmin / lmax, 1])
     loc_fluid: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
-    bks = _buckets(l_[nbig:], [p.max_len + 1 for p in ks], nb)
+    cuts = [p.max_len + 1 for p in ks] + ([p.max_len // f + 1 for p in ks for f, _ in COUNTS] if counts else [])
+    bks = _buckets(l_[nbig:], cuts, nb)
     bks = [nbig + pos for pos in bks]  # positions in l_
     units = [float(l_[pos].max()) for pos in bks]
+    lmins = [int(l_[pos].min()) for pos in bks]
     for b, pos in enumerate(bks):
         bl = l_[pos]
         lmin, u = float(bl.min()), units[b]
@@ -169,6 +180,11 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
                  + [(nc, -1.0) for _, nc, _, _ in fl], -np.inf, 0.0)
         for c, w in wk:
             rows.add([(c, 1.0)] + [(zc, -1.0) for zc, (_, _, tau) in zip(z, ms) if p.c + w <= tau], -np.inf, 0.0)
+        for f, per in COUNTS if counts else ():  # documents longer than M / f: at most `per` in one micro-batch
+            cut = p.max_len // f
+            big = [(c, 1.0) for c, i in xs if l_[i] > cut] + [(nc, 1.0) for b, nc, _, _ in fl if lmins[b] > cut]
+            if big:
+                rows.add(big + [(zc, -float(per * v)) for zc, (v, _, _) in zip(z, ms)], -np.inf, 0.0)
     for pi, (ki, vi, mc) in enumerate(pool):
         p = ks[ki]
         v, cap, _ = modes[ki][vi]
@@ -176,6 +192,10 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
         rows.add(work + [(mc, -cap)], -np.inf, 0.0)
         rows.add(toks + [(mc, -p.max_len * v / s)], -np.inf, 0.0)
         rows.add([(mc, float(v))] + [(nc, -1.0) for _, nc, _, _ in fl], -np.inf, 0.0)
+        for f, per in COUNTS if counts else ():
+            big = [(nc, 1.0) for b, nc, _, _ in fl if lmins[b] > p.max_len // f]
+            if big:
+                rows.add(big + [(mc, -float(per * v))], -np.inf, 0.0)
     x = rows.solve(np.zeros(ncol), np.array(integ), np.zeros(ncol), np.array(ub), time_limit, status=True)
     if isinstance(x, str):
         return "infeasible", None
@@ -202,7 +222,8 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
 
 
 def pool_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], lo: float, hi: float, time_limit: float = 10.0,
-               iters: int = 4, gap: float = 1e-3, extra: int = 0, nb: int = NB, whole: int | None = None) -> float:
+               iters: int = 4, gap: float = 1e-3, extra: int = 0, nb: int = NB, whole: int | None = None,
+               counts: bool = False) -> float:
     """The largest T in (lo, hi) at which pool_feasible answers "infeasible", times (1 - 1e-6), or lo: first at
     hi / (1 + gap), then `iters` bisection steps between lo and it (milp.milp_bound's search)."""
     if not hi > lo or int(np.asarray(lengths).size) == 0:
@@ -210,12 +231,12 @@ def pool_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], lo: float, hi: fl
     T = hi / (1 + gap)
     if lo >= T:
         return lo
-    if pool_feasible(lengths, pipes, T, time_limit, extra, nb, whole) == "infeasible":
+    if pool_feasible(lengths, pipes, T, time_limit, extra, nb, whole, counts) == "infeasible":
         return T * (1 - 1e-6)
     a, b = lo, T
     for _ in range(iters):
         m = 0.5 * (a + b)
-        if pool_feasible(lengths, pipes, m, time_limit, extra, nb, whole) == "infeasible":
+        if pool_feasible(lengths, pipes, m, time_limit, extra, nb, whole, counts) == "infeasible":
             a = m
         else:
             b = m
