@@ -6,7 +6,8 @@ and token first-fit-decreasing. Prints figures; nothing is asserted.
     python benchmarks/planner.py --grid [--models M,..] [--clusters C,..] [--cands proposal,hand] [--sources S,..]
                                  [--seeds 0,1,2] [--held-out-seeds 10,11,12] [--held-out-sources stdlib]
                                  [--steps 10] [--hy-trials 1] [--budget-ms X] [--prove] [--prove-milp S]
-                                 [--prove-pool S [--pool-counts]] [--out grid.json] [--passes all|none|NAME,..] [--drop NAME,..]
+                                 [--prove-pool S [--pool-counts]] [--out grid.json] [--passes all|none|NAME,..]
+                                 [--drop NAME,..]
                                  (decision 95)
 """
 
