@@ -36,14 +36,21 @@ def l2_bins(lengths, cap: int) -> int:
 def fits_bins(lengths, cap: int, V: int, time_limit: float = 10.0) -> str:
     """Do the documents fit in V micro-batches of at most `cap` tokens? "feasible", "infeasible" (HiGHS' word) or
     "unknown" (time out). Symmetry broken: the r-th longest document uses only the first r + 1 micro-batches."""
+    return pack_bins(lengths, cap, V, time_limit)[0]
+
+
+def pack_bins(lengths, cap: int, V: int, time_limit: float = 10.0) -> tuple[str, np.ndarray | None]:
+    """fits_bins' status and, when "feasible", the micro-batch (0 .. V - 1) of every document."""
     l_ = np.asarray(lengths, dtype=np.int64)
     n = l_.size
     if n == 0:
-        return "feasible"
+        return "feasible", np.zeros(0, dtype=np.int64)
     if V <= 0 or int(l_.max()) > cap or l2_bins(l_, cap) > V:
-        return "infeasible"
-    if int(l_.sum()) <= cap or n <= V:
-        return "feasible"
+        return "infeasible", None
+    if n <= V:
+        return "feasible", np.arange(n, dtype=np.int64)
+    if int(l_.sum()) <= cap:
+        return "feasible", np.zeros(n, dtype=np.int64)
     order = np.argsort(-l_, kind="stable")
     pairs = [(int(i), k) for r, i in enumerate(order.tolist()) for k in range(min(V, r + 1))]
     by_i, by_k = columns_by(pairs, n, V)
@@ -56,8 +63,14 @@ def fits_bins(lengths, cap: int, V: int, time_limit: float = 10.0) -> str:
     nv = len(pairs)
     x = rows.solve(np.zeros(nv), np.ones(nv), np.zeros(nv), np.ones(nv), time_limit, status=True)
     if isinstance(x, str):
-        return "infeasible"
-    return "unknown" if x is None else "feasible"
+        return "infeasible", None
+    if x is None:
+        return "unknown", None
+    bin_of = np.full(n, -1, dtype=np.int64)
+    for q, (i, k) in enumerate(pairs):
+        if x[q] > 0.5:
+            bin_of[i] = k
+    return "feasible", bin_of
 
 
 def min_bins(lengths, cap: int, time_limit: float = 10.0, upper: int | None = None) -> tuple[int, str]:
