@@ -1,7 +1,7 @@
 """Micro-batch integrality in the proof (decision 123): proof.binpack's counts against brute force, and the pooled
-MILP with its count rows (proof.pool, `counts=True`) never proves a T that some packed plan meets (brute force over
-every dispatch and every packing of tiny steps), while it proves more than without them where documents longer than
-half a MaxLen cannot share a micro-batch."""
+MILP with its count rows (proof.pool, `counts=True`, with and without the compact one-stage encoding) never proves a
+T that some packed plan meets (brute force over every dispatch and every packing of tiny steps), while it proves more
+than without them where documents longer than half a MaxLen cannot share a micro-batch."""
 
 import itertools
 
@@ -99,10 +99,13 @@ def test_pool_counts_never_prove_a_time_some_plan_meets(kinds, reps, seed, n, nb
         assert pool_feasible(lengths, pipes, 1e9, nb=nb, counts=True) == "infeasible"
         return
     for whole in (0, None, n):
-        assert pool_feasible(lengths, pipes, opt * 1.0005, time_limit=20.0, nb=nb, whole=whole,
-                             counts=True) != "infeasible"
-    b = pool_bound(lengths, pipes, 0.5 * opt, opt * 1.05, time_limit=20.0, iters=6, nb=nb, counts=True)
-    assert 0.5 * opt <= b <= opt
+        for compact in (False, True):
+            assert pool_feasible(lengths, pipes, opt * 1.0005, time_limit=20.0, nb=nb, whole=whole, counts=True,
+                                 compact=compact) != "infeasible"
+    for compact in (False, True):
+        b = pool_bound(lengths, pipes, 0.5 * opt, opt * 1.05, time_limit=20.0, iters=6, nb=nb, counts=True,
+                       compact=compact)
+        assert 0.5 * opt <= b <= opt
 
 
 def test_pool_counts_prove_more_where_long_documents_cannot_share():
@@ -120,5 +123,7 @@ def test_pool_counts_prove_more_where_long_documents_cannot_share():
     assert pool_feasible(lengths, pipes, relaxed * 1.0001, whole=0) == "feasible"
     assert pool_feasible(lengths, pipes, relaxed * 1.0001, whole=6) == "feasible"
     for whole in (0, 6):
-        assert pool_feasible(lengths, pipes, mid, whole=whole, counts=True) == "infeasible"
+        for compact in (False, True):
+            assert pool_feasible(lengths, pipes, mid, whole=whole, counts=True, compact=compact) == "infeasible"
     assert pool_bound(lengths, pipes, relaxed, opt * 1.01, iters=8, counts=True) > mid
+    assert pool_bound(lengths, pipes, relaxed, opt * 1.01, iters=8, counts=True, compact=True) > mid
