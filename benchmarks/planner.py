@@ -244,7 +244,8 @@ def main() -> None:
                     help="grid, with --prove: also the pooled MILP bound (proof.pool.pool_bound, S seconds per HiGHS "
                     "solve; steps of hundreds of documents; decision 118)")
     ap.add_argument("--pool-counts", action="store_true",
-                    help="grid, with --prove-pool: the pooled MILP with its micro-batch count rows (decision 123)")
+                    help="grid, with --prove-pool: the pooled MILP with its micro-batch count rows and the compact "
+                    "one-stage encoding (decision 123)")
     a = ap.parse_args()
     if not (a.prove_milp >= 0 and a.prove_pool >= 0):
         ap.error(f"--prove-milp and --prove-pool take seconds >= 0 (0: off); got {a.prove_milp}, {a.prove_pool}")
