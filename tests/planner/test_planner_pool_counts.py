@@ -127,3 +127,25 @@ def test_pool_counts_prove_more_where_long_documents_cannot_share():
             assert pool_feasible(lengths, pipes, mid, whole=whole, counts=True, compact=compact) == "infeasible"
     assert pool_bound(lengths, pipes, relaxed, opt * 1.01, iters=8, counts=True) > mid
     assert pool_bound(lengths, pipes, relaxed, opt * 1.01, iters=8, counts=True, compact=True) > mid
+
+
+def test_prove_selection_with_counts_keeps_the_plan_and_stays_under_it():
+    # the llama2-13b a800x16 mixed candidate's kinds (one-stage; cp2's MaxLen 2,073, tp1's 1,036): documents of
+    # 1.1k-2k tokens fit cp2 and tp2 only, one per cp2 micro-batch; the count rows see that, the LP does not
+    from test_planner_modes import _profile
+
+    from tidal.planner.select import select_step
+    from tidal.proof.lp import prove_selection
+
+    cp2 = PipeCost(2.7343589743589745e-09, 0.0001772963308278525, 0.0644, 1, 2073)
+    tp2 = PipeCost(2.8430769230769233e-09, 0.0001824505042545895, 0.0724, 1, 8403)
+    tp1 = PipeCost(5.468717948717949e-09, 0.00034670562699588473, 0.0596, 1, 1036)
+    rng = np.random.default_rng(5)
+    lengths = np.concatenate([rng.integers(1100, 2000, size=8), rng.integers(20, 700, size=20)])
+    prof = [_profile([cp2, tp2, tp1, tp1])]
+    sel = select_step(lengths, prof)
+    est = sel.plan.est_step_time
+    lp = prove_selection(lengths, prof, sel)
+    counted = prove_selection(lengths, prof, sel, pool_s=10.0, pool_counts=True)
+    assert lp.plan.lower_bound * 1.001 < counted.plan.lower_bound <= est  # 1.0026 -> 1.0010 of the plan
+    assert counted.plan.to_dict(timings=False)["pipelines"] == sel.plan.to_dict(timings=False)["pipelines"]
