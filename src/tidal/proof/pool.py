@@ -205,11 +205,8 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
                  + [(nc, -1.0) for _, nc, _, _ in fl], -np.inf, 0.0)
         for c, w in wk:
             rows.add([(c, 1.0)] + [(zc, -1.0) for zc, (_, _, tau) in zip(z, ms) if p.c + w <= tau], -np.inf, 0.0)
-        for f, per in COUNTS if counts else ():  # documents longer than M / f: at most `per` in one micro-batch
-            cut = p.max_len // f
-            big = [(c, 1.0) for c, i in xs if l_[i] > cut] + [(nc, 1.0) for b, nc, _, _ in fl if lmins[b] > cut]
-            if big:
-                rows.add(big + [(zc, -float(per * v)) for zc, (v, _, _) in zip(z, ms)], -np.inf, 0.0)
+        for big, per in _bigs(counts, p, [(c, int(l_[i])) for c, i in xs] + [(nc, lmins[b]) for b, nc, _, _ in fl]):
+            rows.add([(c, 1.0) for c in big] + [(zc, -per * v) for zc, (v, _, _) in zip(z, ms)], -np.inf, 0.0)
     for pi, (ki, vi, mc) in enumerate(pool):
         p = ks[ki]
         fl, work, toks = fluid_terms(("p", pi), p)
@@ -228,10 +225,8 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
         rows.add(work + [(mc, -cap)], -np.inf, 0.0)
         rows.add(toks + [(mc, -p.max_len * v / s)], -np.inf, 0.0)
         rows.add([(mc, float(v))] + [(nc, -1.0) for _, nc, _, _ in fl], -np.inf, 0.0)
-        for f, per in COUNTS if counts else ():
-            big = [(nc, 1.0) for b, nc, _, _ in fl if lmins[b] > p.max_len // f]
-            if big:
-                rows.add(big + [(mc, -float(per * v))], -np.inf, 0.0)
+        for big, per in _bigs(counts, p, [(nc, lmins[b]) for b, nc, _, _ in fl]):
+            rows.add([(c, 1.0) for c in big] + [(mc, -per * v)], -np.inf, 0.0)
     x = rows.solve(np.zeros(ncol), np.array(integ), np.zeros(ncol), np.array(ub), time_limit, status=True)
     if isinstance(x, str):
         return "infeasible", None
@@ -258,8 +253,9 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
 
 
 def _bigs(counts: bool, p: PipeCost, cols_len: list[tuple[int, int]]) -> list[tuple[list[int], float]]:
-    """The count rows' (columns, per) of a location of kind p: per COUNTS entry, the columns (whole documents, or
-    fluid buckets by their shortest length) longer than MaxLen / f."""
+    """The count rows' (columns, per) of a location of kind p, from (column, length) pairs (whole documents, or fluid
+    buckets by their shortest length): per COUNTS entry (f, per), the columns longer than MaxLen / f, which hold at
+    most `per` documents per micro-batch."""
     out = []
     for f, per in COUNTS if counts else ():
         big = [c for c, ln in cols_len if ln > p.max_len // f]
