@@ -6,7 +6,8 @@ and token first-fit-decreasing. Prints figures; nothing is asserted.
     python benchmarks/planner.py --grid [--models M,..] [--clusters C,..] [--cands proposal,hand] [--sources S,..]
                                  [--seeds 0,1,2] [--held-out-seeds 10,11,12] [--held-out-sources stdlib]
                                  [--steps 10] [--hy-trials 1] [--budget-ms X] [--prove] [--prove-milp S]
-                                 [--prove-pool S] [--out grid.json] [--passes all|none|NAME,..] [--drop NAME,..]
+                                 [--prove-pool S [--pool-counts]] [--out grid.json] [--passes all|none|NAME,..]
+                                 [--drop NAME,..]
                                  (decision 95)
 """
 
@@ -242,6 +243,9 @@ def main() -> None:
     ap.add_argument("--prove-pool", type=float, default=0.0, metavar="S",
                     help="grid, with --prove: also the pooled MILP bound (proof.pool.pool_bound, S seconds per HiGHS "
                     "solve; steps of hundreds of documents; decision 118)")
+    ap.add_argument("--pool-counts", action="store_true",
+                    help="grid, with --prove-pool: the pooled MILP with its micro-batch count rows and the compact "
+                    "one-stage encoding (decision 123)")
     a = ap.parse_args()
     if not (a.prove_milp >= 0 and a.prove_pool >= 0):
         ap.error(f"--prove-milp and --prove-pool take seconds >= 0 (0: off); got {a.prove_milp}, {a.prove_pool}")

@@ -149,7 +149,8 @@ def q(xs, p):
 
 
 def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, budget_ms, prove=False,
-             split="tuning", config: PlannerConfig = DEFAULT, milp_s: float = 0.0, pool_s: float = 0.0):
+             split="tuning", config: PlannerConfig = DEFAULT, milp_s: float = 0.0, pool_s: float = 0.0,
+             pool_counts: bool = False):
     # the proposal of a held-out source is made from its own lengths (seed 99), as for every source
     names, profs, prop_s = grid.candidates(model, cluster, how, source)
     row = {"model": model, "cluster": cluster, "cands": how, "source": source, "split": split,
@@ -180,7 +181,7 @@ def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, b
             if prove:  # the LP-priced bound (proof.lp.prove_selection), after planning and timed apart
                 plain.append(plan.est_step_time / plan.lower_bound if plan.lower_bound > 0 else 1.0)
                 c0 = time.thread_time()
-                plan = prove_selection(l_, profs, sel, milp_s=milp_s, pool_s=pool_s).plan
+                plan = prove_selection(l_, profs, sel, milp_s=milp_s, pool_s=pool_s, pool_counts=pool_counts).plan
                 proof.append((time.thread_time() - c0) * 1e3)
             ratio.append(plan.est_step_time / plan.lower_bound if plan.lower_bound > 0 else 1.0)
             nseq.append(l_.size)
@@ -303,7 +304,8 @@ def main(args) -> None:
                             trials = args.hy_trials if get_cluster(cluster).num_devices <= args.hy_max_devices else 0
                             row = run_cell(grid, model, cluster, how, source, seeds, args.steps, trials,
                                            args.budget_ms, args.prove, split, config,
-                                           getattr(args, "prove_milp", 0.0), getattr(args, "prove_pool", 0.0))
+                                           getattr(args, "prove_milp", 0.0), getattr(args, "prove_pool", 0.0),
+                                           getattr(args, "pool_counts", False))
                             rows.append(row)
                             print(fmt(row), flush=True)
     if args.out:

@@ -182,7 +182,7 @@ def lp_bound(sb: StrategyBound, lo: float, hi: float, solves: int = LP_SOLVES, n
 
 def prove_selection(lengths, profiles: Sequence[StrategyProfile], sel: StepSelection,
                     solves: int = LP_SOLVES, config: PlannerConfig = DEFAULT, milp_s: float = 0.0,
-                    pool_s: float = 0.0) -> StepSelection:
+                    pool_s: float = 0.0, pool_counts: bool = False) -> StepSelection:
     """`sel` (select_step(lengths, profiles)) with every candidate's bound raised by `lp_bound` where it is more than
     a factor 1 + config.mode_gap under min(step bound so far, the plan's estimate), in order of bound; the step's bound
     (plan.lower_bound) is the least of them. The plan itself is unchanged. Deterministic when `milp_s` is 0.
@@ -190,7 +190,8 @@ def prove_selection(lengths, profiles: Sequence[StrategyProfile], sel: StepSelec
     document dispatches, `milp_s` seconds per solve; steps of a few documents per pipeline only; decision 108): its
     result rests on HiGHS' tolerances and, where a solve times out, on the machine's speed. `pool_s` > 0: then also
     `pool.pool_bound` (the pooled MILP for steps of hundreds of documents, decision 118), `pool_s` seconds per solve,
-    with the same two caveats."""
+    with the same two caveats; `pool_counts`: with its micro-batch count rows and the compact one-stage encoding
+    (pool.pool_solve's `counts` and `compact`, decision 123)."""
     l_ = check_lengths(lengths)
     if len(sel.strategies) != len(profiles):
         raise TidalError(f"prove_selection: the selection reports {len(sel.strategies)} candidates, "
@@ -211,7 +212,7 @@ def prove_selection(lengths, profiles: Sequence[StrategyProfile], sel: StepSelec
             if milp_s > 0 and b * (1 + config.mode_gap) < min(lb, est):
                 b = max(b, milp_bound(l_, p.pipes, b, min(lb, est), milp_s))
             if pool_s > 0 and b * (1 + config.mode_gap) < min(lb, est):
-                b = max(b, pool_bound(l_, p.pipes, b, min(lb, est), pool_s))
+                b = max(b, pool_bound(l_, p.pipes, b, min(lb, est), pool_s, counts=pool_counts, compact=pool_counts))
             reports[i] = replace(reports[i], lower_bound=b)
         lb = min(lb, b)
     lb = max(lb, sel.plan.lower_bound)

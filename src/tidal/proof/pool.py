@@ -16,6 +16,18 @@ What stays integral and what becomes fluid:
   lmin n <= t <= lmax n and lmin t <= Q <= lmax t, and the totals of each bucket exact. The work of a location is
   a_k Q + b_k t + d_k n, exact for any real split. A bucket may be placed where its shortest document fits (l <=
   M_k, c + w(lmin) <= tau_kv; on a slot, only in the modes that allow it).
+- **Micro-batch counts** (`counts`, decision 123): on a slot, the whole documents and the fluid ones (buckets whose
+  shortest document is) longer than M_k / 2 number at most sum_v v z_jv (two never share a micro-batch), those longer
+  than M_k / 3 at most twice that; on a pool location (k, v), the fluid ones at most v m_kv (twice). Buckets get an
+  edge at M_k / 2 and M_k / 3 so that none straddles them. These hold for every packing of a plan, not for the
+  relaxed cost: with them, "infeasible" proves that no packed plan has step time <= T.
+- **Compact one-stage kinds** (`compact`, decision 123). A one-stage pipeline (q = 0) in mode v has work <= T - v c,
+  and its per-document limit c + w <= T - (v - 1) c follows from that; so instead of a binary per mode, a slot has a
+  binary y (holds anything) and an integer v (its micro-batch count): work + c v <= T y, tokens <= M v, v <= its
+  documents (and the count rows); a pool keeps its integer mode counts m_kv but one fluid copy for all its modes,
+  with the modes' rows summed: work <= sum_v m_kv C_kv, tokens <= sum_v m_kv min(M v, C_kv / b) (work >= b tokens),
+  micro-batches sum_v v m_kv <= documents. Each is a sum of the modes' rows, so a relaxation of them; a kind has a
+  few fluid copies where the modes have one per mode (up to T / c of them).
 Every whole-document dispatch of relaxed cost <= T gives a solution (the split of each bucket by location), so
 "infeasible" proves that no plan has step time <= T (up to HiGHS' tolerances: `pool_bound` scales by 1 - 1e-6, as
 milp.py; every row is scaled to values of order 1: lengths in units of the longest, times in seconds).
@@ -32,6 +44,7 @@ from tidal.planner.exact import MilpRows
 from tidal.proof.milp import pipe_modes
 
 NB = 16  # geometric length buckets of the short documents (plus an edge at every kind's MaxLen)
+COUNTS = ((2, 1), (3, 2))  # (f, k): documents longer than MaxLen / f, at most k per micro-batch (`counts`)
 
 
 def _buckets(short: np.ndarray, edges_extra: Sequence[int], nb: int) -> list[np.ndarray]:
@@ -47,16 +60,21 @@ def _buckets(short: np.ndarray, edges_extra: Sequence[int], nb: int) -> list[np.
 
 
 def pool_feasible(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_limit: float = 30.0,
-                  extra: int = 0, nb: int = NB, whole: int | None = None) -> str:
+                  extra: int = 0, nb: int = NB, whole: int | None = None, counts: bool = False,
+                  compact: bool = False) -> str:
     """"infeasible" (no whole-document dispatch has every pipeline's relaxed cost <= T: every plan is slower than T,
     up to HiGHS' tolerances), "feasible" (the relaxation has a solution: proves nothing), or "unknown" (time out).
     `extra`: this many more of the longest documents are kept whole beyond those that must be (module doc); `whole`
-    (if given): exactly this many of the longest are (a document that must be whole may then be fluid: still valid)."""
-    return pool_solve(lengths, pipes, T, time_limit, extra, nb, whole)[0]
+    (if given): exactly this many of the longest are (a document that must be whole may then be fluid: still valid).
+    `counts`: also the micro-batch count rows (module doc, decision 123); "infeasible" then proves that no *packed*
+    plan has step time <= T (the rows hold for every packing, not for the relaxed cost). `compact`: one-stage kinds
+    by their micro-batch counts instead of modes (module doc, decision 123)."""
+    return pool_solve(lengths, pipes, T, time_limit, extra, nb, whole, counts, compact)[0]
 
 
 def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_limit: float = 30.0,
-               extra: int = 0, nb: int = NB, whole: int | None = None) -> tuple[str, dict | None]:
+               extra: int = 0, nb: int = NB, whole: int | None = None,
+               counts: bool = False, compact: bool = False) -> tuple[str, dict | None]:
     """pool_feasible's status and, when "feasible", the relaxation's solution for a diagnosis (benchmarks/gap_pool.py
     rounds it to a dispatch): "order" (document indices, longest first; positions below are into it), "slots" (per
     slot: the pipeline index in `pipes`, its whole documents), "fluid" (per pipeline kind: the pool's pipeline indices
@@ -71,6 +89,7 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
         kinds[p] = kinds.get(p, 0) + 1
     ks = list(kinds)
     modes = [pipe_modes(p, T, n) for p in ks]
+    one = [compact and p.q == 0 for p in ks]  # one-stage kinds encoded by their micro-batch count (module doc)
     fits1 = np.array([[bool(ms) and x <= p.max_len and p.c + p.w1(float(x)) <= ms[0][2] for p, ms in zip(ks, modes)]
                       for x in l_])  # n x kinds, monotone in length
     if not fits1.any(axis=1).all():
@@ -96,7 +115,8 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
     for ki, (p, ms) in enumerate(zip(ks, modes)):
         elig = [i for i in range(nbig) if fits1[i, ki]]
         for pos in range(min(kinds[p], len(elig))):
-            z = cols(len(ms), 1, 1.0)
+            # compact (one stage): z = [Y (binary: the slot holds anything), V (its micro-batch count)]
+            z = cols(1, 1, 1.0) + cols(1, 1, float(len(ms))) if one[ki] else cols(len(ms), 1, 1.0)
             xs = []
             for i in elig:
                 if pos <= i:  # symmetry: the i-th longest uses only the first i + 1 slots of a kind
@@ -107,18 +127,23 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
     for i in range(nbig):
         rows.add([(c, 1.0) for c, _ in big_on[i]], 1.0, 1.0)
     pool_n = [kinds[p] - sum(1 for sl in slots if sl[0] == ki) for ki, p in enumerate(ks)]
-    pool = []  # (kind index, mode index, m column)
+    pool = []  # (kind index, mode index, m column); compact: (kind index, -1, the m columns of every mode)
     for ki, ms in enumerate(modes):
         if pool_n[ki] > 0 and ms:
             mcols = cols(len(ms), 1, float(pool_n[ki]))
             rows.add([(c, 1.0) for c in mcols], 0.0, float(pool_n[ki]))
-            pool.extend((ki, vi, c) for vi, c in enumerate(mcols))
+            if one[ki]:
+                pool.append((ki, -1, mcols))
+            else:
+                pool.extend((ki, vi, c) for vi, c in enumerate(mcols))
     # per location: [(bucket, n column, t column, Q column)]; bucket b's tokens and squares in units of its longest
     # document u_b (t = tokens / u_b, Q = squares / u_b^2: every linking coefficient in [lmin / lmax, 1])
     loc_fluid: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
-    bks = _buckets(l_[nbig:], [p.max_len + 1 for p in ks], nb)
+    cuts = [p.max_len + 1 for p in ks] + ([p.max_len // f + 1 for p in ks for f, _ in COUNTS] if counts else [])
+    bks = _buckets(l_[nbig:], cuts, nb)
     bks = [nbig + pos for pos in bks]  # positions in l_
     units = [float(l_[pos].max()) for pos in bks]
+    lmins = [int(l_[pos].min()) for pos in bks]
     for b, pos in enumerate(bks):
         bl = l_[pos]
         lmin, u = float(bl.min()), units[b]
@@ -126,7 +151,10 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
         here = []
         for si, (ki, z, _) in enumerate(slots):
             p, ms = ks[ki], modes[ki]
-            ok = [zc for zc, (v, _, tau) in zip(z, ms) if lmin <= p.max_len and p.c + p.w1(lmin) <= tau]
+            if one[ki]:
+                ok = z[:1] if lmin <= p.max_len and p.c + p.w1(lmin) <= T else []
+            else:
+                ok = [zc for zc, (v, _, tau) in zip(z, ms) if lmin <= p.max_len and p.c + p.w1(lmin) <= tau]
             if not ok:
                 continue
             nc, tc, qc = cols(3, 0, np.inf)
@@ -135,7 +163,7 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
             here.append((nc, tc, qc))
         for pi, (ki, vi, _) in enumerate(pool):
             p = ks[ki]
-            if lmin <= p.max_len and p.c + p.w1(lmin) <= modes[ki][vi][2]:
+            if lmin <= p.max_len and p.c + p.w1(lmin) <= (T if vi < 0 else modes[ki][vi][2]):
                 nc, tc, qc = cols(3, 0, np.inf)
                 loc_fluid.setdefault(("p", pi), []).append((b, nc, tc, qc))
                 here.append((nc, tc, qc))
@@ -160,8 +188,16 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
     for si, (ki, z, xs) in enumerate(slots):
         p, ms = ks[ki], modes[ki]
         fl, work, toks = fluid_terms(("s", si), p)
-        rows.add([(zc, 1.0) for zc in z], 0.0, 1.0)
         wk = [(c, p.w1(float(l_[i]))) for c, i in xs]
+        if one[ki]:
+            _compact_rows(rows, p, z[0], z[1], float(len(ms)), T, s, wk + work,
+                          [(c, float(l_[i]) / s) for c, i in xs] + toks,
+                          [c for c, _ in xs] + [nc for _, nc, _, _ in fl],
+                          _bigs(counts, p, [(c, int(l_[i])) for c, i in xs] + [(nc, lmins[b]) for b, nc, _, _ in fl]))
+            for c, _ in xs:
+                rows.add([(c, 1.0), (z[0], -1.0)], -np.inf, 0.0)
+            continue
+        rows.add([(zc, 1.0) for zc in z], 0.0, 1.0)
         rows.add(wk + work + [(zc, -cap) for zc, (_, cap, _) in zip(z, ms)], -np.inf, 0.0)
         rows.add([(c, float(l_[i]) / s) for c, i in xs] + toks
                  + [(zc, -p.max_len * v / s) for zc, (v, _, _) in zip(z, ms)], -np.inf, 0.0)
@@ -169,13 +205,28 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
                  + [(nc, -1.0) for _, nc, _, _ in fl], -np.inf, 0.0)
         for c, w in wk:
             rows.add([(c, 1.0)] + [(zc, -1.0) for zc, (_, _, tau) in zip(z, ms) if p.c + w <= tau], -np.inf, 0.0)
+        for big, per in _bigs(counts, p, [(c, int(l_[i])) for c, i in xs] + [(nc, lmins[b]) for b, nc, _, _ in fl]):
+            rows.add([(c, 1.0) for c in big] + [(zc, -per * v) for zc, (v, _, _) in zip(z, ms)], -np.inf, 0.0)
     for pi, (ki, vi, mc) in enumerate(pool):
         p = ks[ki]
-        v, cap, _ = modes[ki][vi]
         fl, work, toks = fluid_terms(("p", pi), p)
+        if vi < 0:  # compact pool: one fluid copy, the pipelines' modes summed
+            ms = modes[ki]
+            rows.add(work + [(c, -cap) for c, (_, cap, _) in zip(mc, ms)], -np.inf, 0.0)
+            # a pipeline in mode v holds at most min(M v, (T - v c) / b) tokens: work >= b tokens (a, d >= 0)
+            rows.add(toks + [(c, -min(p.max_len * v, cap / p.b if p.b > 0 else np.inf) / s)
+                             for c, (v, cap, _) in zip(mc, ms)], -np.inf, 0.0)
+            vs = [(c, float(v)) for c, (v, _, _) in zip(mc, ms)]
+            rows.add(vs + [(nc, -1.0) for _, nc, _, _ in fl], -np.inf, 0.0)
+            for big, per in _bigs(counts, p, [(nc, lmins[b]) for b, nc, _, _ in fl]):
+                rows.add([(c, 1.0) for c in big] + [(c, -per * v) for c, v in vs], -np.inf, 0.0)
+            continue
+        v, cap, _ = modes[ki][vi]
         rows.add(work + [(mc, -cap)], -np.inf, 0.0)
         rows.add(toks + [(mc, -p.max_len * v / s)], -np.inf, 0.0)
         rows.add([(mc, float(v))] + [(nc, -1.0) for _, nc, _, _ in fl], -np.inf, 0.0)
+        for big, per in _bigs(counts, p, [(nc, lmins[b]) for b, nc, _, _ in fl]):
+            rows.add([(c, 1.0) for c in big] + [(mc, -per * v)], -np.inf, 0.0)
     x = rows.solve(np.zeros(ncol), np.array(integ), np.zeros(ncol), np.array(ub), time_limit, status=True)
     if isinstance(x, str):
         return "infeasible", None
@@ -190,19 +241,45 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
     where = {("s", si): sol_slots[si][0] for si in range(len(slots))}
     fluid = []
     for b, pos in enumerate(bks):
-        counts = {}
+        placed: dict = {}
         for key, fl in loc_fluid.items():
             for bb, nc, _, _ in fl:
                 if bb == b and x[nc] > 1e-9:
                     k2 = where.get(key, ("pool", pool[key[1]][0]) if key[0] == "p" else None)
-                    counts[k2] = counts.get(k2, 0.0) + float(x[nc])
-        fluid.append((pos, counts))
+                    placed[k2] = placed.get(k2, 0.0) + float(x[nc])
+        fluid.append((pos, placed))
     pools = {ki: idx[p][used[ki]:] for ki, p in enumerate(ks)}
     return "feasible", {"order": order, "slots": sol_slots, "fluid": fluid, "pools": pools, "kinds": ks}
 
 
+def _bigs(counts: bool, p: PipeCost, cols_len: list[tuple[int, int]]) -> list[tuple[list[int], float]]:
+    """The count rows' (columns, per) of a location of kind p, from (column, length) pairs (whole documents, or fluid
+    buckets by their shortest length): per COUNTS entry (f, per), the columns longer than MaxLen / f, which hold at
+    most `per` documents per micro-batch."""
+    out = []
+    for f, per in COUNTS if counts else ():
+        big = [c for c, ln in cols_len if ln > p.max_len // f]
+        if big:
+            out.append((big, float(per)))
+    return out
+
+
+def _compact_rows(rows: MilpRows, p: PipeCost, y: int, v: int, size: float, T: float, s: float, work, toks,
+                  members: list[int], bigs) -> None:
+    """The rows of a one-stage slot in the compact encoding (module doc; y: its binary, v: its micro-batch count,
+    `size`: the most micro-batches it may run): work + c v <= T y, v <= size y, tokens <= MaxLen v, v <= its
+    documents, and the count rows `bigs`."""
+    rows.add(work + [(v, p.c), (y, -T)], -np.inf, 0.0)
+    rows.add([(v, 1.0), (y, -size)], -np.inf, 0.0)
+    rows.add(toks + [(v, -p.max_len / s)], -np.inf, 0.0)
+    rows.add([(v, 1.0)] + [(c, -1.0) for c in members], -np.inf, 0.0)
+    for big, per in bigs:
+        rows.add([(c, 1.0) for c in big] + [(v, -per)], -np.inf, 0.0)
+
+
 def pool_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], lo: float, hi: float, time_limit: float = 10.0,
-               iters: int = 4, gap: float = 1e-3, extra: int = 0, nb: int = NB, whole: int | None = None) -> float:
+               iters: int = 4, gap: float = 1e-3, extra: int = 0, nb: int = NB, whole: int | None = None,
+               counts: bool = False, compact: bool = False) -> float:
     """The largest T in (lo, hi) at which pool_feasible answers "infeasible", times (1 - 1e-6), or lo: first at
     hi / (1 + gap), then `iters` bisection steps between lo and it (milp.milp_bound's search)."""
     if not hi > lo or int(np.asarray(lengths).size) == 0:
@@ -210,12 +287,12 @@ def pool_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], lo: float, hi: fl
     T = hi / (1 + gap)
     if lo >= T:
         return lo
-    if pool_feasible(lengths, pipes, T, time_limit, extra, nb, whole) == "infeasible":
+    if pool_feasible(lengths, pipes, T, time_limit, extra, nb, whole, counts, compact) == "infeasible":
         return T * (1 - 1e-6)
     a, b = lo, T
     for _ in range(iters):
         m = 0.5 * (a + b)
-        if pool_feasible(lengths, pipes, m, time_limit, extra, nb, whole) == "infeasible":
+        if pool_feasible(lengths, pipes, m, time_limit, extra, nb, whole, counts, compact) == "infeasible":
             a = m
         else:
             b = m
