@@ -40,15 +40,19 @@ def mode_arrays(T: float, C: np.ndarray, P: np.ndarray,
 def _step_arrays(sb: StrategyBound) -> tuple:
     """What _costs and _thetas need that does not depend on T (computed once per mode_bound): per class (columns)
     c + w where w is finite (inf where the document does not fit the class), w, l, M, the work per token of a
-    pipeline filled with the step's mean document, and C and P (all float64, contiguous: the kernels' arguments)."""
+    pipeline filled with the step's mean document, and C and P (all float64, contiguous: the kernels' arguments).
+    Computed once per StrategyBound (kept as sb.mode_step)."""
+    if sb.mode_step is not None:
+        return sb.mode_step
     ca = sb.ca
     f = np.float64
     fits = np.isfinite(sb.wm)
     cw = np.where(fits, ca.C[None, :] + sb.w, np.inf)
     rho = (sb.w * sb.wt[:, None]).sum(axis=0) / max(float((sb.l_ * sb.wt).sum()), 1e-300)  # work per token, per class
-    return (np.ascontiguousarray(cw, f), np.ascontiguousarray(sb.w, f), np.ascontiguousarray(sb.l_, f),
-            np.ascontiguousarray(ca.M, f), np.ascontiguousarray(rho, f), np.ascontiguousarray(ca.C, f),
-            np.ascontiguousarray(ca.P, f))
+    sb.mode_step = (np.ascontiguousarray(cw, f), np.ascontiguousarray(sb.w, f), np.ascontiguousarray(sb.l_, f),
+                    np.ascontiguousarray(ca.M, f), np.ascontiguousarray(rho, f), np.ascontiguousarray(ca.C, f),
+                    np.ascontiguousarray(ca.P, f))
+    return sb.mode_step
 
 
 def _costs(T: float, sb: StrategyBound, thetas: np.ndarray,
@@ -98,22 +102,20 @@ def violated(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray, Y: np.ndarray, roun
 def infeasible(T: float, sb: StrategyBound, Y: np.ndarray, rounds: int = 6, step: tuple | None = None,
                found: np.ndarray | None = None) -> bool:
     """True when some theta variant and price vector prove that no plan has step time <= T (see the module doc; any
-    certificate found is valid, the search only makes finding one likelier). One class: the costs of all documents
-    must fit in its pipeline count. `step`: _step_arrays(sb), when the caller has it; `found`: see `violated`."""
-    loops = _loops()
-    step = _step_arrays(sb) if step is None else step
-    arrays = mode_arrays(T, step[5], step[6], loops)  # the same T: computed once for the thetas and the costs
-    U = _costs(T, sb, _thetas(T, sb, arrays[1], step, loops), arrays, step, loops)  # Rt x B x K
-    if not np.all(np.isfinite(U[0].min(axis=1))):
-        return True  # some document fits nowhere at T (eligibility does not depend on theta)
-    cnt, wt = sb.ca.cnt, sb.wt
-    for Ut in U:
-        if cnt.size == 1:
-            if float(Ut[:, 0] @ wt) > cnt[0] * (1 + 1e-9):
-                return True
-        elif violated(Ut, wt, cnt, Y, rounds, loops=loops, found=found):
-            return True
-    return False
+    certificate found is valid, the search only makes finding one likelier): the per-T arrays, the costs (_thetas'
+    one variant, _costs) and the price search (`violated`) in one call, kernels_modes.mode_infeasible. One class:
+    the costs of all documents must fit in its pipeline count. `step`: _step_arrays(sb), when the caller has it;
+    `found`: see `violated`."""
+    cw, w, l_, M, rho, C, P = _step_arrays(sb) if step is None else step
+    K, f = C.size, np.float64
+    U = np.empty((l_.size, K))
+    verdict = _loops().mode_infeasible(
+        float(T), C, P, M, rho, cw, w, l_, np.ascontiguousarray(sb.wt, f), np.ascontiguousarray(sb.ca.cnt, f),
+        np.ascontiguousarray(Y, f), int(rounds), SWEEPS, np.zeros(K) if found is None else found,
+        np.empty((K, VB)), np.empty((K, VB)), np.empty((K, VB)), U)
+    if verdict == 2:
+        return float(U[:, 0] @ sb.wt) > sb.ca.cnt[0] * (1 + 1e-9)
+    return verdict == 1
 
 
 def mode_bound(sb: StrategyBound, lo: float, hi: float, iters: int = MODE_ITERS, near: float = NEAR) -> float:
@@ -131,8 +133,8 @@ def mode_search(sb: StrategyBound, lo: float, hi: float, iters: int = MODE_ITERS
     `resume`: lo is what an earlier search proved and hi what it could not, so only the bisection runs."""
     if sb.final is not None or not hi > lo:
         return lo, hi
-    Y0 = np.vstack(sb.prices())
-    step = _step_arrays(sb)  # the same for every T tried
+    Y0 = sb.Y0  # sb.prices() as rows
+    step = _step_arrays(sb)  # the same for every T tried (and every search on sb)
     found = np.zeros(sb.ca.cnt.size)  # 3+ classes: the last certifying prices, tried first at the next T
     warm = [Y0]
 

@@ -231,8 +231,29 @@ def mode_costs(T, C, M, cw, w, l, tau, cap, th, out):
             out[i, k] = u
 
 
+def mode_infeasible(T, C, P, M, rho, cw, w, l, wt, cnt, Y, rounds, sweeps, found, tau, cap, th, U):
+    """bounds_modes.infeasible at T in one call: mode_arrays, mode_thetas and mode_costs into tau, cap, th and U
+    (B x K); 1 when some document fits no class at T (a row of U whose np.min is not finite), else with one class 2
+    (the caller compares U's sum with the pipeline count), else 1 when mode_violated finds a certificate, 0 if not."""
+    mode_arrays(T, C, P, tau, cap)
+    mode_thetas(T, C, P, M, rho, cap, th)
+    mode_costs(T, C, M, cw, w, l, tau, cap, th, U)
+    K = U.shape[1]
+    for i in range(U.shape[0]):
+        m = U[i, 0]
+        for k in range(1, K):
+            if not np.isnan(m) and (np.isnan(U[i, k]) or U[i, k] < m):
+                m = U[i, k]
+        if not np.isfinite(m):
+            return 1
+    if K == 1:
+        return 2
+    return 1 if mode_violated(U, wt, cnt, Y, rounds, sweeps, found) else 0
+
+
 _MODES = {"price_gap": price_gap, "pair_search": pair_search, "mode_violated": mode_violated,
-          "mode_arrays": mode_arrays, "mode_thetas": mode_thetas, "mode_costs": mode_costs}
+          "mode_arrays": mode_arrays, "mode_thetas": mode_thetas, "mode_costs": mode_costs,
+          "mode_infeasible": mode_infeasible}
 PLAIN = plain(_MODES, {"np": np})
 
 COMPILED = compile_loops(_MODES, globals())
