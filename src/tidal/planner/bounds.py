@@ -112,12 +112,7 @@ def pipeline_bound(lengths: np.ndarray, p: PipeCost) -> float:
     l_ = np.asarray(lengths, dtype=np.int64)
     if l_.size == 0:
         return 0.0
-    return pipeline_bound_of(p.work(l_), int(l_.sum()), p)
-
-
-def pipeline_bound_of(wk: np.ndarray, tokens: int, p: PipeCost) -> float:
-    """pipeline_bound from the documents' work `wk` (PipeCost.work of their lengths, in their order; not empty) and
-    their total tokens: for a caller that has the work already (select._reports)."""
+    wk, tokens = p.work(l_), int(l_.sum())
     vmin = max(1, -(-tokens // p.max_len))
     vmax = max(vmin, int(wk.size))
     return best_v(p.pp - 1, p.c, float(wk.sum()), float(wk.max()), vmin, vmax)[1] * (1 - SLACK)
