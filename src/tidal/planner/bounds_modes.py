@@ -38,7 +38,7 @@ def mode_arrays(T: float, C: np.ndarray, P: np.ndarray,
 
 
 def _step_arrays(sb: StrategyBound) -> tuple:
-    """What _costs and _thetas need that does not depend on T (computed once per mode_bound): per class (columns)
+    """What `infeasible` needs that does not depend on T: per class (columns)
     c + w where w is finite (inf where the document does not fit the class), w, l, M, the work per token of a
     pipeline filled with the step's mean document, and C and P (all float64, contiguous: the kernels' arguments).
     Computed once per StrategyBound (kept as sb.mode_step)."""
@@ -53,37 +53,6 @@ def _step_arrays(sb: StrategyBound) -> tuple:
                     np.ascontiguousarray(ca.M, f), np.ascontiguousarray(rho, f), np.ascontiguousarray(ca.C, f),
                     np.ascontiguousarray(ca.P, f))
     return sb.mode_step
-
-
-def _costs(T: float, sb: StrategyBound, thetas: np.ndarray,
-           arrays: tuple[np.ndarray, np.ndarray] | None = None, step: tuple | None = None,
-           loops: SimpleNamespace | None = None) -> np.ndarray:
-    """u_ik(T) for each theta variant (each K x VB of 0, 1 or 2): array (R_theta, B, K); inf where document i fits
-    class k in no mode (kernels_modes.mode_costs, the one source; its eligible modes are a prefix, docs/planner.md,
-    "Mode-aware bound", Costs). `arrays`: mode_arrays(T, ...), `step`: _step_arrays(sb), when the caller has them."""
-    loops = _loops() if loops is None else loops
-    cw, w, l_, M, _, C, P = _step_arrays(sb) if step is None else step
-    tau, cap = mode_arrays(T, C, P, loops) if arrays is None else arrays  # K x VB
-    out = np.empty((len(thetas), l_.size, C.size))
-    for r, th in enumerate(thetas):
-        loops.mode_costs(float(T), C, M, cw, w, l_, tau, cap, np.ascontiguousarray(th, np.float64), out[r])
-    return out
-
-
-def _thetas(T: float, sb: StrategyBound, cap: np.ndarray | None = None, step: tuple | None = None,
-            loops: SimpleNamespace | None = None) -> np.ndarray:
-    """theta variants (K x VB each; one at present; kernels_modes.mode_thetas, the one source): per mode work (1) or
-    tokens (0), whichever a pipeline filled with the step's mean document would exhaust first; a one-stage class's
-    merged mode may take the row (w + c l / M) / T instead (2; decision 102: in every mode v, W + v c <= T and
-    tokens <= v M, so W + c tokens / M <= T). (All-work, and tokens in mode 1 only, were tried as well: on the
-    issue-9 cells they proved nothing more and doubled the cost.)"""
-    loops = _loops() if loops is None else loops
-    _, _, _, M, rho, C, P = _step_arrays(sb) if step is None else step
-    if cap is None:
-        _, cap = mode_arrays(T, C, P, loops)
-    th = np.empty((C.size, VB))
-    loops.mode_thetas(float(T), C, P, M, rho, cap, th)
-    return th[None]
 
 
 def violated(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray, Y: np.ndarray, rounds: int,
@@ -101,11 +70,12 @@ def violated(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray, Y: np.ndarray, roun
 
 def infeasible(T: float, sb: StrategyBound, Y: np.ndarray, rounds: int = 6, step: tuple | None = None,
                found: np.ndarray | None = None) -> bool:
-    """True when some theta variant and price vector prove that no plan has step time <= T (see the module doc; any
-    certificate found is valid, the search only makes finding one likelier): the per-T arrays, the costs (_thetas'
-    one variant, _costs) and the price search (`violated`) in one call, kernels_modes.mode_infeasible. One class:
-    the costs of all documents must fit in its pipeline count. `step`: _step_arrays(sb), when the caller has it;
-    `found`: see `violated`."""
+    """True when some price vector proves that no plan has step time <= T (see the module doc; any certificate found
+    is valid, the search only makes finding one likelier): mode_arrays, the theta row (kernels_modes.mode_thetas),
+    the costs u_ik(T) (kernels_modes.mode_costs: inf where document i fits class k in no mode; its eligible modes
+    are a prefix, docs/planner.md, "Mode-aware bound", Costs) and the price search (`violated`) in one call,
+    kernels_modes.mode_infeasible. One class: the costs of all documents must fit in its pipeline count. `step`:
+    _step_arrays(sb), when the caller has it; `found`: see `violated`."""
     cw, w, l_, M, rho, C, P = _step_arrays(sb) if step is None else step
     K, f = C.size, np.float64
     U = np.empty((l_.size, K))
