@@ -158,7 +158,7 @@ def min_time(G: np.ndarray, total: np.ndarray, consts: tuple) -> np.ndarray:
     classes' (c, PP) given by `consts` = _min_time_consts(c, pp)."""
     bps, capb, (left_s, right_s, cA, cB, cC) = consts
     Fb = G @ capb  # R x nb
-    seg = np.count_nonzero(Fb < total[:, None], axis=1)  # crossing lies in (bps[seg-1], bps[seg]] (or beyond the last)
+    seg = (Fb < total[:, None]).sum(axis=1)  # crossing lies in (bps[seg-1], bps[seg]] (or beyond the last)
     left, right = left_s[seg], right_s[seg]
     # on the segment, sum_k G cap_k(T) = A T + B sqrt(T) + C0 (lin: linear caps, rt: square-root caps)
     A = (G * cA[seg]).sum(axis=1)
@@ -268,7 +268,7 @@ def _timed(Y, w, wt, tau, cnt, lo: float, mt: tuple) -> float:
     wy = np.where(np.isfinite(tau)[None, :, :], w[None, :, :] * Y[:, None, :], np.inf)  # R x B x K
     run = np.minimum.accumulate(wy[r_, b_, order], axis=2)
     # lhs at lo: every document already fits somewhere (lo >= LB_doc), at the last position with ts <= lo
-    pos = np.maximum(np.count_nonzero(ts <= lo, axis=1) - 1, 0)
+    pos = np.maximum((ts <= lo).sum(axis=1) - 1, 0)
     L0 = run[r_[:, :, 0], b_[:, 0], pos] @ wt
     # each later eligibility time lowers the document's running minimum
     prev = np.concatenate([np.full((R, B, 1), np.inf), run[:, :, :-1]], axis=2)
