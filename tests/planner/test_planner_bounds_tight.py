@@ -159,8 +159,9 @@ def _costs_reference(T, sb, th):
 
 
 def test_mode_costs_equal_the_per_mode_definition():
+    from tidal.planner import kernels_modes
     from tidal.planner.bounds import PipeCost, StrategyBound
-    from tidal.planner.bounds_modes import _costs, _thetas, mode_arrays
+    from tidal.planner.bounds_modes import VB, _step_arrays, mode_arrays
 
     rng = np.random.default_rng(2)
     kinds = [PipeCost(1e-3, 1.0, 0.5, 1, 64), PipeCost(0.5e-3, 0.5, 0.5, 2, 128), PipeCost(2e-4, 0.25, 1.0, 4, 200),
@@ -174,13 +175,16 @@ def test_mode_costs_equal_the_per_mode_definition():
         if sb.final is not None:
             continue
         for T in (sb.refined() * f for f in (0.8, 1.0, 1.05, 2.0, 30.0)):
-            th = _thetas(T, sb, mode_arrays(T, sb.ca.C, sb.ca.P)[1])[0]
+            (cw, w, ls, M, rho, C, P), (tau, cap) = _step_arrays(sb), mode_arrays(T, sb.ca.C, sb.ca.P)
+            th = np.empty((C.size, VB))
+            kernels_modes.loops().mode_thetas(T, C, P, M, rho, cap, th)
             twos += bool((th == 2).any())
             rand = th.copy()
             rand[:, :-1] = rng.integers(0, 2, size=rand[:, :-1].shape)
-            got = _costs(T, sb, np.array([th, rand]))
-            np.testing.assert_array_equal(got[0], _costs_reference(T, sb, th))
-            np.testing.assert_array_equal(got[1], _costs_reference(T, sb, rand))
+            for t in (th, rand):
+                got = np.empty((ls.size, C.size))
+                kernels_modes.loops().mode_costs(T, C, M, cw, w, ls, tau, cap, t, got)
+                np.testing.assert_array_equal(got, _costs_reference(T, sb, t))
     assert twos > 0  # the one-stage merged row was exercised
 
 

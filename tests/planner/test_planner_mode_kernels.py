@@ -1,13 +1,14 @@
 """The mode bound's per-T arrays as one-source kernels (kernels_modes.mode_arrays, mode_thetas, mode_costs; decision
 112): compiled and plain Python, each equal float for float to the numpy expressions they replaced (kept here as the
-references); and the price search with two classes against the exact two-class maximum (decision 122)."""
+references); the price search with two classes against the exact two-class maximum (decision 122); and
+bounds_modes.infeasible's one call (kernels_modes.mode_infeasible, decision 124) against those kernels one by one."""
 
 import numpy as np
 import pytest
 
 from tidal.planner import kernels_modes as km
 from tidal.planner.bounds import PipeCost, StrategyBound
-from tidal.planner.bounds_modes import VB, _costs, _step_arrays, _thetas, mode_arrays, violated
+from tidal.planner.bounds_modes import SWEEPS, VB, _step_arrays, infeasible, mode_arrays, violated
 
 pytestmark = pytest.mark.unit
 
@@ -15,6 +16,20 @@ MODES = [km.PLAIN] + ([km.COMPILED] if km.COMPILED is not None else [])
 KINDS = [PipeCost(1e-3, 1.0, 0.5, 1, 64), PipeCost(0.5e-3, 0.5, 0.5, 2, 128), PipeCost(2e-4, 0.25, 1.0, 4, 200),
          PipeCost(2e-3, 2.0, 0.1, 1, 8), PipeCost(1e-4, 0.3, 0.0, 2, 150), PipeCost(0.0, 0.0, 0.0, 1, 100),
          PipeCost(3e-4, 0.2, 0.2, 1, 256, 0.7), PipeCost(1e-5, 0.01, 0.3, 1, 5), PipeCost(1e-6, 1e-3, 1e-4, 8, 256)]
+
+
+def _thetas(T, step, cap, loops):
+    _, _, _, M, rho, C, P = step
+    th = np.empty((C.size, VB))
+    loops.mode_thetas(float(T), C, P, M, rho, cap, th)
+    return th
+
+
+def _costs(T, step, th, tau, cap, loops):
+    cw, w, l_, M, _, C, _ = step
+    out = np.empty((l_.size, C.size))
+    loops.mode_costs(float(T), C, M, cw, w, l_, tau, cap, np.ascontiguousarray(th, np.float64), out)
+    return out
 
 
 def _mode_arrays_ref(T, C, P):
@@ -97,11 +112,10 @@ def test_mode_arrays_thetas_and_costs_equal_the_numpy_expressions_in_both_modes(
                 tau, cap = mode_arrays(T, sb.ca.C, sb.ca.P, loops)
                 np.testing.assert_array_equal(tau, tau0)
                 np.testing.assert_array_equal(cap, cap0)
-                th = _thetas(T, sb, cap, step, loops)
-                np.testing.assert_array_equal(th[0], th0)
-                got = _costs(T, sb, np.array([th0, rand]), (tau, cap), step, loops)
-                np.testing.assert_array_equal(got[0], _costs_ref(T, sb, th0, tau0, cap0))
-                np.testing.assert_array_equal(got[1], _costs_ref(T, sb, rand, tau0, cap0))
+                np.testing.assert_array_equal(_thetas(T, step, cap, loops), th0)
+                for th in (th0, rand):
+                    got = _costs(T, step, th, tau, cap, loops)
+                    np.testing.assert_array_equal(got, _costs_ref(T, sb, th, tau0, cap0))
     assert twos > 0 and merged > 0
 
 
@@ -130,4 +144,39 @@ def test_two_classes_price_search_is_exact_in_both_modes():
             elif ratio > (1 + 1e-9) * (1 + 1e-6):
                 assert got
         verdicts.add(ratio > 1 + 1e-9)
+    assert verdicts == {True, False}
+
+
+def test_infeasible_in_one_call_equals_its_kernels_one_by_one_in_both_modes():
+    """kernels_modes.mode_infeasible (bounds_modes.infeasible's one call): the same costs, the same verdict and the
+    same certifying row as mode_arrays, mode_thetas, mode_costs, the fits-nowhere check and the price search called
+    one by one; bounds_modes.infeasible gives that verdict (one class: the costs' sum against its pipeline count)."""
+    rng = np.random.default_rng(13)
+    verdicts = set()
+    for _ in range(40):
+        pipes = [KINDS[rng.integers(0, len(KINDS))] for _ in range(rng.integers(1, 6))]
+        l_ = rng.integers(1, max(p.max_len for p in pipes) + 1, size=rng.integers(1, 80))
+        sb = StrategyBound(l_, pipes)
+        if sb.final is not None:
+            continue
+        step, K = _step_arrays(sb), sb.ca.cnt.size
+        for T in (sb.refined() * f for f in (0.5, 1.0, 1.02, 1.2, 3.0)):
+            tau, cap = mode_arrays(T, sb.ca.C, sb.ca.P)
+            U = _costs(T, step, _thetas(T, step, cap, km.loops()), tau, cap, km.loops())
+            found0 = np.zeros(K)
+            if not np.all(np.isfinite(U.min(axis=1))):
+                want = True
+            elif K == 1:
+                want = float(U[:, 0] @ sb.wt) > sb.ca.cnt[0] * (1 + 1e-9)
+            else:
+                want = violated(U, sb.wt, sb.ca.cnt, sb.Y0, 6, found=found0)
+            for loops in MODES:
+                got, found = np.empty_like(U), np.zeros(K)
+                v = loops.mode_infeasible(float(T), *step[5:], *step[3:5], *step[:3], sb.wt, sb.ca.cnt, sb.Y0, 6,
+                                          SWEEPS, found, np.empty((K, VB)), np.empty((K, VB)), np.empty((K, VB)), got)
+                np.testing.assert_array_equal(got, U)
+                assert (v == 2 if K == 1 and np.all(np.isfinite(U.min(axis=1))) else bool(v) == want)
+                np.testing.assert_array_equal(found, found0)
+            assert infeasible(T, sb, sb.Y0) == want
+            verdicts.add(want)
     assert verdicts == {True, False}

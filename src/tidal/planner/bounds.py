@@ -112,12 +112,7 @@ def pipeline_bound(lengths: np.ndarray, p: PipeCost) -> float:
     l_ = np.asarray(lengths, dtype=np.int64)
     if l_.size == 0:
         return 0.0
-    return pipeline_bound_of(p.work(l_), int(l_.sum()), p)
-
-
-def pipeline_bound_of(wk: np.ndarray, tokens: int, p: PipeCost) -> float:
-    """pipeline_bound from the documents' work `wk` (PipeCost.work of their lengths, in their order; not empty) and
-    their total tokens: for a caller that has the work already (select._reports)."""
+    wk, tokens = p.work(l_), int(l_.sum())
     vmin = max(1, -(-tokens // p.max_len))
     vmax = max(vmin, int(wk.size))
     return best_v(p.pp - 1, p.c, float(wk.sum()), float(wk.max()), vmin, vmax)[1] * (1 - SLACK)
@@ -163,7 +158,7 @@ def min_time(G: np.ndarray, total: np.ndarray, consts: tuple) -> np.ndarray:
     classes' (c, PP) given by `consts` = _min_time_consts(c, pp)."""
     bps, capb, (left_s, right_s, cA, cB, cC) = consts
     Fb = G @ capb  # R x nb
-    seg = np.sum(Fb < total[:, None], axis=1)  # crossing lies in (bps[seg-1], bps[seg]] (or beyond the last)
+    seg = (Fb < total[:, None]).sum(axis=1)  # crossing lies in (bps[seg-1], bps[seg]] (or beyond the last)
     left, right = left_s[seg], right_s[seg]
     # on the segment, sum_k G cap_k(T) = A T + B sqrt(T) + C0 (lin: linear caps, rt: square-root caps)
     A = (G * cA[seg]).sum(axis=1)
@@ -219,33 +214,36 @@ class StepLengths:
     wt: np.ndarray  # count of each
     refs: np.ndarray  # distinct quantiles 0, 0.5, 0.9, 1 of full
     ref90: float  # quantile 0.9 of full
+    desc: np.ndarray  # int64, descending: the longest first (top_docs_bound's documents)
 
 
 def prepare_lengths(lengths) -> StepLengths:
     full = np.asarray(lengths, dtype=np.float64)
     uniq, counts = np.unique(full, return_counts=True)  # the counts as floats: bincount of ones, the same values
+    desc = np.sort(full.astype(np.int64))[::-1]
     if not full.size:
-        return StepLengths(full, uniq, counts.astype(np.float64), full, 0.0)
+        return StepLengths(full, uniq, counts.astype(np.float64), full, 0.0, desc)
     q = np.quantile(full, [0.0, 0.5, 0.9, 1.0])  # one call: each quantile the same float as its own call
-    return StepLengths(full, uniq, counts.astype(np.float64), np.unique(q), float(q[2]))
+    return StepLengths(full, uniq, counts.astype(np.float64), np.unique(q), float(q[2]), desc)
 
 
 def top_docs_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], r: int = 6, node_limit: int = 3000,
                    grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None,
-                   loops: SimpleNamespace | None = None) -> float:
+                   loops: SimpleNamespace | None = None, arrays: ClassArrays | None = None) -> float:
     """min over dispatches of only the r longest documents of max_j f_j, f_j the pipeline_bound of the documents on j,
     by exhaustive branch and bound (identical pipelines merged; kernels_pack.top_search, the one source). f only
     grows when a document is added (W, w_max and V_min grow; the new top V = U + 1 costs >= (PP + U)(c + w_max) >=
     f(U)), so this bounds the full step. Falls back to fewer documents when the search exceeds `node_limit` nodes;
     0.0 if even one document is too many. `loops`: kernels_pack.loops() (compiled where numba is installed) unless
-    given (kernels_pack.PLAIN: plain Python)."""
+    given (kernels_pack.PLAIN: plain Python). `arrays`: the ClassArrays of `grouped`, when the caller has them."""
     if loops is None:
         from tidal.planner import kernels_pack
 
         loops = kernels_pack.loops()
     l_ = np.sort(np.asarray(lengths, dtype=np.int64))[::-1]
     classes, cnt = group_pipes(pipes) if grouped is None else grouped
-    arr = [np.array([getattr(p, f) for p in classes]) for f in ("a", "b", "c", "pp", "max_len", "d")]
+    arr = [np.array([getattr(p, f) for p in classes]) for f in ("a", "b", "c", "pp", "max_len", "d")] \
+        if arrays is None else [arrays.A, arrays.B, arrays.C, arrays.P, arrays.M, arrays.D]
     top = np.ascontiguousarray(l_[:r])
     while r >= 1:
         v = loops.top_search(top[:r], arr[0], arr[1], arr[5], arr[2], arr[3].astype(np.int64) - 1,
@@ -265,12 +263,13 @@ def _timed(Y, w, wt, tau, cnt, lo: float, mt: tuple) -> float:
     B = tau.shape[0]
     G = cnt[None, :] * Y
     order = np.argsort(tau, axis=1, kind="stable")  # per document, classes by the time they become eligible
-    ts = np.take_along_axis(tau, order, axis=1)
+    r_, b_ = np.arange(R)[:, None, None], np.arange(B)[:, None]  # gathers: np.take_along_axis's arrays, unwrapped
+    ts = tau[b_, order]
     wy = np.where(np.isfinite(tau)[None, :, :], w[None, :, :] * Y[:, None, :], np.inf)  # R x B x K
-    run = np.minimum.accumulate(np.take_along_axis(wy, np.broadcast_to(order, wy.shape), axis=2), axis=2)
+    run = np.minimum.accumulate(wy[r_, b_, order], axis=2)
     # lhs at lo: every document already fits somewhere (lo >= LB_doc), at the last position with ts <= lo
     pos = np.maximum((ts <= lo).sum(axis=1) - 1, 0)
-    L0 = np.take_along_axis(run, np.broadcast_to(pos[None, :, None], (R, B, 1)), axis=2)[:, :, 0] @ wt
+    L0 = run[r_[:, :, 0], b_[:, 0], pos] @ wt
     # each later eligibility time lowers the document's running minimum
     prev = np.concatenate([np.full((R, B, 1), np.inf), run[:, :, :-1]], axis=2)
     ev = (ts > lo) & np.isfinite(ts)
@@ -310,10 +309,11 @@ class StrategyBound:
                  grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None, arrays: ClassArrays | None = None,
                  prep: StepLengths | None = None):
         self.final: float | None = None  # the bound when no stage is needed (no documents, nowhere to run one)
+        self.mode_step: tuple | None = None  # bounds_modes._step_arrays(self), once a mode search needs it
         self.pipes, self.weighted = pipes, weights is not None
         if weights is None:
             prep = prepare_lengths(lengths) if prep is None else prep
-            full, l_, wt, refs, self.ref90 = prep.full, prep.uniq, prep.wt, prep.refs, prep.ref90
+            full, l_, wt, refs, self.ref90, self.desc = prep.full, prep.uniq, prep.wt, prep.refs, prep.ref90, prep.desc
         else:
             full = np.asarray(lengths, dtype=np.float64)
             l_, inv = np.unique(full, return_inverse=True)
@@ -339,7 +339,10 @@ class StrategyBound:
         per_doc = P[0] * (C[0] + wmT[0])
         for k in range(1, wmT.shape[0]):
             np.minimum(per_doc, P[k] * (C[k] + wmT[k]), out=per_doc)
-        self.lb_doc = float(per_doc[wt > 0].max()) if np.any(wt > 0) else 0.0
+        if weights is None:  # every count is >= 1
+            self.lb_doc = float(per_doc.max())
+        else:
+            self.lb_doc = float(per_doc[wt > 0].max()) if np.any(wt > 0) else 0.0
         # Price candidates: inverse work of each class at a few reference lengths, plus uniform.
         r = refs[:, None]  # one row per reference length, the same floats as one expression per length
         Y = np.vstack([1.0 / np.maximum(A[None, :] * r * r + B[None, :] * r + Dd[None, :], 1e-300),
@@ -384,6 +387,7 @@ class StrategyBound:
                 Ys.append(z)
             best = max(best, _timed(np.array(Ys), self.w, wt, P[None, :] * (C[None, :] + self.wm), cnt,
                                     max(best, lb_doc), ca.mt))
-        lb_top = top_docs_bound(self.full if not self.weighted else l_[wt > 0], self.pipes, r=top,
-                                grouped=(classes, cnt)) if top > 0 else 0.0
+        # the `top` longest documents (it sorts its own; the longest r of these are the longest r of all)
+        lb_top = top_docs_bound(self.desc[:top] if not self.weighted else l_[wt > 0], self.pipes, r=top,
+                                grouped=(classes, cnt), arrays=ca) if top > 0 else 0.0
         return max(lb_doc, best, lb_top, self.lb_one) * (1 - SLACK)

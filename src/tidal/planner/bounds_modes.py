@@ -38,48 +38,21 @@ def mode_arrays(T: float, C: np.ndarray, P: np.ndarray,
 
 
 def _step_arrays(sb: StrategyBound) -> tuple:
-    """What _costs and _thetas need that does not depend on T (computed once per mode_bound): per class (columns)
+    """What `infeasible` needs that does not depend on T: per class (columns)
     c + w where w is finite (inf where the document does not fit the class), w, l, M, the work per token of a
-    pipeline filled with the step's mean document, and C and P (all float64, contiguous: the kernels' arguments)."""
+    pipeline filled with the step's mean document, and C and P (all float64, contiguous: the kernels' arguments).
+    Computed once per StrategyBound (kept as sb.mode_step)."""
+    if sb.mode_step is not None:
+        return sb.mode_step
     ca = sb.ca
     f = np.float64
     fits = np.isfinite(sb.wm)
     cw = np.where(fits, ca.C[None, :] + sb.w, np.inf)
     rho = (sb.w * sb.wt[:, None]).sum(axis=0) / max(float((sb.l_ * sb.wt).sum()), 1e-300)  # work per token, per class
-    return (np.ascontiguousarray(cw, f), np.ascontiguousarray(sb.w, f), np.ascontiguousarray(sb.l_, f),
-            np.ascontiguousarray(ca.M, f), np.ascontiguousarray(rho, f), np.ascontiguousarray(ca.C, f),
-            np.ascontiguousarray(ca.P, f))
-
-
-def _costs(T: float, sb: StrategyBound, thetas: np.ndarray,
-           arrays: tuple[np.ndarray, np.ndarray] | None = None, step: tuple | None = None,
-           loops: SimpleNamespace | None = None) -> np.ndarray:
-    """u_ik(T) for each theta variant (each K x VB of 0, 1 or 2): array (R_theta, B, K); inf where document i fits
-    class k in no mode (kernels_modes.mode_costs, the one source; its eligible modes are a prefix, docs/planner.md,
-    "Mode-aware bound", Costs). `arrays`: mode_arrays(T, ...), `step`: _step_arrays(sb), when the caller has them."""
-    loops = _loops() if loops is None else loops
-    cw, w, l_, M, _, C, P = _step_arrays(sb) if step is None else step
-    tau, cap = mode_arrays(T, C, P, loops) if arrays is None else arrays  # K x VB
-    out = np.empty((len(thetas), l_.size, C.size))
-    for r, th in enumerate(thetas):
-        loops.mode_costs(float(T), C, M, cw, w, l_, tau, cap, np.ascontiguousarray(th, np.float64), out[r])
-    return out
-
-
-def _thetas(T: float, sb: StrategyBound, cap: np.ndarray | None = None, step: tuple | None = None,
-            loops: SimpleNamespace | None = None) -> np.ndarray:
-    """theta variants (K x VB each; one at present; kernels_modes.mode_thetas, the one source): per mode work (1) or
-    tokens (0), whichever a pipeline filled with the step's mean document would exhaust first; a one-stage class's
-    merged mode may take the row (w + c l / M) / T instead (2; decision 102: in every mode v, W + v c <= T and
-    tokens <= v M, so W + c tokens / M <= T). (All-work, and tokens in mode 1 only, were tried as well: on the
-    issue-9 cells they proved nothing more and doubled the cost.)"""
-    loops = _loops() if loops is None else loops
-    _, _, _, M, rho, C, P = _step_arrays(sb) if step is None else step
-    if cap is None:
-        _, cap = mode_arrays(T, C, P, loops)
-    th = np.empty((C.size, VB))
-    loops.mode_thetas(float(T), C, P, M, rho, cap, th)
-    return th[None]
+    sb.mode_step = (np.ascontiguousarray(cw, f), np.ascontiguousarray(sb.w, f), np.ascontiguousarray(sb.l_, f),
+                    np.ascontiguousarray(ca.M, f), np.ascontiguousarray(rho, f), np.ascontiguousarray(ca.C, f),
+                    np.ascontiguousarray(ca.P, f))
+    return sb.mode_step
 
 
 def violated(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray, Y: np.ndarray, rounds: int,
@@ -97,23 +70,22 @@ def violated(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray, Y: np.ndarray, roun
 
 def infeasible(T: float, sb: StrategyBound, Y: np.ndarray, rounds: int = 6, step: tuple | None = None,
                found: np.ndarray | None = None) -> bool:
-    """True when some theta variant and price vector prove that no plan has step time <= T (see the module doc; any
-    certificate found is valid, the search only makes finding one likelier). One class: the costs of all documents
-    must fit in its pipeline count. `step`: _step_arrays(sb), when the caller has it; `found`: see `violated`."""
-    loops = _loops()
-    step = _step_arrays(sb) if step is None else step
-    arrays = mode_arrays(T, step[5], step[6], loops)  # the same T: computed once for the thetas and the costs
-    U = _costs(T, sb, _thetas(T, sb, arrays[1], step, loops), arrays, step, loops)  # Rt x B x K
-    if not np.all(np.isfinite(U[0].min(axis=1))):
-        return True  # some document fits nowhere at T (eligibility does not depend on theta)
-    cnt, wt = sb.ca.cnt, sb.wt
-    for Ut in U:
-        if cnt.size == 1:
-            if float(Ut[:, 0] @ wt) > cnt[0] * (1 + 1e-9):
-                return True
-        elif violated(Ut, wt, cnt, Y, rounds, loops=loops, found=found):
-            return True
-    return False
+    """True when some price vector proves that no plan has step time <= T (see the module doc; any certificate found
+    is valid, the search only makes finding one likelier): mode_arrays, the theta row (kernels_modes.mode_thetas),
+    the costs u_ik(T) (kernels_modes.mode_costs: inf where document i fits class k in no mode; its eligible modes
+    are a prefix, docs/planner.md, "Mode-aware bound", Costs) and the price search (`violated`) in one call,
+    kernels_modes.mode_infeasible. One class: the costs of all documents must fit in its pipeline count. `step`:
+    _step_arrays(sb), when the caller has it; `found`: see `violated`."""
+    cw, w, l_, M, rho, C, P = _step_arrays(sb) if step is None else step
+    K, f = C.size, np.float64
+    U = np.empty((l_.size, K))
+    verdict = _loops().mode_infeasible(
+        float(T), C, P, M, rho, cw, w, l_, np.ascontiguousarray(sb.wt, f), np.ascontiguousarray(sb.ca.cnt, f),
+        np.ascontiguousarray(Y, f), int(rounds), SWEEPS, np.zeros(K) if found is None else found,
+        np.empty((K, VB)), np.empty((K, VB)), np.empty((K, VB)), U)
+    if verdict == 2:
+        return float(U[:, 0] @ sb.wt) > sb.ca.cnt[0] * (1 + 1e-9)
+    return verdict == 1
 
 
 def mode_bound(sb: StrategyBound, lo: float, hi: float, iters: int = MODE_ITERS, near: float = NEAR) -> float:
@@ -131,8 +103,8 @@ def mode_search(sb: StrategyBound, lo: float, hi: float, iters: int = MODE_ITERS
     `resume`: lo is what an earlier search proved and hi what it could not, so only the bisection runs."""
     if sb.final is not None or not hi > lo:
         return lo, hi
-    Y0 = np.vstack(sb.prices())
-    step = _step_arrays(sb)  # the same for every T tried
+    Y0 = sb.Y0  # sb.prices() as rows
+    step = _step_arrays(sb)  # the same for every T tried (and every search on sb)
     found = np.zeros(sb.ca.cnt.size)  # 3+ classes: the last certifying prices, tried first at the next T
     warm = [Y0]
 

@@ -175,9 +175,11 @@ def mode_arrays(T, C, P, tau, cap):
 
 
 def mode_thetas(T, C, P, M, rho, cap, th):
-    """bounds_modes._thetas' one variant into th (K x VB): per mode work (1.0) where a pipeline filled with the step's
+    """bounds_modes.infeasible's theta row into th (K x VB): per mode work (1.0) where a pipeline filled with the step's
     mean document (work per token rho) would exhaust its work capacity first (rho v M >= C_v), else tokens (0.0); the
-    merged mode work (1.0), or for a one-stage class the row (w + c l / M) / T (2.0) where VB M (rho + c / M) < T."""
+    merged mode work (1.0), or for a one-stage class the row (w + c l / M) / T (2.0) where VB M (rho + c / M) < T
+    (decision 102: in every mode v, W + v c <= T and tokens <= v M, so W + c tokens / M <= T). (All-work, and tokens
+    in mode 1 only, were tried as well: on the issue-9 cells they proved nothing more and doubled the cost.)"""
     K, VB = th.shape[0], th.shape[1]
     for k in range(K):
         for j in range(VB - 1):
@@ -188,7 +190,7 @@ def mode_thetas(T, C, P, M, rho, cap, th):
 
 
 def mode_costs(T, C, M, cw, w, l, tau, cap, th, out):
-    """bounds_modes._costs for one theta variant th (K x VB) into out (B x K): u_ik(T), inf where document i fits
+    """bounds_modes.infeasible's costs for a theta row th (K x VB) into out (B x K): u_ik(T), inf where document i fits
     class k in no mode. Its eligible modes are 1 .. n (c + w_ik <= tau_v (1 + 1e-12); tau falls with v), so u_ik is
     the least of w_ik over the largest C_v among the work modes (th 1, C_v >= 0) up to n, l_i over (the largest token
     mode up to n) M_k, and, where a mode up to n is marked 2 and T > 0, (w_ik + c l_i / M_k) / T (decision 102)."""
@@ -231,8 +233,29 @@ def mode_costs(T, C, M, cw, w, l, tau, cap, th, out):
             out[i, k] = u
 
 
+def mode_infeasible(T, C, P, M, rho, cw, w, l, wt, cnt, Y, rounds, sweeps, found, tau, cap, th, U):
+    """bounds_modes.infeasible at T in one call: mode_arrays, mode_thetas and mode_costs into tau, cap, th and U
+    (B x K); 1 when some document fits no class at T (a row of U whose np.min is not finite), else with one class 2
+    (the caller compares U's sum with the pipeline count), else 1 when mode_violated finds a certificate, 0 if not."""
+    mode_arrays(T, C, P, tau, cap)
+    mode_thetas(T, C, P, M, rho, cap, th)
+    mode_costs(T, C, M, cw, w, l, tau, cap, th, U)
+    K = U.shape[1]
+    for i in range(U.shape[0]):
+        m = U[i, 0]
+        for k in range(1, K):
+            if not np.isnan(m) and (np.isnan(U[i, k]) or U[i, k] < m):
+                m = U[i, k]
+        if not np.isfinite(m):
+            return 1
+    if K == 1:
+        return 2
+    return 1 if mode_violated(U, wt, cnt, Y, rounds, sweeps, found) else 0
+
+
 _MODES = {"price_gap": price_gap, "pair_search": pair_search, "mode_violated": mode_violated,
-          "mode_arrays": mode_arrays, "mode_thetas": mode_thetas, "mode_costs": mode_costs}
+          "mode_arrays": mode_arrays, "mode_thetas": mode_thetas, "mode_costs": mode_costs,
+          "mode_infeasible": mode_infeasible}
 PLAIN = plain(_MODES, {"np": np})
 
 COMPILED = compile_loops(_MODES, globals())

@@ -4,7 +4,7 @@
 `np_sum` is numpy's pairwise summation of a contiguous float64 run (what np.sum and np.mean add), so that a loop
 written once (compiled where numba is installed, plain Python otherwise) gives the same floats as the numpy
 expressions it replaces: kernels_pack.pack_core (packing.pack), `mb_works` (packing.pipeline_time's per-micro-batch
-work) and `pipe_reports` (select._reports' per-pipeline tokens, bound and imbalance). `COMPILED` / `PLAIN` /
+work) and `pipe_reports` (select._reports' per-pipeline tokens and imbalance). `COMPILED` / `PLAIN` /
 `loops()` as in kernels.py; the tests run both and compare them with numpy.
 Import this module lazily (importing numba takes a second).
 """
@@ -15,7 +15,6 @@ import types
 import numpy as np
 
 from tidal.planner.kernels import compile_loops, plain
-from tidal.planner.pipecost import best_v, pipe_value
 
 
 def np_sum_block(x, lo, n):
@@ -103,16 +102,13 @@ def mb_works(lf, flat, sizes, a, b, d):
     return out
 
 
-def pipe_reports(sub, wdoc, mb_work, doc_end, mb_end, c, q, M, slack):
+def pipe_reports(sub, mb_work, doc_end, mb_end, c):
     """select._reports' per-pipeline figures, pipeline j holding the documents [doc_end[j - 1], doc_end[j]) of `sub`
-    (lengths) and `wdoc` (their work) and the micro-batches [mb_end[j - 1], mb_end[j]) of `mb_work`: its tokens;
-    bounds.pipeline_bound_of (best_v with q = PP - 1 over V in [ceil(tokens / M), max(that, documents)], times
-    1 - slack; 0 when empty); metrics.mb_imbalance of c + each micro-batch's work (max / mean, np_sum: numpy's sums;
-    1.0 for one micro-batch or an all-zero sum). The same floats as those functions. bad: a micro-batch time that is
-    not finite or negative (metrics' TidalError)."""
+    (lengths) and the micro-batches [mb_end[j - 1], mb_end[j]) of `mb_work` (their work): its tokens;
+    metrics.mb_imbalance of c + each micro-batch's work (max / mean, np_sum: numpy's sums; 1.0 for one micro-batch or
+    an all-zero sum), the same floats. bad: a micro-batch time that is not finite or negative (metrics' TidalError)."""
     n_p = doc_end.size
     tok = np.zeros(n_p, np.int64)
-    bound = np.zeros(n_p)
     imb = np.ones(n_p)
     bad = False
     s = 0
@@ -121,16 +117,10 @@ def pipe_reports(sub, wdoc, mb_work, doc_end, mb_end, c, q, M, slack):
     for j in range(n_p):
         e = doc_end[j]
         m1 = mb_end[j]
-        if e > s:
-            t = 0
-            wm = wdoc[s]
-            for i in range(s, e):
-                t += sub[i]
-                if wdoc[i] > wm:
-                    wm = wdoc[i]
-            tok[j] = t
-            vmin = max(1, -(-t // M[j]))
-            bound[j] = best_v(q[j], c[j], np_sum(wdoc, s, e - s), wm, vmin, max(vmin, e - s))[1] * (1 - slack)
+        t = 0
+        for i in range(s, e):
+            t += sub[i]
+        tok[j] = t
         if m1 - m0 > 1:
             k = m1 - m0
             top = -np.inf
@@ -145,14 +135,14 @@ def pipe_reports(sub, wdoc, mb_work, doc_end, mb_end, c, q, M, slack):
                 imb[j] = top / (tot / k)
         s = e
         m0 = m1
-    return tok, bound, imb, bad
+    return tok, imb, bad
 
 
 # the loops by the names their callers use, plain and compiled
 _SUMS = {"np_sum_block": np_sum_block, "np_sum": np_sum, "mb_works": mb_works, "pipe_reports": pipe_reports}
-PLAIN = plain(_SUMS, {"np": np, "best_v": best_v, "pipe_value": pipe_value})
+PLAIN = plain(_SUMS, {"np": np})
 
-COMPILED = compile_loops(_SUMS, globals(), ("best_v", "pipe_value"))
+COMPILED = compile_loops(_SUMS, globals())
 
 
 def loops() -> types.SimpleNamespace:

@@ -31,13 +31,11 @@ from tidal.planner.profiles import profile_strategies as profile_strategies
 
 @dataclass(frozen=True)
 class PipelineReport:
-    pipeline: int
     scheme: str
     sequences: int
     tokens: int
     micro_batches: int
     est_time: float  # s
-    lower_bound: float  # s, bounds.pipeline_bound of its sequences
     mb_imbalance: float  # max/mean micro-batch time (WLB-LLM)
 
 
@@ -61,10 +59,9 @@ class StepSelection:
 
 def _reports(l_: np.ndarray, prof: StrategyProfile, plans) -> list[PipelineReport]:
     """Per-pipeline reports of a plan: each document's work computed once with its pipeline's coefficients, each
-    pipeline's tokens, bound (bounds.pipeline_bound_of) and micro-batch imbalance in one compiled call
-    (kernels_sums.pipe_reports), the same floats as reporting pipeline by pipeline (decision 112)."""
+    pipeline's tokens and micro-batch imbalance in one compiled call (kernels_sums.pipe_reports), the same floats as
+    reporting pipeline by pipeline (decision 112)."""
     from tidal.planner import kernels_sums
-    from tidal.planner.bounds import SLACK
 
     flat, mb_of, n_mb = flatten([mb for pp_ in plans for mb in pp_.micro_batches])
     sub = l_[flat]
@@ -76,16 +73,12 @@ def _reports(l_: np.ndarray, prof: StrategyProfile, plans) -> list[PipelineRepor
     lf = sub.astype(np.float64)
     wdoc = a[pipe_of] * lf * lf + b[pipe_of] * lf + d[pipe_of]  # PipeCost.work, per document
     mb_work = np.bincount(mb_of, weights=wdoc, minlength=n_mb)
-    q = np.array([pc.pp - 1 for pc in prof.pipes], dtype=np.float64)
-    M = np.array([pc.max_len for pc in prof.pipes], dtype=np.int64)
-    tok, bound, imb, bad = kernels_sums.loops().pipe_reports(sub, wdoc, mb_work, doc_end, mb_end, c, q, M, SLACK)
+    tok, imb, bad = kernels_sums.loops().pipe_reports(sub, mb_work, doc_end, mb_end, c)
     if bad:
         raise TidalError("metrics need finite, non-negative values")
     de, me = [0] + doc_end.tolist(), [0] + mb_end.tolist()
-    reports = [PipelineReport(j, prof.strategy.pipelines[j].scheme.short(), de[j + 1] - de[j], t, me[j + 1] - me[j],
-                              pp_.est_time, bd, im)
-               for j, (pp_, t, bd, im) in enumerate(zip(plans, tok.tolist(), bound.tolist(), imb.tolist()))]
-    return reports
+    return [PipelineReport(prof.strategy.pipelines[j].scheme.short(), de[j + 1] - de[j], t, me[j + 1] - me[j],
+                           pp_.est_time, im) for j, (pp_, t, im) in enumerate(zip(plans, tok.tolist(), imb.tolist()))]
 
 
 def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack, seed: int = 0,
