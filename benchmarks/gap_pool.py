@@ -7,6 +7,10 @@ with the proof's CPU time (thread_time) beside the LP proof's. "closed" counts t
 A bound that rises to the plan puts that step's gap in the bound; one that stays under it leaves the gap open (the
 relaxation is feasible there, or a solve timed out: "unknown" proves nothing).
 
+With --variants plain,counts: the pooled proof is run twice on each step, without and with its micro-batch count
+rows and compact one-stage encoding (`prove_selection(..., pool_counts=True)`, decision 123), each with its own bound
+and CPU column ("counts" alone skips the plain one).
+
 With --round: where the relaxation is feasible (at the plan's estimate / 1.001 and at the pooled bound x 1.01, on
 each candidate still under the plan), its solution is rounded to a whole-document dispatch (`rounded`: each bucket's
 fluid counts by largest remainder; a pool's documents spread longest first onto its least-loaded pipeline) and
@@ -71,27 +75,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", default="0:3", help="comma-separated step indices, or N:M for a range")
     ap.add_argument("--pool-s", type=float, default=10.0, help="seconds per HiGHS solve of the pooled MILP")
     ap.add_argument("--round", action="store_true", help="also round feasible relaxations to plans (module doc)")
+    ap.add_argument("--variants", default="plain",
+                    help="pooled proofs to run, comma-separated: plain (decision 118), counts (--pool-counts, 123)")
     args = ap.parse_args(argv)
     if not args.pool_s > 0:
         raise SystemExit(f"error: --pool-s must be > 0, got {args.pool_s}")
+    variants = [v for v in args.variants.split(",") if v]
+    if not variants or any(v not in ("plain", "counts") for v in variants):
+        raise SystemExit(f"error: --variants must name plain and/or counts, got {args.variants!r}")
     names, profs, steps = probe_steps(args.model, args.cluster, args.candidates, args.source, args.seeds, args.steps)
     print(f"# {args.model} {args.cluster} {args.candidates} {args.source} seeds {args.seeds}: candidates "
           f"{', '.join(names)}; pooled MILP {args.pool_s:g} s per solve")
-    print("| seed | step | docs | plan s | LP bound s | plan / LP bound | pooled bound s | plan / pooled bound "
-          "| LP proof cpu s | pooled proof cpu s | rounded / plan |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    before, after, cpu, best = [], [], [], []
+    cols = "".join(f" {v} bound s | plan / {v} bound | {v} proof cpu s |" for v in variants)
+    print(f"| seed | step | docs | plan s | LP bound s | plan / LP bound | LP proof cpu s |{cols} rounded / plan |")
+    print("|---" * (8 + 3 * len(variants)) + "|")
+    before, best = [], []
+    after: dict[str, list[float]] = {v: [] for v in variants}
+    cpu: dict[str, list[float]] = {v: [] for v in variants}
     for seed, k, l_ in steps:
         sel = select_step(l_, profs, seed=0)
         c0 = time.thread_time()
         lp = prove_selection(l_, profs, sel).plan
         c1 = time.thread_time()
-        pool = prove_selection(l_, profs, sel, pool_s=args.pool_s).plan
-        c2 = time.thread_time()
         est = sel.plan.est_step_time
         before.append(est / lp.lower_bound)
-        after.append(est / pool.lower_bound)
-        cpu.append(c2 - c1)
+        row = ""
+        for v in variants:
+            c2 = time.thread_time()
+            pool = prove_selection(l_, profs, sel, pool_s=args.pool_s, pool_counts=v == "counts").plan
+            cpu[v].append(time.thread_time() - c2)
+            after[v].append(est / pool.lower_bound)
+            row += f" {pool.lower_bound:.4f} | {after[v][-1]:.4f} | {cpu[v][-1]:.1f} |"
         r = np.inf
         if args.round:
             for rep, prof in zip(sel.strategies, profs):
@@ -101,14 +115,17 @@ def main(argv: list[str] | None = None) -> int:
                         if sol is not None:
                             r = min(r, rounded(l_, prof, sol) / est)
             best.append(r)
-        print(f"| {seed} | {k} | {l_.size} | {est:.4f} | {lp.lower_bound:.4f} | {before[-1]:.4f} | "
-              f"{pool.lower_bound:.4f} | {after[-1]:.4f} | {c1 - c0:.2f} | {c2 - c1:.1f} | {r:.4f} |", flush=True)
-    b, a = np.array(before), np.array(after)
-    print(f"steps {b.size}: plan / bound median {np.median(b):.4f} -> {np.median(a):.4f}, max {b.max():.4f} -> "
-          f"{a.max():.4f}; <= 1.01: {int((b <= 1.01).sum())} -> {int((a <= 1.01).sum())}; within 0.2 % of the plan "
-          f"after: {int((a <= 1.002).sum())}; pooled proof cpu s median {np.median(cpu):.1f} max {max(cpu):.1f}"
-          + (f"; rounded plans faster than the plan: {sum(x < 1 for x in best)} (best {min(best):.4f})"
-             if best else ""))
+        print(f"| {seed} | {k} | {l_.size} | {est:.4f} | {lp.lower_bound:.4f} | {before[-1]:.4f} | {c1 - c0:.2f} |"
+              f"{row} {r:.4f} |", flush=True)
+    b = np.array(before)
+    for v in variants:
+        a = np.array(after[v])
+        print(f"{v}: steps {b.size}: plan / bound median {np.median(b):.4f} -> {np.median(a):.4f}, max {b.max():.4f} "
+              f"-> {a.max():.4f}; <= 1.01: {int((b <= 1.01).sum())} -> {int((a <= 1.01).sum())}; within 0.2 % of the "
+              f"plan after: {int((a <= 1.002).sum())}; pooled proof cpu s median {np.median(cpu[v]):.1f} max "
+              f"{max(cpu[v]):.1f}")
+    if best:
+        print(f"rounded plans faster than the plan: {sum(x < 1 for x in best)} (best {min(best):.4f})")
     return 0
 
 
