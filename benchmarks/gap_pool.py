@@ -11,8 +11,9 @@ With --variants plain,counts,rows: the pooled proof is run once per variant on e
 and CPU column: plain (decision 118), counts (its micro-batch count rows and compact one-stage encoding,
 `prove_selection(..., pool_counts=True)`, decision 123), rows (the count rows on the modes' encoding, no compact:
 `pool_bound(counts=True, compact=False)` on the LP-proven selection's candidates, in prove_selection's order and
-rule). "best" then takes, per candidate, the highest of the variants' bounds (each is sound) and the least of those
-over the candidates: the step bound a proof running every variant would give (decision 126).
+rule; --rows-iters bisection steps). "best" then takes, per candidate, the highest of the variants' bounds (each is
+sound) and the least of those over the candidates: the step bound a proof running every variant would give (decision
+126).
 
 With --round: where the relaxation is feasible (at the plan's estimate / 1.001 and at the (best) pooled bound x 1.01, on
 each candidate still under the plan), its solution is rounded to a whole-document dispatch (`rounded`: each bucket's
@@ -39,16 +40,17 @@ from tidal.proof.pool import pool_bound, pool_solve
 VARIANTS = ("plain", "counts", "rows")
 
 
-def prove_rows(l_: np.ndarray, profs, lp_sel, pool_s: float):
+def prove_rows(l_: np.ndarray, profs, lp_sel, pool_s: float, iters: int = 4):
     """The LP-proven selection `lp_sel` with `pool_bound(counts=True, compact=False)` where prove_selection would run
-    the pooled MILP (same order, same rule); the candidates' bounds and the step bound (module doc, "rows")."""
+    the pooled MILP (same order, same rule; `iters` bisection steps, prove_selection's 4 by default); the candidates'
+    bounds and the step bound (module doc, "rows")."""
     est, reports, lb = lp_sel.plan.est_step_time, [r.lower_bound for r in lp_sel.strategies], float("inf")
     for i in sorted(range(len(reports)), key=lambda i: (reports[i], i)):
         b = reports[i]
         if b >= lb:
             break
         if b * (1 + DEFAULT.mode_gap) < min(lb, est) and int(l_.max()) <= profs[i].max_len:
-            b = max(b, pool_bound(l_, profs[i].pipes, b, min(lb, est), pool_s, counts=True, compact=False))
+            b = max(b, pool_bound(l_, profs[i].pipes, b, min(lb, est), pool_s, iters, counts=True, compact=False))
             reports[i] = b
         lb = min(lb, b)
     return reports, max(lb, lp_sel.plan.lower_bound)
@@ -98,7 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--round", action="store_true", help="also round feasible relaxations to plans (module doc)")
     ap.add_argument("--variants", default="plain",
                     help="pooled proofs to run, comma-separated: plain (decision 118), counts (--pool-counts, 123)")
+    ap.add_argument("--rows-iters", type=int, default=4,
+                    help="bisection steps of the rows variant (prove_selection: 4)")
     args = ap.parse_args(argv)
+    if not args.rows_iters >= 1:
+        raise SystemExit(f"error: --rows-iters must be >= 1, got {args.rows_iters}")
     if not args.pool_s > 0:
         raise SystemExit(f"error: --pool-s must be > 0, got {args.pool_s}")
     variants = [v for v in args.variants.split(",") if v]
@@ -126,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         for v in variants:
             c2 = time.thread_time()
             if v == "rows":
-                bs, step_lb = prove_rows(l_, profs, lp_sel, args.pool_s)
+                bs, step_lb = prove_rows(l_, profs, lp_sel, args.pool_s, args.rows_iters)
             else:
                 got = prove_selection(l_, profs, sel, pool_s=args.pool_s, pool_counts=v == "counts")
                 bs, step_lb = [r.lower_bound for r in got.strategies], got.plan.lower_bound
