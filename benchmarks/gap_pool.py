@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool-s", type=float, default=10.0, help="seconds per HiGHS solve of the pooled MILP")
     ap.add_argument("--round", action="store_true", help="also round feasible relaxations to plans (module doc)")
     ap.add_argument("--variants", default="plain",
-                    help="pooled proofs to run, comma-separated: plain (decision 118), counts (--pool-counts, 123)")
+                    help="pooled proofs to run, comma-separated: plain (decision 118), counts (--pool-counts, 123), "
+                         "rows (count rows, modes' encoding; module doc)")
     ap.add_argument("--rows-iters", type=int, default=4,
                     help="bisection steps of the rows variant (prove_selection: 4)")
     args = ap.parse_args(argv)
