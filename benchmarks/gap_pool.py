@@ -7,7 +7,15 @@ with the proof's CPU time (thread_time) beside the LP proof's. "closed" counts t
 A bound that rises to the plan puts that step's gap in the bound; one that stays under it leaves the gap open (the
 relaxation is feasible there, or a solve timed out: "unknown" proves nothing).
 
-With --round: where the relaxation is feasible (at the plan's estimate / 1.001 and at the pooled bound x 1.01, on
+With --variants plain,counts,rows: the pooled proof is run once per variant on each step, each with its own bound
+and CPU column: plain (decision 118), counts (its micro-batch count rows and compact one-stage encoding,
+`prove_selection(..., pool_counts=True)`, decision 123), rows (the count rows on the modes' encoding, no compact:
+`pool_bound(counts=True, compact=False)` on the LP-proven selection's candidates, in prove_selection's order and
+rule; --rows-iters bisection steps). "best" then takes, per candidate, the highest of the variants' bounds (each is
+sound) and the least of those over the candidates: the step bound a proof running every variant would give (decision
+126).
+
+With --round: where the relaxation is feasible (at the plan's estimate / 1.001 and at the (best) pooled bound x 1.01, on
 each candidate still under the plan), its solution is rounded to a whole-document dispatch (`rounded`: each bucket's
 fluid counts by largest remainder; a pool's documents spread longest first onto its least-loaded pipeline) and
 packed (`packing.pack`); "rounded / plan" < 1 is a faster plan, so a gap on the plan's side.
@@ -23,10 +31,29 @@ import time
 import numpy as np
 from planner_grid import probe_steps
 
+from tidal.planner.config import DEFAULT
 from tidal.planner.packing import pack
 from tidal.planner.select import select_step
 from tidal.proof.lp import prove_selection
-from tidal.proof.pool import pool_solve
+from tidal.proof.pool import pool_bound, pool_solve
+
+VARIANTS = ("plain", "counts", "rows")
+
+
+def prove_rows(l_: np.ndarray, profs, lp_sel, pool_s: float, iters: int = 4):
+    """The LP-proven selection `lp_sel` with `pool_bound(counts=True, compact=False)` where prove_selection would run
+    the pooled MILP (same order, same rule; `iters` bisection steps, prove_selection's 4 by default); the candidates'
+    bounds and the step bound (module doc, "rows")."""
+    est, reports, lb = lp_sel.plan.est_step_time, [r.lower_bound for r in lp_sel.strategies], float("inf")
+    for i in sorted(range(len(reports)), key=lambda i: (reports[i], i)):
+        b = reports[i]
+        if b >= lb:
+            break
+        if b * (1 + DEFAULT.mode_gap) < min(lb, est) and int(l_.max()) <= profs[i].max_len:
+            b = max(b, pool_bound(l_, profs[i].pipes, b, min(lb, est), pool_s, iters, counts=True, compact=False))
+            reports[i] = b
+        lb = min(lb, b)
+    return reports, max(lb, lp_sel.plan.lower_bound)
 
 
 def rounded(l_: np.ndarray, prof, sol) -> float:
@@ -71,44 +98,71 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", default="0:3", help="comma-separated step indices, or N:M for a range")
     ap.add_argument("--pool-s", type=float, default=10.0, help="seconds per HiGHS solve of the pooled MILP")
     ap.add_argument("--round", action="store_true", help="also round feasible relaxations to plans (module doc)")
+    ap.add_argument("--variants", default="plain",
+                    help="pooled proofs to run, comma-separated: plain (decision 118), counts (--pool-counts, 123), "
+                         "rows (count rows, modes' encoding; module doc)")
+    ap.add_argument("--rows-iters", type=int, default=4,
+                    help="bisection steps of the rows variant (prove_selection: 4)")
     args = ap.parse_args(argv)
+    if not args.rows_iters >= 1:
+        raise SystemExit(f"error: --rows-iters must be >= 1, got {args.rows_iters}")
     if not args.pool_s > 0:
         raise SystemExit(f"error: --pool-s must be > 0, got {args.pool_s}")
+    variants = [v for v in args.variants.split(",") if v]
+    if not variants or any(v not in VARIANTS for v in variants):
+        raise SystemExit(f"error: --variants must name some of {', '.join(VARIANTS)}, got {args.variants!r}")
     names, profs, steps = probe_steps(args.model, args.cluster, args.candidates, args.source, args.seeds, args.steps)
     print(f"# {args.model} {args.cluster} {args.candidates} {args.source} seeds {args.seeds}: candidates "
           f"{', '.join(names)}; pooled MILP {args.pool_s:g} s per solve")
-    print("| seed | step | docs | plan s | LP bound s | plan / LP bound | pooled bound s | plan / pooled bound "
-          "| LP proof cpu s | pooled proof cpu s | rounded / plan |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    before, after, cpu, best = [], [], [], []
+    cols = "".join(f" {v} bound s | plan / {v} bound | {v} proof cpu s |" for v in variants)
+    cols += " plan / best bound |" if len(variants) > 1 else ""
+    print(f"| seed | step | docs | plan s | LP bound s | plan / LP bound | LP proof cpu s |{cols} rounded / plan |")
+    print("|---" * (8 + 3 * len(variants) + (len(variants) > 1)) + "|")
+    before, best = [], []
+    after: dict[str, list[float]] = {v: [] for v in [*variants, "best"]}
+    cpu: dict[str, list[float]] = {v: [] for v in variants}
     for seed, k, l_ in steps:
         sel = select_step(l_, profs, seed=0)
         c0 = time.thread_time()
-        lp = prove_selection(l_, profs, sel).plan
+        lp_sel = prove_selection(l_, profs, sel)
+        lp = lp_sel.plan
         c1 = time.thread_time()
-        pool = prove_selection(l_, profs, sel, pool_s=args.pool_s).plan
-        c2 = time.thread_time()
         est = sel.plan.est_step_time
         before.append(est / lp.lower_bound)
-        after.append(est / pool.lower_bound)
-        cpu.append(c2 - c1)
+        row, cand = "", [r.lower_bound for r in lp_sel.strategies]
+        for v in variants:
+            c2 = time.thread_time()
+            if v == "rows":
+                bs, step_lb = prove_rows(l_, profs, lp_sel, args.pool_s, args.rows_iters)
+            else:
+                got = prove_selection(l_, profs, sel, pool_s=args.pool_s, pool_counts=v == "counts")
+                bs, step_lb = [r.lower_bound for r in got.strategies], got.plan.lower_bound
+            cpu[v].append(time.thread_time() - c2)
+            after[v].append(est / step_lb)
+            cand = [max(a, b) for a, b in zip(cand, bs)]
+            row += f" {step_lb:.4f} | {after[v][-1]:.4f} | {cpu[v][-1]:.1f} |"
+        after["best"].append(est / max(min(cand), lp.lower_bound))
+        row += f" {after['best'][-1]:.4f} |" if len(variants) > 1 else ""
         r = np.inf
         if args.round:
             for rep, prof in zip(sel.strategies, profs):
                 if rep.lower_bound < est and int(l_.max()) <= prof.max_len:
-                    for T in (est / 1.001, pool.lower_bound * 1.01):
+                    for T in (est / 1.001, est / after["best"][-1] * 1.01):
                         st, sol = pool_solve(l_, prof.pipes, T, args.pool_s)
                         if sol is not None:
                             r = min(r, rounded(l_, prof, sol) / est)
             best.append(r)
-        print(f"| {seed} | {k} | {l_.size} | {est:.4f} | {lp.lower_bound:.4f} | {before[-1]:.4f} | "
-              f"{pool.lower_bound:.4f} | {after[-1]:.4f} | {c1 - c0:.2f} | {c2 - c1:.1f} | {r:.4f} |", flush=True)
-    b, a = np.array(before), np.array(after)
-    print(f"steps {b.size}: plan / bound median {np.median(b):.4f} -> {np.median(a):.4f}, max {b.max():.4f} -> "
-          f"{a.max():.4f}; <= 1.01: {int((b <= 1.01).sum())} -> {int((a <= 1.01).sum())}; within 0.2 % of the plan "
-          f"after: {int((a <= 1.002).sum())}; pooled proof cpu s median {np.median(cpu):.1f} max {max(cpu):.1f}"
-          + (f"; rounded plans faster than the plan: {sum(x < 1 for x in best)} (best {min(best):.4f})"
-             if best else ""))
+        print(f"| {seed} | {k} | {l_.size} | {est:.4f} | {lp.lower_bound:.4f} | {before[-1]:.4f} | {c1 - c0:.2f} |"
+              f"{row} {r:.4f} |", flush=True)
+    b = np.array(before)
+    for v in variants + (["best"] if len(variants) > 1 else []):
+        a = np.array(after[v])
+        print(f"{v}: steps {b.size}: plan / bound median {np.median(b):.4f} -> {np.median(a):.4f}, max {b.max():.4f} "
+              f"-> {a.max():.4f}; <= 1.01: {int((b <= 1.01).sum())} -> {int((a <= 1.01).sum())}; within 0.2 % of the "
+              f"plan after: {int((a <= 1.002).sum())}" + (f"; pooled proof cpu s median {np.median(cpu[v]):.1f} max "
+                                                          f"{max(cpu[v]):.1f}" if v in cpu else ""))
+    if best:
+        print(f"rounded plans faster than the plan: {sum(x < 1 for x in best)} (best {min(best):.4f})")
     return 0
 
 
