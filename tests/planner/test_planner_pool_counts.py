@@ -149,3 +149,6 @@ def test_prove_selection_with_counts_keeps_the_plan_and_stays_under_it():
     counted = prove_selection(lengths, prof, sel, pool_s=10.0, pool_counts=True)
     assert lp.plan.lower_bound * 1.001 < counted.plan.lower_bound <= est  # 1.0026 -> 1.0010 of the plan
     assert counted.plan.to_dict(timings=False)["pipelines"] == sel.plan.to_dict(timings=False)["pipelines"]
+    # the modes' encoding runs after the compact one only to raise the bound: never below the compact one's alone
+    compact = pool_bound(lengths, prof[0].pipes, lp.plan.lower_bound, est, 10.0, counts=True, compact=True)
+    assert counted.plan.lower_bound >= compact
