@@ -190,9 +190,10 @@ def prove_selection(lengths, profiles: Sequence[StrategyProfile], sel: StepSelec
     document dispatches, `milp_s` seconds per solve; steps of a few documents per pipeline only; decision 108): its
     result rests on HiGHS' tolerances and, where a solve times out, on the machine's speed. `pool_s` > 0: then also
     `pool.pool_bound` (the pooled MILP for steps of hundreds of documents, decision 118), `pool_s` seconds per solve,
-    with the same two caveats; `pool_counts`: with its micro-batch count rows, in the compact one-stage encoding and, where that
-    leaves the bound still under, in the modes' encoding too (pool.pool_solve's `counts` and `compact`; decisions
-    123 and 126: each encoding proves steps the other does not, and each bound is sound, so the higher one is kept)."""
+    with the same two caveats; `pool_counts`: with its micro-batch count rows, in the compact one-stage encoding
+    and, where that leaves the bound still under, in the modes' encoding too (pool.pool_solve's `counts` and
+    `compact`; decisions 123 and 126: each encoding proves steps the other does not, and each bound is sound, so the
+    higher one is kept)."""
     l_ = check_lengths(lengths)
     if len(sel.strategies) != len(profiles):
         raise TidalError(f"prove_selection: the selection reports {len(sel.strategies)} candidates, "
