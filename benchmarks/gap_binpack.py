@@ -15,7 +15,7 @@ import argparse
 import time
 
 import numpy as np
-from planner_grid import probe_steps
+from planner_grid import probe_args, probe_steps
 
 from tidal.planner.bounds import pipeline_bound
 from tidal.planner.select import select_step
@@ -25,12 +25,7 @@ from tidal.proof.lp import prove_selection
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="llama2-13b")
-    ap.add_argument("--cluster", default="a800x16")
-    ap.add_argument("--candidates", choices=["proposal", "hand"], default="proposal")
-    ap.add_argument("--source", default="commoncrawl")
-    ap.add_argument("--seeds", default="0")
-    ap.add_argument("--steps", default="0:5", help="comma-separated step indices, or N:M for a range")
+    probe_args(ap, "llama2-13b", "a800x16", "commoncrawl", "0", "0:5")
     ap.add_argument("--time-limit", type=float, default=10.0, help="seconds per bin-packing MILP")
     ap.add_argument("--all", action="store_true", help="every pipeline, not only those over their pipeline_bound")
     args = ap.parse_args(argv)

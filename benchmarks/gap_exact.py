@@ -19,7 +19,7 @@ import argparse
 import time
 
 import numpy as np
-from planner_grid import probe_steps
+from planner_grid import probe_args, probe_steps
 
 from tidal.planner.packing import pack
 from tidal.planner.select import select_step
@@ -58,12 +58,7 @@ def milp_bound(l_, prof, lo: float, hi: float, iters: int, limit: float) -> tupl
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="llama2-7b")
-    ap.add_argument("--cluster", default="a800x64")
-    ap.add_argument("--candidates", choices=["proposal", "hand"], default="proposal")
-    ap.add_argument("--source", default="stdlib")
-    ap.add_argument("--seeds", default="10,11,12")
-    ap.add_argument("--steps", default="0:5", help="comma-separated step indices, or N:M for a range")
+    probe_args(ap, "llama2-7b", "a800x64", "stdlib", "10,11,12", "0:5")
     ap.add_argument("--iters", type=int, default=6, help="MILP bisection steps after the first MILP")
     ap.add_argument("--time-limit", type=float, default=20.0, help="seconds per MILP")
     args = ap.parse_args(argv)

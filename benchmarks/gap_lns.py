@@ -23,7 +23,7 @@ import argparse
 import time
 
 import numpy as np
-from planner_grid import probe_steps
+from planner_grid import probe_args, probe_steps
 
 from tidal.planner.bounds import PipeCost
 from tidal.planner.exact import MilpRows
@@ -117,12 +117,7 @@ def search(l_, pipes, groups, k: int, rounds: int, limit: float, rng, whole: boo
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="llama2-13b")
-    ap.add_argument("--cluster", default="a800x16")
-    ap.add_argument("--candidates", choices=["proposal", "hand"], default="proposal")
-    ap.add_argument("--source", default="commoncrawl")
-    ap.add_argument("--seeds", default="0")
-    ap.add_argument("--steps", default="0:5", help="comma-separated step indices, or N:M for a range")
+    probe_args(ap, "llama2-13b", "a800x16", "commoncrawl", "0", "0:5")
     ap.add_argument("--k", type=int, default=2, help="pipelines freed beside the slowest")
     ap.add_argument("--rounds", type=int, default=30, help="LNS moves tried per step")
     ap.add_argument("--time-limit", type=float, default=5.0, help="seconds per MILP")

@@ -29,7 +29,7 @@ import argparse
 import time
 
 import numpy as np
-from planner_grid import probe_steps
+from planner_grid import probe_args, probe_steps
 
 from tidal.planner.config import DEFAULT
 from tidal.planner.packing import pack
@@ -90,12 +90,7 @@ def rounded(l_: np.ndarray, prof, sol) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="llama2-7b")
-    ap.add_argument("--cluster", default="a800x256")
-    ap.add_argument("--candidates", choices=["proposal", "hand"], default="proposal")
-    ap.add_argument("--source", default="github")
-    ap.add_argument("--seeds", default="10")
-    ap.add_argument("--steps", default="0:3", help="comma-separated step indices, or N:M for a range")
+    probe_args(ap, "llama2-7b", "a800x256", "github", "10", "0:3")
     ap.add_argument("--pool-s", type=float, default=10.0, help="seconds per HiGHS solve of the pooled MILP")
     ap.add_argument("--round", action="store_true", help="also round feasible relaxations to plans (module doc)")
     ap.add_argument("--variants", default="plain",

@@ -116,6 +116,16 @@ class Grid:
         return self.cache[key]
 
 
+def probe_args(ap, model: str, cluster: str, source: str, seeds: str, steps: str) -> None:
+    """The gap probes' common arguments (one grid cell and its steps, as `probe_steps` reads them), with defaults."""
+    ap.add_argument("--model", default=model)
+    ap.add_argument("--cluster", default=cluster)
+    ap.add_argument("--candidates", choices=["proposal", "hand"], default="proposal")
+    ap.add_argument("--source", default=source)
+    ap.add_argument("--seeds", default=seeds)
+    ap.add_argument("--steps", default=steps, help="comma-separated step indices, or N:M for a range")
+
+
 def probe_steps(model: str, cluster: str, candidates: str, source: str, seeds: str, steps: str):
     """The gap probes' input (gap_probe.py, gap_exact.py): candidate names and profiles of one grid cell, and the
     (seed, step index, lengths) of the steps `steps` names ("0,3" or a range "0:5") for each of `seeds` ("10,11")."""
