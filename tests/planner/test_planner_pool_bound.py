@@ -107,10 +107,12 @@ def _iters_step(kinds, n, seed):
 
 
 def test_prove_selection_pool_iters_only_raise_the_bound_and_bad_values_are_refused():
-    # decision 127: pool_iters is pool_bound's bisection halvings; the first halvings of a longer search are those of
-    # a shorter one (same midpoints, same deterministic answers), so more of them can only raise the proven bound,
-    # never above the plan. 12 documents on two pipelines with a per-document d and one plain (est/LP 1.018): the
-    # first pooled solve, at the plan / 1.001, proves nothing; the halvings raise the bound
+    # decision 127: pool_iters is pool_bound's bisection halvings. One search's first halvings are those of a shorter
+    # one from the same lo (same midpoints, deterministic answers), so they only raise its bound; prove_selection's
+    # second encoding starts from the first's bound, so in general only up to the search's resolution (decision 127
+    # saw 4 of 72 grid steps 0.01 % lower), but on this deterministic step the bound never falls and never passes the
+    # plan. 12 documents on three pipelines (two with a per-document d; est/LP 1.018): the first pooled solve, at the
+    # plan / 1.001, proves nothing, and the halvings raise the bound
     from tidal.core.errors import TidalError
     from tidal.planner.select import select_step
     from tidal.proof.lp import prove_selection
