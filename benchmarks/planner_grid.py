@@ -160,7 +160,7 @@ def q(xs, p):
 
 def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, budget_ms, prove=False,
              split="tuning", config: PlannerConfig = DEFAULT, milp_s: float = 0.0, pool_s: float = 0.0,
-             pool_counts: bool = False):
+             pool_counts: bool = False, pool_iters: int = 4):
     # the proposal of a held-out source is made from its own lengths (seed 99), as for every source
     names, profs, prop_s = grid.candidates(model, cluster, how, source)
     row = {"model": model, "cluster": cluster, "cands": how, "source": source, "split": split,
@@ -191,7 +191,8 @@ def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, b
             if prove:  # the LP-priced bound (proof.lp.prove_selection), after planning and timed apart
                 plain.append(plan.est_step_time / plan.lower_bound if plan.lower_bound > 0 else 1.0)
                 c0 = time.thread_time()
-                plan = prove_selection(l_, profs, sel, milp_s=milp_s, pool_s=pool_s, pool_counts=pool_counts).plan
+                plan = prove_selection(l_, profs, sel, milp_s=milp_s, pool_s=pool_s, pool_counts=pool_counts,
+                                       pool_iters=pool_iters).plan
                 proof.append((time.thread_time() - c0) * 1e3)
             ratio.append(plan.est_step_time / plan.lower_bound if plan.lower_bound > 0 else 1.0)
             nseq.append(l_.size)
@@ -214,7 +215,8 @@ def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, b
                r_med=q(ratio, .5), r_p90=q(ratio, .9), r_max=max(ratio, default=np.nan), cut=cut)
     if prove:
         row.update(r_med_plain=q(plain, .5), proof_med=q(proof, .5), proof_p90=q(proof, .9),
-                   proof_max=max(proof, default=np.nan))
+                   proof_max=max(proof, default=np.nan), pool_s=pool_s, pool_counts=pool_counts,
+                   pool_iters=pool_iters, r_steps=ratio)
     if err and not cpu:
         row["error"] = err
     elif err:
@@ -315,7 +317,7 @@ def main(args) -> None:
                             row = run_cell(grid, model, cluster, how, source, seeds, args.steps, trials,
                                            args.budget_ms, args.prove, split, config,
                                            getattr(args, "prove_milp", 0.0), getattr(args, "prove_pool", 0.0),
-                                           getattr(args, "pool_counts", False))
+                                           getattr(args, "pool_counts", False), getattr(args, "pool_halvings", 4))
                             rows.append(row)
                             print(fmt(row), flush=True)
     if args.out:

@@ -95,3 +95,55 @@ def test_prove_selection_with_the_pool_keeps_the_plan_and_stays_under_it():
     assert lp.plan.lower_bound < est / 1.03
     assert lp.plan.lower_bound * 1.02 < pool.plan.lower_bound <= est
     assert pool.plan.to_dict(timings=False)["pipelines"] == sel.plan.to_dict(timings=False)["pipelines"]
+
+
+
+def _iters_step(kinds, n, seed):
+    from test_planner_modes import _profile
+
+    pipes = [KINDS[k] for k in kinds]
+    lengths = np.random.default_rng(seed).integers(1, max(p.max_len for p in pipes) + 1, size=n)
+    return pipes, lengths, [_profile(pipes)]
+
+
+def test_prove_selection_pool_iters_only_raise_the_bound_and_bad_values_are_refused():
+    # decision 127: pool_iters is pool_bound's bisection halvings. One search's first halvings are those of a shorter
+    # one from the same lo (same midpoints, deterministic answers), so they only raise its bound; prove_selection's
+    # second encoding starts from the first's bound, so in general only up to the search's resolution (decision 127
+    # saw 4 of 72 grid steps 0.01 % lower), but on this deterministic step the bound never falls and never passes the
+    # plan. 12 documents on three pipelines (two with a per-document d; est/LP 1.018): the first pooled solve, at the
+    # plan / 1.001, proves nothing, and the halvings raise the bound
+    from tidal.core.errors import TidalError
+    from tidal.planner.select import select_step
+    from tidal.proof.lp import prove_selection
+
+    pipes, lengths, prof = _iters_step([4, 4, 0], 12, 1)
+    sel = select_step(lengths, prof)
+    est = sel.plan.est_step_time
+    lp = prove_selection(lengths, prof, sel).plan.lower_bound
+    got = [prove_selection(lengths, prof, sel, pool_s=20.0, pool_counts=True, pool_iters=n).plan.lower_bound
+           for n in (0, 1, 4, 8)]
+    assert lp <= got[0] and all(a <= b for a, b in zip(got, got[1:])) and got[-1] <= est
+    assert got[-1] > got[0] * 1.005  # the halvings matter here (1.0177 -> 1.0048 of the plan)
+    assert prove_selection(lengths, prof, sel, pool_s=20.0, pool_counts=True).plan.lower_bound == got[2]  # default 4
+    for bad in (-1, 2.5, True, "4"):
+        with pytest.raises(TidalError, match="pool_iters"):
+            prove_selection(lengths, prof, sel, pool_s=20.0, pool_iters=bad)
+
+
+def test_prove_selection_with_more_pool_iters_stays_under_the_exact_optimum():
+    # 8 documents on three one-stage pipelines, brute-forced over every dispatch and packing
+    # (test_planner_pool_counts.plan_opt): the bound with 8 halvings is >= the one with 0 (and higher on these
+    # seeds) and <= the least step time of any plan, which is <= the plan's estimate
+    from test_planner_pool_counts import plan_opt
+
+    from tidal.planner.select import select_step
+    from tidal.proof.lp import prove_selection
+
+    for seed in (1, 5):
+        pipes, lengths, prof = _iters_step([4, 0, 0], 8, seed)
+        sel = select_step(lengths, prof)
+        opt = plan_opt(lengths, pipes)
+        lo, hi = (prove_selection(lengths, prof, sel, pool_s=20.0, pool_counts=True, pool_iters=n).plan.lower_bound
+                  for n in (0, 8))
+        assert lo < hi <= opt * (1 + 1e-9) and opt <= sel.plan.est_step_time * (1 + 1e-9)
