@@ -78,3 +78,16 @@ def test_min_bound_matches_the_bisection_and_reports_its_solution():
     # the pooled relaxation (documents fluid) proves no more than the exact model
     for whole in (0, 4, None):
         assert pool_min_bound(lengths, pipes, 0.5 * exact, 2 * exact, 30.0, whole=whole) <= exact * (1 + 1e-3)
+
+
+@pytest.mark.parametrize("kinds", [[0] * 6, [1] * 4, [0] * 4 + [1] * 3])
+def test_min_bound_on_pools_stays_near_the_bisection(kinds):
+    # every document fluid (whole=0): only pools, whose T x count products are relaxed (module doc); the min-T model
+    # relaxes the fixed-T one at every T <= hi, so it proves at most pool_bound's threshold, and with the pools'
+    # McCormick row about as much (0.948-0.997 of it here; without the row, nothing above lo)
+    pipes = [KINDS[k] for k in kinds]
+    lengths = np.random.default_rng(3).integers(1, 60, size=30)
+    exact = pool_bound(lengths, pipes, 0.0, 1e4, iters=30, gap=0.0, whole=0)
+    for compact in (False, True):
+        b = pool_min_bound(lengths, pipes, 0.5 * exact, 1.5 * exact, 30.0, whole=0, compact=compact)
+        assert 0.94 * exact <= b <= exact * (1 + 1e-3)
