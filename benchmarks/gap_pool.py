@@ -11,7 +11,9 @@ With --variants plain,counts,rows: the pooled proof is run once per variant on e
 and CPU column: plain (decision 118), counts (its micro-batch count rows and compact one-stage encoding,
 `prove_selection(..., pool_counts=True)`, decision 123), rows (the count rows on the modes' encoding, no compact:
 `pool_bound(counts=True, compact=False)` on the LP-proven selection's candidates, in prove_selection's order and
-rule; --rows-iters bisection steps). "best" then takes, per candidate, the highest of the variants' bounds (each is
+rule; --rows-iters bisection steps), min (decision 128: `pool_min_bound`, HiGHS' dual bound of the min-T model,
+with the count rows, compact encoding, then the modes' where still under), rowsmin (rows with 4 bisection steps and
+`finish=True`: one min-T solve on the interval they leave). "best" then takes, per candidate, the highest of the variants' bounds (each is
 sound) and the least of those over the candidates: the step bound a proof running every variant would give (decision
 126).
 
@@ -38,7 +40,7 @@ from tidal.planner.select import select_step
 from tidal.proof.lp import prove_selection
 from tidal.proof.pool import pool_bound, pool_min_bound, pool_solve
 
-VARIANTS = ("plain", "counts", "rows", "min")
+VARIANTS = ("plain", "counts", "rows", "min", "rowsmin")
 
 
 def _min_both(l_, pipes, lo, hi, pool_s):
@@ -47,6 +49,11 @@ def _min_both(l_, pipes, lo, hi, pool_s):
     if b * (1 + DEFAULT.mode_gap) < hi:
         b = max(b, pool_min_bound(l_, pipes, b, hi, pool_s, counts=True, compact=False))
     return b
+
+
+def _rows_finish(l_, pipes, lo, hi, pool_s, iters: int = 4):
+    """The rows variant's pool_bound with one min-T solve on the interval it leaves (module doc, "rowsmin")."""
+    return pool_bound(l_, pipes, lo, hi, pool_s, iters, counts=True, compact=False, finish=True)
 
 
 def prove_rows(l_: np.ndarray, profs, lp_sel, pool_s: float, iters: int = 4, bound=None):
@@ -143,9 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         row, cand = "", [r.lower_bound for r in lp_sel.strategies]
         for v in variants:
             c2 = time.thread_time()
-            if v in ("rows", "min"):
+            if v in ("rows", "min", "rowsmin"):
                 bs, step_lb = prove_rows(l_, profs, lp_sel, args.pool_s, args.rows_iters,
-                                         _min_both if v == "min" else None)
+                                         {"min": _min_both, "rowsmin": _rows_finish}.get(v))
             else:
                 got = prove_selection(l_, profs, sel, pool_s=args.pool_s, pool_counts=v == "counts")
                 bs, step_lb = [r.lower_bound for r in got.strategies], got.plan.lower_bound

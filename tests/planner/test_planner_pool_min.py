@@ -38,6 +38,12 @@ def test_min_bound_never_exceeds_the_optimum(kinds, reps, seed, n, nb, limit):
         for compact in (False, True):
             b = pool_min_bound(lengths, pipes, lo, hi, limit, nb=nb, whole=whole, compact=compact)
             assert lo <= b <= opt
+            # the bisection finished by one min-T solve on the interval it leaves: no higher than the optimum, and
+            # (where the solves end, so that both bisections take the same path) no lower than the bisection alone
+            fin = pool_bound(lengths, pipes, lo, hi, limit, iters=3, nb=nb, whole=whole, compact=compact, finish=True)
+            assert lo <= fin <= opt
+            if limit > 1:
+                assert pool_bound(lengths, pipes, lo, hi, limit, iters=3, nb=nb, whole=whole, compact=compact) <= fin
     if limit > 1:  # every document whole and the solve finished: the model is milp.dispatch_feasible's, with T free
         assert pool_min_bound(lengths, pipes, lo, hi, limit, nb=nb, whole=n) >= opt * (1 - 1e-5)
         # hi under the optimum: no dispatch meets hi, so the bound is hi

@@ -317,9 +317,10 @@ def _compact_rows(rows: MilpRows, p: PipeCost, y: int, v: int, size: float, cap,
 
 def pool_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], lo: float, hi: float, time_limit: float = 10.0,
                iters: int = 4, gap: float = 1e-3, extra: int = 0, nb: int = NB, whole: int | None = None,
-               counts: bool = False, compact: bool = False) -> float:
+               counts: bool = False, compact: bool = False, finish: bool = False) -> float:
     """The largest T in (lo, hi) at which pool_feasible answers "infeasible", times (1 - 1e-6), or lo: first at
-    hi / (1 + gap), then `iters` bisection steps between lo and it (milp.milp_bound's search)."""
+    hi / (1 + gap), then `iters` bisection steps between lo and it (milp.milp_bound's search). `finish`: then one
+    min-T solve (pool_min_bound) on the interval the search leaves, [proven, first not proven] (decision 128)."""
     if not hi > lo or int(np.asarray(lengths).size) == 0:
         return lo
     T = hi / (1 + gap)
@@ -334,7 +335,10 @@ def pool_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], lo: float, hi: fl
             a = m
         else:
             b = m
-    return a * (1 - 1e-6) if a > lo else lo
+    out = a * (1 - 1e-6) if a > lo else lo
+    if finish:  # no dispatch meets a (or lo): the min-T model may start there
+        out = max(out, pool_min_bound(lengths, pipes, a, b, time_limit, extra, nb, whole, counts, compact))
+    return out
 
 
 def _lin(p: PipeCost, v: int) -> tuple[float, float, float, float]:
