@@ -7,13 +7,13 @@ with the proof's CPU time (thread_time) beside the LP proof's. "closed" counts t
 A bound that rises to the plan puts that step's gap in the bound; one that stays under it leaves the gap open (the
 relaxation is feasible there, or a solve timed out: "unknown" proves nothing).
 
-With --variants plain,counts,rows: the pooled proof is run once per variant on each step, each with its own bound
-and CPU column: plain (decision 118), counts (its micro-batch count rows and compact one-stage encoding,
+With --variants plain,counts,rows: the pooled proof is run once per variant on each step, each with its own bound and
+CPU column: plain (decision 118), counts (its micro-batch count rows and compact one-stage encoding,
 `prove_selection(..., pool_counts=True)`, decision 123), rows (the count rows on the modes' encoding, no compact:
-`pool_bound(counts=True, compact=False)` on the LP-proven selection's candidates, in prove_selection's order and
-rule; --rows-iters bisection steps), min (decision 128: `pool_min_bound`, HiGHS' dual bound of the min-T model,
-with the count rows, compact encoding, then the modes' where still under), rowsmin (rows with 4 bisection steps and
-`finish=True`: one min-T solve on the interval they leave). "best" then takes, per candidate, the highest of the variants' bounds (each is
+`pool_bound(counts=True, compact=False)` on the LP-proven selection's candidates, in prove_selection's order and rule;
+--rows-iters bisection steps), min (decision 128: `pool_min_bound`, HiGHS' dual bound of the min-T model, with the count
+rows, compact encoding, then the modes' where still under), rowsmin (rows with 4 bisection steps and `finish=True`: one
+min-T solve on the interval they leave). "best" then takes, per candidate, the highest of the variants' bounds (each is
 sound) and the least of those over the candidates: the step bound a proof running every variant would give (decision
 126).
 
