@@ -7,11 +7,13 @@ with the proof's CPU time (thread_time) beside the LP proof's. "closed" counts t
 A bound that rises to the plan puts that step's gap in the bound; one that stays under it leaves the gap open (the
 relaxation is feasible there, or a solve timed out: "unknown" proves nothing).
 
-With --variants plain,counts,rows: the pooled proof is run once per variant on each step, each with its own bound
-and CPU column: plain (decision 118), counts (its micro-batch count rows and compact one-stage encoding,
+With --variants plain,counts,rows: the pooled proof is run once per variant on each step, each with its own bound and
+CPU column: plain (decision 118), counts (its micro-batch count rows and compact one-stage encoding,
 `prove_selection(..., pool_counts=True)`, decision 123), rows (the count rows on the modes' encoding, no compact:
-`pool_bound(counts=True, compact=False)` on the LP-proven selection's candidates, in prove_selection's order and
-rule; --rows-iters bisection steps). "best" then takes, per candidate, the highest of the variants' bounds (each is
+`pool_bound(counts=True, compact=False)` on the LP-proven selection's candidates, in prove_selection's order and rule;
+--rows-iters bisection steps), min (decision 128: `pool_min_bound`, HiGHS' dual bound of the min-T model, with the count
+rows, compact encoding, then the modes' where still under), rowsmin (rows with 4 bisection steps and `finish=True`: one
+min-T solve on the interval they leave). "best" then takes, per candidate, the highest of the variants' bounds (each is
 sound) and the least of those over the candidates: the step bound a proof running every variant would give (decision
 126).
 
@@ -32,32 +34,48 @@ import numpy as np
 from planner_grid import probe_args, probe_steps
 
 from tidal.planner.config import DEFAULT
+from tidal.planner.dispatch import owner_result
 from tidal.planner.packing import pack
 from tidal.planner.select import select_step
 from tidal.proof.lp import prove_selection
-from tidal.proof.pool import pool_bound, pool_solve
+from tidal.proof.pool import pool_bound, pool_min_bound, pool_solve
 
-VARIANTS = ("plain", "counts", "rows")
+VARIANTS = ("plain", "counts", "rows", "min", "rowsmin")
 
 
-def prove_rows(l_: np.ndarray, profs, lp_sel, pool_s: float, iters: int = 4):
+def _min_both(l_, pipes, lo, hi, pool_s):
+    """pool_min_bound with the count rows, compact encoding, then the modes' where still under (module doc, "min")."""
+    b = pool_min_bound(l_, pipes, lo, hi, pool_s, counts=True, compact=True)
+    if b * (1 + DEFAULT.mode_gap) < hi:
+        b = max(b, pool_min_bound(l_, pipes, b, hi, pool_s, counts=True, compact=False))
+    return b
+
+
+def _rows_finish(l_, pipes, lo, hi, pool_s, iters: int = 4):
+    """The rows variant's pool_bound with one min-T solve on the interval it leaves (module doc, "rowsmin")."""
+    return pool_bound(l_, pipes, lo, hi, pool_s, iters, counts=True, compact=False, finish=True)
+
+
+def prove_rows(l_: np.ndarray, profs, lp_sel, pool_s: float, iters: int = 4, bound=None):
     """The LP-proven selection `lp_sel` with `pool_bound(counts=True, compact=False)` where prove_selection would run
     the pooled MILP (same order, same rule; `iters` bisection steps, prove_selection's 4 by default); the candidates'
-    bounds and the step bound (module doc, "rows")."""
+    bounds and the step bound (module doc, "rows"). `bound(l_, pipes, lo, hi, pool_s)`: that bound instead."""
     est, reports, lb = lp_sel.plan.est_step_time, [r.lower_bound for r in lp_sel.strategies], float("inf")
     for i in sorted(range(len(reports)), key=lambda i: (reports[i], i)):
         b = reports[i]
         if b >= lb:
             break
         if b * (1 + DEFAULT.mode_gap) < min(lb, est) and int(l_.max()) <= profs[i].max_len:
-            b = max(b, pool_bound(l_, profs[i].pipes, b, min(lb, est), pool_s, iters, counts=True, compact=False))
+            b = max(b, pool_bound(l_, profs[i].pipes, b, min(lb, est), pool_s, iters, counts=True, compact=False)
+                    if bound is None else bound(l_, profs[i].pipes, b, min(lb, est), pool_s))
             reports[i] = b
         lb = min(lb, b)
     return reports, max(lb, lp_sel.plan.lower_bound)
 
 
-def rounded(l_: np.ndarray, prof, sol) -> float:
-    """The packed step time of pool_solve's solution rounded to a whole-document dispatch (module doc)."""
+def rounded(l_: np.ndarray, prof, sol, rounds: int = 0) -> float:
+    """The packed step time of pool_solve's solution rounded to a whole-document dispatch (module doc), after
+    `rounds` rounds of the dispatch's local search (dispatch.owner_result) from it."""
     pipes, order = prof.pipes, sol["order"]
     groups: list[list[int]] = [[] for _ in pipes]
     for j, docs in sol["slots"]:
@@ -85,6 +103,11 @@ def rounded(l_: np.ndarray, prof, sol) -> float:
             j = min(js, key=lambda j: load[j])
             groups[j].append(d)
             load[j] += p.w1(float(l_[d]))
+    if rounds > 0:
+        owner = np.empty(l_.size, dtype=np.int64)
+        for j, g in enumerate(groups):
+            owner[g] = j
+        groups = [list(g) for g in owner_result(l_, pipes, owner, rounds).groups]
     return max((pack(l_[g], p.coeffs, p.pp, p.max_len).est_time for g, p in zip(groups, pipes) if g), default=0.0)
 
 
@@ -127,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         row, cand = "", [r.lower_bound for r in lp_sel.strategies]
         for v in variants:
             c2 = time.thread_time()
-            if v == "rows":
-                bs, step_lb = prove_rows(l_, profs, lp_sel, args.pool_s, args.rows_iters)
+            if v in ("rows", "min", "rowsmin"):
+                bs, step_lb = prove_rows(l_, profs, lp_sel, args.pool_s, args.rows_iters,
+                                         {"min": _min_both, "rowsmin": _rows_finish}.get(v))
             else:
                 got = prove_selection(l_, profs, sel, pool_s=args.pool_s, pool_counts=v == "counts")
                 bs, step_lb = [r.lower_bound for r in got.strategies], got.plan.lower_bound

@@ -31,6 +31,16 @@ What stays integral and what becomes fluid:
 Every whole-document dispatch of relaxed cost <= T gives a solution (the split of each bucket by location), so
 "infeasible" proves that no plan has step time <= T (up to HiGHS' tolerances: `pool_bound` scales by 1 - 1e-6, as
 milp.py; every row is scaled to values of order 1: lengths in units of the longest, times in seconds).
+
+**The min-T model** (`pool_min_bound`, decision 128; opt-in, used by no plan or proof by default). The structure
+(modes, long documents, slots, where each bucket may go) is built at T = hi, the most permissive for every T <= hi;
+T is a column in [lo, hi] (lo: a proven bound) and the objective. A slot's capacity sum_v z_v cap_v(T) (cap_v, tau_v
+linear in T: `_lin`) uses t_v = T z_v, exact for binaries with sum_v z_v <= 1 (t_v <= hi z_v, sum_v t_v <= T); its
+whole documents and each bucket's shortest (as the fraction n / count) keep their micro-batch limit c + w <=
+sum_v tau_v(T) z_v. A pool's sum_v m_v cap_v(T) uses P_v = T m_v, relaxed (P_v <= hi m_v and sum_v P_v <= n T - lo
+(n - sum_v m_v)); a bucket in a pool mode that needs T >= X there has (X - lo) n / count <= T - lo. Every dispatch
+of relaxed cost (with `counts`: packed time) T* in [lo, hi] is a solution with T = T*, so HiGHS' dual bound on min
+T is a lower bound at any time-out; where the model is infeasible, hi is.
 """
 
 from __future__ import annotations
@@ -38,6 +48,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_array
 
 from tidal.planner.bounds import PipeCost
 from tidal.planner.exact import MilpRows
@@ -74,11 +86,17 @@ def pool_feasible(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time
 
 def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_limit: float = 30.0,
                extra: int = 0, nb: int = NB, whole: int | None = None,
-               counts: bool = False, compact: bool = False) -> tuple[str, dict | None]:
+               counts: bool = False, compact: bool = False,
+               tvar: tuple[float, float] | None = None) -> tuple[str, dict | None]:
     """pool_feasible's status and, when "feasible", the relaxation's solution for a diagnosis (benchmarks/gap_pool.py
     rounds it to a dispatch): "order" (document indices, longest first; positions below are into it), "slots" (per
     slot: the pipeline index in `pipes`, its whole documents), "fluid" (per pipeline kind: the pool's pipeline indices
-    and, per bucket, the positions of its documents and the counts placed on each slot or on the pool)."""
+    and, per bucket, the positions of its documents and the counts placed on each slot or on the pool).
+    `tvar` (lo, hi): the min-T model instead (module doc): T = hi for the structure, a variable in
+    [lo, hi] for the capacities; "infeasible" then says no dispatch meets hi, and the dict also has "dual" (HiGHS'
+    dual bound on min T) and "T" (the solution's T, or None: status "unknown", no solution and no other key)."""
+    if tvar is not None:
+        T = float(tvar[1])
     order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
     l_ = np.asarray(lengths, dtype=np.int64)[order]
     n = l_.size
@@ -110,6 +128,8 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
         ub.extend([upper] * k)
         return out
 
+    tv = None if tvar is None else TVar(rows, cols, float(tvar[0]), T)
+
     big_on: list[list[tuple[int, int]]] = [[] for _ in range(nbig)]  # per long document: (column, slot)
     slots = []  # (kind index, z columns, [(column, doc)])
     for ki, (p, ms) in enumerate(zip(ks, modes)):
@@ -131,6 +151,8 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
     for ki, ms in enumerate(modes):
         if pool_n[ki] > 0 and ms:
             mcols = cols(len(ms), 1, float(pool_n[ki]))
+            if tv is not None:
+                tv.pool(mcols, pool_n[ki])
             rows.add([(c, 1.0) for c in mcols], 0.0, float(pool_n[ki]))
             if one[ki]:
                 pool.append((ki, -1, mcols))
@@ -167,6 +189,8 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
                 nc, tc, qc = cols(3, 0, np.inf)
                 loc_fluid.setdefault(("p", pi), []).append((b, nc, tc, qc))
                 here.append((nc, tc, qc))
+                if tv is not None:  # its shortest document's limit, c + w(lmin) <= tau_v(T), for this fraction
+                    tv.limit_pool(p, 1 if vi < 0 else modes[ki][vi][0], nc, p.c + p.w1(lmin), cnt)
         if not here:
             return "infeasible", None
         rows.add([(h[0], 1.0) for h in here], cnt, cnt)
@@ -190,7 +214,8 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
         fl, work, toks = fluid_terms(("s", si), p)
         wk = [(c, p.w1(float(l_[i]))) for c, i in xs]
         if one[ki]:
-            _compact_rows(rows, p, z[0], z[1], float(len(ms)), T, s, wk + work,
+            _compact_rows(rows, p, z[0], z[1], float(len(ms)), [(z[0], -T)] if tv is None else tv.slot_time(z[0]),
+                          s, wk + work,
                           [(c, float(l_[i]) / s) for c, i in xs] + toks,
                           [c for c, _ in xs] + [nc for _, nc, _, _ in fl],
                           _bigs(counts, p, [(c, int(l_[i])) for c, i in xs] + [(nc, lmins[b]) for b, nc, _, _ in fl]))
@@ -198,7 +223,15 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
                 rows.add([(c, 1.0), (z[0], -1.0)], -np.inf, 0.0)
             continue
         rows.add([(zc, 1.0) for zc in z], 0.0, 1.0)
-        rows.add(wk + work + [(zc, -cap) for zc, (_, cap, _) in zip(z, ms)], -np.inf, 0.0)
+        if tv is None:
+            rows.add(wk + work + [(zc, -cap) for zc, (_, cap, _) in zip(z, ms)], -np.inf, 0.0)
+        else:  # capacities and the per-document limits of whole documents and of each bucket's shortest, at T
+            rows.add(wk + work + tv.slot_caps(p, z), -np.inf, 0.0)
+            lim = tv.limits
+            for c, w in wk:
+                rows.add([(c, p.c + w)] + lim(p, z), -np.inf, 0.0)
+            for b, nc, _, _ in fl:
+                rows.add([(nc, (p.c + p.w1(lmins[b])) / bks[b].size)] + lim(p, z), -np.inf, 0.0)
         rows.add([(c, float(l_[i]) / s) for c, i in xs] + toks
                  + [(zc, -p.max_len * v / s) for zc, (v, _, _) in zip(z, ms)], -np.inf, 0.0)
         rows.add([(zc, float(v)) for zc, (v, _, _) in zip(z, ms)] + [(c, -1.0) for c, _ in xs]
@@ -212,7 +245,8 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
         fl, work, toks = fluid_terms(("p", pi), p)
         if vi < 0:  # compact pool: one fluid copy, the pipelines' modes summed
             ms = modes[ki]
-            rows.add(work + [(c, -cap) for c, (_, cap, _) in zip(mc, ms)], -np.inf, 0.0)
+            rows.add(work + ([(c, -cap) for c, (_, cap, _) in zip(mc, ms)] if tv is None else tv.pool_caps(p, mc)),
+                     -np.inf, 0.0)
             # a pipeline in mode v holds at most min(M v, (T - v c) / b) tokens: work >= b tokens (a, d >= 0)
             rows.add(toks + [(c, -min(p.max_len * v, cap / p.b if p.b > 0 else np.inf) / s)
                              for c, (v, cap, _) in zip(mc, ms)], -np.inf, 0.0)
@@ -222,16 +256,20 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
                 rows.add([(c, 1.0) for c in big] + [(c, -per * v) for c, v in vs], -np.inf, 0.0)
             continue
         v, cap, _ = modes[ki][vi]
-        rows.add(work + [(mc, -cap)], -np.inf, 0.0)
+        rows.add(work + ([(mc, -cap)] if tv is None else tv.pool_caps(p, [mc], v)), -np.inf, 0.0)
         rows.add(toks + [(mc, -p.max_len * v / s)], -np.inf, 0.0)
         rows.add([(mc, float(v))] + [(nc, -1.0) for _, nc, _, _ in fl], -np.inf, 0.0)
         for big, per in _bigs(counts, p, [(nc, lmins[b]) for b, nc, _, _ in fl]):
             rows.add([(c, 1.0) for c in big] + [(mc, -per * v)], -np.inf, 0.0)
-    x = rows.solve(np.zeros(ncol), np.array(integ), np.zeros(ncol), np.array(ub), time_limit, status=True)
+    if tv is None:
+        x = rows.solve(np.zeros(ncol), np.array(integ), np.zeros(ncol), np.array(ub), time_limit, status=True)
+        extra_out: dict = {}
+    else:
+        x, extra_out = tv.solve(ncol, integ, ub, time_limit)
     if isinstance(x, str):
         return "infeasible", None
     if x is None:
-        return "unknown", None
+        return "unknown", extra_out or None
     idx = {p: [j for j, q in enumerate(pipes) if q == p] for p in ks}
     used = [0] * len(ks)
     sol_slots = []
@@ -249,7 +287,7 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
                     placed[k2] = placed.get(k2, 0.0) + float(x[nc])
         fluid.append((pos, placed))
     pools = {ki: idx[p][used[ki]:] for ki, p in enumerate(ks)}
-    return "feasible", {"order": order, "slots": sol_slots, "fluid": fluid, "pools": pools, "kinds": ks}
+    return "feasible", {"order": order, "slots": sol_slots, "fluid": fluid, "pools": pools, "kinds": ks, **extra_out}
 
 
 def _bigs(counts: bool, p: PipeCost, cols_len: list[tuple[int, int]]) -> list[tuple[list[int], float]]:
@@ -264,12 +302,12 @@ def _bigs(counts: bool, p: PipeCost, cols_len: list[tuple[int, int]]) -> list[tu
     return out
 
 
-def _compact_rows(rows: MilpRows, p: PipeCost, y: int, v: int, size: float, T: float, s: float, work, toks,
+def _compact_rows(rows: MilpRows, p: PipeCost, y: int, v: int, size: float, cap, s: float, work, toks,
                   members: list[int], bigs) -> None:
     """The rows of a one-stage slot in the compact encoding (module doc; y: its binary, v: its micro-batch count,
     `size`: the most micro-batches it may run): work + c v <= T y, v <= size y, tokens <= MaxLen v, v <= its
     documents, and the count rows `bigs`."""
-    rows.add(work + [(v, p.c), (y, -T)], -np.inf, 0.0)
+    rows.add(work + [(v, p.c)] + cap, -np.inf, 0.0)
     rows.add([(v, 1.0), (y, -size)], -np.inf, 0.0)
     rows.add(toks + [(v, -p.max_len / s)], -np.inf, 0.0)
     rows.add([(v, 1.0)] + [(c, -1.0) for c in members], -np.inf, 0.0)
@@ -279,9 +317,10 @@ def _compact_rows(rows: MilpRows, p: PipeCost, y: int, v: int, size: float, T: f
 
 def pool_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], lo: float, hi: float, time_limit: float = 10.0,
                iters: int = 4, gap: float = 1e-3, extra: int = 0, nb: int = NB, whole: int | None = None,
-               counts: bool = False, compact: bool = False) -> float:
+               counts: bool = False, compact: bool = False, finish: bool = False) -> float:
     """The largest T in (lo, hi) at which pool_feasible answers "infeasible", times (1 - 1e-6), or lo: first at
-    hi / (1 + gap), then `iters` bisection steps between lo and it (milp.milp_bound's search)."""
+    hi / (1 + gap), then `iters` bisection steps between lo and it (milp.milp_bound's search). `finish`: then one
+    min-T solve (pool_min_bound) on the interval the search leaves, [proven, first not proven] (decision 128)."""
     if not hi > lo or int(np.asarray(lengths).size) == 0:
         return lo
     T = hi / (1 + gap)
@@ -296,4 +335,101 @@ def pool_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], lo: float, hi: fl
             a = m
         else:
             b = m
-    return a * (1 - 1e-6) if a > lo else lo
+    out = a * (1 - 1e-6) if a > lo else lo
+    if finish:  # no dispatch meets a (or lo): the min-T model may start there
+        out = max(out, pool_min_bound(lengths, pipes, a, b, time_limit, extra, nb, whole, counts, compact))
+    return out
+
+
+def _lin(p: PipeCost, v: int) -> tuple[float, float, float, float]:
+    """(alpha, beta, gamma, delta) of mode v of p (pipe_modes): capacity alpha T - beta, micro-batch limit
+    gamma T - delta."""
+    if p.q > 0:
+        return v / (p.q + v), v * p.c, 1.0 / (p.q + v), 0.0
+    return 1.0, v * p.c, 1.0, (v - 1) * p.c
+
+
+class TVar:
+    """The min-T model's T column and its products with the mode binaries and pool counts (module doc), on `rows`,
+    with columns from `cols` (pool_solve's allocator); T in [lo, hi]."""
+
+    def __init__(self, rows: MilpRows, cols, lo: float, hi: float) -> None:
+        self.rows, self.cols, self.lo, self.hi = rows, cols, lo, hi
+        (self.T,) = cols(1, 0, hi)
+        self.t: dict[int, int] = {}  # mode binary (or count) column -> its product with T
+
+    def _slot(self, z: list[int]) -> list[int]:
+        """t_v = T z_v (exact for binaries with sum_v z_v <= 1): t_v <= hi z_v, sum_v t_v <= T."""
+        if z[0] not in self.t:
+            for zc in z:
+                (self.t[zc],) = self.cols(1, 0, self.hi)
+                self.rows.add([(self.t[zc], 1.0), (zc, -self.hi)], -np.inf, 0.0)
+            self.rows.add([(self.t[zc], 1.0) for zc in z] + [(self.T, -1.0)], -np.inf, 0.0)
+        return [self.t[zc] for zc in z]
+
+    def slot_time(self, y: int) -> list[tuple[int, float]]:
+        """-T y: a compact slot's time (y: its binary)."""
+        return [(self._slot([y])[0], -1.0)]
+
+    def slot_caps(self, p: PipeCost, z: list[int]) -> list[tuple[int, float]]:
+        """-(sum_v z_v cap_v(T)): a slot's capacity terms (z: its mode binaries, mode v = position + 1)."""
+        ts = self._slot(z)
+        return [e for v, (zc, tc) in enumerate(zip(z, ts), 1) for e in ((zc, _lin(p, v)[1]), (tc, -_lin(p, v)[0]))]
+
+    def limits(self, p: PipeCost, z: list[int]) -> list[tuple[int, float]]:
+        """-(sum_v z_v tau_v(T)): a slot's micro-batch limit terms."""
+        ts = self._slot(z)
+        return [e for v, (zc, tc) in enumerate(zip(z, ts), 1) for e in ((zc, _lin(p, v)[3]), (tc, -_lin(p, v)[2]))]
+
+    def pool(self, m: list[int], n: int) -> None:
+        """P_v = T m_v for a pool's mode counts (sum_v m_v <= n): P_v <= hi m_v and (McCormick, T >= lo)
+        sum_v P_v <= n T - lo (n - sum_v m_v); a relaxation of the products (only upper bounds are needed)."""
+        for mc in m:
+            (self.t[mc],) = self.cols(1, 0, self.hi * n)
+            self.rows.add([(self.t[mc], 1.0), (mc, -self.hi)], -np.inf, 0.0)
+        self.rows.add([(self.t[mc], 1.0) for mc in m] + [(mc, -self.lo) for mc in m] + [(self.T, -float(n))],
+                      -np.inf, -self.lo * n)
+
+    def pool_caps(self, p: PipeCost, m: list[int], v0: int = 1) -> list[tuple[int, float]]:
+        """-(sum m_v cap_v(T)) of a pool's mode counts m (modes v0, v0 + 1, ...)."""
+        return [e for v, mc in enumerate(m, v0) for e in ((mc, _lin(p, v)[1]), (self.t[mc], -_lin(p, v)[0]))]
+
+    def limit_pool(self, p: PipeCost, v: int, n: int, need: float, cnt: float) -> None:
+        """A bucket's count n (of cnt) in a pool's mode v needs tau_v(T) >= need, so T >= X (X: the T where
+        tau_v = need) wherever n > 0: (X - lo) n / cnt <= T - lo."""
+        _, _, g, d = _lin(p, v)
+        x = (need + d) / g
+        if x > self.lo:
+            self.rows.add([(n, (x - self.lo) / cnt), (self.T, -1.0)], -np.inf, -self.lo)
+
+    def solve(self, ncol: int, integ: list[int], ub: list[float], time_limit: float):
+        """min T: (x or "infeasible" or None, {"dual": HiGHS' dual bound (lo where it has none), "T": x's T})."""
+        c = np.zeros(ncol)
+        c[self.T] = 1.0
+        lb = np.zeros(ncol)
+        lb[self.T] = self.lo
+        r = self.rows
+        A = coo_array((r.vals, (r.rows, r.cols)), shape=(len(r.lo), ncol)).tocsr()
+        res = milp(c, constraints=LinearConstraint(A, r.lo, r.hi), integrality=np.array(integ),
+                   bounds=Bounds(lb, np.array(ub)), options={"time_limit": float(time_limit), "mip_rel_gap": 1e-7,
+                                                            "disp": False})
+        if res.status == 2:
+            return "infeasible", {}
+        dual = getattr(res, "mip_dual_bound", None)
+        dual = self.lo if dual is None or not np.isfinite(dual) else float(dual)
+        if res.x is None or res.status not in (0, 1):
+            return None, {"dual": dual}
+        return res.x, {"dual": dual, "T": float(res.x[self.T])}
+
+
+def pool_min_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], lo: float, hi: float, time_limit: float = 10.0,
+                   extra: int = 0, nb: int = NB, whole: int | None = None, counts: bool = False,
+                   compact: bool = False) -> float:
+    """A lower bound in [lo, hi] from one solve of the min-T model (module doc): hi where no dispatch meets hi, else
+    HiGHS' dual bound on min T, valid at a time-out too, times (1 - 1e-6); lo if not above it. `lo` must be a
+    proven bound (the model's T starts there). `counts`, `compact`, `extra`, `whole`, `nb`: as pool_feasible's."""
+    if not hi > lo or int(np.asarray(lengths).size) == 0:
+        return lo
+    st, out = pool_solve(lengths, pipes, hi, time_limit, extra, nb, whole, counts, compact, tvar=(lo, hi))
+    b = hi if st == "infeasible" else min(hi, out["dual"] if out else lo)
+    return max(lo, b * (1 - 1e-6))
