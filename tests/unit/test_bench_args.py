@@ -18,6 +18,7 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
     (["gap_pool.py", "--variants", "plain,nope"], "--variants must name some of plain, counts, rows"),
     (["gap_pool.py", "--rows-iters", "0"], "--rows-iters must be >= 1"),
     (["gap_whole.py", "--pack-s", "0"], "--time-limit and --pack-s must be > 0"),
+    (["gap_trim.py", "--excess", "0"], "--excess in (0, 1]"),
 ])
 def test_proof_benchmarks_refuse_bad_arguments_in_one_line(argv, says):
     r = subprocess.run([sys.executable, *argv], cwd=BENCH, capture_output=True, text=True, timeout=120)
