@@ -97,11 +97,11 @@ class Trim:
                 self.bins[j], n = got, n + 1
         return n
 
-    def place(self, i: int, avoid: int) -> bool:
-        """Document i into a micro-batch with room on the least loaded other pipeline (best fit there)."""
+    def place(self, i: int, avoid: set[int]) -> bool:
+        """Document i into a micro-batch with room on the least loaded pipeline not in `avoid` (best fit there)."""
         t = self.times()
         for o in sorted(range(len(self.pipes)), key=lambda o: t[o] + self.w[o][i]):
-            if o == avoid:
+            if o in avoid:
                 continue
             room = [(self.pipes[o].max_len - self.load(o, b), b) for b in range(len(self.bins[o]))]
             fit = [r for r in room if r[0] >= self.l[i]]
@@ -110,8 +110,9 @@ class Trim:
                 return True
         return False
 
-    def drop(self, j: int, excess: float, tries: int) -> bool:
-        """Step 2 on pipeline j: whether it now runs one micro-batch fewer (unchanged when not)."""
+    def drop(self, j: int, excess: float, tries: int, avoid: set[int]) -> bool:
+        """Step 2 on pipeline j, its documents moved to pipelines not in `avoid`: whether it now runs one micro-batch
+        fewer (unchanged when not)."""
         p, V, docs = self.pipes[j], len(self.bins[j]), self.docs(j)
         over = int(self.l[docs].sum()) - (V - 1) * p.max_len
         if V < 2 or over > excess * p.max_len:
@@ -124,10 +125,22 @@ class Trim:
             got = mbs_pack(self.l, [i for i in docs if i not in moved], p.max_len, V - 1)
             if got is not None:
                 self.bins[j] = got
-                if all(self.place(i, j) for i in small[:kk]):
+                if all(self.place(i, avoid | {j}) for i in small[:kk]):
                     return True
             self.bins = saved
         return False
+
+    def drop_all(self, js: list[int], excess: float, tries: int) -> int:
+        """Step 2 on the pipelines js at once, the least over (V - 1) MaxLen first; their documents go to the other
+        pipelines and to those of js that failed to drop. Returns how many dropped."""
+        over = {j: int(self.l[self.docs(j)].sum()) - (len(self.bins[j]) - 1) * self.pipes[j].max_len for j in js}
+        avoid, made = set(js), 0
+        for j in sorted(js, key=over.get):
+            if self.drop(j, excess, tries, avoid):
+                made += 1
+            else:
+                avoid.discard(j)
+        return made
 
     def _flat(self, j: int):
         """Pipeline j's documents, their micro-batch index and that micro-batch's free tokens, as arrays."""
@@ -136,8 +149,29 @@ class Trim:
         free = np.asarray([self.pipes[j].max_len - self.load(j, b) for b in range(len(self.bins[j]))], dtype=np.int64)
         return ids, at, free
 
-    def rebalance(self) -> int:
-        """Step 3; returns the moves and swaps made."""
+    def _move_repacked(self, j, t, out_j, ij, aj, tries: int) -> bool:
+        """Step 3 where no micro-batch has room: the `tries` best moves of one document out of j that lower the step
+        time if the receiver, MBS-repacked, still needs no more micro-batches; makes the first that does."""
+        cands = []
+        for o in range(len(self.pipes)):
+            if o == j:
+                continue
+            p, tok = self.pipes[o], int(self.l[self.docs(o)].sum())
+            new = np.maximum(out_j, t[o] + self.w[o][ij])
+            ok = (new < t[j] - 1e-12) & (tok + self.l[ij] <= p.max_len * len(self.bins[o]))
+            cands += [(float(new[m]), o, m) for m in np.nonzero(ok)[0].tolist()]
+        for _, o, m in sorted(cands)[:tries]:
+            i = int(ij[m])
+            got = mbs_pack(self.l, self.docs(o) + [i], self.pipes[o].max_len, len(self.bins[o]))
+            if got is not None:
+                self.bins[o] = got
+                self.bins[j][int(aj[m])].remove(i)
+                self.bins[j] = [b for b in self.bins[j] if b]
+                return True
+        return False
+
+    def rebalance(self, repack_tries: int = 0) -> int:
+        """Step 3; returns the moves and swaps made. `repack_tries`: see _move_repacked (0: off)."""
         made = 0
         while True:
             t = self.times()
@@ -167,7 +201,10 @@ class Trim:
                 if new2[r, c] < best[0] - 1e-12:
                     best = (float(new2[r, c]), ("swap", int(ij[r]), j, int(aj[r]), o, int(ao[c]), int(io[c])))
             if best[1] is None:
-                return made
+                if not self._move_repacked(j, t, out_j, ij, aj, repack_tries):
+                    return made
+                made += 1
+                continue
             kind, i, j, bj, o, bo, k = best[1]
             self.bins[j][bj].remove(i)
             self.bins[o][bo].append(i)
@@ -187,19 +224,21 @@ class Trim:
         return max(self.times())
 
 
-def trim(l_: np.ndarray, pipes, bins, excess: float = 0.02, tries: int = 3, rounds: int = 3):
+def trim(l_: np.ndarray, pipes, bins, excess: float = 0.02, tries: int = 3, rounds: int = 3, repack_tries: int = 0):
     """The module doc's repair of one plan: (the Trim, its checked step time, micro-batches dropped in step 2,
     pipelines repacked in step 1, moves and swaps)."""
     tr = Trim(l_, pipes, bins)
     repacked = tr.repack()
-    moves = tr.rebalance()
+    moves = tr.rebalance(repack_tries)
     dropped = 0
-    for _ in range(rounds):  # each round: the one pipeline whose drop, then rebalance, lowers the step time most
+    for _ in range(rounds):  # each round: the drop (one pipeline or all) that, rebalanced, lowers the step time most
         start, best = [[list(b) for b in bs] for bs in tr.bins], (max(tr.times()), None, 0)
-        for j in range(len(pipes)):
+        near = [j for j in range(len(pipes)) if len(tr.bins[j]) >= 2 and int(l_[tr.docs(j)].sum())
+                - (len(tr.bins[j]) - 1) * pipes[j].max_len <= excess * pipes[j].max_len]
+        for js in [[j] for j in near] + [near] * (len(near) > 1):  # one pipeline, or every one near a drop at once
             tr.bins = [[list(b) for b in bs] for bs in start]
-            if tr.drop(j, excess, tries):
-                m = tr.rebalance()
+            if tr.drop_all(js, excess, tries):
+                m = tr.rebalance(repack_tries)
                 if max(tr.times()) < best[0] * (1 - 1e-12):
                     best = (max(tr.times()), [[list(b) for b in bs] for bs in tr.bins], m)
         tr.bins = start if best[1] is None else best[1]
@@ -216,17 +255,22 @@ def main(argv: list[str] | None = None) -> int:
                                                                "most this fraction of MaxLen")
     ap.add_argument("--drop-tries", type=int, default=3, help="step 2: document counts tried per pipeline")
     ap.add_argument("--rounds", type=int, default=3, help="steps 2-3 repeated at most this often")
+    ap.add_argument("--repack-tries", type=int, default=0,
+                    help="step 3 also tries this many moves into a pipeline with no room, MBS-repacked (0: off)")
     ap.add_argument("--prove", choices=["none", "lp", "pool"], default="lp",
                     help="the bound: none, the LP proof, or the pooled proof with count rows (--pool-s s per solve)")
     ap.add_argument("--pool-s", type=float, default=5.0, help="seconds per pooled solve (--prove pool)")
     args = ap.parse_args(argv)
-    if not (0 < args.excess <= 1 and args.drop_tries >= 1 and args.rounds >= 1 and args.pool_s > 0):
-        raise SystemExit(f"error: --excess in (0, 1], --drop-tries and --rounds >= 1, --pool-s > 0; got "
-                         f"{args.excess}, {args.drop_tries}, {args.rounds}, {args.pool_s}")
+    if not (0 < args.excess <= 1 and args.drop_tries >= 1 and args.rounds >= 1 and args.pool_s > 0
+            and args.repack_tries >= 0):
+        raise SystemExit(f"error: --excess in (0, 1], --drop-tries and --rounds >= 1, --pool-s > 0, --repack-tries "
+                         f">= 0; got {args.excess}, {args.drop_tries}, {args.rounds}, {args.pool_s}, "
+                         f"{args.repack_tries}")
     names, profs, steps = probe_steps(args.model, args.cluster, args.candidates, args.source, args.seeds,
                                       args.steps)
     print(f"# {args.model} {args.cluster} {args.candidates} {args.source}: candidates {', '.join(names)}; bound "
-          f"{args.prove}; excess {args.excess:g}, drop tries {args.drop_tries}, rounds {args.rounds}")
+          f"{args.prove}; excess {args.excess:g}, drop tries {args.drop_tries}, rounds {args.rounds}, repack tries "
+          f"{args.repack_tries}")
     print("| seed | step | docs | candidate | plan s | plan / bound | repaired / plan | repaired / bound | V before | "
           "V after | repacked | dropped | moves | repair CPU ms |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -248,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         if abs(own - est) > 1e-9 * est:
             raise SystemExit(f"error: the plan's time {own} is not its est_time {est} (seed {seed} step {k})")
         c0 = time.thread_time()
-        tr, got, dropped, repacked, moves = trim(l_, pipes, bins, args.excess, args.drop_tries, args.rounds)
+        tr, got, dropped, repacked, moves = trim(l_, pipes, bins, args.excess, args.drop_tries, args.rounds,
+                                                     args.repack_tries)
         ms = (time.thread_time() - c0) * 1e3
         tr_v = [len([b for b in bs if b]) for bs in bins]
         ratios.append(got / est)
