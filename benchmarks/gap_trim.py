@@ -5,14 +5,17 @@ of its micro-batches (time V c + W, decision 94; skipped otherwise). It assumes 
 each pipeline's documents and micro-batches as the plan has them, then
   1. repacks every pipeline by Minimum Bin Slack (Gupta and Ho: each micro-batch takes the longest document left and
      the subset of the others that fills it best, an exact subset sum on a bitset), keeping the packing when it needs
-     fewer micro-batches than the plan's;
-  2. for a pipeline whose tokens exceed (V - 1) MaxLen by at most --excess of MaxLen, moves its shortest documents
-     (summing to at least the excess, then one more at a time, at most --drop-tries) into micro-batches of other
-     pipelines that have the room, the least loaded first, and repacks it in V - 1; kept when the step time does not
-     grow and the sum of pipeline times falls;
-  3. rebalances: while a move of one document (into a micro-batch with room) or a swap of two (each micro-batch still
-     <= MaxLen) out of the slowest pipeline lowers the larger of the two pipelines' times under the step time, makes
-     the best such move; steps 2-3 repeat while the step time falls (at most --rounds times).
+     fewer micro-batches than the plan's; then rebalances (3);
+  2. "near" pipelines: those whose tokens exceed (V - 1) MaxLen by at most --excess of MaxLen (or not at all). One
+     drop: the pipeline's shortest documents (summing to at least the excess, then one more at a time, at most
+     --drop-tries counts) go into micro-batches with room on other pipelines, the least loaded first, and the rest is
+     MBS-packed in V - 1 micro-batches. A round tries each near pipeline alone and every near pipeline at once (least
+     excess first; one that fails to drop then takes documents), each followed by (3), and keeps the one that lowers
+     the step time most; rounds repeat while one does (at most --rounds);
+  3. rebalances: while a move of one document (into the micro-batch with most room) or a swap of two (both micro-
+     batches still <= MaxLen) out of the slowest pipeline lowers the larger of the two pipelines' times under the
+     step time, makes the best one; with --repack-tries N, when none does, also tries the N best moves into a
+     pipeline without room, kept when MBS repacks it in its count.
 The result is checked (every document once, every micro-batch <= MaxLen, no empty micro-batch) and timed as the
 planner times a one-stage pipeline: the sum over its micro-batches of c + work (the plan's own time is recomputed
 so and must equal its est_time). Printed: plan / bound, repaired / plan, repaired / bound, CPU ms of the repair.
