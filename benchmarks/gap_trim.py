@@ -175,18 +175,19 @@ class Trim:
 
     def rebalance(self, repack_tries: int = 0) -> int:
         """Step 3; returns the moves and swaps made. `repack_tries`: see _move_repacked (0: off)."""
-        made = 0
+        made, t, flat = 0, None, None
         while True:
-            t = self.times()
+            if t is None:  # every pipeline's time and (documents, micro-batch, free room); then only the two changed
+                t, flat = self.times(), [self._flat(o) for o in range(len(self.pipes))]
             j = int(np.argmax(t))
-            ij, aj, fj = self._flat(j)
+            ij, aj, fj = flat[j]
             single = np.asarray([len(self.bins[j][b]) == 1 for b in aj])
             out_j = t[j] - self.w[j][ij] - np.where(single, self.pipes[j].c, 0.0)  # j's time without document i
             best = (t[j], None)
             for o in range(len(self.pipes)):
                 if o == j:
                     continue
-                io, ao, fo = self._flat(o)
+                io, ao, fo = flat[o]
                 bo = int(np.argmax(fo))  # a move goes where the room is largest
                 new = np.where(self.l[ij] <= fo[bo], np.maximum(out_j, t[o] + self.w[o][ij]), np.inf)
                 m = int(np.argmin(new))
@@ -206,7 +207,7 @@ class Trim:
             if best[1] is None:
                 if not self._move_repacked(j, t, out_j, ij, aj, repack_tries):
                     return made
-                made += 1
+                made, t = made + 1, None
                 continue
             kind, i, j, bj, o, bo, k = best[1]
             self.bins[j][bj].remove(i)
@@ -216,6 +217,8 @@ class Trim:
                 self.bins[j][bj].append(k)
             self.bins[j] = [b for b in self.bins[j] if b]
             made += 1
+            for x in (j, o):
+                t[x], flat[x] = self.time(x), self._flat(x)
 
     def check(self) -> float:
         """Every document once, every micro-batch non-empty and <= MaxLen; returns the step time."""
