@@ -160,11 +160,25 @@ def latest(ckpt: Path) -> str | None:
         return None
 
 
+def wait_checkpoint(run: Run, timeout_s: float = 600.0) -> None:
+    """Until `latest` names a complete checkpoint. The step-2 checkpoint is written asynchronously while step 3
+    trains (`async_checkpoint`), so on a loaded machine step 3's row can be logged before it is complete."""
+    end = time.monotonic() + timeout_s
+    while latest(run.ckpt) is None or newest_complete(run.ckpt) is None:
+        if run.proc.poll() is not None:
+            raise AssertionError(f"run ended (exit {run.proc.returncode}) before its first checkpoint: {run.stderr()}")
+        if time.monotonic() > end:
+            raise AssertionError(f"no complete checkpoint within {timeout_s} s")
+        time.sleep(0.05)
+
+
 def signal_scenario(workdir: Path, sig: int, after_rows: int = 3, steps: int = 40, timeout: float = 60.0) -> dict:
-    """Start a run, send `sig` to the launcher once `after_rows` steps are logged; how it ended."""
+    """Start a run, send `sig` to the launcher once `after_rows` steps are logged and a checkpoint is complete; how it
+    ended."""
     run = start(workdir, steps=steps, timeout=timeout)
     try:
         wait_rows(run, after_rows)
+        wait_checkpoint(run)
         in_session = len(session_pids(run.proc.pid))
         t0 = time.monotonic()
         os.kill(run.proc.pid, sig)
