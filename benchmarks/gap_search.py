@@ -122,10 +122,11 @@ def search_long(l_, pipes, groups, k: int, rounds: int, limit: float, rng):
 
 def lns(l_, prof, groups, k: int, rounds: int, limit: float, seed: int, k_long: int):
     """gap_lns.search from `groups` (one-stage candidates), then search_long (`k_long`, as many rounds), then
-    owner_result's local search; the fastest of the three stages: (time, groups)."""
+    owner_result's local search; the fastest of the three stages: (time, groups, which stage: "k", "long" or "ls";
+    the earliest stage on a tie)."""
     pipes = list(prof.pipes)
     if any(p.pp != 1 or p.eq1 for p in pipes):
-        return float("nan"), groups
+        return float("nan"), groups, ""
     rng = np.random.default_rng(seed)
     new, _, _ = search(l_, pipes, groups, k, rounds, limit, rng, False, 0.0)
     new2 = search_long(l_, pipes, new, k_long, rounds, limit, rng) if k_long else new
@@ -133,7 +134,8 @@ def lns(l_, prof, groups, k: int, rounds: int, limit: float, seed: int, k_long: 
     for j, g in enumerate(new2):
         owner[g] = j
     ls = [list(g) for g in owner_result(l_, prof.pipes, owner, 200).groups]
-    return min(((evaluate(l_, prof, g), g) for g in (new, new2, ls)), key=lambda x: x[0])
+    return min(((evaluate(l_, prof, g), g, w) for g, w in ((new, "k"), (new2, "long"), (ls, "ls"))),
+               key=lambda x: x[0])
 
 
 def parse(argv):
@@ -178,9 +180,9 @@ def main(argv: list[str] | None = None) -> int:
             alone = mine.est_step_time
             found, groups = best_search(l_, profs[i], b, args.restarts, cfg)
             t1 = time.perf_counter()
-            lt, g2 = float("nan"), groups
+            lt, g2, how = float("nan"), groups, ""
             if args.lns_rounds:
-                lt, g2 = lns(l_, profs[i], groups, args.k, args.lns_rounds, args.time_limit, seed * 100 + k,
+                lt, g2, how = lns(l_, profs[i], groups, args.k, args.lns_rounds, args.time_limit, seed * 100 + k,
                              args.k_long)
             t2 = time.perf_counter()
             top = min(found, lt if lt == lt else float("inf"))
@@ -190,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                 diffs.append(f"{names[i]}: {changes(names[i], mine.pipelines, after)}")
             best_all = min(best_all, alone, top)
             print(f"| {seed} | {k} | {l_.size} | {names[i]} | {plan / b:.4f} | {alone / plan:.4f} "
-                  f"| {found / plan:.4f} | {lt / plan:.4f} | {t1 - t0:.0f} + {t2 - t1:.0f} |", flush=True)
+                  f"| {found / plan:.4f} | {lt / plan:.4f} {how} | {t1 - t0:.0f} + {t2 - t1:.0f} |", flush=True)
         print(f"| {seed} | {k} | {l_.size} | best over candidates | | | | **{best_all / plan:.4f}** | |", flush=True)
         for d in diffs:
             print(f"#   seed {seed} step {k}, best found against the planner's plan for {d}")
