@@ -3,26 +3,19 @@ MaxLen, its check refuses a broken plan, and its repair returns a real plan neve
 and never faster than the least packed step time (brute force on small steps)."""
 
 import itertools
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tidal.planner.bounds import PipeCost
-from tidal.proof.binpack import l2_bins, min_bins
+from _packed_brute import bench_module, least_packed_time, three_pipes  # isort: skip
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from tidal.planner.bounds import PipeCost
+from tidal.proof.binpack import l2_bins
 
 
 @pytest.fixture(scope="module")
 def gt():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import gap_trim
-    finally:
-        sys.path.remove(str(BENCH))
-    return gap_trim
+    return bench_module("gap_trim")
 
 
 def test_best_subset_is_the_largest_sum_under_the_room(gt):
@@ -59,20 +52,10 @@ def test_check_refuses_a_lost_or_repeated_document_and_an_overfull_micro_batch(g
 
 def test_trim_returns_a_real_plan_between_the_optimum_and_the_plan_it_was_given(gt):
     rng = np.random.default_rng(11)
-    pipes = [PipeCost(1e-4, 0.01, 0.05, 1, 20), PipeCost(1e-4, 0.01, 0.05, 1, 20), PipeCost(5e-5, 0.006, 0.08, 1, 32)]
+    pipes = three_pipes()
     for _ in range(6):
         l_ = rng.integers(3, 21, size=7).astype(np.int64)
-        best = np.inf
-        for assign in itertools.product(range(len(pipes)), repeat=l_.size):
-            t = 0.0
-            for j, p in enumerate(pipes):
-                g = l_[[i for i, a in enumerate(assign) if a == j]]
-                if g.size and int(g.max()) > p.max_len:
-                    t = np.inf
-                    break
-                if g.size:
-                    t = max(t, min_bins(g, p.max_len)[0] * p.c + float(p.work(g).sum()))
-            best = min(best, t)
+        best = least_packed_time(l_, pipes)
         plan = [[[i] for i in range(j, l_.size, 3)] for j in range(3)]  # round robin, one document a micro-batch
         given = gt.Trim(l_, pipes, plan).check()
         for repack_tries in (0, 4):

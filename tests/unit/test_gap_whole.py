@@ -1,27 +1,15 @@
 """benchmarks/gap_whole.py (decision 129): its dual-feasible-function rows hold for every packing, so the MILP's dual
 bound is at most the least packed step time, and its packed plan is a real plan (never under that optimum)."""
 
-import itertools
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from tidal.planner.bounds import PipeCost
-from tidal.proof.binpack import min_bins
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from _packed_brute import bench_module, least_packed_time, three_pipes  # isort: skip
 
 
 @pytest.fixture(scope="module")
 def gw():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import gap_whole
-    finally:
-        sys.path.remove(str(BENCH))
-    return gap_whole
+    return bench_module("gap_whole")
 
 
 def _partitions(total: int, most: int):
@@ -44,20 +32,10 @@ def test_dual_feasible_functions_sum_to_at_most_one_per_micro_batch(gw):
 
 def test_whole_milp_bound_and_packed_plan_bracket_the_least_packed_time(gw):
     rng = np.random.default_rng(7)
-    pipes = [PipeCost(1e-4, 0.01, 0.05, 1, 20), PipeCost(1e-4, 0.01, 0.05, 1, 20), PipeCost(5e-5, 0.006, 0.08, 1, 32)]
+    pipes = three_pipes()
     for _ in range(4):
         l_ = rng.integers(3, 21, size=6).astype(np.int64)
-        best = np.inf
-        for assign in itertools.product(range(len(pipes)), repeat=l_.size):
-            t = 0.0
-            for j, p in enumerate(pipes):
-                g = l_[[i for i, a in enumerate(assign) if a == j]]
-                if g.size and int(g.max()) > p.max_len:
-                    t = np.inf
-                    break
-                if g.size:
-                    t = max(t, min_bins(g, p.max_len)[0] * p.c + float(p.work(g).sum()))
-            best = min(best, t)
+        best = least_packed_time(l_, pipes)
         groups, V, T, dual = gw.whole_milp(l_, pipes, 30.0, True)
         assert groups is not None and best * (1 + 1e-6) >= T  # the rows relax every packed plan
         if np.isfinite(dual):
