@@ -41,3 +41,11 @@ def least_packed_time(l_: np.ndarray, pipes: list[PipeCost]) -> float:
                 t = max(t, min_bins(g, p.max_len)[0] * p.c + float(p.work(g).sum()))
         best = min(best, t)
     return best
+
+
+def small_steps(seed: int, count: int, size: int, pipes: list[PipeCost]):
+    """`count` seeded random steps of `size` documents (3-20 tokens), each with its least packed time on `pipes`."""
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        l_ = rng.integers(3, 21, size=size).astype(np.int64)
+        yield l_, least_packed_time(l_, pipes)

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from _packed_brute import bench_module, least_packed_time, three_pipes  # isort: skip
+from _packed_brute import bench_module, small_steps, three_pipes  # isort: skip
 
 from tidal.planner.bounds import PipeCost
 from tidal.proof.binpack import l2_bins
@@ -51,11 +51,8 @@ def test_check_refuses_a_lost_or_repeated_document_and_an_overfull_micro_batch(g
 
 
 def test_trim_returns_a_real_plan_between_the_optimum_and_the_plan_it_was_given(gt):
-    rng = np.random.default_rng(11)
     pipes = three_pipes()
-    for _ in range(6):
-        l_ = rng.integers(3, 21, size=7).astype(np.int64)
-        best = least_packed_time(l_, pipes)
+    for l_, best in small_steps(11, 6, 7, pipes):
         plan = [[[i] for i in range(j, l_.size, 3)] for j in range(3)]  # round robin, one document a micro-batch
         given = gt.Trim(l_, pipes, plan).check()
         for repack_tries in (0, 4):

@@ -4,7 +4,7 @@ bound is at most the least packed step time, and its packed plan is a real plan 
 import numpy as np
 import pytest
 
-from _packed_brute import bench_module, least_packed_time, three_pipes  # isort: skip
+from _packed_brute import bench_module, small_steps, three_pipes  # isort: skip
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +31,8 @@ def test_dual_feasible_functions_sum_to_at_most_one_per_micro_batch(gw):
 
 
 def test_whole_milp_bound_and_packed_plan_bracket_the_least_packed_time(gw):
-    rng = np.random.default_rng(7)
     pipes = three_pipes()
-    for _ in range(4):
-        l_ = rng.integers(3, 21, size=6).astype(np.int64)
-        best = least_packed_time(l_, pipes)
+    for l_, best in small_steps(7, 4, 6, pipes):
         groups, V, T, dual = gw.whole_milp(l_, pipes, 30.0, True)
         assert groups is not None and best * (1 + 1e-6) >= T  # the rows relax every packed plan
         if np.isfinite(dual):
