@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from tidal.core import get_cluster, parse_strategy, place
-from tidal.planner.bounds import PipeCost
+from tidal.planner.bounds import PipeCost, StrategyBound
 from tidal.planner.select import StrategyProfile
 
 CLUSTER = get_cluster("cpux16")
@@ -80,3 +80,21 @@ def formula_cases(n: int, seed: int):
         W = wm * float(rng.uniform(1, cnt))
         g = int(rng.integers(0, 4))
         yield q, c, M, W, tok, wm, cnt, g
+
+
+# pipeline kinds of the mode bound's random instances (tests of bounds_modes and kernels_modes)
+MODE_KINDS = [PipeCost(1e-3, 1.0, 0.5, 1, 64), PipeCost(0.5e-3, 0.5, 0.5, 2, 128), PipeCost(2e-4, 0.25, 1.0, 4, 200),
+              PipeCost(2e-3, 2.0, 0.1, 1, 8), PipeCost(1e-4, 0.3, 0.0, 2, 150), PipeCost(0.0, 0.0, 0.0, 1, 100),
+              PipeCost(3e-4, 0.2, 0.2, 1, 256, 0.7), PipeCost(1e-5, 0.01, 0.3, 1, 5),
+              PipeCost(1e-6, 1e-3, 1e-4, 8, 256)]
+
+
+def open_bounds(rng, count: int, max_docs: int, kinds=MODE_KINDS):
+    """`count` random steps drawn from `rng` (1-5 pipelines of `kinds`, 1 to max_docs - 1 documents up to the longest
+    MaxLen); yields the StrategyBound of each one the quick bounds do not settle (`final` is None)."""
+    for _ in range(count):
+        pipes = [kinds[rng.integers(0, len(kinds))] for _ in range(rng.integers(1, 6))]
+        l_ = rng.integers(1, max(p.max_len for p in pipes) + 1, size=rng.integers(1, max_docs))
+        sb = StrategyBound(l_, pipes)
+        if sb.final is None:
+            yield sb

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from planner_synth import PROFILES
+from planner_synth import MODE_KINDS, PROFILES, open_bounds
 
 from tidal.planner import kernels_modes
 from tidal.planner.bounds_modes import violated
@@ -160,20 +160,11 @@ def _costs_reference(T, sb, th):
 
 def test_mode_costs_equal_the_per_mode_definition():
     from tidal.planner import kernels_modes
-    from tidal.planner.bounds import PipeCost, StrategyBound
     from tidal.planner.bounds_modes import VB, _step_arrays, mode_arrays
 
     rng = np.random.default_rng(2)
-    kinds = [PipeCost(1e-3, 1.0, 0.5, 1, 64), PipeCost(0.5e-3, 0.5, 0.5, 2, 128), PipeCost(2e-4, 0.25, 1.0, 4, 200),
-             PipeCost(2e-3, 2.0, 0.1, 1, 8), PipeCost(1e-4, 0.3, 0.0, 2, 150), PipeCost(0.0, 0.0, 0.0, 1, 100),
-             PipeCost(3e-4, 0.2, 0.2, 1, 256, 0.7), PipeCost(1e-5, 0.01, 0.3, 1, 5)]
     twos = 0
-    for _ in range(120):
-        pipes = [kinds[rng.integers(0, len(kinds))] for _ in range(rng.integers(1, 6))]
-        l_ = rng.integers(1, max(p.max_len for p in pipes) + 1, size=rng.integers(1, 60))
-        sb = StrategyBound(l_, pipes)
-        if sb.final is not None:
-            continue
+    for sb in open_bounds(rng, 120, 60, MODE_KINDS[:8]):
         for T in (sb.refined() * f for f in (0.8, 1.0, 1.05, 2.0, 30.0)):
             (cw, w, ls, M, rho, C, P), (tau, cap) = _step_arrays(sb), mode_arrays(T, sb.ca.C, sb.ca.P)
             th = np.empty((C.size, VB))

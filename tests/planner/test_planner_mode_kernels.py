@@ -5,17 +5,14 @@ bounds_modes.infeasible's one call (kernels_modes.mode_infeasible, decision 124)
 
 import numpy as np
 import pytest
+from planner_synth import open_bounds
 
 from tidal.planner import kernels_modes as km
-from tidal.planner.bounds import PipeCost, StrategyBound
 from tidal.planner.bounds_modes import SWEEPS, VB, _step_arrays, infeasible, mode_arrays, violated
 
 pytestmark = pytest.mark.unit
 
 MODES = [km.PLAIN] + ([km.COMPILED] if km.COMPILED is not None else [])
-KINDS = [PipeCost(1e-3, 1.0, 0.5, 1, 64), PipeCost(0.5e-3, 0.5, 0.5, 2, 128), PipeCost(2e-4, 0.25, 1.0, 4, 200),
-         PipeCost(2e-3, 2.0, 0.1, 1, 8), PipeCost(1e-4, 0.3, 0.0, 2, 150), PipeCost(0.0, 0.0, 0.0, 1, 100),
-         PipeCost(3e-4, 0.2, 0.2, 1, 256, 0.7), PipeCost(1e-5, 0.01, 0.3, 1, 5), PipeCost(1e-6, 1e-3, 1e-4, 8, 256)]
 
 
 def _thetas(T, step, cap, loops):
@@ -94,12 +91,7 @@ def _two_class_ratio(U, wt, cnt):
 def test_mode_arrays_thetas_and_costs_equal_the_numpy_expressions_in_both_modes():
     rng = np.random.default_rng(11)
     twos = merged = 0
-    for _ in range(50):
-        pipes = [KINDS[rng.integers(0, len(KINDS))] for _ in range(rng.integers(1, 6))]
-        l_ = rng.integers(1, max(p.max_len for p in pipes) + 1, size=rng.integers(1, 80))
-        sb = StrategyBound(l_, pipes)
-        if sb.final is not None:
-            continue
+    for sb in open_bounds(rng, 50, 80):
         step = _step_arrays(sb)
         for T in (sb.refined() * f for f in (0.5, 1.0, 1.01, 3.0, 1e3)):
             tau0, cap0 = _mode_arrays_ref(T, sb.ca.C, sb.ca.P)
@@ -153,12 +145,7 @@ def test_infeasible_in_one_call_equals_its_kernels_one_by_one_in_both_modes():
     one by one; bounds_modes.infeasible gives that verdict (one class: the costs' sum against its pipeline count)."""
     rng = np.random.default_rng(13)
     verdicts = set()
-    for _ in range(40):
-        pipes = [KINDS[rng.integers(0, len(KINDS))] for _ in range(rng.integers(1, 6))]
-        l_ = rng.integers(1, max(p.max_len for p in pipes) + 1, size=rng.integers(1, 80))
-        sb = StrategyBound(l_, pipes)
-        if sb.final is not None:
-            continue
+    for sb in open_bounds(rng, 40, 80):
         step, K = _step_arrays(sb), sb.ca.cnt.size
         for T in (sb.refined() * f for f in (0.5, 1.0, 1.02, 1.2, 3.0)):
             tau, cap = mode_arrays(T, sb.ca.C, sb.ca.P)
