@@ -101,6 +101,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"steps {args.skip + 1}..{len(rows)}: tokens/s median {summary['tokens_per_s_median']:.0f} "
               f"(p10 {summary['tokens_per_s_p10']:.0f}); MFU median {summary['mfu_median']:.1%}, "
               f"worst {summary['mfu_worst']:.1%}")
+    picks: dict[str, int] = {}
+    for r in rows:
+        for b, n in r.get("attn_picks", {}).items():
+            picks[b] = picks.get(b, 0) + n
+    if picks:
+        summary["attn_picks"] = picks
+        print("attention backend per micro-batch (all steps): "
+              + ", ".join(f"{b} {n}" for b, n in sorted(picks.items())))
     biggest = max((r["max_mb_tokens"] for r in rows), default=0)
     model_peak = max(stage_memory(spec, ParallelScheme(), 1, biggest,
                                   executor_memory(compute, "float32")))

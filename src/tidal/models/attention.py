@@ -40,10 +40,14 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tidal.core.attnrule import H200_RULE, AttnBackendRule
 from tidal.core.errors import TidalError
 
+# sdpa's kernels on CUDA, in PyTorch's order, cuDNN left out: cuDNN builds an execution graph per new (Lq, Lk) shape,
+# and training's documents are nearly all new lengths (decision 133: `mixed` ran 0.61x flex's tokens/s with it)
+SDPA_CUDA_KERNELS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 BACKENDS = ("auto", "mixed", "flash", "flex", "sdpa", "reference")
 FALLBACK = ("flash", "flex", "sdpa", "reference")
 # what each request tries, in order (the first that can run here runs)
@@ -256,7 +260,15 @@ def _attn_reference(q, k, v, meta: VarlenMeta, scale: float) -> torch.Tensor:
 def _attn_sdpa(q, k, v, meta: VarlenMeta, scale: float) -> torch.Tensor:
     """One SDPA call per segment: causal (flash kernel on CPU and GPU) when a segment's queries and keys coincide,
     else with the segment's own bottom-right [Lq, Lk] mask (CP pieces). Never a [Tq, Tk] mask over the micro-batch,
-    so time and memory follow sum of l^2 over documents, not (sum of l)^2."""
+    so time and memory follow sum of l^2 over documents, not (sum of l)^2. On CUDA, never cuDNN's kernel
+    (:data:`SDPA_CUDA_KERNELS`)."""
+    if q.is_cuda:
+        with sdpa_kernel(list(SDPA_CUDA_KERNELS)):
+            return _sdpa_segments(q, k, v, meta, scale)
+    return _sdpa_segments(q, k, v, meta, scale)
+
+
+def _sdpa_segments(q, k, v, meta: VarlenMeta, scale: float) -> torch.Tensor:
     gqa = q.shape[1] != k.shape[1]
     cu, ks, kl = meta.host
     outs = []
