@@ -7,7 +7,7 @@
 # (benchmarks/act_bytes.py) of llama3.2-1b and llama2-7b's shapes against the memory model; 7. GEMM and attention
 # efficiency at llama2-7b's TP shards (benchmarks/gpu_kernels.py: sdpa at TP 1-8, flex at TP 1 and 8), for the analytic
 # model's Hopper efficiencies; 8. part 5 with the sdpa backend (the runtime's overhead apart from flex's); 9. part 5
-# and llama3.2-1b with the per-micro-batch backend `mixed` (auto's choice on CUDA without flash-attn, decision 119):
+# and llama3.2-1b with the per-micro-batch backend `mixed` (decision 119; named only since decision 133):
 # against parts 5 and 8 (and benchmarks/data/h200-llama3.2-1b-profile-*.csv), the rule's measured gain; 10. part 3
 # with `mixed` and with `flex` in one call (train-1b-mixed, train-1b-flex): mixed's end-to-end gain in training.
 # Each part has its own time limit and goes on after a failure; everything lands in OUTDIR/session.log.
@@ -39,7 +39,7 @@ part verify-bf16 80 python3 -m tidal.cli.main verify --model tiny --nproc 1 --st
   --dtype bfloat16
 part train-1b 110 python3 benchmarks/gpu_run.py --model llama3.2-1b --cluster h200x1 --steps 12 \
   --out "$OUT/train_1b.json"
-part train-1b-mixed 100 python3 benchmarks/gpu_run.py --model llama3.2-1b --cluster h200x1 --steps 10 \
+part train-1b-mixed 130 python3 benchmarks/gpu_run.py --model llama3.2-1b --cluster h200x1 --steps 10 \
   --attn-backend mixed --out "$OUT/train_1b_mixed.json"
 part train-1b-flex 100 python3 benchmarks/gpu_run.py --model llama3.2-1b --cluster h200x1 --steps 10 \
   --attn-backend flex --out "$OUT/train_1b_flex.json"

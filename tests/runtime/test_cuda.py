@@ -65,12 +65,12 @@ def test_model_on_cuda_matches_cpu_fp32(backend, no_tf32):
 
 
 def test_mixed_on_cuda_runs_both_kernels_and_matches_cpu(no_tf32):
-    """attn_backend "mixed" (auto's choice on CUDA without flash-attn, decision 119) on two micro-batches whose
+    """attn_backend "mixed" (decision 119; named only since decision 133) on two micro-batches whose
     H200-rule picks differ: 40 documents of 5 tokens (flex, the compiled kernel with its backward) and one of 200
     (sdpa). Loss and gradients of each within the fp32 tolerances above of CPU sdpa; each kernel ran once."""
     from tidal.models.attention import explain_backend
 
-    assert explain_backend("auto", "cuda", torch.float32, head_dim=TINY16.head_dim)[0] in ("flash", "mixed")
+    assert explain_backend("mixed", "cuda", torch.float32, head_dim=TINY16.head_dim)[0] == "mixed"
     torch.manual_seed(0)
     cpu = Llama(TINY16, "sdpa")
     gpu = Llama(TINY16, "mixed")
@@ -180,3 +180,23 @@ def test_recompute_and_offload_on_cuda_keep_gradients(no_tf32):
     model, loss, grads = run({0: "full", 1: "selective", 4: "full"}, (1, 2, 4))
     _close(loss, grads, ref_loss, ref, 1e-12, 1e-12)
     assert model.layers["2"].offload.moved > 0 and model.layers["1"].offload.moved > 0
+
+
+def test_sdpa_on_cuda_runs_no_cudnn_kernel():
+    """sdpa on CUDA (decision 133): the per-document calls, forward and backward, go to PyTorch's flash kernel, never to
+    cuDNN's (which builds a graph per new document length), even where cuDNN is allowed and would be chosen."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from tidal.models.attention import VarlenMeta, varlen_attention
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    lengths = [37, 300, 129]
+    meta = VarlenMeta.from_lengths(lengths).to("cuda")
+    q, k, v = (torch.randn(sum(lengths), 8, 64, device="cuda", dtype=torch.bfloat16, generator=g,
+                           requires_grad=True) for _ in range(3))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        varlen_attention(q, k, v, meta, "sdpa").float().square().sum().backward()
+    names = {e.name for e in prof.events()}
+    assert not any("cudnn" in n for n in names), sorted(n for n in names if "cudnn" in n)
+    assert "aten::_scaled_dot_product_flash_attention" in names
+    assert "aten::_scaled_dot_product_flash_attention_backward" in names

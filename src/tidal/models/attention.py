@@ -18,16 +18,18 @@ Backends (``BACKENDS``):
   grad, eagerly, and ``auto`` skips it there: eager FlexAttention materialises the whole [Tq, Tk] score matrix (40-120x
   slower than ``sdpa`` here), and compiling it on CPU took 81 s for a 1.3x faster forward (docs/decisions.md).
 * ``"sdpa"``: ``scaled_dot_product_attention`` once per segment (causal kernel, or the segment's own
-  bottom-right mask for CP pieces): work and memory follow the documents, not the packed micro-batch.
+  bottom-right mask for CP pieces): work and memory follow the documents, not the packed micro-batch. On CUDA it
+  never runs cuDNN's kernel (:data:`SDPA_CUDA_KERNELS`, decision 133), which builds a graph per new shape.
 * ``"reference"``: pure torch, one segment at a time, explicit softmax; the ground truth the others are tested against.
 * ``"mixed"``: ``sdpa`` or ``flex`` chosen once per micro-batch from its segment lengths by an
   :class:`~tidal.core.attnrule.AttnBackendRule` (decision 119: per-document sdpa is the faster kernel per FLOP,
   one flex call wins on many short documents). The pick is made on the host from ``VarlenMeta.host`` on the first
   layer, cached on the VarlenMeta like the block mask, and counted in the model's :class:`AttentionKernels`
   (``picks``: backend -> micro-batches). A flex pick where flex cannot run (CPU with gradients) runs sdpa.
-* ``"auto"``: the fastest correct one for the device: flash, then mixed (CUDA only: its flex picks need the compiled
-  kernel), then sdpa, then reference. :func:`explain_backend` says which one runs and why the faster ones were
-  passed over.
+* ``"auto"``: the fastest correct one for the device, as measured in training: flash, then flex (CUDA only, heads of
+  at least 16), then sdpa, then reference. (``mixed`` is named only: decision 133 measured it at 0.61x flex's
+  tokens/s in training, with sdpa's cuDNN kernel.) :func:`explain_backend` says which one runs and why the faster
+  ones were passed over.
 
 An unavailable backend falls back along its chain (``CHAINS``; flash -> flex -> sdpa -> reference);
 :func:`resolve_backend` reports the one actually used.
@@ -51,7 +53,7 @@ SDPA_CUDA_KERNELS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
 BACKENDS = ("auto", "mixed", "flash", "flex", "sdpa", "reference")
 FALLBACK = ("flash", "flex", "sdpa", "reference")
 # what each request tries, in order (the first that can run here runs)
-CHAINS = {"auto": ("flash", "mixed", "sdpa", "reference"), "mixed": ("mixed", "sdpa", "reference"),
+CHAINS = {"auto": ("flash", "flex", "sdpa", "reference"), "mixed": ("mixed", "sdpa", "reference"),
           **{b: FALLBACK[FALLBACK.index(b):] for b in FALLBACK}}
 
 
@@ -155,7 +157,7 @@ def _unavailable(name: str, cuda: bool, dtype: torch.dtype, needs_grad: bool, au
                  head_dim: int | None = None) -> str:
     """Why backend `name` cannot (or, under auto, should not) run here; empty when it can. ``mixed`` runs where its
     flex picks can (its sdpa picks run anywhere)."""
-    if name == "mixed":  # named, it runs anywhere (a flex pick that cannot run here runs sdpa); auto asks flex's way
+    if name == "mixed":  # named, it runs anywhere (a flex pick that cannot run here runs sdpa)
         why = _unavailable("flex", cuda, dtype, needs_grad, auto, head_dim) if auto else ""
         return f"its flex picks: {why}" if why else ""
     if name == "flash":
@@ -195,7 +197,7 @@ def explain_backend(name: str, device: torch.device | str, dtype: torch.dtype,
 
 def describe_backend(name: str, device: torch.device | str, dtype: torch.dtype, needs_grad: bool = True,
                      head_dim: int | None = None) -> str:
-    """One line for logs: 'sdpa (auto; flash: needs CUDA; mixed: its flex picks: no FlexAttention backward on CPU)'."""
+    """One line for logs: 'sdpa (auto; flash: needs CUDA; flex: no FlexAttention backward on CPU)'."""
     chosen, skipped = explain_backend(name, device, dtype, needs_grad, head_dim)
     if chosen == "mixed":
         flex_why = _unavailable("flex", torch.device(device).type == "cuda", dtype, needs_grad, False, head_dim)

@@ -336,7 +336,7 @@ class Llama(nn.Module):
 
     @property
     def attn_picks(self) -> dict[str, int]:
-        """Under "mixed" (or "auto" resolved to it): backend -> micro-batches it ran, counted once per micro-batch."""
+        """Under "mixed": backend -> micro-batches it ran, counted once per micro-batch."""
         return dict(self.attn_kernels.picks)
 
     def set_fused(self, fused: bool) -> None:

@@ -60,7 +60,7 @@ class ExecConfig:
     compute_dtype: str = "auto"  # parameters pulled in this dtype; auto: config.compute_dtype_for (bf16 on CUDA)
     schedule: str = "1f1b"
     attn_backend: str = "auto"
-    attn_rule: AttnBackendRule = H200_RULE  # "mixed" (auto on CUDA without flash-attn): sdpa or flex per micro-batch
+    attn_rule: AttnBackendRule = H200_RULE  # "mixed" (named only, decision 133): sdpa or flex per micro-batch
     overlap_pull: bool = True  # pull layer by layer in the background; each module waits for its own parameters
     pull_window: int = 2  # parameter groups this rank receives into, in flight at once (decision 75)
     push_window: int = 2  # parameter groups' pushes in flight at once, posted from the backward (decision 75)
