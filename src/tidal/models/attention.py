@@ -155,11 +155,10 @@ FLEX_MIN_HEAD_DIM = 16
 
 def _unavailable(name: str, cuda: bool, dtype: torch.dtype, needs_grad: bool, auto: bool,
                  head_dim: int | None = None) -> str:
-    """Why backend `name` cannot (or, under auto, should not) run here; empty when it can. ``mixed`` runs where its
-    flex picks can (its sdpa picks run anywhere)."""
-    if name == "mixed":  # named, it runs anywhere (a flex pick that cannot run here runs sdpa)
-        why = _unavailable("flex", cuda, dtype, needs_grad, auto, head_dim) if auto else ""
-        return f"its flex picks: {why}" if why else ""
+    """Why backend `name` cannot (or, under auto, should not) run here; empty when it can. ``mixed`` runs anywhere
+    (its flex picks run sdpa where flex cannot)."""
+    if name == "mixed":  # named only, it runs anywhere (a flex pick that cannot run here runs sdpa)
+        return ""
     if name == "flash":
         if not cuda:
             return "needs CUDA"
