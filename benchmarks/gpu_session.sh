@@ -9,7 +9,9 @@
 # model's Hopper efficiencies; 8. part 5 with the sdpa backend (the runtime's overhead apart from flex's); 9. part 5
 # and llama3.2-1b with the per-micro-batch backend `mixed` (decision 119; named only since decision 133):
 # against parts 5 and 8 (and benchmarks/data/h200-llama3.2-1b-profile-*.csv), the rule's measured gain; 10. part 3
-# with `mixed` and with `flex` in one call (train-1b-mixed, train-1b-flex): mixed's end-to-end gain in training.
+# with `mixed` and with `flex` in one call (train-1b-mixed, train-1b-flex): mixed's end-to-end gain in training;
+# 11. benchmarks/gpu_compile.py (compile): llama3.2-1b eager against its dense parts compiled, on repeated and on new
+# document lengths.
 # Each part has its own time limit and goes on after a failure; everything lands in OUTDIR/session.log.
 set -u
 OUT=${1:-gpu-out}
@@ -60,4 +62,5 @@ part profile-7b-mixed 110 python3 -m tidal.cli.main profile --model examples/mod
   --out "$OUT/profile_mixed.json"
 part profile-1b-mixed 150 python3 -m tidal.cli.main profile --model llama3.2-1b --cluster h200x1 --schemes tp1 \
   --totals 1024,4096,16384,32768 --mixes 2 --repeats 3 --attn-backend mixed --out "$OUT/profile_1b_mixed.json"
+part compile 240 python3 benchmarks/gpu_compile.py --model llama3.2-1b
 grep "^===" "$LOG"
