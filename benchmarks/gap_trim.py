@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                "most this fraction of MaxLen")
     ap.add_argument("--drop-tries", type=int, default=3, help="step 2: document counts tried per pipeline")
     ap.add_argument("--rounds", type=int, default=3, help="steps 2-3 repeated at most this often")
-    ap.add_argument("--drops", type=int, default=2, help="step 2: single-pipeline drops tried per round")
+    ap.add_argument("--drops", type=int, default=1, help="step 2: single-pipeline drops tried per round")
     ap.add_argument("--moves", type=int, default=64, help="step 3: moves and swaps per rebalance")
     ap.add_argument("--partners", type=int, default=3, help="step 3: swap partners (least loaded pipelines)")
     ap.add_argument("--prove", choices=["none", "lp", "pool"], default="lp",
@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         tr, repacked, dropped, moves = repair(l_, pipes, bins, excess=args.excess, tries=args.drop_tries,
                                               rounds=args.rounds, drops=args.drops, moves=args.moves,
                                               partners=args.partners)
+        tr = tr or Repair(l_, pipes, bins)  # None: no pipeline repacks, the plan is kept
         got = check(tr)
         ms = (time.thread_time() - c0) * 1e3
         tr_v = [len([b for b in bs if b]) for bs in bins]

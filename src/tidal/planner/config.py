@@ -47,15 +47,16 @@ class PlannerConfig:
     fill_slack: float = 5e-3
     fill_gap: float = 5e-3
     fill_per_step: int = 1
-    # the packed plan's repair on one-stage candidates (planner/repair.py, decision 134): when above the bound by
-    # repair_gap, on at most repair_per_step candidates per select_step; a drop is tried on pipelines over
-    # (V - 1) MaxLen by at most repair_excess of MaxLen (repair_drops of them alone, then all at once), with
-    # repair_tries document counts each, for at most repair_rounds rounds; the rebalance makes at most repair_moves
-    # moves and swaps, swapping with the repair_partners least loaded pipelines
+    # the packed plan's repair on one-stage candidates (planner/repair.py, decision 134): on steps with B x D <=
+    # repair_max, when above the bound by repair_gap, on at most repair_per_step candidates per select_step; a drop
+    # is tried on pipelines over (V - 1) MaxLen by at most repair_excess of MaxLen (repair_drops of them alone, then
+    # all at once), with repair_tries document counts each, for at most repair_rounds rounds; the rebalance makes at
+    # most repair_moves moves and swaps, swapping with the repair_partners least loaded pipelines
+    repair_max: int = 2**18
     repair_gap: float = 2e-3
     repair_per_step: int = 1
     repair_excess: float = 0.02
-    repair_drops: int = 2
+    repair_drops: int = 1
     repair_tries: int = 3
     repair_rounds: int = 3
     repair_moves: int = 64

@@ -220,9 +220,10 @@ class Fill:
 
 
 class RepairPass:
-    """Decision 134: repair.repair on a plan whose every pipeline is one-stage (PP = 1, priced V c + W): MBS repack,
-    drop a micro-batch, rebalance; gap cfg.repair_gap. Spends one of the allowance only when a pipeline was repacked
-    into fewer micro-batches (the costly part follows); the result is checked and timed by pipeline_time."""
+    """Decision 134: repair.repair on a plan whose every pipeline is one-stage (PP = 1, priced V c + W) and B x D <=
+    cfg.repair_max: MBS repack, drop a micro-batch, rebalance; gap cfg.repair_gap. Spends one of the allowance only
+    when a pipeline was repacked into fewer micro-batches (the costly part follows); the result is checked and timed
+    by pipeline_time."""
     name = "repair"
 
     def gap(self, ctx: Context) -> float:
@@ -230,13 +231,13 @@ class RepairPass:
 
     def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
         cfg, l_, pipes = ctx.cfg, ctx.lengths, ctx.prof.pipes
-        if any(p.pp != 1 or p.eq1 for p in pipes):
+        if any(p.pp != 1 or p.eq1 for p in pipes) or l_.size * len(pipes) > cfg.repair_max:
             return None
         rp, repacked, _, _ = repair(l_, pipes, [[list(mb) for mb in pl.micro_batches] for pl in plans],
                                     excess=cfg.repair_excess, tries=cfg.repair_tries, rounds=cfg.repair_rounds,
                                     drops=cfg.repair_drops, moves=cfg.repair_moves, partners=cfg.repair_partners,
                                     deadline_ok=ctx.on_time)
-        if not repacked:
+        if rp is None:
             return None
         left.spend(self.name)
         if not rp.valid():

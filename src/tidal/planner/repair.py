@@ -22,6 +22,8 @@ pass checks the result again and times it with packing.pipeline_time (the packer
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 
@@ -79,7 +81,12 @@ class Repair:
         return len(self.bins[j]) * self.c[j] + float(self.w[j, self.docs(j)].sum())
 
     def times(self) -> np.ndarray:
-        return np.array([self.time(j) for j in range(len(self.pipes))])
+        """Every pipeline's time (time(j) for each j, in one pass over all documents)."""
+        sizes = [sum(len(b) for b in bs) for bs in self.bins]
+        ids = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(self.bins)), dtype=np.int64)
+        po = np.repeat(np.arange(len(self.pipes)), sizes)
+        work = np.bincount(po, weights=self.w[po, ids], minlength=len(self.pipes))
+        return np.array([len(bs) for bs in self.bins]) * self.c + work
 
     def docs(self, j: int) -> list[int]:
         return [i for b in self.bins[j] for i in b]
@@ -87,16 +94,6 @@ class Repair:
     def over(self, j: int) -> int:
         """Pipeline j's tokens over (V - 1) MaxLen."""
         return int(self.l[self.docs(j)].sum()) - (len(self.bins[j]) - 1) * self.pipes[j].max_len
-
-    def repack(self) -> int:
-        """Step 1: the pipelines MBS packs in fewer micro-batches, repacked; returns how many."""
-        n = 0
-        for j, p in enumerate(self.pipes):
-            if len(self.bins[j]) >= 2 and self.over(j) <= 0:
-                got = mbs_pack(self.l, self.docs(j), p.max_len, len(self.bins[j]) - 1)
-                if got is not None:
-                    self.bins[j], n = got, n + 1
-        return n
 
     def place(self, i: int, avoid: set[int], t: np.ndarray) -> bool:
         """Document i into a micro-batch with room on the least loaded pipeline not in `avoid` (best fit there)."""
@@ -158,6 +155,13 @@ class Repair:
             return 0
         t = self.times()
         flat = [self._flat(o) for o in range(P)]
+        room_all, extra_all = np.zeros(P, dtype=np.int64), np.zeros(P)
+
+        def rooms(o: int) -> None:  # o's largest free room (a new micro-batch, at c more, if it has none)
+            room_all[o] = flat[o][2].max() if flat[o][2].size else self.pipes[o].max_len
+            extra_all[o] = 0.0 if flat[o][2].size else self.c[o]
+        for o in range(P):
+            rooms(o)
         while made < moves:
             j = int(np.argmax(t))
             ij, aj, fj = flat[j]
@@ -165,10 +169,9 @@ class Repair:
                 return made
             single = np.bincount(aj)[aj] == 1
             out_j = t[j] - self.w[j, ij] - np.where(single, self.c[j], 0.0)  # j's time without document i
-            others = np.array([o for o in range(P) if o != j])
-            # moves: into each other pipeline's micro-batch with most room (a new one, at c more, if it has none)
-            room = np.array([flat[o][2].max() if flat[o][2].size else self.pipes[o].max_len for o in others])
-            extra = np.array([0.0 if flat[o][2].size else self.c[o] for o in others])
+            others = np.delete(np.arange(P), j)
+            # moves: into each other pipeline's micro-batch with most room
+            room, extra = room_all[others], extra_all[others]
             new = np.maximum(out_j[None, :], (t[others] + extra)[:, None] + self.w[np.ix_(others, ij)])
             new[self.l[ij][None, :] > room[:, None]] = np.inf
             m = int(np.argmin(new))
@@ -207,6 +210,7 @@ class Repair:
             made += 1
             for x in (j, o):
                 t[x], flat[x] = self.time(x), self._flat(x)
+                rooms(x)
         return made
 
     def valid(self) -> bool:
@@ -218,15 +222,29 @@ class Repair:
         return ok and ids.size == self.l.size and bool((np.bincount(ids, minlength=self.l.size) == 1).all())
 
 
-def repair(l_: np.ndarray, pipes, bins, *, excess: float = 0.02, tries: int = 3, rounds: int = 3, drops: int = 2,
-           moves: int = 64, partners: int = 3, deadline_ok=lambda: True) -> tuple[Repair, int, int, int]:
-    """The module doc's repair of one plan (micro-batches of document ids per pipeline): (the Repair, pipelines
-    repacked in step 1, micro-batches dropped in step 2, moves and swaps). `deadline_ok()`: checked between drop
-    rounds and candidates."""
-    rp = Repair(l_, pipes, bins)
-    repacked = rp.repack()
+def repackable(l_: np.ndarray, pipes, bins) -> list[int]:
+    """Pipelines of >= 2 micro-batches whose tokens fit one fewer (step 1's only candidates; no work computed)."""
+    out = []
+    for j, (p, bs) in enumerate(zip(pipes, bins)):
+        if len(bs) >= 2 and int(l_[[i for b in bs for i in b]].sum()) <= (len(bs) - 1) * p.max_len:
+            out.append(j)
+    return out
+
+
+def repair(l_: np.ndarray, pipes, bins, *, excess: float = 0.02, tries: int = 3, rounds: int = 3, drops: int = 1,
+           moves: int = 64, partners: int = 3, deadline_ok=lambda: True) -> tuple[Repair | None, int, int, int]:
+    """The module doc's repair of one plan (micro-batches of document ids per pipeline): (the Repair, or None when
+    no pipeline repacks into fewer micro-batches; pipelines repacked in step 1, micro-batches dropped in step 2,
+    moves and swaps). `deadline_ok()`: checked between drop rounds and candidates."""
+    bins = [[list(b) for b in bs if b] for bs in bins]
+    repacked = 0
+    for j in repackable(l_, pipes, bins):
+        got = mbs_pack(l_, [i for b in bins[j] for i in b], pipes[j].max_len, len(bins[j]) - 1)
+        if got is not None:
+            bins[j], repacked = got, repacked + 1
     if not repacked:
-        return rp, 0, 0, 0
+        return None, 0, 0, 0
+    rp = Repair(l_, pipes, bins)
     made = rp.rebalance(moves, partners)
     dropped = 0
     for _ in range(rounds):  # each round: the drop (one pipeline or all) that, rebalanced, lowers the step time most
