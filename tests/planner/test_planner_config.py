@@ -19,7 +19,9 @@ pytestmark = pytest.mark.unit
                                  dict(fill_gap=1.5), dict(late_gap=-0.1), dict(late_restarts=True),
                                  dict(shrink_fracs=(0.9, 1.5)), dict(shrink_fracs=[0.9]), dict(shrink_rounds=0),
                                  dict(polish_rounds=True),
-                                 dict(late_restart_max_big=100)])
+                                 dict(late_restart_max_big=100), dict(repair_tries=0), dict(repair_excess=0.0),
+                                 dict(repair_gap=1.5), dict(repair_moves=-1), dict(repair_partners=2.5),
+                                 dict(repair_max=-1)])
 def test_bad_knobs_are_one_line_errors(bad):
     with pytest.raises(TidalError) as e:
         PlannerConfig(**bad)

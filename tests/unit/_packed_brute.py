@@ -1,4 +1,4 @@
-"""Shared by the gap-probe tests (test_gap_trim, test_gap_whole): small one-stage pipelines, the least packed step
+"""Shared by the gap-probe tests (test_repair, test_gap_whole): small one-stage pipelines, the least packed step
 time of a small step by brute force over every dispatch (each pipeline packed in its fewest micro-batches), and the
 loader of a benchmarks/ script as a module."""
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from tidal.core.errors import TidalError
 
 # The improvement passes of select.assign (planner/passes.py), in the one order they run (docs/planner.md opens with it)
-PASS_ORDER = ("late_restarts", "shrink", "polish", "fill")
+PASS_ORDER = ("late_restarts", "shrink", "polish", "fill", "repair")
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,20 @@ class PlannerConfig:
     fill_slack: float = 5e-3
     fill_gap: float = 5e-3
     fill_per_step: int = 1
+    # the packed plan's repair on one-stage candidates (planner/repair.py, decision 134): on steps with B x D <=
+    # repair_max, when above the bound by repair_gap, on at most repair_per_step candidates per select_step; a drop
+    # is tried on pipelines over (V - 1) MaxLen by at most repair_excess of MaxLen (repair_drops of them alone, then
+    # all at once), with repair_tries document counts each, for at most repair_rounds rounds; the rebalance makes at
+    # most repair_moves moves and swaps, swapping with the repair_partners least loaded pipelines
+    repair_max: int = 2**18
+    repair_gap: float = 2e-3
+    repair_per_step: int = 1
+    repair_excess: float = 0.02
+    repair_drops: int = 1
+    repair_tries: int = 3
+    repair_rounds: int = 3
+    repair_moves: int = 64
+    repair_partners: int = 3
     mode_gap: float = 2e-3  # select_step raises bounds this far under the estimate with bounds_modes.mode_bound
     # decision 102: before the passes, a candidate whose plan is above its bound by more than tighten_gap has its
     # bound raised by bounds_modes.mode_bound (up to the plan's estimate), so the passes see the tighter bound
@@ -76,6 +90,9 @@ class PlannerConfig:
             raise TidalError(f"PlannerConfig.shrink_rounds must be >= 1, got {self.shrink_rounds}")
         if not all(isinstance(x, (int, float)) and 0 < x <= 1 for x in self.shrink_fracs):
             raise TidalError(f"PlannerConfig.shrink_fracs must be fractions in (0, 1], got {self.shrink_fracs!r}")
+        if self.repair_tries < 1 or self.repair_excess <= 0:
+            raise TidalError(f"PlannerConfig.repair_tries must be >= 1 and repair_excess > 0, got "
+                             f"{self.repair_tries}, {self.repair_excess}")
         if self.late_restart_max_big < self.late_restart_max:
             raise TidalError(f"PlannerConfig.late_restart_max_big ({self.late_restart_max_big}) must be >= "
                              f"late_restart_max ({self.late_restart_max})")

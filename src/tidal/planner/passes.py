@@ -33,6 +33,7 @@ from tidal.planner.fill import fill_dispatch, worth_filling
 from tidal.planner.packing import Packer, pack, pipeline_time
 from tidal.planner.polish import polish
 from tidal.planner.profiles import StrategyProfile
+from tidal.planner.repair import repair
 
 Plans = tuple[PipelinePlan, ...]
 
@@ -69,7 +70,8 @@ class Allowance:
 
     @classmethod
     def for_step(cls, cfg: PlannerConfig) -> Allowance:
-        return cls({"late_restarts": cfg.late_per_step, "shrink": cfg.shrink_per_step, "fill": cfg.fill_per_step})
+        return cls({"late_restarts": cfg.late_per_step, "shrink": cfg.shrink_per_step, "fill": cfg.fill_per_step,
+                    "repair": cfg.repair_per_step})
 
     def left(self, name: str) -> bool:
         return self.counts is None or self.counts.get(name, 1) > 0
@@ -217,8 +219,41 @@ class Fill:
         return est2, plans2
 
 
+class RepairPass:
+    """Decision 134: repair.repair on a plan whose every pipeline is one-stage (PP = 1, priced V c + W) and B x D <=
+    cfg.repair_max: MBS repack, drop a micro-batch, rebalance; gap cfg.repair_gap. Spends one of the allowance only
+    when a pipeline was repacked into fewer micro-batches (the costly part follows); the result is checked and timed
+    by pipeline_time."""
+    name = "repair"
+
+    def gap(self, ctx: Context) -> float:
+        return ctx.cfg.repair_gap
+
+    def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
+        cfg, l_, pipes = ctx.cfg, ctx.lengths, ctx.prof.pipes
+        if any(p.pp != 1 or p.eq1 for p in pipes) or l_.size * len(pipes) > cfg.repair_max:
+            return None
+        rp, repacked, _, _ = repair(l_, pipes, [[list(mb) for mb in pl.micro_batches] for pl in plans],
+                                    excess=cfg.repair_excess, tries=cfg.repair_tries, rounds=cfg.repair_rounds,
+                                    drops=cfg.repair_drops, moves=cfg.repair_moves, partners=cfg.repair_partners,
+                                    deadline_ok=ctx.on_time)
+        if rp is None:
+            return None
+        left.spend(self.name)
+        if not rp.valid():
+            raise TidalError("the repair pass lost a document or overfilled a micro-batch")
+        lf, out = l_.astype(np.float64), list(plans)
+        for j, (pl, bs) in enumerate(zip(plans, rp.bins)):
+            mbs = tuple(sorted(tuple(sorted(b)) for b in bs))  # by first (smallest) index, as the packer's finish
+            if mbs != tuple(sorted(tuple(sorted(b)) for b in pl.micro_batches)):
+                out[j] = dataclasses.replace(pl, micro_batches=mbs,
+                                             est_time=pipeline_time(lf, mbs, pipes[j].coeffs, pipes[j].pp))
+        return max(p.est_time for p in out), tuple(out)
+
+
 # the registry (read-only: a test gives `improve` its own table instead of changing this one)
-PASSES: Mapping[str, Pass] = MappingProxyType({p.name: p for p in (LateRestarts(), Shrink(), Polish(), Fill())})
+PASSES: Mapping[str, Pass] = MappingProxyType({p.name: p for p in (LateRestarts(), Shrink(), Polish(), Fill(),
+                                                                        RepairPass())})
 assert tuple(PASSES) == PASS_ORDER
 
 
