@@ -39,6 +39,7 @@ class Exchange:
         self.tok = [[int(self.l[b].sum()) for b in bs] for bs in self.bins]
         self.t = np.array([self._time(j) for j in range(len(self.bins))], dtype=np.float64)
         self.room = np.array([self._room(j) for j in range(len(self.bins))], dtype=np.int64)
+        self._cache: dict = {}
 
     def work(self, j: int, i: int) -> float:
         x = self.lf[i]
@@ -58,30 +59,45 @@ class Exchange:
         """Pipeline j's largest free room (MaxLen when it has no micro-batch: a new one, at c more)."""
         return int(self.m[j]) - min(self.tok[j]) if self.tok[j] else int(self.m[j])
 
+    def _docs(self, q: int):
+        """Pipeline q's documents by (length, id): ids, lengths, micro-batch index, work on q (cached until q
+        changes)."""
+        if q not in self._cache:
+            got = sorted((int(self.l[x]), x, kk) for kk, b in enumerate(self.bins[q]) for x in b)
+            ln, ids, kk = (np.array(c, dtype=np.int64) for c in zip(*got)) if got else (np.zeros(0, np.int64),) * 3
+            x = self.lf[ids]
+            self._cache[q] = (ids, ln, kk, self.a[q] * x * x + self.b[q] * x + self.d[q])
+        return self._cache[q]
+
     def _eject(self, q: int, k: int, i: int, limit: float) -> list[int] | None:
         """The fewest of q's shortest documents whose removal leaves room for document i in micro-batch k and q's
-        time with i under `limit`; None if more than `eject` would be needed."""
+        time with i under `limit`: the shortest single one that does, else the shortest of micro-batch k until it
+        has room, then the shortest anywhere; None if more than `eject` would be needed."""
         need_tok = self.tok[q][k] + int(self.l[i]) - int(self.m[q])
         need_w = self.t[q] + self.work(q, i) - limit
         if need_tok <= 0 and need_w < 0:
             return []
-        docs = sorted((int(self.l[x]), x, kk) for kk, b in enumerate(self.bins[q]) for x in b)
-        # one document if one suffices: the shortest that does
-        for ln, x, kk in docs:
-            if (need_tok <= 0 or (kk == k and ln >= need_tok)) and self.work(q, x) > need_w:
-                return [x]
-        out, tok, w = [], 0, 0.0
-        for ln, x, kk in docs:  # the shortest of micro-batch k until it has room, then the shortest anywhere
-            if kk == k and tok < need_tok:
-                out.append(x)
-                tok, w = tok + ln, w + self.work(q, x)
-        for _, x, _ in docs:
-            if w > need_w:
-                break
-            if x not in out:
-                out.append(x)
-                w += self.work(q, x)
-        return out if tok >= need_tok and w > need_w and len(out) <= self.eject else None
+        ids, ln, kk, w = self._docs(q)
+        ok = (w > need_w) & ((kk == k) & (ln >= need_tok) if need_tok > 0 else True)
+        hit = np.flatnonzero(ok)
+        if hit.size:
+            return [int(ids[hit[0]])]
+        take, wsum = np.zeros(0, dtype=np.int64), 0.0
+        if need_tok > 0:
+            ink = np.flatnonzero(kk == k)
+            n = int(np.searchsorted(np.cumsum(ln[ink]), need_tok)) + 1  # the first prefix with >= need_tok tokens
+            if n > min(ink.size, self.eject):
+                return None
+            take = ink[:n]
+            wsum = float(w[take].sum())
+        if not wsum > need_w:
+            rest = np.setdiff1d(np.arange(ids.size), take)
+            cum = np.cumsum(np.concatenate(([wsum], w[rest])))[1:]  # added in turn from wsum, as one at a time
+            n = int(np.searchsorted(cum, need_w, side="right")) + 1  # the first prefix with > need_w work
+            if n > rest.size:
+                return None
+            take = np.concatenate([take, rest[:n]])
+        return ids[take].tolist() if take.size <= self.eject else None
 
     def _place(self, x: int, used: set[int], limit: float, depth: int, partners: int, skip: int = -1):
         """Document x into a pipeline not in `used` that stays under `limit`: the least loaded one with room if any,
@@ -131,9 +147,11 @@ class Exchange:
         limit = float(self.t[j]) * (1 - EPS)
         self._take(j, i)
         self.t[j], self.room[j] = self._time(j), self._room(j)
+        self._cache.pop(j, None)
         tj = float(self.t[j])
         got = self._place(i, set(), limit, depth, partners, skip=j)
         self.bins[j], self.tok[j], self.t[j], self.room[j] = saved
+        self._cache.pop(j, None)
         return None if got is None else (max(tj, got[0]), got[1])
 
     def _put(self, r: int, x: int) -> None:
@@ -165,6 +183,7 @@ class Exchange:
             self.bins[r], self.tok[r] = [self.bins[r][k] for k in keep], [self.tok[r][k] for k in keep]
         for p in {j, *(r for _, r, _ in acts)}:
             self.t[p], self.room[p] = self._time(p), self._room(p)
+            self._cache.pop(p, None)
 
     def run(self, moves: int, cands: int, partners: int, eject: int, depth: int = 1, deadline_ok=lambda: True) -> int:
         """Compound moves on the slowest pipeline until none helps; returns how many were made."""
