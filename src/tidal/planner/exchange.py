@@ -9,8 +9,10 @@ pipeline Q that then becomes the slowest. A compound move does:
   2. d into Q's micro-batch with most room (Q's MaxLen >= len(d); one of the `partners` pipelines of least time with
      d, of those that can hold it), after Q ejects the fewest of its shortest documents that make room for d in that
      micro-batch and bring Q under the step time T (at most `eject` of them);
-  3. each ejected document into a micro-batch with room of the least loaded other pipeline (a distinct one each, not
-     P or Q) that stays under T.
+  3. each ejected document into a micro-batch with room of the least loaded other pipeline that stays under T (a
+     distinct one each, not Q; P, lighter by d, may take them); with `depth` > 1 such a pipeline may in turn eject
+     (step 2, one level down) to make room.
+If some pipeline with room stays under T with d, step 2 is that plain move.
 The move is kept when the largest time of the pipelines it touched is under T; of the `cands` heaviest documents of P
 times the partners, the move of least such time is made, and the search repeats on the new slowest pipeline (at most
 `moves` moves). Only one-stage pipelines (PP = 1, priced V c + W, decision 94): with q > 0 a pipeline's time is
@@ -125,7 +127,7 @@ class Exchange:
             ej = self._eject(r, k, x, limit)
             if not ej:  # None, or [] (then it was direct)
                 continue
-            worst = float(self.t[r] + cand[r] - self.t[r] - sum(self.work(r, e) for e in ej))
+            worst = float(cand[r]) - sum(self.work(r, e) for e in ej)
             sub, acts = used | {r}, [(x, r, ej)]
             for e in sorted(ej, key=lambda e: -int(self.l[e])):
                 got = self._place(e, sub, limit, depth - 1, partners)
