@@ -37,7 +37,7 @@ def _ctx(passes, target=1.0, deadline=None):
                    PlannerConfig(passes=passes), 0.0)
 
 
-LATE, SHRINK, POLISH, FILL, REPAIR = PASS_ORDER  # the passes, in their order
+LATE, SHRINK, POLISH, FILL, REPAIR, EXCHANGE = PASS_ORDER  # the passes, in their order
 TWO = (LATE, FILL)
 
 
@@ -82,7 +82,7 @@ def test_allowance_is_spent_and_then_skips():
     assert len(fill.calls) == 2 and len(late.calls) == 4 and not left.left(FILL) and left.left(LATE)
     assert Allowance().left(FILL)  # None: no limit at all
     step = Allowance.for_step(PlannerConfig())
-    assert set(step.counts) == {LATE, SHRINK, FILL, REPAIR}  # polish has no allowance
+    assert set(step.counts) == {LATE, SHRINK, FILL, REPAIR, EXCHANGE}  # polish has no allowance
 
 
 def test_deadline_passed_runs_nothing():

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from tidal.core.errors import TidalError
 
 # The improvement passes of select.assign (planner/passes.py), in the one order they run (docs/planner.md opens with it)
-PASS_ORDER = ("late_restarts", "shrink", "polish", "fill", "repair")
+PASS_ORDER = ("late_restarts", "shrink", "polish", "fill", "repair", "exchange")
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,19 @@ class PlannerConfig:
     repair_rounds: int = 3
     repair_moves: int = 64
     repair_partners: int = 3
+    # compound exchanges around the bottleneck on one-stage candidates (planner/exchange.py, decision 136): on steps
+    # with B x D <= exchange_max, when above the bound by exchange_gap, on at most exchange_per_step candidates per
+    # select_step; at most exchange_moves moves, each over the exchange_cands heaviest documents of the slowest
+    # pipeline, the exchange_partners least loaded pipelines able to take one, ejecting at most exchange_eject
+    # documents, exchange_depth levels of ejection (1: the ejected documents go where there is room)
+    exchange_max: int = 2**19
+    exchange_gap: float = 2e-3
+    exchange_per_step: int = 2
+    exchange_moves: int = 16
+    exchange_cands: int = 4
+    exchange_partners: int = 32
+    exchange_eject: int = 3
+    exchange_depth: int = 1
     mode_gap: float = 2e-3  # select_step raises bounds this far under the estimate with bounds_modes.mode_bound
     # decision 102: before the passes, a candidate whose plan is above its bound by more than tighten_gap has its
     # bound raised by bounds_modes.mode_bound (up to the plan's estimate), so the passes see the tighter bound
@@ -93,6 +106,9 @@ class PlannerConfig:
         if self.repair_tries < 1 or self.repair_excess <= 0:
             raise TidalError(f"PlannerConfig.repair_tries must be >= 1 and repair_excess > 0, got "
                              f"{self.repair_tries}, {self.repair_excess}")
+        if min(self.exchange_cands, self.exchange_partners, self.exchange_depth) < 1:
+            raise TidalError(f"PlannerConfig.exchange_cands, exchange_partners and exchange_depth must be >= 1, got "
+                             f"{self.exchange_cands}, {self.exchange_partners}, {self.exchange_depth}")
         if self.late_restart_max_big < self.late_restart_max:
             raise TidalError(f"PlannerConfig.late_restart_max_big ({self.late_restart_max_big}) must be >= "
                              f"late_restart_max ({self.late_restart_max})")

@@ -29,6 +29,7 @@ from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan
 from tidal.planner.config import PASS_ORDER, PlannerConfig
 from tidal.planner.dispatch import dispatch, length_orders, restart_dispatch
+from tidal.planner.exchange import exchange
 from tidal.planner.fill import fill_dispatch, worth_filling
 from tidal.planner.packing import Packer, pack, pipeline_time
 from tidal.planner.polish import polish
@@ -71,7 +72,7 @@ class Allowance:
     @classmethod
     def for_step(cls, cfg: PlannerConfig) -> Allowance:
         return cls({"late_restarts": cfg.late_per_step, "shrink": cfg.shrink_per_step, "fill": cfg.fill_per_step,
-                    "repair": cfg.repair_per_step})
+                    "repair": cfg.repair_per_step, "exchange": cfg.exchange_per_step})
 
     def left(self, name: str) -> bool:
         return self.counts is None or self.counts.get(name, 1) > 0
@@ -251,9 +252,33 @@ class RepairPass:
         return max(p.est_time for p in out), tuple(out)
 
 
+class ExchangePass:
+    """Decision 136: exchange.exchange (compound moves around the bottleneck) on a plan whose every pipeline is
+    one-stage (PP = 1, priced V c + W) and B x D <= cfg.exchange_max; gap cfg.exchange_gap. Spends one of the allowance
+    only when a move was made; the result is checked and timed by pipeline_time."""
+    name = "exchange"
+
+    def gap(self, ctx: Context) -> float:
+        return ctx.cfg.exchange_gap
+
+    def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
+        cfg, l_, pipes = ctx.cfg, ctx.lengths, ctx.prof.pipes
+        if any(p.pp != 1 or p.eq1 for p in pipes) or l_.size * len(pipes) > cfg.exchange_max:
+            return None
+        ex, made = exchange(l_, pipes, [[list(mb) for mb in pl.micro_batches] for pl in plans],
+                            moves=cfg.exchange_moves, cands=cfg.exchange_cands, partners=cfg.exchange_partners,
+                            eject=cfg.exchange_eject, depth=cfg.exchange_depth, deadline_ok=ctx.on_time)
+        if not made:
+            return None
+        left.spend(self.name)
+        if not ex.valid():
+            raise TidalError("the exchange pass lost a document or overfilled a micro-batch")
+        return repriced(l_, pipes, plans, ex.bins)
+
+
 # the registry (read-only: a test gives `improve` its own table instead of changing this one)
 PASSES: Mapping[str, Pass] = MappingProxyType({p.name: p for p in (LateRestarts(), Shrink(), Polish(), Fill(),
-                                                                        RepairPass())})
+                                                                        RepairPass(), ExchangePass())})
 assert tuple(PASSES) == PASS_ORDER
 
 
@@ -264,6 +289,18 @@ def _size(ctx: Context) -> int:
 def by_load(disp) -> list[int]:
     """Pipeline indices by descending dispatch load (ties by index): pack_groups' order when it may give up early."""
     return sorted(range(len(disp.loads)), key=lambda j: (-disp.loads[j], j))
+
+
+def repriced(lengths: np.ndarray, pipes, plans: Plans, bins) -> tuple[float, Plans]:
+    """The plans with each pipeline whose micro-batches (document ids) differ from `bins` given those, timed by
+    pipeline_time: (step estimate, plans)."""
+    lf, out = lengths.astype(np.float64), list(plans)
+    for j, (pl, bs) in enumerate(zip(plans, bins)):
+        mbs = tuple(sorted(tuple(sorted(b)) for b in bs if b))  # by first (smallest) index, as the packer's finish
+        if mbs != tuple(sorted(tuple(sorted(b)) for b in pl.micro_batches)):
+            out[j] = dataclasses.replace(pl, micro_batches=mbs,
+                                         est_time=pipeline_time(lf, mbs, pipes[j].coeffs, pipes[j].pp))
+    return max(p.est_time for p in out), tuple(out)
 
 
 def check_packing(mbs, n: int, sub: np.ndarray, max_len: int) -> None:

@@ -1,0 +1,221 @@
+"""Compound document exchanges around the bottleneck of a packed plan on one-stage pipelines (issue 27, decision 136;
+the `exchange` pass of passes.py).
+
+Decisions 130 and 132 found plans 0.9-3.2 % faster than the planner's on open 256- and 1024-GPU steps, all by moving
+documents between pipelines with the micro-batch counts unchanged. The dispatch's local search and polish only make
+single moves and swaps that lower the max at once, so they cannot move a document d of the slowest pipeline P into a
+pipeline Q that then becomes the slowest. A compound move does:
+  1. d out of P (P loses d's work, and c when d was alone in its micro-batch);
+  2. d into Q's micro-batch with most room (Q's MaxLen >= len(d); one of the `partners` pipelines of least time with
+     d, of those that can hold it), after Q ejects the fewest of its shortest documents that make room for d in that
+     micro-batch and bring Q under the step time T (at most `eject` of them);
+  3. each ejected document into a micro-batch with room of the least loaded other pipeline that stays under T (a
+     distinct one each, not Q; P, lighter by d, may take them); with `depth` > 1 such a pipeline may in turn eject
+     (step 2, one level down) to make room.
+If some pipeline with room stays under T with d, step 2 is that plain move.
+The move is kept when the largest time of the pipelines it touched is under T; of the `cands` heaviest documents of P
+times the partners, the move of least such time is made, and the search repeats on the new slowest pipeline (at most
+`moves` moves). Only one-stage pipelines (PP = 1, priced V c + W, decision 94): with q > 0 a pipeline's time is
+(q + V) x its slowest micro-batch, which these sums do not track. Every micro-batch stays within its MaxLen and every
+document on one micro-batch by construction; the pass checks the result and times it with packing.pipeline_time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tidal.planner.pipecost import pipe_coeffs
+
+EPS = 1e-12  # a move must lower the touched pipelines' max below T (1 - EPS): float noise is no gain
+
+
+class Exchange:
+    """One plan's micro-batches per pipeline (lists of document ids), their token counts and the pipelines' times."""
+
+    def __init__(self, l_: np.ndarray, pipes, bins: list[list[list[int]]]):
+        self.l = np.asarray(l_, dtype=np.int64)
+        self.lf = self.l.astype(np.float64)
+        self.a, self.b, self.c, self.d = pipe_coeffs(pipes)
+        self.m = np.array([p.max_len for p in pipes], dtype=np.int64)
+        self.bins = [[list(b) for b in bs if b] for bs in bins]
+        self.tok = [[int(self.l[b].sum()) for b in bs] for bs in self.bins]
+        self.t = np.array([self._time(j) for j in range(len(self.bins))], dtype=np.float64)
+        self.room = np.array([self._room(j) for j in range(len(self.bins))], dtype=np.int64)
+        self._cache: dict = {}
+
+    def work(self, j: int, i: int) -> float:
+        x = self.lf[i]
+        return float(self.a[j] * x * x + self.b[j] * x + self.d[j])
+
+    def wcol(self, i: int) -> np.ndarray:
+        """Document i's work on every pipeline."""
+        x = self.lf[i]
+        return self.a * x * x + self.b * x + self.d
+
+    def _time(self, j: int) -> float:
+        ids = np.fromiter((i for b in self.bins[j] for i in b), dtype=np.int64)
+        x = self.lf[ids]
+        return len(self.bins[j]) * float(self.c[j]) + float((self.a[j] * x * x + self.b[j] * x + self.d[j]).sum())
+
+    def _room(self, j: int) -> int:
+        """Pipeline j's largest free room (MaxLen when it has no micro-batch: a new one, at c more)."""
+        return int(self.m[j]) - min(self.tok[j]) if self.tok[j] else int(self.m[j])
+
+    def _docs(self, q: int):
+        """Pipeline q's documents by (length, id): ids, lengths, micro-batch index, work on q (cached until q
+        changes)."""
+        if q not in self._cache:
+            got = sorted((int(self.l[x]), x, kk) for kk, b in enumerate(self.bins[q]) for x in b)
+            ln, ids, kk = (np.array(c, dtype=np.int64) for c in zip(*got)) if got else (np.zeros(0, np.int64),) * 3
+            x = self.lf[ids]
+            self._cache[q] = (ids, ln, kk, self.a[q] * x * x + self.b[q] * x + self.d[q])
+        return self._cache[q]
+
+    def _eject(self, q: int, k: int, i: int, limit: float) -> list[int] | None:
+        """The fewest of q's shortest documents whose removal leaves room for document i in micro-batch k and q's
+        time with i under `limit`: the shortest single one that does, else the shortest of micro-batch k until it
+        has room, then the shortest anywhere; None if more than `eject` would be needed."""
+        need_tok = self.tok[q][k] + int(self.l[i]) - int(self.m[q])
+        need_w = self.t[q] + self.work(q, i) - limit
+        if need_tok <= 0 and need_w < 0:
+            return []
+        ids, ln, kk, w = self._docs(q)
+        ok = (w > need_w) & ((kk == k) & (ln >= need_tok) if need_tok > 0 else True)
+        hit = np.flatnonzero(ok)
+        if hit.size:
+            return [int(ids[hit[0]])]
+        take, wsum = np.zeros(0, dtype=np.int64), 0.0
+        if need_tok > 0:
+            ink = np.flatnonzero(kk == k)
+            n = int(np.searchsorted(np.cumsum(ln[ink]), need_tok)) + 1  # the first prefix with >= need_tok tokens
+            if n > min(ink.size, self.eject):
+                return None
+            take = ink[:n]
+            wsum = float(w[take].sum())
+        if not wsum > need_w:
+            rest = np.setdiff1d(np.arange(ids.size), take)
+            cum = np.cumsum(np.concatenate(([wsum], w[rest])))[1:]  # added in turn from wsum, as one at a time
+            n = int(np.searchsorted(cum, need_w, side="right")) + 1  # the first prefix with > need_w work
+            if n > rest.size:
+                return None
+            take = np.concatenate([take, rest[:n]])
+        return ids[take].tolist() if take.size <= self.eject else None
+
+    def _place(self, x: int, used: set[int], limit: float, depth: int, partners: int, skip: int = -1):
+        """Document x into a pipeline not in `used` that stays under `limit`: the least loaded one with room if any,
+        else (depth > 0) the best of the `partners` least loaded able to hold it after ejecting some of its documents
+        (_eject), each placed the same way one level down. (largest time touched, [(doc, pipeline, ejected)] in
+        order) or None; `used` gains the pipelines taken."""
+        cand = self.t + self.wcol(x) + np.where(self.room == self.m, self.c, 0.0)  # an empty one opens a micro-batch
+        able = self.m >= self.l[x]
+        able[list(used)] = False
+        if skip >= 0:
+            able[skip] = False
+        direct = able & (self.room >= self.l[x]) & (cand < limit)
+        if direct.any():
+            r = int(np.flatnonzero(direct)[np.argmin(cand[direct])])
+            used.add(r)
+            return float(cand[r]), [(x, r, [])]
+        if depth == 0:
+            return None
+        rs = np.flatnonzero(able)
+        best = None
+        for r in rs[np.argsort(cand[rs], kind="stable")][:partners].tolist():
+            if not self.bins[r]:
+                continue
+            k = min(range(len(self.bins[r])), key=lambda kk: self.tok[r][kk])
+            ej = self._eject(r, k, x, limit)
+            if not ej:  # None, or [] (then it was direct)
+                continue
+            worst = float(cand[r]) - sum(self.work(r, e) for e in ej)
+            sub, acts = used | {r}, [(x, r, ej)]
+            for e in sorted(ej, key=lambda e: -int(self.l[e])):
+                got = self._place(e, sub, limit, depth - 1, partners)
+                if got is None:
+                    break
+                worst, acts = max(worst, got[0]), acts + got[1]
+            else:
+                if worst < limit and (best is None or worst < best[0]):
+                    best = (worst, acts, sub)
+        if best is None:
+            return None
+        used |= best[2]
+        return best[0], best[1]
+
+    def _move(self, j: int, i: int, depth: int, partners: int):
+        """The best compound move of document i out of pipeline j (which may take ejected documents back): (largest
+        time touched, actions) or None."""
+        saved = ([list(b) for b in self.bins[j]], list(self.tok[j]), self.t[j], self.room[j])
+        limit = float(self.t[j]) * (1 - EPS)
+        self._take(j, i)
+        self.t[j], self.room[j] = self._time(j), self._room(j)
+        self._cache.pop(j, None)
+        tj = float(self.t[j])
+        got = self._place(i, set(), limit, depth, partners, skip=j)
+        self.bins[j], self.tok[j], self.t[j], self.room[j] = saved
+        self._cache.pop(j, None)
+        return None if got is None else (max(tj, got[0]), got[1])
+
+    def _put(self, r: int, x: int) -> None:
+        """Document x into r's micro-batch with most room (a new one when r has none)."""
+        if not self.bins[r]:
+            self.bins[r].append([])
+            self.tok[r].append(0)
+        k = min(range(len(self.bins[r])), key=lambda kk: self.tok[r][kk])
+        self.bins[r][k].append(x)
+        self.tok[r][k] += int(self.l[x])
+
+    def _take(self, j: int, x: int, keep: bool = False) -> None:
+        """Document x out of pipeline j; its micro-batch goes when emptied unless `keep`."""
+        k = next(kk for kk, b in enumerate(self.bins[j]) if x in b)
+        self.bins[j][k].remove(x)
+        self.tok[j][k] -= int(self.l[x])
+        if not self.bins[j][k] and not keep:
+            del self.bins[j][k], self.tok[j][k]
+
+    def apply(self, j: int, i: int, acts: list[tuple[int, int, list[int]]]) -> None:
+        """Document i out of j, then each (doc, pipeline, ejected): the ejected out, the document in (into the
+        micro-batch with most room, which _eject emptied enough; emptied micro-batches kept until then)."""
+        self._take(j, i)
+        for x, r, ej in acts:
+            for e in ej:
+                self._take(r, e, keep=True)
+            self._put(r, x)
+            keep = [k for k, b in enumerate(self.bins[r]) if b]
+            self.bins[r], self.tok[r] = [self.bins[r][k] for k in keep], [self.tok[r][k] for k in keep]
+        for p in {j, *(r for _, r, _ in acts)}:
+            self.t[p], self.room[p] = self._time(p), self._room(p)
+            self._cache.pop(p, None)
+
+    def run(self, moves: int, cands: int, partners: int, eject: int, depth: int = 1, deadline_ok=lambda: True) -> int:
+        """Compound moves on the slowest pipeline until none helps; returns how many were made."""
+        self.eject, made = eject, 0
+        while made < moves and deadline_ok() and len(self.bins) > 1:
+            j = int(np.argmax(self.t))
+            docs = sorted((i for b in self.bins[j] for i in b), key=lambda i: (-self.work(j, i), i))[:cands]
+            best = None
+            for i in docs:
+                mv = self._move(j, i, depth, partners)
+                if mv is not None and (best is None or mv[0] < best[0][0]):
+                    best = (mv, i)
+            if best is None:
+                break
+            (_, acts), i = best
+            self.apply(j, i, acts)
+            made += 1
+        return made
+
+    def valid(self) -> bool:
+        """Every document once, every micro-batch non-empty and within its MaxLen."""
+        ids = [i for bs in self.bins for b in bs for i in b]
+        seen = np.bincount(np.array(ids, dtype=np.int64), minlength=self.l.size) if ids else np.zeros(self.l.size)
+        fits = all(b and int(self.l[b].sum()) <= int(self.m[j]) for j, bs in enumerate(self.bins) for b in bs)
+        return fits and len(ids) == self.l.size and bool((seen == 1).all())
+
+
+def exchange(l_: np.ndarray, pipes, bins, *, moves: int = 16, cands: int = 4, partners: int = 32, eject: int = 3,
+             depth: int = 1, deadline_ok=lambda: True) -> tuple[Exchange, int]:
+    """The module doc's compound moves on one plan (micro-batches of document ids per pipeline, every pipeline
+    one-stage): (the Exchange, moves made). `deadline_ok()`: checked before each move."""
+    ex = Exchange(l_, pipes, bins)
+    return ex, ex.run(moves, cands, partners, eject, depth, deadline_ok)

@@ -1,0 +1,119 @@
+"""The exchange pass (passes.ExchangePass, planner/exchange.py, decision 136) under the pass protocol: it runs only on
+plans whose every pipeline is one-stage, returns a checked plan (each document once, no empty micro-batch, each
+<= MaxLen) timed as the packer times it, never slower than its input; turned off, plans are byte-identical whatever
+its knobs; its knobs are validated."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from planner_synth import PROFILES, step_lengths
+
+from tidal.core.errors import TidalError
+from tidal.planner.config import PASS_ORDER, PROPOSAL, PlannerConfig
+from tidal.planner.packing import pack, pipeline_time
+from tidal.planner.passes import Allowance, Context, ExchangePass, pack_groups
+from tidal.planner.select import assign, select_step
+
+pytestmark = pytest.mark.unit
+
+ONE_STAGE = (0, 1, 3)  # 2*tp4, tp4+2*tp2, tp2cp2+4*tp1
+OFF = PlannerConfig(passes=tuple(p for p in PASS_ORDER if p != "exchange"))
+ONLY = PlannerConfig(passes=("exchange",))
+
+
+def _checked(l_, prof, est, plans):
+    assert est == max(p.est_time for p in plans)
+    assert sorted(i for p in plans for mb in p.micro_batches for i in mb) == list(range(l_.size))
+    lf = l_.astype(np.float64)
+    for p, pc in zip(plans, prof.pipes):
+        assert all(len(mb) and int(l_[list(mb)].sum()) <= pc.max_len for mb in p.micro_batches)
+        assert p.est_time == pipeline_time(lf, p.micro_batches, pc.coeffs, pc.pp)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(ONE_STAGE).flatmap(lambda k: step_lengths(80, PROFILES[k].max_len).map(
+    lambda ls: (PROFILES[k], np.asarray(ls, dtype=np.int64)))))
+def test_exchange_pass_returns_a_checked_plan_never_slower(case):
+    prof, l_ = case
+    bare = assign(l_, prof, fallback=False, config=PlannerConfig(passes=()))
+    est, plans = assign(l_, prof, fallback=False, config=ONLY)  # target 0: the pass's gap always allows it
+    assert est <= bare[0]
+    _checked(l_, prof, est, plans)
+
+
+def _random_groups(rng, l_, prof):
+    groups = [[] for _ in prof.pipes]
+    for i, x in enumerate(l_.tolist()):
+        groups[int(rng.choice([j for j, p in enumerate(prof.pipes) if x <= p.max_len]))].append(i)
+    return groups
+
+
+def test_exchange_pass_lowers_random_dispatches_and_spends_only_when_it_moved():
+    """On packed random dispatches (slow plans) the pass makes moves, returns a faster checked plan and spends its
+    allowance; on a plan it cannot improve it returns None and spends nothing."""
+    rng = np.random.default_rng(3)
+    p = ExchangePass()
+    gained = 0
+    for k in ONE_STAGE:
+        prof = PROFILES[k]
+        l_ = np.minimum(np.ceil(rng.lognormal(3.0, 0.9, 120)), prof.max_len).astype(np.int64)
+        est, plans = pack_groups(l_, prof, _random_groups(rng, l_, prof), pack, False)
+        left = Allowance.for_step(PlannerConfig())
+        ctx = Context(l_, prof, pack, 0, 0.0, None, PlannerConfig(), 0.0)
+        res = p.run(ctx, est, plans, left)
+        if res is not None:
+            assert res[0] < est and left.counts["exchange"] == PlannerConfig().exchange_per_step - 1
+            _checked(l_, prof, *res)
+            gained += 1
+        else:
+            assert left.left("exchange") and left.counts["exchange"] == PlannerConfig().exchange_per_step
+    assert gained >= 2
+
+
+def test_exchange_skips_multi_stage_plans_and_large_steps():
+    l_ = np.random.default_rng(2).integers(20, 81, size=60).astype(np.int64)
+    p = ExchangePass()
+    prof = PROFILES[2]  # 2*tp2pp2
+    est, plans = pack_groups(l_, prof, [list(range(0, 60, 2)), list(range(1, 60, 2))], pack, False)
+    left = Allowance.for_step(PlannerConfig())
+    ctx = Context(l_, prof, pack, 0, 0.0, None, PlannerConfig(), 0.0)
+    assert p.run(ctx, est, plans, left) is None and left.counts["exchange"] == 2
+    prof = PROFILES[0]
+    est, plans = pack_groups(l_, prof, [list(range(60)), []], pack, False)  # all on one pipeline: a move helps
+    small = dataclasses.replace(PlannerConfig(), exchange_max=l_.size * len(prof.pipes) - 1)
+    assert p.run(Context(l_, prof, pack, 0, 0.0, None, small, 0.0), est, plans, left) is None
+    assert p.run(Context(l_, prof, pack, 0, 0.0, None, PlannerConfig(), 0.0), est, plans, left)[0] < est
+
+
+@pytest.mark.parametrize("k,seed", [(3, 5), (1, 4), (0, 9)])
+def test_exchange_off_is_byte_identical(k, seed):
+    prof = PROFILES[k]
+    rng = np.random.default_rng(seed)
+    l_ = np.minimum(np.ceil(rng.lognormal(3.0, 0.9, 300)), prof.max_len).astype(np.int64)
+
+    def plan(cfg):
+        return json.dumps(select_step(l_, [prof], config=cfg).plan.to_dict(timings=False), sort_keys=True)
+
+    off = plan(OFF)
+    # the exchange's knobs do not reach the plan while it is off, nor when its allowance is 0
+    assert plan(dataclasses.replace(OFF, exchange_moves=1, exchange_partners=1, exchange_gap=0.0,
+                                    exchange_depth=3)) == off
+    assert plan(dataclasses.replace(PlannerConfig(), exchange_per_step=0)) == off
+    on = select_step(l_, [prof])
+    assert on.plan.est_step_time <= select_step(l_, [prof], config=OFF).plan.est_step_time
+    _checked(l_, prof, on.plan.est_step_time, on.plan.pipelines)
+    assert "exchange" not in PROPOSAL.passes  # the cheap preset (the strategy proposal's planner) runs no pass
+
+
+@pytest.mark.parametrize("field", ["exchange_cands", "exchange_partners", "exchange_depth"])
+def test_exchange_knobs_are_validated(field):
+    with pytest.raises(TidalError, match=field):
+        PlannerConfig(**{field: 0})
+    with pytest.raises(TidalError, match="exchange_moves"):
+        PlannerConfig(exchange_moves=-1)
+    with pytest.raises(TidalError, match="exchange_gap"):
+        PlannerConfig(exchange_gap=1.5)
