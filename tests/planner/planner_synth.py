@@ -98,3 +98,25 @@ def open_bounds(rng, count: int, max_docs: int, kinds=MODE_KINDS):
         sb = StrategyBound(l_, pipes)
         if sb.final is None:
             yield sb
+
+
+ONE_STAGE = (0, 1, 3)  # PROFILES whose pipelines are all one-stage: 2*tp4, tp4+2*tp2, tp2cp2+4*tp1
+
+
+def one_stage_cases(max_size: int = 80):
+    """(profile, lengths) for the passes that run on one-stage plans only (repair, exchange)."""
+    return st.sampled_from(ONE_STAGE).flatmap(lambda k: step_lengths(max_size, PROFILES[k].max_len).map(
+        lambda ls: (PROFILES[k], np.asarray(ls, dtype=np.int64))))
+
+
+def check_plan(l_, prof, est, plans) -> None:
+    """A pass's plan is checked: every document once, no empty micro-batch, each within its pipeline's MaxLen, and
+    each pipeline's time (and the step's) recomputed exactly the planner's way."""
+    from tidal.planner.packing import pipeline_time
+
+    assert est == max(p.est_time for p in plans)
+    assert sorted(i for p in plans for mb in p.micro_batches for i in mb) == list(range(l_.size))
+    lf = l_.astype(np.float64)
+    for p, pc in zip(plans, prof.pipes):
+        assert all(len(mb) and int(l_[list(mb)].sum()) <= pc.max_len for mb in p.micro_batches)
+        assert p.est_time == pipeline_time(lf, p.micro_batches, pc.coeffs, pc.pp)

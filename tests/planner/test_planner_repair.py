@@ -9,39 +9,27 @@ import json
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from planner_synth import PROFILES, step_lengths
+from planner_synth import PROFILES, check_plan, one_stage_cases
 
 from tidal.planner.config import PASS_ORDER, PROPOSAL, PlannerConfig
-from tidal.planner.packing import pack, pipeline_time
+from tidal.planner.packing import pack
 from tidal.planner.passes import Allowance, Context, RepairPass, pack_groups
 from tidal.planner.select import assign, select_step
 
 pytestmark = pytest.mark.unit
 
-ONE_STAGE = (0, 1, 3)  # 2*tp4, tp4+2*tp2, tp2cp2+4*tp1
 OFF = PlannerConfig(passes=tuple(p for p in PASS_ORDER if p != "repair"))
 ONLY = PlannerConfig(passes=("repair",))
 
 
-def _checked(l_, prof, est, plans):
-    assert est == max(p.est_time for p in plans)
-    assert sorted(i for p in plans for mb in p.micro_batches for i in mb) == list(range(l_.size))
-    lf = l_.astype(np.float64)
-    for p, pc in zip(plans, prof.pipes):
-        assert all(len(mb) and int(l_[list(mb)].sum()) <= pc.max_len for mb in p.micro_batches)
-        assert p.est_time == pipeline_time(lf, p.micro_batches, pc.coeffs, pc.pp)
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(ONE_STAGE).flatmap(lambda k: step_lengths(80, PROFILES[k].max_len).map(
-    lambda ls: (PROFILES[k], np.asarray(ls, dtype=np.int64)))))
+@given(one_stage_cases())
 def test_repair_pass_returns_a_checked_plan_never_slower(case):
     prof, l_ = case
     bare = assign(l_, prof, fallback=False, config=PlannerConfig(passes=()))
     est, plans = assign(l_, prof, fallback=False, config=ONLY)  # target 0: the pass's gap always allows it
     assert est <= bare[0]
-    _checked(l_, prof, est, plans)
+    check_plan(l_, prof, est, plans)
 
 
 @pytest.mark.parametrize("k,seed,short", [(3, 5, False), (1, 4, True)])
@@ -61,7 +49,7 @@ def test_repair_gains_on_these_steps_and_off_is_byte_identical(k, seed, short):
     assert plan(dataclasses.replace(PlannerConfig(), repair_per_step=0)) == off
     on = select_step(l_, [prof])
     assert on.plan.est_step_time < select_step(l_, [prof], config=OFF).plan.est_step_time
-    _checked(l_, prof, on.plan.est_step_time, on.plan.pipelines)
+    check_plan(l_, prof, on.plan.est_step_time, on.plan.pipelines)
     # the cheap preset (the strategy proposal's planner) runs no pass, so no repair either
     assert "repair" not in PROPOSAL.passes
 

@@ -232,7 +232,7 @@ class RepairPass:
 
     def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
         cfg, l_, pipes = ctx.cfg, ctx.lengths, ctx.prof.pipes
-        if any(p.pp != 1 or p.eq1 for p in pipes) or l_.size * len(pipes) > cfg.repair_max:
+        if not one_stage_within(ctx, cfg.repair_max):
             return None
         rp, repacked, _, _ = repair(l_, pipes, [[list(mb) for mb in pl.micro_batches] for pl in plans],
                                     excess=cfg.repair_excess, tries=cfg.repair_tries, rounds=cfg.repair_rounds,
@@ -243,13 +243,7 @@ class RepairPass:
         left.spend(self.name)
         if not rp.valid():
             raise TidalError("the repair pass lost a document or overfilled a micro-batch")
-        lf, out = l_.astype(np.float64), list(plans)
-        for j, (pl, bs) in enumerate(zip(plans, rp.bins)):
-            mbs = tuple(sorted(tuple(sorted(b)) for b in bs))  # by first (smallest) index, as the packer's finish
-            if mbs != tuple(sorted(tuple(sorted(b)) for b in pl.micro_batches)):
-                out[j] = dataclasses.replace(pl, micro_batches=mbs,
-                                             est_time=pipeline_time(lf, mbs, pipes[j].coeffs, pipes[j].pp))
-        return max(p.est_time for p in out), tuple(out)
+        return repriced(l_, pipes, plans, rp.bins)
 
 
 class ExchangePass:
@@ -263,7 +257,7 @@ class ExchangePass:
 
     def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
         cfg, l_, pipes = ctx.cfg, ctx.lengths, ctx.prof.pipes
-        if any(p.pp != 1 or p.eq1 for p in pipes) or l_.size * len(pipes) > cfg.exchange_max:
+        if not one_stage_within(ctx, cfg.exchange_max):
             return None
         ex, made = exchange(l_, pipes, [[list(mb) for mb in pl.micro_batches] for pl in plans],
                             moves=cfg.exchange_moves, cands=cfg.exchange_cands, partners=cfg.exchange_partners,
@@ -289,6 +283,11 @@ def _size(ctx: Context) -> int:
 def by_load(disp) -> list[int]:
     """Pipeline indices by descending dispatch load (ties by index): pack_groups' order when it may give up early."""
     return sorted(range(len(disp.loads)), key=lambda j: (-disp.loads[j], j))
+
+
+def one_stage_within(ctx: Context, cap: int) -> bool:
+    """Whether the repair and exchange passes apply: every pipeline one-stage (PP = 1, priced V c + W), B x D <= cap."""
+    return not any(p.pp != 1 or p.eq1 for p in ctx.prof.pipes) and _size(ctx) <= cap
 
 
 def repriced(lengths: np.ndarray, pipes, plans: Plans, bins) -> tuple[float, Plans]:
