@@ -220,54 +220,61 @@ class Fill:
         return est2, plans2
 
 
-class RepairPass:
-    """Decision 134: repair.repair on a plan whose every pipeline is one-stage (PP = 1, priced V c + W) and B x D <=
-    cfg.repair_max: MBS repack, drop a micro-batch, rebalance; gap cfg.repair_gap. Spends one of the allowance only
-    when a pipeline was repacked into fewer micro-batches (the costly part follows); the result is checked and timed
-    by pipeline_time."""
+class OneStagePass:
+    """The run both one-stage passes share: on a plan whose every pipeline is one-stage (PP = 1, priced V c + W) and
+    B x D <= the pass's cap, `rework` returns new micro-batches (document ids per pipeline) or None; the allowance is
+    spent only then, the result is checked (each document once, none over MaxLen) and each changed pipeline timed by
+    pipeline_time.
+    Subclasses give `name`, `gap`, `cap(cfg)` and `rework(ctx, bins)`: a result with ``.valid()`` and ``.bins``, or
+    None when nothing changed."""
+
+    def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
+        if not one_stage_within(ctx, self.cap(ctx.cfg)):
+            return None
+        res = self.rework(ctx, [[list(mb) for mb in pl.micro_batches] for pl in plans])
+        if res is None:
+            return None
+        left.spend(self.name)
+        if not res.valid():
+            raise TidalError(f"the {self.name} pass lost a document or overfilled a micro-batch")
+        return repriced(ctx.lengths, ctx.prof.pipes, plans, res.bins)
+
+
+class RepairPass(OneStagePass):
+    """Decision 134: repair.repair (MBS repack, drop a micro-batch, rebalance) under cfg.repair_max, gap
+    cfg.repair_gap; spends only when a pipeline was repacked into fewer micro-batches (the costly part follows)."""
     name = "repair"
 
     def gap(self, ctx: Context) -> float:
         return ctx.cfg.repair_gap
 
-    def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
-        cfg, l_, pipes = ctx.cfg, ctx.lengths, ctx.prof.pipes
-        if not one_stage_within(ctx, cfg.repair_max):
-            return None
-        rp, repacked, _, _ = repair(l_, pipes, [[list(mb) for mb in pl.micro_batches] for pl in plans],
-                                    excess=cfg.repair_excess, tries=cfg.repair_tries, rounds=cfg.repair_rounds,
-                                    drops=cfg.repair_drops, moves=cfg.repair_moves, partners=cfg.repair_partners,
-                                    deadline_ok=ctx.on_time)
-        if rp is None:
-            return None
-        left.spend(self.name)
-        if not rp.valid():
-            raise TidalError("the repair pass lost a document or overfilled a micro-batch")
-        return repriced(l_, pipes, plans, rp.bins)
+    def cap(self, cfg: PlannerConfig) -> int:
+        return cfg.repair_max
+
+    def rework(self, ctx: Context, bins):
+        cfg = ctx.cfg
+        return repair(ctx.lengths, ctx.prof.pipes, bins, excess=cfg.repair_excess, tries=cfg.repair_tries,
+                      rounds=cfg.repair_rounds, drops=cfg.repair_drops, moves=cfg.repair_moves,
+                      partners=cfg.repair_partners, deadline_ok=ctx.on_time)[0]
 
 
-class ExchangePass:
-    """Decision 136: exchange.exchange (compound moves around the bottleneck) on a plan whose every pipeline is
-    one-stage (PP = 1, priced V c + W) and B x D <= cfg.exchange_max; gap cfg.exchange_gap. Spends one of the allowance
-    only when a move was made; the result is checked and timed by pipeline_time."""
+class ExchangePass(OneStagePass):
+    """Decision 136: exchange.exchange (compound moves around the bottleneck) under cfg.exchange_max, gap
+    cfg.exchange_gap; spends only when a move was made."""
     name = "exchange"
 
     def gap(self, ctx: Context) -> float:
         return ctx.cfg.exchange_gap
 
-    def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
-        cfg, l_, pipes = ctx.cfg, ctx.lengths, ctx.prof.pipes
-        if not one_stage_within(ctx, cfg.exchange_max):
-            return None
-        ex, made = exchange(l_, pipes, [[list(mb) for mb in pl.micro_batches] for pl in plans],
-                            moves=cfg.exchange_moves, cands=cfg.exchange_cands, partners=cfg.exchange_partners,
-                            eject=cfg.exchange_eject, depth=cfg.exchange_depth, deadline_ok=ctx.on_time)
-        if not made:
-            return None
-        left.spend(self.name)
-        if not ex.valid():
-            raise TidalError("the exchange pass lost a document or overfilled a micro-batch")
-        return repriced(l_, pipes, plans, ex.bins)
+    def cap(self, cfg: PlannerConfig) -> int:
+        return cfg.exchange_max
+
+    def rework(self, ctx: Context, bins):
+        cfg = ctx.cfg
+        ex, made = exchange(ctx.lengths, ctx.prof.pipes, bins, moves=cfg.exchange_moves, cands=cfg.exchange_cands,
+                            partners=cfg.exchange_partners, eject=cfg.exchange_eject, depth=cfg.exchange_depth,
+                            deadline_ok=ctx.on_time)
+        return ex if made else None
 
 
 # the registry (read-only: a test gives `improve` its own table instead of changing this one)
