@@ -50,14 +50,9 @@ def test_exchange_pass_lowers_random_dispatches_and_spends_only_when_it_moved():
     assert gained >= 2
 
 
-def test_exchange_skips_multi_stage_plans_and_large_steps():
+def test_exchange_skips_large_steps():
     l_ = np.random.default_rng(2).integers(20, 81, size=60).astype(np.int64)
-    p = ExchangePass()
-    prof = PROFILES[2]  # 2*tp2pp2
-    est, plans = pack_groups(l_, prof, [list(range(0, 60, 2)), list(range(1, 60, 2))], pack, False)
-    left = Allowance.for_step(PlannerConfig())
-    ctx = Context(l_, prof, pack, 0, 0.0, None, PlannerConfig(), 0.0)
-    assert p.run(ctx, est, plans, left) is None and left.counts["exchange"] == 2
+    p, left = ExchangePass(), Allowance.for_step(PlannerConfig())
     prof = PROFILES[0]
     est, plans = pack_groups(l_, prof, [list(range(60)), []], pack, False)  # all on one pipeline: a move helps
     small = dataclasses.replace(PlannerConfig(), exchange_max=l_.size * len(prof.pipes) - 1)

@@ -42,14 +42,9 @@ def test_repair_gains_on_these_steps_and_off_is_byte_identical(k, seed, short):
     assert "repair" not in PROPOSAL.passes
 
 
-def test_repair_skips_multi_stage_plans_and_spends_only_when_it_repacked():
+def test_repair_spends_only_when_it_repacked():
     l_ = np.random.default_rng(2).integers(20, 81, size=60).astype(np.int64)
-    rp = RepairPass()
-    prof = PROFILES[2]  # 2*tp2pp2
-    est, plans = pack_groups(l_, prof, [list(range(0, 60, 2)), list(range(1, 60, 2))], pack, False)
-    left = Allowance.for_step(PlannerConfig())
-    ctx = Context(l_, prof, pack, 0, 0.0, None, PlannerConfig(), 0.0)
-    assert rp.run(ctx, est, plans, left) is None and left.left("repair")
+    rp, left = RepairPass(), Allowance.for_step(PlannerConfig())
     prof, l_ = PROFILES[0], l_[:10]  # 2*tp4 (MaxLen 400): each pipeline in one micro-batch, nothing to repack
     est, plans = pack_groups(l_, prof, [list(range(0, 10, 2)), list(range(1, 10, 2))], pack, False)
     assert all(len(p.micro_batches) == 1 for p in plans)
