@@ -2,9 +2,11 @@
 
     python benchmarks/plan_time_ab.py --before /path/to/old/checkout --after . [--steps 6] [--seeds 10]
         [--models llama2-7b,llama2-13b,llama-32b] [--clusters a800x16,a800x32,a800x64,a800x256,a800x1024] [--collect]
+        [--cands hand|proposal]
 
 Two worker processes, one per source tree (PYTHONPATH=<tree>/src, one thread each: OMP/MKL/NUMBA threads 1), each
-import their own `tidal`, build the grid's hand candidates (each tree's own benchmarks/planner_grid.py; the plan
+import their own `tidal`, build the grid's hand candidates (`--cands proposal`: its strategy proposal's, made by each
+tree and not timed; each tree's own benchmarks/planner_grid.py; the plan
 hashes show that both planned the same steps) and warm the compiled loops; each cell's first step is also planned
 once unmeasured by both. The parent sends the same step to both in an ABBA order (so drift in the shared machine's
 load hits both alike) and records select_step's CPU time (thread_time) and wall time per step. It prints, per cell,
@@ -28,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 WORKER = r"""
-import gc, hashlib, json, sys, tempfile, time
+import contextlib, gc, hashlib, json, sys, tempfile, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from planner_grid import MAX_LEN, TOKENS, Grid, warm_kernels
@@ -42,9 +44,10 @@ cache = {}
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     q = json.loads(line)
-    key = (q["model"], q["cluster"], q["source"], q["seed"])
+    key = (q["model"], q["cluster"], q["source"], q["seed"], q.get("cands", "hand"))
     if key not in cache:
-        _, profs, _ = grid.candidates(q["model"], q["cluster"], "hand", q["source"])
+        with contextlib.redirect_stdout(sys.stderr):  # the grid's own messages (a failed proposal) stay off the pipe
+            _, profs, _ = grid.candidates(q["model"], q["cluster"], q.get("cands", "hand"), q["source"])
         tokens = TOKENS[get_cluster(q["cluster"]).num_devices]
         sts = sample_steps(grid.specs[q["source"]], seed=q["seed"], tokens_per_step=tokens, max_len=MAX_LEN,
                            steps=q["steps"])[0]
@@ -99,6 +102,8 @@ def main() -> None:
     ap.add_argument("--sources", default="commoncrawl,github,flanv2,heavytail,stdlib")
     ap.add_argument("--seeds", default="10", help="held-out seeds by default")
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--cands", choices=("hand", "proposal"), default="hand",
+                    help="the grid's hand candidates, or its strategy proposal's (made by each tree, unmeasured)")
     ap.add_argument("--collect", action="store_true",
                     help="gc.collect() in both workers before each measured step (not timed): Python's full "
                          "collections (tens of ms in a long-running worker) then fall outside the steps")
@@ -119,12 +124,12 @@ def main() -> None:
                     t = {"before": {"cpu": [], "wall": []}, "after": {"cpu": [], "wall": []}}
                     same = 0
                     for w in workers.values():  # unmeasured: first calls (numba's lazy compiles, caches) of the cell
-                        ask(w, {"model": model, "cluster": cluster, "source": source,
+                        ask(w, {"model": model, "cluster": cluster, "source": source, "cands": a.cands,
                                 "seed": int(a.seeds.split(",")[0]), "steps": a.steps, "step": 0})
                     for seed in (int(s) for s in a.seeds.split(",")):
                         for step in range(a.steps):
                             qq = {"model": model, "cluster": cluster, "source": source, "seed": seed,
-                                  "steps": a.steps, "step": step, "collect": a.collect}
+                                  "steps": a.steps, "step": step, "collect": a.collect, "cands": a.cands}
                             order = ("before", "after") if k % 2 == 0 else ("after", "before")
                             k += 1
                             res = {w: ask(workers[w], qq) for w in order}
