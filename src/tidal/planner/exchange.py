@@ -35,6 +35,7 @@ class Exchange:
     def __init__(self, l_: np.ndarray, pipes, bins: list[list[list[int]]]):
         self.l = np.asarray(l_, dtype=np.int64)
         self.lf = self.l.astype(np.float64)
+        self.pipes = pipes
         self.a, self.b, self.c, self.d = pipe_coeffs(pipes)
         self.m = np.array([p.max_len for p in pipes], dtype=np.int64)
         self.bins = [[list(b) for b in bs if b] for bs in bins]
@@ -44,18 +45,16 @@ class Exchange:
         self._cache: dict = {}
 
     def work(self, j: int, i: int) -> float:
-        x = self.lf[i]
-        return float(self.a[j] * x * x + self.b[j] * x + self.d[j])
+        return self.pipes[j].w1(float(self.lf[i]))
 
     def wcol(self, i: int) -> np.ndarray:
-        """Document i's work on every pipeline."""
+        """Document i's work on every pipeline (PipeCost.work, across pipelines)."""
         x = self.lf[i]
         return self.a * x * x + self.b * x + self.d
 
     def _time(self, j: int) -> float:
         ids = np.fromiter((i for b in self.bins[j] for i in b), dtype=np.int64)
-        x = self.lf[ids]
-        return len(self.bins[j]) * float(self.c[j]) + float((self.a[j] * x * x + self.b[j] * x + self.d[j]).sum())
+        return len(self.bins[j]) * float(self.c[j]) + float(self.pipes[j].work(self.lf[ids]).sum())
 
     def _room(self, j: int) -> int:
         """Pipeline j's largest free room (MaxLen when it has no micro-batch: a new one, at c more)."""
@@ -67,8 +66,7 @@ class Exchange:
         if q not in self._cache:
             got = sorted((int(self.l[x]), x, kk) for kk, b in enumerate(self.bins[q]) for x in b)
             ln, ids, kk = (np.array(c, dtype=np.int64) for c in zip(*got)) if got else (np.zeros(0, np.int64),) * 3
-            x = self.lf[ids]
-            self._cache[q] = (ids, ln, kk, self.a[q] * x * x + self.b[q] * x + self.d[q])
+            self._cache[q] = (ids, ln, kk, self.pipes[q].work(self.lf[ids]))
         return self._cache[q]
 
     def _eject(self, q: int, k: int, i: int, limit: float) -> list[int] | None:
