@@ -8,7 +8,8 @@ micro-batches run with sdpa and with flex:
 The rule models t_sdpa - t_flex per layer as seg_cost * S - flex_const - flex_work * W (core/attnrule.py); the
 three constants come from non-negative least squares on the FIT rows. Printed per row set: the rule's pick against
 the measured faster backend, the time a wrong pick loses (of the faster one's time), and the summed time of always
-flex (today's `auto` on a GPU without flash-attn), always sdpa, the rule, and the best of the two per micro-batch.
+flex (`auto` on a GPU before decision 119 and from 133 to 140), always sdpa, the rule, and the best of the two per
+micro-batch.
 The summed-time ratios are an ESTIMATE of the gain from measured single-micro-batch rows, not an end-to-end
 measurement (not measured: no GPU here).
 

@@ -5,7 +5,8 @@ gate, residuals, casts) and small micro-batches waiting on the host; decision 13
 repeated shapes (cuDNN attention) can lose in training, where document lengths are new in every micro-batch. So this
 times forward + loss + backward of `models.Llama` two ways, in the compute dtype on the current device:
 * `eager`: the model as the runtime runs it;
-* `compiled`: every layer's FeedForward and both RMSNorms compiled with ``torch.compile(dynamic=True)`` (attention
+* `compiled`: every layer's FeedForward (gate and up as two GEMMs) and both RMSNorms compiled with
+  ``torch.compile(dynamic=True)`` (attention
   stays as the backend runs it: its per-document loop over host lists would specialise a graph per length list);
 and for each, (1) the `--mbs` micro-batches repeated (median of `--repeats` after one warm-up call), (2) `--fresh`
 micro-batches of new random lengths (a long-tailed draw, `--fresh-tokens` tokens each, every call a new list), timed
@@ -41,7 +42,11 @@ def fresh_lengths(rng: np.random.Generator, tokens: int) -> list[int]:
 
 
 def compile_dense(model: Llama, backend: str) -> None:
+    """Compile each layer's FeedForward and RMSNorms. The FeedForward runs its gate and up projections as two plain
+    linears here: the fused one's storage check (`models.llama._fused_view`) breaks dynamo's graph, and on torch
+    2.11 inductor's code for the resumed graph failed on an H200 (NameError on a shape symbol, 2026-11-27)."""
     for layer in model.layers.values():
+        layer.feed_forward.fused = False
         for name in ("feed_forward", "attention_norm", "ffn_norm"):
             getattr(layer, name).compile(dynamic=True, backend=backend)
 

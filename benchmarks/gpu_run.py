@@ -27,6 +27,7 @@ import torch
 
 from tidal.core import ParallelScheme, get_cluster
 from tidal.costmodel.memory import executor_memory, stage_memory
+from tidal.models.dense import resolve_compile
 from tidal.runtime.config import DataConfig, ModelConfig, PlannerConfig, TrainConfig, TrainSection, WorldConfig
 from tidal.runtime.launch import run_distributed
 from tidal.runtime.optim import OptimConfig
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out of the medians")
     ap.add_argument("--attn-backend", default="auto")
+    ap.add_argument("--compile", default="auto", help="[model] compile: auto | off | dense (models/dense.py)")
     ap.add_argument("--compute-dtype", default="auto", help="auto: bfloat16 on CUDA, float32 on the CPU")
     ap.add_argument("--out", default="", help="write rows and summary as JSON here")
     args = ap.parse_args(argv)
@@ -68,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     if cluster.num_devices != 1:
         print(f"gpu_run: one device only, got {args.cluster}", file=sys.stderr)
         return 2
-    cfg = TrainConfig(model=ModelConfig(args.model, args.attn_backend), world=WorldConfig(args.cluster),
+    cfg = TrainConfig(model=ModelConfig(args.model, args.attn_backend, compile=args.compile),
+                      world=WorldConfig(args.cluster),
                       data=DataConfig(args.data, args.max_len, args.tokens_per_step, "split", 0),
                       planner=PlannerConfig("tp1", "hydraulis", "adaptive", True),
                       optimizer=OptimConfig(lr=1e-4, warmup_steps=2),
@@ -93,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         if i >= args.skip:
             kept.append((r["tokens_per_s"], mfu))
     summary: dict = {"model": args.model, "device": info["device"], "backend": backend, "compute": compute,
+                     "attn_backend": args.attn_backend, "compile": args.compile,
                      "steps": len(rows), "skip": args.skip}
     if kept:
         tps, mfus = [k[0] for k in kept], [k[1] for k in kept]
@@ -111,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
               + ", ".join(f"{b} {n}" for b, n in sorted(picks.items())))
     biggest = max((r["max_mb_tokens"] for r in rows), default=0)
     model_peak = max(stage_memory(spec, ParallelScheme(), 1, biggest,
-                                  executor_memory(compute, "float32")))
+                                  executor_memory(compute, "float32",
+                                                  compile=resolve_compile(args.compile, backend == "nccl"))))
     summary.update(max_mb_tokens=biggest, model_peak_bytes=model_peak)
     if "peak_allocated" in info:
         summary.update(peak_allocated=info["peak_allocated"], peak_reserved=info["peak_reserved"],

@@ -10,6 +10,8 @@
 # and llama3.2-1b with the per-micro-batch backend `mixed` (decision 119; named only since decision 133):
 # against parts 5 and 8 (and benchmarks/data/h200-llama3.2-1b-profile-*.csv), the rule's measured gain; 10. part 3
 # with `mixed` and with `flex` in one call (train-1b-mixed, train-1b-flex): mixed's end-to-end gain in training;
+# train-1b-sdpa: the same with sdpa (no cuDNN since decision 133); train-1b-mixed-compiled: mixed with
+# `[model] compile = "dense"` (decision 140);
 # 11. benchmarks/gpu_compile.py (compile): llama3.2-1b eager against its dense parts compiled, on repeated and on new
 # document lengths.
 # Each part has its own time limit and goes on after a failure; everything lands in OUTDIR/session.log.
@@ -45,6 +47,10 @@ part train-1b-mixed 130 python3 benchmarks/gpu_run.py --model llama3.2-1b --clus
   --attn-backend mixed --out "$OUT/train_1b_mixed.json"
 part train-1b-flex 100 python3 benchmarks/gpu_run.py --model llama3.2-1b --cluster h200x1 --steps 10 \
   --attn-backend flex --out "$OUT/train_1b_flex.json"
+part train-1b-mixed-compiled 130 python3 benchmarks/gpu_run.py --model llama3.2-1b --cluster h200x1 --steps 10 \
+  --attn-backend mixed --compile dense --out "$OUT/train_1b_mixed_compiled.json"
+part train-1b-sdpa 100 python3 benchmarks/gpu_run.py --model llama3.2-1b --cluster h200x1 --steps 10 \
+  --attn-backend sdpa --out "$OUT/train_1b_sdpa.json"
 part attention 50 python3 benchmarks/attention_backends.py --repeats 5
 part profile-7b 110 python3 -m tidal.cli.main profile --model examples/model-llama2-7b-4layers.toml \
   --cluster h200x1 --schemes tp1 --totals 1024,4096,16384 --mixes 2 --repeats 3 --attn-backend flex \
@@ -62,5 +68,5 @@ part profile-7b-mixed 110 python3 -m tidal.cli.main profile --model examples/mod
   --out "$OUT/profile_mixed.json"
 part profile-1b-mixed 150 python3 -m tidal.cli.main profile --model llama3.2-1b --cluster h200x1 --schemes tp1 \
   --totals 1024,4096,16384,32768 --mixes 2 --repeats 3 --attn-backend mixed --out "$OUT/profile_1b_mixed.json"
-part compile 240 python3 benchmarks/gpu_compile.py --model llama3.2-1b
+part compile 200 python3 benchmarks/gpu_compile.py --model llama3.2-1b
 grep "^===" "$LOG"

@@ -65,7 +65,7 @@ def test_model_on_cuda_matches_cpu_fp32(backend, no_tf32):
 
 
 def test_mixed_on_cuda_runs_both_kernels_and_matches_cpu(no_tf32):
-    """attn_backend "mixed" (decision 119; named only since decision 133) on two micro-batches whose
+    """attn_backend "mixed" (decision 119; auto on CUDA since decision 140) on two micro-batches whose
     H200-rule picks differ: 40 documents of 5 tokens (flex, the compiled kernel with its backward) and one of 200
     (sdpa). Loss and gradients of each within the fp32 tolerances above of CPU sdpa; each kernel ran once."""
     from tidal.models.attention import explain_backend

@@ -83,10 +83,10 @@ def test_backend_fallback_on_cpu():
 def test_backend_choice_is_explained():
     chosen, skipped = explain_backend("auto", "cpu", torch.float32, needs_grad=True)
     assert chosen == "sdpa"
-    assert [b for b, _ in skipped] == ["flash", "flex"]  # auto on CUDA is flex (decision 133)
-    assert dict(skipped)["flex"] == "no FlexAttention backward on CPU"
+    assert [b for b, _ in skipped] == ["flash", "mixed"]  # auto on CUDA is mixed (decision 140)
+    assert dict(skipped)["mixed"] == "its flex picks: no FlexAttention backward on CPU"
     line = describe_backend("auto", "cpu", torch.bfloat16)
-    assert line.startswith("sdpa (auto; flash: needs CUDA; flex: ") and line.endswith(")")
+    assert line.startswith("sdpa (auto; flash: needs CUDA; mixed: its flex picks: ") and line.endswith(")")
     assert describe_backend("mixed", "cpu", torch.bfloat16) == (
         "mixed (mixed; flex picks run sdpa: no FlexAttention backward on CPU)")
     assert explain_backend("reference", "cpu", torch.float32) == ("reference", [])
@@ -96,8 +96,8 @@ def test_flex_on_cuda_needs_head_dim_16():
     """Inductor's FlexAttention kernel refuses head dim < 16 on CUDA (seen on an H200): auto and a named flex fall
     back to sdpa there, saying why; from 16 up flex is chosen. (Device strings only: no GPU needed.)"""
     chosen, skipped = explain_backend("auto", "cuda", torch.bfloat16, head_dim=8)
-    assert chosen == "sdpa" and dict(skipped)["flex"] == "compiled kernel needs head dim >= 16, got 8"
-    assert explain_backend("auto", "cuda", torch.bfloat16, head_dim=16)[0] in ("flash", "flex")
+    assert chosen == "sdpa" and dict(skipped)["mixed"] == "its flex picks: compiled kernel needs head dim >= 16, got 8"
+    assert explain_backend("auto", "cuda", torch.bfloat16, head_dim=16)[0] in ("flash", "mixed")
     assert explain_backend("flex", "cuda", torch.bfloat16, head_dim=8)[0] == "sdpa"
     assert explain_backend("flex", "cuda", torch.bfloat16, head_dim=16)[0] == "flex"
     assert explain_backend("flex", "cuda", torch.bfloat16)[0] == "flex"  # head dim unknown: not checked

@@ -25,6 +25,8 @@ KEY_HELP = {
     "model.rope_theta": "RoPE base θ (10000 when not a preset)",
     "model.norm_eps": "RMSNorm epsilon (1e-5 when not a preset)",
     "model.tie_embeddings": "tie the output projection to the embedding",
+    "model.compile": "dense: torch.compile each layer's RMSNorm and SwiGLU gate (models/dense.py); off; auto: dense "
+                     "on CUDA",
     "world.cluster": "cluster TYPExN[+TYPExM] (cpux4, a800x64, h800x16+h20x32); N must equal the ranks",
     "world.memory_gib": "memory per device the planner plans for, in GiB (0: the device type's own; not enforced)",
     "data.source": "corpus: stdlib, stdlib:defs, random:synthetic:NAME, random:lengths:FILE, jsonl:PATH, "

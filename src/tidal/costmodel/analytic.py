@@ -95,7 +95,7 @@ EFFICIENCY_EAGER = Efficiency(gemm=0.714, gemm_half_flops=1.44e7, attn=0.221, at
                               doc_per_layer=1.59e-5)
 
 
-# Tidal's eager runtime on Hopper with attn_backend "mixed" (decision 119; named only since decision 133):
+# Tidal's eager runtime on Hopper with attn_backend "mixed" (decision 119; auto on CUDA since decision 140):
 # each micro-batch runs sdpa or flex by core.attnrule.H200_RULE, a minimum of two prices that the per-document
 # form T = c + sum(a l^2 + b l + d) cannot hold. Its additive envelope: attention at sdpa's rate (flat across
 # widths, as sdpa's TP 1-8 kernel rows are at 16-32K tokens; the rule runs sdpa wherever the l^2 term is large),

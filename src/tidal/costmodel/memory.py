@@ -105,6 +105,9 @@ class MemoryConfig:
     # Hydraulis' pools). > 0 (the executor charge, `executor_memory`): counted from the layer's shape, the tensors this
     # runtime's decoder layer saves for the backward, at this many bytes per element (`shape_act_bytes`)
     act_element_bytes: float = 0.0
+    # ffn-wide tensors per token the layer saves (`shape_act_bytes`): gate, up, SiLU output and product (4) eagerly;
+    # 3 with SwiGLU's gate compiled (`[model] compile = "dense"`, models/dense.py: the SiLU output is recomputed)
+    act_ffn_tensors: float = 4.0
     attn_core_bytes_per_token_head: float = 4.0  # selective frees this per token per query head per layer (fp32 LSE)
 
     def __post_init__(self) -> None:
@@ -138,13 +141,14 @@ def act_bytes_per_token(cfg: MemoryConfig, tp: int) -> float:
     return cfg.act_bytes_per_token_layer / tp + cfg.act_bytes_tp_replicated
 
 
-def shape_act_bytes(model: ModelSpec, tp: int, elem: float) -> float:
+def shape_act_bytes(model: ModelSpec, tp: int, elem: float, ffn_tensors: float = 4.0) -> float:
     """Bytes per token one decoder layer of `models/llama.py` saves for its backward on one device of a TP group of
     `tp`, counted from its shape with `elem` bytes per element: the layer input, the attention norm's output, the
     residual sum and the MLP norm's output (4 h, replicated over TP); q, k, v, rotated q and k and the attention
-    output (3 h + 3 kv / TP); the MLP's gate and up outputs, SiLU output and their product (4 ffn / TP); and the
-    attention's fp32 log-sum-exp per query head. Checked against the H200's measured peaks (docs/costmodel.md)."""
-    split = 3 * model.hidden + 3 * model.kv_dim + 4 * model.ffn
+    output (3 h + 3 kv / TP); the MLP's gate and up outputs, SiLU output and their product (`ffn_tensors` = 4 ffn /
+    TP; 3 when the gate is compiled, decision 140); and the attention's fp32 log-sum-exp per query head. Checked
+    against the H200's measured peaks (docs/costmodel.md)."""
+    split = 3 * model.hidden + 3 * model.kv_dim + ffn_tensors * model.ffn
     return elem * (4 * model.hidden + split / tp) + 4.0 * model.heads / tp
 
 
@@ -152,7 +156,7 @@ def layer_act_bytes(model: ModelSpec, cfg: MemoryConfig, tp: int, mode: str) -> 
     """(bytes per token one layer keeps per in-flight micro-batch, bytes per token live once while the backward
     recomputes a layer) on one device of a TP group of `tp`, before CP, under recomputation `mode` (module
     docstring)."""
-    full = (shape_act_bytes(model, tp, cfg.act_element_bytes) if cfg.act_element_bytes > 0
+    full = (shape_act_bytes(model, tp, cfg.act_element_bytes, cfg.act_ffn_tensors) if cfg.act_element_bytes > 0
             else act_bytes_per_token(cfg, tp) * model.hidden)
     if mode == "none":
         return full, 0.0
@@ -183,12 +187,13 @@ DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 LOGIT_BYTES = {"float64": 24.0, "float32": 12.0, "bfloat16": 14.0, "float16": 14.0}
 
 
-def executor_memory(compute: str, master: str, base: MemoryConfig | None = None) -> MemoryConfig:
+def executor_memory(compute: str, master: str, base: MemoryConfig | None = None, compile: str = "off") -> MemoryConfig:
     """The "executor" charge of a run that computes in `compute` and keeps master weights and Adam moments in
     `master` (dtype names): parameters in the compute dtype, the gradient buffer in at least fp32, 3 master tensors
     (weights, m, v) and the push's gradient shards in the master dtype, and the cast of the master shards for the pull
     unless the two dtypes agree; activations counted from the layer's shape in the compute dtype, and the loss path's
-    logits (`LOGIT_BYTES`). `tidal train` plans with it (the executor's own bytes)."""
+    logits (`LOGIT_BYTES`); with `compile` "dense" (decision 140) the SwiGLU gate saves one ffn-wide tensor fewer.
+    `tidal train` plans with it (the executor's own bytes)."""
     for name in (compute, master):
         if name not in DTYPE_BYTES:
             raise TidalError(f"unknown dtype {name!r}; one of {', '.join(DTYPE_BYTES)}")
@@ -197,7 +202,7 @@ def executor_memory(compute: str, master: str, base: MemoryConfig | None = None)
                    act_element_bytes=cb,
                    master_bytes_per_param=3 * mb, shard_grad_bytes_per_param=mb,
                    pull_cast_bytes_per_param=0 if compute == master else cb, recompute_input_bytes=cb,
-                   logit_bytes_per_vocab=LOGIT_BYTES[compute])
+                   logit_bytes_per_vocab=LOGIT_BYTES[compute], act_ffn_tensors=3.0 if compile == "dense" else 4.0)
 
 
 def stage_params(model: ModelSpec, scheme: ParallelScheme, stage: int) -> tuple[float, float]:

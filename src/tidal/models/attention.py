@@ -26,12 +26,14 @@ Backends (``BACKENDS``):
   one flex call wins on many short documents). The pick is made on the host from ``VarlenMeta.host`` on the first
   layer, cached on the VarlenMeta like the block mask, and counted in the model's :class:`AttentionKernels`
   (``picks``: backend -> micro-batches). A flex pick where flex cannot run (CPU with gradients) runs sdpa.
-* ``"auto"``: the fastest correct one for the device, as measured in training: flash, then flex (CUDA only, heads of
-  at least 16), then sdpa, then reference. (``mixed`` is named only: decision 133 measured it at 0.61x flex's
-  tokens/s in training, with sdpa's cuDNN kernel.) :func:`explain_backend` says which one runs and why the faster
-  ones were passed over.
+* ``"auto"``: the fastest correct one for the device, as measured in training: flash, then mixed (CUDA only: its flex
+  picks need the compiled kernel, heads of at least 16), then sdpa, then reference. Decision 140 measured mixed at
+  1.07-1.09x flex's tokens/s in training on an H200 once sdpa left cuDNN out (decision 133 had measured 0.61x with
+  cuDNN, and made auto flex until then). :func:`explain_backend` says which one runs and why the faster ones were
+  passed over.
 
-An unavailable backend falls back along its chain (``CHAINS``; flash -> flex -> sdpa -> reference);
+An unavailable backend falls back along its chain (``CHAINS``; auto: flash -> mixed -> sdpa -> reference, a named
+one: flash -> flex -> sdpa -> reference);
 :func:`resolve_backend` reports the one actually used.
 """
 
@@ -53,7 +55,7 @@ SDPA_CUDA_KERNELS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
 BACKENDS = ("auto", "mixed", "flash", "flex", "sdpa", "reference")
 FALLBACK = ("flash", "flex", "sdpa", "reference")
 # what each request tries, in order (the first that can run here runs)
-CHAINS = {"auto": ("flash", "flex", "sdpa", "reference"), "mixed": ("mixed", "sdpa", "reference"),
+CHAINS = {"auto": ("flash", "mixed", "sdpa", "reference"), "mixed": ("mixed", "sdpa", "reference"),
           **{b: FALLBACK[FALLBACK.index(b):] for b in FALLBACK}}
 
 
@@ -155,10 +157,11 @@ FLEX_MIN_HEAD_DIM = 16
 
 def _unavailable(name: str, cuda: bool, dtype: torch.dtype, needs_grad: bool, auto: bool,
                  head_dim: int | None = None) -> str:
-    """Why backend `name` cannot (or, under auto, should not) run here; empty when it can. ``mixed`` runs anywhere
-    (its flex picks run sdpa where flex cannot)."""
-    if name == "mixed":  # named only, it runs anywhere (a flex pick that cannot run here runs sdpa)
-        return ""
+    """Why backend `name` cannot (or, under auto, should not) run here; empty when it can. ``mixed`` named runs
+    anywhere (its flex picks run sdpa where flex cannot); under auto it runs where its flex picks can."""
+    if name == "mixed":  # named, it runs anywhere (a flex pick that cannot run here runs sdpa); auto asks flex's way
+        why = _unavailable("flex", cuda, dtype, needs_grad, auto, head_dim) if auto else ""
+        return f"its flex picks: {why}" if why else ""
     if name == "flash":
         if not cuda:
             return "needs CUDA"
@@ -196,7 +199,7 @@ def explain_backend(name: str, device: torch.device | str, dtype: torch.dtype,
 
 def describe_backend(name: str, device: torch.device | str, dtype: torch.dtype, needs_grad: bool = True,
                      head_dim: int | None = None) -> str:
-    """One line for logs: 'sdpa (auto; flash: needs CUDA; flex: no FlexAttention backward on CPU)'."""
+    """One line for logs: 'sdpa (auto; flash: needs CUDA; mixed: its flex picks: no FlexAttention backward on CPU)'."""
     chosen, skipped = explain_backend(name, device, dtype, needs_grad, head_dim)
     if chosen == "mixed":
         flex_why = _unavailable("flex", torch.device(device).type == "cuda", dtype, needs_grad, False, head_dim)

@@ -35,6 +35,7 @@ from tidal.core.attnrule import H200_RULE, AttnBackendRule
 from tidal.core.errors import TidalError
 from tidal.core.model import ModelSpec, param_table
 from tidal.models.attention import AttentionKernels, VarlenMeta, varlen_attention
+from tidal.models.dense import EAGER, DenseKernels, upcast
 from tidal.models.init import init_slice
 from tidal.models.recompute import OffloadHooks, layer_modes, recomputed
 
@@ -99,20 +100,15 @@ def batch_to_device(batch: VarlenBatch, device: torch.device | str,
     return VarlenBatch(pos, meta, kv_index=kv, kv_rows=batch.kv_rows), tuple(ext)
 
 
-def upcast(x: torch.Tensor) -> torch.Tensor:
-    """At least float32 (half precisions are upcast for reductions; float64 stays float64)."""
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+        self.dense = EAGER  # the model's DenseKernels (models/dense.py; Llama.set_compile)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = upcast(x)
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+        return self.dense.rmsnorm(x, self.weight, self.eps)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
@@ -248,6 +244,7 @@ class FeedForward(nn.Module):
         self.fused = True  # gate and up in one GEMM (False: two calls)
         self.tp_in = None  # as Attention.tp_in / tp_out
         self.tp_out = None
+        self.dense = EAGER  # as RMSNorm.dense
 
     def forward(self, x: torch.Tensor, tokens: int | None = None) -> torch.Tensor:
         n = x.shape[0] if tokens is None else int(tokens)
@@ -257,7 +254,7 @@ class FeedForward(nn.Module):
             gate, up = fused_linear(x, self.fused_params()).chunk(2, dim=-1)
         else:
             gate, up = self.w1(x), self.w3(x)
-        out = self.w2(F.silu(gate) * up)
+        out = self.w2(self.dense.swiglu(gate, up))
         return out if self.tp_out is None else self.tp_out(out, n)
 
     def fused_params(self) -> list[nn.Parameter]:
@@ -311,6 +308,7 @@ class Llama(nn.Module):
         kernels = self.attn_kernels = AttentionKernels(attn_rule)
         for layer in self.layers.values():
             layer.attention.kernels = kernels
+        self.dense = EAGER  # set_compile
         self._init(init_std)
         if spec.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
@@ -336,8 +334,24 @@ class Llama(nn.Module):
 
     @property
     def attn_picks(self) -> dict[str, int]:
-        """Under "mixed": backend -> micro-batches it ran, counted once per micro-batch."""
+        """Under "mixed" (or "auto" resolved to it): backend -> micro-batches it ran, counted once per micro-batch."""
         return dict(self.attn_kernels.picks)
+
+    @property
+    def compile_mode(self) -> str:
+        """"off" (eager) or "dense" (RMSNorm and SwiGLU's gate compiled; models/dense.py)."""
+        return self.dense.mode
+
+    def set_compile(self, mode: str, backend: str = "inductor") -> None:
+        """Compile the layers' elementwise parts ("dense") or run them eagerly ("off"); decision 140. ("auto" is the
+        runtime's to resolve for its device: `models.dense.resolve_compile`.)"""
+        if mode not in ("off", "dense"):
+            raise TidalError(f"unknown compile mode {mode!r}; choose off or dense")
+        if mode != self.dense.mode:
+            self.dense = DenseKernels.compiled(backend) if mode == "dense" else EAGER
+        for m in self.modules():
+            if isinstance(m, (RMSNorm, FeedForward)):
+                m.dense = self.dense
 
     def set_fused(self, fused: bool) -> None:
         """One GEMM for q/k/v and one for gate/up (default), or separate projections."""

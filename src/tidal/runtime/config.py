@@ -3,9 +3,9 @@ group exists (torchtitan's order: parse, validate, then start ranks).
 
 Sections and keys (all optional except where noted; see docs/training.md for the full reference)::
 
-    [model]      name = "tiny", attn_backend = "auto"; a shape (docs/models.md): layers, hidden, heads, kv_heads,
-                 ffn, vocab, rope_theta, norm_eps, tie_embeddings (all shape keys without a preset name; any subset
-                 to change a preset)
+    [model]      name = "tiny", attn_backend = "auto", compile = "auto"|"off"|"dense"; a shape (docs/models.md): layers,
+                 hidden, heads, kv_heads, ffn, vocab, rope_theta, norm_eps, tie_embeddings (all shape keys without a
+                 preset name; any subset to change a preset)
     [world]      cluster = "cpux4"                  # TYPExN; N must equal the number of ranks
                  memory_gib = 0                     # per-device memory the planner plans for; 0: the type's own
     [data]       source = "stdlib", max_len, tokens_per_step, long_docs = "split", seed, tokenizer = "",
@@ -95,6 +95,7 @@ class ModelConfig:
     rope_theta: float | None = None
     norm_eps: float | None = None
     tie_embeddings: bool | None = None
+    compile: str = "auto"  # "dense": RMSNorm and SwiGLU's gate compiled; auto: dense on CUDA (models/dense.py)
 
     key_types = SHAPE_KEYS  # class attribute (no annotation): the TOML types of the keys whose default is None
 

@@ -36,6 +36,7 @@ from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.recompute import parse_recompute, stage_recompute
 from tidal.core.strategy import Strategy
 from tidal.models.attention import describe_backend
+from tidal.models.dense import resolve_compile
 from tidal.models.init import derive_seed, init_slice
 from tidal.runtime.config import compute_dtype_for
 from tidal.runtime.exec_state import ExecutorState
@@ -60,7 +61,8 @@ class ExecConfig:
     compute_dtype: str = "auto"  # parameters pulled in this dtype; auto: config.compute_dtype_for (bf16 on CUDA)
     schedule: str = "1f1b"
     attn_backend: str = "auto"
-    attn_rule: AttnBackendRule = H200_RULE  # "mixed" (named only, decision 133): sdpa or flex per micro-batch
+    compile: str = "auto"  # "dense": each stage's RMSNorm and SwiGLU gate compiled; auto: dense on CUDA (decision 140)
+    attn_rule: AttnBackendRule = H200_RULE  # "mixed" (auto on CUDA, decision 140): sdpa or flex per micro-batch
     overlap_pull: bool = True  # pull layer by layer in the background; each module waits for its own parameters
     pull_window: int = 2  # parameter groups this rank receives into, in flight at once (decision 75)
     push_window: int = 2  # parameter groups' pushes in flight at once, posted from the backward (decision 75)
@@ -174,7 +176,8 @@ class Executor(ExecutorState):
             model = build_stage_model(spec, grid, seed=cfg.seed, attn_backend=cfg.attn_backend, attn_rule=cfg.attn_rule,
                                       dtype=self.compute_dtype, device=self.device, init=False,  # pulled each step
                                       sequence_parallel=cfg.sequence_parallel,
-                                      recompute=cfg.stage_recompute(grid.scheme, grid.stage), offload=cfg.offload)
+                                      recompute=cfg.stage_recompute(grid.scheme, grid.stage), offload=cfg.offload,
+                                      compile=resolve_compile(cfg.compile, self.device.type == "cuda"))
             self._check_layout(model, pull_groups, push_groups, k)
             self.grids.append((mine[0], grid))
             self.models.append(model)
@@ -189,6 +192,9 @@ class Executor(ExecutorState):
         # the attention kernel every stage runs, with why faster ones were passed over (reported in the step rows)
         self.attn_backend = describe_backend(cfg.attn_backend, self.device, self.compute_dtype,
                                              head_dim=spec.head_dim)
+        # what this rank's stages run their RMSNorm and SwiGLU gate with ("off", "dense"; reported in the step rows)
+        self.compile_mode = (",".join(sorted({m.compile_mode for m in self.models if m is not None}))
+                             or resolve_compile(cfg.compile, self.device.type == "cuda"))
         self._active: int | None = None
         self._last: int | None = None  # candidate of the last step that updated (reconfiguration accounting)
         self._pull_wait_cpu = 0.0

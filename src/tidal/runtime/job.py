@@ -32,6 +32,7 @@ from tidal.costmodel.sync import SyncPricing
 from tidal.data.accounting import EpochLedger
 from tidal.data.corpus import corpus_from_spec
 from tidal.models.attention import BACKENDS
+from tidal.models.dense import COMPILE_MODES, resolve_compile
 from tidal.planner.select import profile_strategies
 from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates, get_packing
 from tidal.runtime import ckptdir
@@ -89,7 +90,7 @@ def train_memory(cfg: TrainConfig, cluster: ClusterSpec) -> MemoryConfig:
     configured activation recomputation per stage (decision 90)."""
     kind = "cpu" if all(g.device.name == "cpu" for g in cluster.groups) else "cuda"
     mem = executor_memory(compute_dtype_for(cfg.train.compute_dtype, cfg.train.master_dtype, kind),
-                          cfg.train.master_dtype)
+                          cfg.train.master_dtype, compile=resolve_compile(cfg.model.compile, kind == "cuda"))
     if cfg.train.recompute == "auto":  # per scheme, the cheapest mode that holds [data] max_len (decision 90)
         return dataclasses.replace(mem, recompute="auto", recompute_need=cfg.data.max_len)
     return dataclasses.replace(mem, recompute=cfg.train.recompute)
@@ -127,6 +128,8 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
                          f"set [world] cluster to TYPEx{nproc}")
     if cfg.model.attn_backend not in BACKENDS:
         raise TidalError(f"unknown attention backend {cfg.model.attn_backend!r}; choose one of {', '.join(BACKENDS)}")
+    if cfg.model.compile not in COMPILE_MODES:
+        raise TidalError(f"[model] compile must be one of {', '.join(COMPILE_MODES)}, got {cfg.model.compile!r}")
     if cfg.train.schedule not in SCHEDULES:
         raise TidalError(f"unknown pipeline schedule {cfg.train.schedule!r}; choose one of {', '.join(SCHEDULES)}")
     if cfg.train.steps < 1:
@@ -199,7 +202,7 @@ def prepare(cfg: TrainConfig, nproc: int | None = None) -> Prepared:
             table[str(p.scheme)] = tuple(max(a, b, key=AUTO_ORDER.index) for a, b in zip(old, modes))
         schemes = tuple(sorted(table.items()))
     ex = ExecConfig(seed=cfg.train.seed, master_dtype=cfg.train.master_dtype, compute_dtype=cfg.train.compute_dtype,
-                    schedule=cfg.train.schedule, attn_backend=cfg.model.attn_backend,
+                    schedule=cfg.train.schedule, attn_backend=cfg.model.attn_backend, compile=cfg.model.compile,
                     overlap_pull=cfg.train.overlap_pull, sequence_parallel=cfg.train.sequence_parallel,
                     recompute="none" if cfg.train.recompute == "auto" else cfg.train.recompute,
                     recompute_schemes=schemes, offload=cfg.train.offload)

@@ -109,7 +109,8 @@ def build_stage_model(spec: ModelSpec, grid: RankGrid, *, seed: int = 0, attn_ba
                       attn_rule: AttnBackendRule = H200_RULE,
                       dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                       init: bool = True, fused: bool = True, sequence_parallel: bool = False,
-                      checkpoint: str | None = None, recompute: str = "none", offload: bool = False) -> Llama:
+                      checkpoint: str | None = None, recompute: str = "none", offload: bool = False,
+                      compile: str = "off") -> Llama:
     """This rank's stage of the model, TP-sharded, with the CP hook installed. Built on the meta device and then
     materialised: a rank allocates only its stage's layers and its TP shard, never the whole model. With `init`,
     each shard is initialised alone (models/init.py) to exactly the slice of `torch.manual_seed(seed); Llama(spec)`;
@@ -119,7 +120,8 @@ def build_stage_model(spec: ModelSpec, grid: RankGrid, *, seed: int = 0, attn_ba
     path instead of being drawn, so loading never materialises the whole model either. `recompute` ("none", "full",
     "selective") applies to every layer of the stage and `offload` sends every layer's saved activations to host
     memory (models/recompute.py): the mode is a property of the stage, so every rank of its TP and CP groups
-    recomputes the same layers (their collectives still match)."""
+    recomputes the same layers (their collectives still match). `compile` "dense" compiles the stage's RMSNorm and
+    SwiGLU gate (models/dense.py): pure elementwise functions, so the collectives are those of the eager model."""
     grid.scheme.validate(spec)
     init_seed = derive_seed(seed)
     with torch.device("meta"):
@@ -130,6 +132,7 @@ def build_stage_model(spec: ModelSpec, grid: RankGrid, *, seed: int = 0, attn_ba
                    sequence_parallel=sequence_parallel)
     apply_cp(model, grid.cp_group)
     model.set_recompute(recompute, offload=[int(i) for i in model.layers] if offload else ())
+    model.set_compile(compile)
     model = model.to_empty(device=device).to(dtype)
     if spec.tie_embeddings and model.output is not None and model.tok_embeddings is not None:
         model.output.weight = model.tok_embeddings.weight  # to_empty unties shared parameters

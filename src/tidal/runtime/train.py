@@ -203,6 +203,7 @@ def train_worker(rank: int, world: int, job: Prepared, on_step: Callable[[dict],
                         plans.apply(SetCostModel(new))  # later steps are planned with the refitted coefficients
                         cost_model, label = new, f"refit-{refit.generation}"
                     row["attn_backend"] = executor.attn_backend
+                    row["compile"] = executor.compile_mode
                     ran = gathered[:, len(_RANK_FIELDS) + 1 : len(_RANK_FIELDS) + 1 + len(_PICKED)].sum(axis=0)
                     if ran.any():  # per backend, micro-batches its stages ran this step, summed over ranks
                         row["attn_picks"] = {b: int(n) for b, n in zip(_PICKED, ran)}

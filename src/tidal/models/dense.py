@@ -1,0 +1,71 @@
+"""The memory-bound elementwise parts of a layer (RMSNorm, SwiGLU's gate), eager or compiled (decision 140).
+
+Decision 116 found a quarter of a 16K-token micro-batch's H200 time in unfused memory-bound kernels; eagerly, RMSNorm
+is five kernels forward (upcast, square, mean, rsqrt-multiply, cast-multiply) and SwiGLU's ``silu(gate) * up`` two,
+each reading and writing the whole activation. ``torch.compile`` fuses each into one kernel forward and one or two
+backward. Only these pure functions are compiled, never a module: the GEMMs, attention (whose per-document loop
+runs over host lists) and tensor parallelism's collectives stay eager, so a compiled model issues the same
+collectives in the same order as an eager one, and every rank compiles the same graphs. They are compiled with
+``dynamic=True``, so new document lengths and micro-batch sizes reuse the graph instead of recompiling (measured on
+an H200: 0 recompiles over 8 micro-batches of new lengths, `benchmarks/gpu_compile.py`).
+
+A model holds one :class:`DenseKernels` value (``Llama.dense``), shared by its layers like the attention kernels;
+:data:`EAGER` is the default. :meth:`DenseKernels.compiled` makes a new value with its own compiled wrappers (Dynamo
+guards a compiled frame on the wrapper that made it, so each model keeps its wrappers alive as long as itself).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tidal.core.errors import TidalError
+
+COMPILE_MODES = ("auto", "off", "dense")  # ModelConfig.compile / ExecConfig.compile; auto: `resolve_compile`
+
+
+def resolve_compile(mode: str, cuda: bool) -> str:
+    """What a compile request runs on a device: "auto" is "dense" on CUDA (decision 140: llama3.2-1b trained 1.12x
+    faster on an H200, with 15 GiB less memory) and "off" elsewhere (on the CPU Inductor compiles C++ at start-up, and
+    the tests' tiny models gain nothing); "off" and "dense" as named."""
+    if mode not in COMPILE_MODES:
+        raise TidalError(f"unknown compile mode {mode!r}; choose one of {', '.join(COMPILE_MODES)}")
+    return ("dense" if cuda else "off") if mode == "auto" else mode
+
+
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """At least float32 (half precisions are upcast for reductions; float64 stays float64)."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension, reduced in at least float32, scaled by `weight`."""
+    xf = upcast(x)
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's gate: silu(gate) * up."""
+    return F.silu(gate) * up
+
+
+@dataclass(frozen=True)
+class DenseKernels:
+    """The functions a model's RMSNorms and FeedForwards call; `mode` "off" (eager) or "dense" (compiled)."""
+
+    rmsnorm: Callable = rmsnorm
+    swiglu: Callable = swiglu
+    mode: str = "off"
+
+    @classmethod
+    def compiled(cls, backend: str = "inductor") -> DenseKernels:
+        """New compiled wrappers of both functions (`backend`: torch.compile's; "aot_eager" runs the traced graphs
+        eagerly, for a quick check of the wiring without a code generator)."""
+        return cls(torch.compile(rmsnorm, dynamic=True, backend=backend),
+                   torch.compile(swiglu, dynamic=True, backend=backend), "dense")
+
+
+EAGER = DenseKernels()
