@@ -174,6 +174,7 @@ CASES = [
     ("metrics dir missing", cfg(lambda t, tmp: t.replace("[train]\n", f'[train]\nmetrics = "{tmp}/no/m.jsonl"\n'))),
     ("metrics is a directory", cfg(lambda t, tmp: t.replace("[train]\n", f'[train]\nmetrics = "{tmp}/adir"\n'))),
     ("attention backend unknown", cfg(sub('attn_backend = "sdpa"', 'attn_backend = "flash9"'))),
+    ("compile mode unknown", cfg(add("model", 'compile = "max-autotune"'))),
     ("model unknown", cfg(sub('name = "tiny"', 'name = "gpt-9"'))),
     ("cluster unknown", cfg(sub('cluster = "cpux4"', 'cluster = "quantumx4"'))),
     ("cluster size 0", cfg(sub('cluster = "cpux4"', 'cluster = "cpux0"'))),
