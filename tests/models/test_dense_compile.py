@@ -11,7 +11,7 @@ import torch
 
 from tidal.core import TidalError, get_model
 from tidal.models import Llama, VarlenBatch, loss_sum
-from tidal.models.dense import EAGER, DenseKernels, resolve_compile, rmsnorm, swiglu
+from tidal.models.dense import EAGER, DenseKernels, choose_compile, resolve_compile, rmsnorm, swiglu
 
 pytestmark = pytest.mark.unit
 RTOL, ATOL = 1e-12, 1e-14
@@ -100,3 +100,20 @@ def test_bad_compile_mode_in_config_is_one_line():
 
     with pytest.raises(TidalError, match=r"^\[model\] compile must be one of auto, off, dense, got 'yes'$"):
         prepare(TrainConfig(model=ModelConfig("tiny", compile="yes")), None)
+
+
+def _broken(gm, example_inputs):  # a torch.compile backend that cannot compile (no working compiler stack)
+    raise RuntimeError("no compiler here")
+
+
+def test_choose_compile_probes_and_auto_falls_back_to_eager():
+    cpu = torch.device("cpu")
+    assert choose_compile("auto", cpu, torch.float32, 16) == ("off", "")  # auto on the CPU: eager, nothing compiled
+    assert choose_compile("off", cpu, torch.float32, 16, backend=_broken, auto_dense=True) == ("off", "")
+    assert choose_compile("dense", cpu, torch.float64, 24, backend="aot_eager") == ("dense", "")
+    assert choose_compile("auto", cpu, torch.float64, 24, backend="aot_eager", auto_dense=True) == ("dense", "")
+    mode, why = choose_compile("auto", cpu, torch.float32, 16, backend=_broken, auto_dense=True)
+    assert (mode, why) == ("off", "auto: dense failed, RuntimeError: no compiler here")
+    with pytest.raises(TidalError, match=r'^\[model\] compile = "dense" failed on cpu: RuntimeError: no compiler here '
+                                         r'\(set compile = "off"\)$'):
+        choose_compile("dense", cpu, torch.float32, 16, backend=_broken)

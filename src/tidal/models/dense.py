@@ -11,7 +11,13 @@ an H200: 0 recompiles over 8 micro-batches of new lengths, `benchmarks/gpu_compi
 
 A model holds one :class:`DenseKernels` value (``Llama.dense``), shared by its layers like the attention kernels;
 :data:`EAGER` is the default. :meth:`DenseKernels.compiled` makes a new value with its own compiled wrappers (Dynamo
-guards a compiled frame on the wrapper that made it, so each model keeps its wrappers alive as long as itself).
+guards a compiled frame on the wrapper that made it, so each model keeps its wrappers alive as long as itself; the
+wrappers share Dynamo's graphs, so a second model compiles nothing new).
+
+:func:`choose_compile` is what the runtime runs: the request resolved for the device and, for "dense", both functions
+compiled and run once, forward and backward, on a small input before any stage is built. Where that fails (no working
+Triton or C++ compiler, a code-generation bug), ``auto`` runs eagerly and says why in the step rows; a named
+``dense`` stops with one line.
 """
 
 from __future__ import annotations
@@ -69,3 +75,33 @@ class DenseKernels:
 
 
 EAGER = DenseKernels()
+
+
+def probe(kernels: DenseKernels, device: torch.device, dtype: torch.dtype, width: int) -> None:
+    """Run both of `kernels`' functions forward and backward once on a [3, width] input on `device` (this compiles
+    them when they are compiled, with dynamic shapes: later calls of any token count and width reuse the graphs)."""
+    x = torch.randn(3, width, device=device, dtype=dtype, requires_grad=True)
+    w = torch.ones(width, device=device, dtype=dtype, requires_grad=True)
+    (kernels.rmsnorm(x, w, 1e-5).float().sum() + kernels.swiglu(x, x).float().sum()).backward()
+
+
+def choose_compile(mode: str, device: torch.device, dtype: torch.dtype, width: int, backend="inductor",
+                   auto_dense: bool | None = None) -> tuple[str, str]:
+    """(the mode to run, "" or why `auto` fell back to eager): `mode` resolved for `device` (`auto_dense`: what auto
+    means here; default dense on CUDA), and a "dense" choice probed (:func:`probe`, `backend`: torch.compile's). A
+    failed probe under auto runs "off"; a named "dense" raises TidalError with the error's first line."""
+    run = resolve_compile(mode, device.type == "cuda" if auto_dense is None else auto_dense)
+    if run == "off":
+        return run, ""
+    try:
+        probe(DenseKernels.compiled(backend), device, dtype, width)
+    except Exception as e:  # any failure of the compiler stack: auto falls back, a named dense stops
+        root = e  # Dynamo wraps a backend's error (BackendCompilerFailed): name the error underneath
+        while (inner := getattr(root, "inner_exception", None) or root.__cause__) is not None:
+            root = inner
+        first = (str(root).strip().splitlines() or [""])[0][:160]
+        why = f"{type(root).__name__}: {first}" if first else type(root).__name__
+        if mode == "dense":
+            raise TidalError(f"[model] compile = \"dense\" failed on {device}: {why} (set compile = \"off\")") from e
+        return "off", f"auto: dense failed, {why}"
+    return run, ""

@@ -36,7 +36,7 @@ from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.core.recompute import parse_recompute, stage_recompute
 from tidal.core.strategy import Strategy
 from tidal.models.attention import describe_backend
-from tidal.models.dense import resolve_compile
+from tidal.models.dense import choose_compile
 from tidal.models.init import derive_seed, init_slice
 from tidal.runtime.config import compute_dtype_for
 from tidal.runtime.exec_state import ExecutorState
@@ -158,6 +158,9 @@ class Executor(ExecutorState):
         self._late: set[int] = set()  # groups whose gradients change after the backward (sequence parallelism)
         self._push_grads: list = []
         self.probe: Callable[[str], None] | None = None  # memory accounting: called at the pull's and push's peaks
+        # RMSNorm and SwiGLU's gate: eager or compiled (decision 140); auto falls back to eager where compiling fails
+        compile_mode, compile_why = choose_compile(cfg.compile, self.device, self.compute_dtype, spec.hidden)
+        self.compile_mode = f"{compile_mode} ({compile_why})" if compile_why else compile_mode  # in the step rows
         for k, strategy in enumerate(self.candidates):
             if any(d >= self.world for p in strategy.pipelines for d in p.devices):
                 raise TidalError(f"candidate {k} ({strategy}) uses devices beyond the world of {self.world}")
@@ -177,7 +180,7 @@ class Executor(ExecutorState):
                                       dtype=self.compute_dtype, device=self.device, init=False,  # pulled each step
                                       sequence_parallel=cfg.sequence_parallel,
                                       recompute=cfg.stage_recompute(grid.scheme, grid.stage), offload=cfg.offload,
-                                      compile=resolve_compile(cfg.compile, self.device.type == "cuda"))
+                                      compile=compile_mode)
             self._check_layout(model, pull_groups, push_groups, k)
             self.grids.append((mine[0], grid))
             self.models.append(model)
@@ -192,9 +195,6 @@ class Executor(ExecutorState):
         # the attention kernel every stage runs, with why faster ones were passed over (reported in the step rows)
         self.attn_backend = describe_backend(cfg.attn_backend, self.device, self.compute_dtype,
                                              head_dim=spec.head_dim)
-        # what this rank's stages run their RMSNorm and SwiGLU gate with ("off", "dense"; reported in the step rows)
-        self.compile_mode = (",".join(sorted({m.compile_mode for m in self.models if m is not None}))
-                             or resolve_compile(cfg.compile, self.device.type == "cuda"))
         self._active: int | None = None
         self._last: int | None = None  # candidate of the last step that updated (reconfiguration accounting)
         self._pull_wait_cpu = 0.0
