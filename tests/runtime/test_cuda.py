@@ -29,9 +29,10 @@ LENS = [37, 5, 120, 64]
 TINY16 = dataclasses.replace(get_model("tiny"), name="tiny-hd16", heads=4, kv_heads=2)
 
 
-def _run(device, backend, dtype=torch.float32, spec=TINY16):
+def _run(device, backend, dtype=torch.float32, spec=TINY16, compile="off"):
     torch.manual_seed(0)
     model = Llama(spec, backend).to(device=device, dtype=dtype)
+    model.set_compile(compile)
     g = torch.Generator().manual_seed(1)
     toks = torch.randint(0, 256, (sum(LENS) + 1,), generator=g).to(device)
     batch = VarlenBatch.from_lengths(LENS, device=device)
@@ -61,6 +62,18 @@ def test_model_on_cuda_matches_cpu_fp32(backend, no_tf32):
     assert explain_backend(backend, "cuda", torch.float32, head_dim=TINY16.head_dim)[0] == backend  # no fallback
     ref_loss, ref = _run("cpu", "sdpa")
     loss, grads = _run("cuda", backend)
+    _close(loss, grads, ref_loss, ref, 1e-4, 1e-4)
+
+
+def test_compiled_dense_on_cuda_matches_cpu_fp32(no_tf32):
+    """`[model] compile` (decision 140) on CUDA: auto resolves to dense and its start-up probe compiles (Triton);
+    the model with RMSNorm and the SwiGLU gate compiled, fp32, against eager CPU fp32 within the fp32 tolerances
+    above (a fused reduction only reorders sums)."""
+    from tidal.models.dense import choose_compile
+
+    assert choose_compile("auto", torch.device("cuda"), torch.bfloat16, TINY16.hidden) == ("dense", "")
+    ref_loss, ref = _run("cpu", "sdpa")
+    loss, grads = _run("cuda", "sdpa", compile="dense")
     _close(loss, grads, ref_loss, ref, 1e-4, 1e-4)
 
 
