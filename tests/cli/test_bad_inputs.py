@@ -301,6 +301,7 @@ CASES = [
     ("profile model", argv("profile", "--model", "gpt-9")),
     ("profile cluster", argv("profile", "--cluster", "quantumx4")),
     ("profile repeats 0", argv("profile", "--repeats", "0")),
+    ("profile compile unknown", argv("profile", "--compile", "all")),
     ("profile totals", argv("profile", "--totals", "abc")),
     ("profile totals negative", argv("profile", "--totals", "-5")),
     ("profile schemes", argv("profile", "--schemes", "banana")),

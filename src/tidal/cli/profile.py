@@ -37,6 +37,8 @@ def add_parser(sub) -> None:
     p.add_argument("--memory-gib", type=float, default=None,
                    help="per-device memory for MaxLen (default: CUDA's total memory, else the cluster's device type)")
     p.add_argument("--attn-backend", default="auto", help="attention kernel: auto, mixed, flash, flex, sdpa, reference")
+    p.add_argument("--compile", default="auto",
+                   help="[model] compile: auto (as training: RMSNorm and SwiGLU's gate compiled on CUDA), off or dense")
     p.add_argument("--dtype", default="auto",
                    help="compute dtype profiled: auto (training's default: bfloat16 on CUDA, float32 on CPU), "
                         "float32, bfloat16 or float64")
@@ -64,6 +66,7 @@ def run(args) -> int:
     from tidal.core.cluster import get_cluster
     from tidal.core.scheme import parse_scheme
     from tidal.models.attention import BACKENDS
+    from tidal.models.dense import COMPILE_MODES
     from tidal.runtime.config import model_arg
     from tidal.runtime.profile import compositions, write_rows
     from tidal.runtime.profiler import auto_schemes, profile_dtype, profile_model, result_extra
@@ -71,6 +74,8 @@ def run(args) -> int:
     spec, cluster = model_arg(args.model).spec(), get_cluster(args.cluster)
     if args.attn_backend not in BACKENDS:
         raise TidalError(f"unknown attention backend {args.attn_backend!r}; choose one of {', '.join(BACKENDS)}")
+    if args.compile not in COMPILE_MODES:
+        raise TidalError(f"--compile must be one of {', '.join(COMPILE_MODES)}, got {args.compile!r}")
     if args.repeats < 1:
         raise TidalError(f"--repeats must be >= 1, got {args.repeats}")
     totals = _ints(args.totals, "--totals")
@@ -118,7 +123,7 @@ def run(args) -> int:
 
         res = profile_model(spec, cluster, schemes, mbs, memory_gib=args.memory_gib, repeats=args.repeats,
                             attn_backend=args.attn_backend, seed=args.seed, dist_backend=dist_backend,
-                            timeout_s=args.timeout, on_scheme=on_scheme, dtype=dtype)
+                            timeout_s=args.timeout, on_scheme=on_scheme, dtype=dtype, compile=args.compile)
     device = cluster.device_type(0).name
     try:
         args.out.write_text(res.model.to_json(device, result_extra(res, totals)) + "\n")

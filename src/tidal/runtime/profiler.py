@@ -36,6 +36,7 @@ from tidal.core.strategy import Pipeline
 from tidal.costmodel.analytic import AnalyticCostModel
 from tidal.costmodel.fitted import FittedCostModel, ProfileRow, fit_rows
 from tidal.costmodel.memory import MemoryConfig, fit_activation_bytes, measured_max_len
+from tidal.models.dense import choose_compile
 from tidal.planner.stepper import with_cp_sharding
 from tidal.runtime.config import COMPUTE_DTYPES, compute_dtype_for
 from tidal.runtime.gcsync import StepGC
@@ -109,7 +110,7 @@ def _cp_modes(spec: ModelSpec, cluster: ClusterSpec, scheme: ParallelScheme, dev
 
 def _worker(rank: int, world: int, spec: ModelSpec, scheme: ParallelScheme, mbs: list[list[int]],
             modes: list[tuple[str, ...]], repeats: int, backend: str, seed: int,
-            dtype: str = "float32") -> list[tuple[float, float]]:
+            dtype: str = "float32", compile: str = "off") -> list[tuple[float, float]]:
     torch.set_num_threads(1)  # ranks share the machine's cores
     k = scheme.num_devices
     pipes = [Pipeline(scheme, tuple(range(r * k, (r + 1) * k))) for r in range(world // k)]
@@ -120,7 +121,10 @@ def _worker(rank: int, world: int, spec: ModelSpec, scheme: ParallelScheme, mbs:
     grid = RankGrid.build(pipe, rank, groups)
     cuda = torch.distributed.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    model = build_stage_model(spec, grid, seed=seed, attn_backend=backend, device=device, dtype=DTYPES[dtype])
+    # the dense parts as training runs them (`[model] compile`, decision 140: auto compiles them on CUDA)
+    run_compile = choose_compile(compile, device, DTYPES[dtype], spec.hidden)[0]
+    model = build_stage_model(spec, grid, seed=seed, attn_backend=backend, device=device, dtype=DTYPES[dtype],
+                              compile=run_compile)
     g = torch.Generator().manual_seed(seed)
     out = []
     with StepGC(1) as sgc:  # as training runs it (decision 66): no collection inside a timed call
@@ -165,7 +169,7 @@ def profile_dtype(dtype: str, dist_backend: str) -> str:
 
 def profile_scheme(spec: ModelSpec, cluster: ClusterSpec, scheme: ParallelScheme, mbs: Sequence[Sequence[int]], *,
                    repeats: int = 1, attn_backend: str = "auto", seed: int = 0, dist_backend: str = "gloo",
-                   timeout_s: float = 600.0, dtype: str = "auto") -> SchemeProfile:
+                   timeout_s: float = 600.0, dtype: str = "auto", compile: str = "auto") -> SchemeProfile:
     """Run `scheme` on the cluster's N ranks (N // k replicas side by side) over micro-batches `mbs`, in the compute
     dtype `dtype` (auto: training's default on the backend's device, config.compute_dtype_for)."""
     dtype = profile_dtype(dtype, dist_backend)
@@ -178,7 +182,7 @@ def profile_scheme(spec: ModelSpec, cluster: ClusterSpec, scheme: ParallelScheme
     modes = _cp_modes(spec, cluster, scheme, tuple(range(k)), mbs)
     t0 = time.perf_counter()
     per_rank = run_distributed(_worker, n, spec, scheme, [list(m) for m in mbs], modes, repeats, attn_backend, seed,
-                               dtype, backend=dist_backend, timeout_s=timeout_s)
+                               dtype, compile, backend=dist_backend, timeout_s=timeout_s)
     replicas = n // k
     points = []
     for i, lens in enumerate(mbs):
@@ -191,9 +195,11 @@ def profile_scheme(spec: ModelSpec, cluster: ClusterSpec, scheme: ParallelScheme
 def profile_model(spec: ModelSpec, cluster: ClusterSpec, schemes: Sequence[ParallelScheme],
                   mbs: Sequence[Sequence[int]], *, memory_gib: float | None = None, repeats: int = 1,
                   attn_backend: str = "auto", seed: int = 0, dist_backend: str = "gloo", timeout_s: float = 600.0,
-                  on_scheme: Callable[[SchemeProfile], None] | None = None, dtype: str = "auto") -> ProfileResult:
-    """Profile every scheme in the compute dtype `dtype` (auto: bfloat16 under NCCL, else float32), fit latency
-    (a, b, c) and MaxLen; returns the fitted model and the measurements."""
+                  on_scheme: Callable[[SchemeProfile], None] | None = None, dtype: str = "auto",
+                  compile: str = "auto") -> ProfileResult:
+    """Profile every scheme in the compute dtype `dtype` (auto: bfloat16 under NCCL, else float32) with the dense
+    parts compiled as `compile` says (`[model] compile`; auto: as training on the device), fit latency (a, b, c) and
+    MaxLen; returns the fitted model and the measurements."""
     dtype = profile_dtype(dtype, dist_backend)
     if not schemes:
         raise TidalError("no scheme to profile")
@@ -215,7 +221,7 @@ def profile_model(spec: ModelSpec, cluster: ClusterSpec, schemes: Sequence[Paral
     profiles = []
     for s in schemes:
         prof = profile_scheme(spec, cluster, s, mbs, repeats=repeats, attn_backend=attn_backend, seed=seed,
-                              dist_backend=dist_backend, timeout_s=timeout_s, dtype=dtype)
+                              dist_backend=dist_backend, timeout_s=timeout_s, dtype=dtype, compile=compile)
         profiles.append(prof)
         if on_scheme is not None:
             on_scheme(prof)
