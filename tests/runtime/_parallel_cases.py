@@ -64,6 +64,7 @@ def run_case(rank: int, pipelines: list[tuple[ParallelScheme, tuple[int, ...], M
     plan = PipelinePlan(scheme.tp, scheme.pp, scheme.cp, devices, max(seq_lengths), tuple(micro_batches), 0.0,
                         tuple(cp_sharding) if scheme.cp > 1 else (), scheme.layer_split)
     res = run_pipeline(model, grid, plan, seq_lengths, documents, global_tokens=norm, schedule=schedule)
+    assert res.device_seconds is None  # the CPU records no CUDA events (compute time is thread CPU time)
     dims = tp_shard_dims(model)
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     out = {"scheme": str(scheme), "stage": grid.stage, "cp_rank": grid.cp_rank, "tp_rank": grid.tp_rank,

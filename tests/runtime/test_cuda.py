@@ -129,7 +129,8 @@ def test_executor_on_one_gpu(tf32):
     """One NCCL rank on the GPU trains like the single-process reference (same documents, float32 compute).
     `[train] tf32 = false`: full fp32 matmuls, so kernel order alone differs: 10x `tidal verify`'s float32 loss
     tolerance. TF32 on (the default): matmul inputs rounded to 10 mantissa bits (H200: loss 2.2e-5 off), which is
-    finer than bf16's 7, so `tidal verify`'s bfloat16 tolerances bound it."""
+    finer than bf16's 7, so `tidal verify`'s bfloat16 tolerances bound it. The calibration's measured time is the
+    forward and backward's GPU time from CUDA events (decision 141): positive and within the step's wall time."""
     from tidal.cli.train import VERIFY_TOL, replay_reference, verify_report
     from tidal.runtime.config import DataConfig, ModelConfig, PlannerConfig, TrainConfig, TrainSection, WorldConfig
     from tidal.runtime.launch import run_distributed
@@ -145,6 +146,7 @@ def test_executor_on_one_gpu(tf32):
     res = run_distributed(train_worker, 1, job, None, True, backend="nccl", timeout_s=300)[0]
     losses, ref = replay_reference(job, res.rows)
     rep = verify_report(res.rows, losses, res.state, ref)
+    assert all(0 < r["measured_s"] <= r["wall_s"] for r in res.rows), [(r["measured_s"], r["wall_s"]) for r in res.rows]
     if tf32:
         tol = VERIFY_TOL["bfloat16"]
         assert rep["loss"] <= tol["loss"] and rep["moments"] <= tol["moments"] and rep["params"] <= tol["params"], rep

@@ -5,7 +5,8 @@ scheme's slowest stage, measured as CPU time (`tidal profile`). So for a pipelin
 a step,
 
 * predicted = sum_j T_j (the work of its slowest stage, bubbles excluded: a rank waiting on a receive uses no CPU);
-* measured  = max over the pipeline's ranks of `compute_busy_s` (that rank's CPU time in forward and backward);
+* measured  = max over the pipeline's ranks of `compute_busy_s` (that rank's CPU time in forward and backward; on
+  CUDA their GPU time from CUDA events, decision 141);
 
 and per step, predicted = max over pipelines of predicted, measured = max over ranks of `compute_busy_s`.
 Pull, push and the optimizer step are not in T and not in either figure.

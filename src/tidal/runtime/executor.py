@@ -107,7 +107,7 @@ class StepMetrics:
     tokens: int
     sequences: int
     busy_s: float  # this rank's CPU time over the step (time.thread_time: the training thread)
-    compute_busy_s: float  # ... in forward/backward only
+    compute_busy_s: float  # ... in forward/backward only (on CUDA: their GPU time, from CUDA events)
     process_busy_s: float  # CPU time of the whole rank process, incl. the communication backend's threads
     wall_s: float
     pull_s: float  # wall time of the pull (includes waiting for the ranks it talks to)
@@ -413,7 +413,7 @@ class Executor(ExecutorState):
             pull_s, pull_c, pull_b = self._pull(k)
         if self.probe is not None:
             self.probe("pull")
-        loss_part, compute = 0.0, 0.0
+        loss_part, compute, on_device = 0.0, 0.0, False
         model = self.models[k]
         pplan = step.pipelines[self.grids[k][0]] if model is not None else None
         if update:  # gradient hooks post each group's push once its gradients are final (never blocking)
@@ -427,14 +427,17 @@ class Executor(ExecutorState):
                 docs = {i: fetch(i) for mb in pplan.micro_batches for i in mb}
                 res = run_pipeline(model, grid, pplan, step.seq_lengths, docs, global_tokens=tokens,
                                    schedule=self.cfg.schedule, reduce_replicas=False)
-                compute = time.thread_time() - c0
+                # forward + backward: GPU time between CUDA events on CUDA (decision 141), thread CPU time on the CPU
+                compute = res.device_seconds if res.device_seconds is not None else time.thread_time() - c0
+                on_device = res.device_seconds is not None
                 if self.rank == grid.pipeline.devices[0]:
                     loss_part = res.loss
         if self.cfg.overlap_pull:  # groups this rank only sends, or a pipeline with nothing to run
             t0 = time.perf_counter()
             rest = self._complete(len(self.group_index) - 1)
             pull_c += rest + self._pull_wait_cpu
-            compute -= self._pull_wait_cpu  # the hooks ran inside forward; count their copies as pull
+            if not on_device:
+                compute -= self._pull_wait_cpu  # the hooks ran inside forward; count their copies as pull
             pull_s += time.perf_counter() - t0
             self._pulling = None
         flat = self._flat[k]

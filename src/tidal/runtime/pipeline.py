@@ -174,6 +174,9 @@ class StepResult:
     peak_saved_bytes: int
     forward_seconds: tuple[float, ...] = ()  # per micro-batch on this rank (see ExecStats)
     backward_seconds: tuple[float, ...] = ()
+    # on CUDA: GPU time of this rank's forward and backward computations (ExecStats.device_spans, summed after the
+    # loss's host sync below, so reading them never waits); None on the CPU
+    device_seconds: float | None = None
 
 
 def _check_plan(plan: PipelinePlan, grid: RankGrid, seq_lengths: Sequence[int], documents: Sequence) -> None:
@@ -300,5 +303,7 @@ def run_pipeline(model: nn.Module, grid: RankGrid, plan: PipelinePlan, seq_lengt
     loss = stats.loss_sum.reshape(1) if (grid.last and grid.tp_rank == 0) else torch.zeros(
         1, dtype=torch.float64, device=device)
     all_reduce_(loss, grid.pipe_group)  # the step's one host sync of the loss is float(loss) below
-    return StepResult(float(loss), tokens, stats.peak_live_micro_batches, stats.peak_saved_bytes,
-                      stats.forward_seconds, stats.backward_seconds)
+    loss_value = float(loss)  # the events below were recorded before the loss's reduction: complete once it is read
+    device_s = (sum(a.elapsed_time(b) for a, b in stats.device_spans) / 1e3 if stats.device_spans else None)
+    return StepResult(loss_value, tokens, stats.peak_live_micro_batches, stats.peak_saved_bytes,
+                      stats.forward_seconds, stats.backward_seconds, device_s)

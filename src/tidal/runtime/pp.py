@@ -91,6 +91,9 @@ class ExecStats:
     actions: int
     forward_seconds: tuple[float, ...] = ()  # per micro-batch, wall time of its forward on this stage (incl. receive)
     backward_seconds: tuple[float, ...] = ()  # per micro-batch, wall time of its backward on this stage
+    # on CUDA: (start, end) timing events on the compute stream around each action's forward or backward, recorded
+    # after its receives were waited on (so waiting on a neighbour is left out); read once the caller has synced
+    device_spans: tuple = ()
 
 
 class _SavedBytes:
@@ -194,6 +197,15 @@ def execute(
     loss_total = torch.zeros((), dtype=torch.float64, device=device)
     fwd_s, bwd_s = [0.0] * n, [0.0] * n
     plan = exchanges(actions, first=first, last=last)
+    spans: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+    timed = device.type == "cuda"
+
+    def mark() -> torch.cuda.Event | None:
+        if not timed:
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
 
     def exchange(k: int) -> torch.Tensor | None:
         """Post exchange k, one batch per neighbour on that pair's group, and wait for all of it."""
@@ -218,6 +230,7 @@ def execute(
     for k, (kind, i) in enumerate(actions):
         t0 = time.perf_counter()
         received = exchange(k)
+        start = mark()
         if kind == "F":
             if i in live:
                 raise TidalError(f"micro-batch {i} forwarded twice")
@@ -231,6 +244,8 @@ def execute(
                 outbox[("next", i)] = out.detach().contiguous()
             live[i] = (x, out)
             peak_live = max(peak_live, len(live))
+            if timed:
+                spans.append((start, mark()))
             fwd_s[i] += time.perf_counter() - t0
         elif kind == "B":
             if i not in live:
@@ -243,10 +258,12 @@ def execute(
             if not first:
                 outbox[("prev", i)] = (x.grad if x.grad is not None else torch.zeros_like(x)).contiguous()
             del x, out
+            if timed:
+                spans.append((start, mark()))
             bwd_s[i] += time.perf_counter() - t0
         else:
             raise TidalError(f"unknown pipeline action {kind!r}")
     exchange(len(actions))
     if live:
         raise TidalError(f"schedule left micro-batches {sorted(live)} without a backward")
-    return ExecStats(loss_total, peak_live, counter.peak, len(actions), tuple(fwd_s), tuple(bwd_s))
+    return ExecStats(loss_total, peak_live, counter.peak, len(actions), tuple(fwd_s), tuple(bwd_s), tuple(spans))
