@@ -149,23 +149,22 @@ def alg1_trial_classes(l_, perm, A, B, C, Q, M, cls, pos, cP, toff, crep, jat):
 
 
 def class_layout(A, B, C, M):
-    """alg1_trial_classes' classes of pipelines with equal (A, B, C, M): (cls, pos, cP, toff, crep, jat)."""
-    D = A.size
-    key = np.stack([A, B, C, M.astype(np.float64)], axis=1)
-    _, first, cls = np.unique(key, axis=0, return_index=True, return_inverse=True)
-    cls = cls.reshape(-1).astype(np.int64)
-    size = np.bincount(cls, minlength=first.size)
-    cP = np.array([1 << max(0, int(n - 1).bit_length()) for n in size], dtype=np.int64)
+    """alg1_trial_classes' classes of pipelines with equal (A, B, C, M), numbered by first appearance: (cls, pos,
+    cP, toff, crep, jat)."""
+    ids: dict = {}
+    cls = np.array([ids.setdefault(k, len(ids)) for k in zip(A.tolist(), B.tolist(), C.tolist(), M.tolist())],
+                   dtype=np.int64)
+    size = np.bincount(cls, minlength=len(ids))
+    order = np.argsort(cls, kind="stable")  # by class, index order within
+    starts = np.concatenate(([0], np.cumsum(size)[:-1]))
+    pos = np.empty(cls.size, np.int64)
+    pos[order] = np.arange(cls.size) - np.repeat(starts, size)
+    cP = np.array([1 << max(0, int(n - 1).bit_length()) for n in size.tolist()], dtype=np.int64)
     toff = np.concatenate(([0], np.cumsum(2 * cP)[:-1])).astype(np.int64)
-    pos = np.empty(D, np.int64)
-    seen = np.zeros(first.size, np.int64)
     jat = np.full(int(2 * cP.sum()), -1, np.int64)
-    for j in range(D):
-        c = cls[j]
-        pos[j] = seen[c]
-        jat[toff[c] + cP[c] + seen[c]] = j
-        seen[c] += 1
-    return cls, pos, cP, toff, first.astype(np.int64), jat
+    jat[toff[cls] + cP[cls] + pos] = np.arange(cls.size)
+    crep = order[starts].astype(np.int64)
+    return cls, pos, cP, toff, crep, jat
 
 
 def class_trial(kernel: Callable, fallback: Callable) -> Callable:
