@@ -33,6 +33,7 @@ from tidal.planner.dispatch import dispatch, length_orders, restart_dispatch
 from tidal.planner.exchange import exchange
 from tidal.planner.fill import fill_dispatch, worth_filling
 from tidal.planner.packing import Packer, pack, pipeline_time
+from tidal.planner.pipecost import packed_value
 from tidal.planner.polish import polish
 from tidal.planner.profiles import StrategyProfile
 from tidal.planner.repair import repair
@@ -342,9 +343,9 @@ def pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Pack
     while pos < len(seq):
         chunk = seq[pos:pos + max(1, size)]
         pos, size = pos + len(chunk), 2 * size
-        done = pack_batch(lengths, prof, groups, chunk) if batch else {}
+        done = pack_batch(lengths, lf, prof, groups, chunk) if batch else None
         for j in chunk:
-            mbs, est = done[j] if j in done else pack_one(lengths, lf, prof, groups, packer, exact, j)
+            mbs, est = done[j] if done is not None else pack_one(lengths, lf, prof, groups, packer, exact, j)
             if est >= limit:
                 return float("inf"), ()
             pl = prof.strategy.pipelines[j]
@@ -381,48 +382,67 @@ def pack_one(lengths: np.ndarray, lf: np.ndarray, prof: StrategyProfile, groups,
     return mbs, pipeline_time(lf, mbs, pipe.coeffs, pipe.pp)  # another packer's est_time is not trusted
 
 
-def pack_batch(lengths: np.ndarray, prof: StrategyProfile, groups, chunk) -> dict:
-    """{j: (micro-batches, time)} for the pipelines of `chunk` that `pack` would pack with its heuristic (>= 2
-    sequences, not one micro-batch by _one_mb), packed by kernels_batch.pack_many in one call: pack's own
-    pack_core on each, so the same packings and floats. Empty when an input would make `pack` raise (then
-    pack_one raises it, in order)."""
-    from tidal.planner import kernels_batch
+def pack_batch(lengths: np.ndarray, lf: np.ndarray, prof: StrategyProfile, groups, chunk) -> dict | None:
+    """{j: (micro-batches, time)} for every pipeline of `chunk`, as pack_one with `pack` gives it: the pipelines `pack`
+    packs with its heuristic (>= 2 sequences, not one micro-batch by _one_mb) in one kernels_batch.pack_many call
+    (pack's own pack_core on each, so the same packings and floats), the one-micro-batch ones timed together
+    (pipeline_time's sums, by kernels_sums.mb_works per coefficient group), the others as pack_one does. None when
+    an input would make `pack` raise (then pack_one raises it, in order)."""
+    from tidal.planner import kernels_batch, kernels_sums
 
-    js, subs, ids = [], [], []
+    out: dict = {}
+    js, subs, ids, singles = [], [], [], []
+    ones: dict = {}  # one micro-batch each, by work coefficients
     for j in chunk:
+        pipe = prof.pipes[j]
         idx = np.asarray(groups[j], dtype=np.int64)
-        if idx.size < 2:
+        if idx.size == 0:
+            out[j] = ((), 0.0)
             continue
         sub = lengths[idx]
-        if _one_mb(prof.pipes[j], sub):
-            continue
-        js.append(j)
-        subs.append(sub)
-        ids.append(idx)
-    if not js:
-        return {}
-    pipes = [prof.pipes[j] for j in js]
-    flat = np.concatenate(subs)
-    bounds = np.zeros(len(js) + 1, dtype=np.int64)
-    np.cumsum([s.size for s in subs], out=bounds[1:])
-    M = np.array([p.max_len for p in pipes], dtype=np.int64)
+        if _one_mb(pipe, sub):
+            ones.setdefault((pipe.a, pipe.b, pipe.d), []).append((j, idx))
+        elif idx.size == 1:
+            singles.append((j, sub, idx))
+        else:
+            js.append(j)
+            subs.append(sub)
+            ids.append(idx)
+    for (a, b, d), got in ones.items():  # pipeline_time of one micro-batch: its work W as np.sum sums it, c + W
+        works = kernels_sums.loops().mb_works(lf, np.concatenate([idx for _, idx in got]),
+                                              np.array([idx.size for _, idx in got], dtype=np.int64), a, b, d)
+        for (j, idx), w in zip(got, works.tolist()):
+            pipe = prof.pipes[j]
+            out[j] = ((tuple(idx.tolist()),), packed_value(pipe.q, pipe.c, w, pipe.c + w, 1))
     util = {}  # UtilLen per distinct pipeline cost (hundreds of pipelines share a few)
     try:
-        for p in pipes:
+        for j in js + [j for j, _, _ in singles]:
+            p = prof.pipes[j]
             if p not in util:
                 co = p.coeffs
                 check_pipe(p.pp, p.max_len, co)
                 util[p] = co.util_len()
     except TidalError:
-        return {}
+        return None
+    if any(int(sub[0]) < 1 or int(sub[0]) > prof.pipes[j].max_len for j, sub, _ in singles):
+        return None
+    for j, sub, idx in singles:  # one sequence: pack's own answer
+        res = pack(sub, prof.pipes[j].coeffs, prof.pipes[j].pp, prof.pipes[j].max_len, ids=idx)
+        out[j] = (res.micro_batches, res.est_time)
+    if not js:
+        return out
+    pipes = [prof.pipes[j] for j in js]
+    flat = np.concatenate(subs)
+    bounds = np.zeros(len(js) + 1, dtype=np.int64)
+    np.cumsum([x.size for x in subs], out=bounds[1:])
+    M = np.array([p.max_len for p in pipes], dtype=np.int64)
     if int(flat.min()) < 1 or (np.maximum.reduceat(flat, bounds[:-1]) > M).any():
-        return {}
+        return None
     S = np.add.reduceat(flat, bounds[:-1])
-    su = np.array([int(s // util[p]) for s, p in zip(S.tolist(), pipes)], dtype=np.int64)
+    su = np.array([int(x // util[p]) for x, p in zip(S.tolist(), pipes)], dtype=np.int64)
     a, b, c, d = (np.array([getattr(p, k) for p in pipes], dtype=np.float64) for k in "abcd")
     q = np.array([p.q for p in pipes], dtype=np.float64)
     ol, mb, nmb, est, tmax = kernels_batch.loops().pack_many(flat, bounds, a, b, d, c, q, M, S, su)
-    out = {}
     for g, j in enumerate(js):
         if tmax[g] > M[g]:
             raise TidalError(f"packing produced a micro-batch of {int(tmax[g])} tokens > MaxLen {int(M[g])}")
