@@ -138,9 +138,9 @@ def test_profiles_cover_multi_micro_batch_packings():
 @settings(max_examples=80, deadline=None)
 @given(profile_steps(), st.integers(0, 3))
 def test_exchange_sums_are_its_own_times(case, seed):
-    """exchange.Exchange's tokens and times at the start (kernels_sums.mb_works by coefficient group) equal what it
-    recomputes for one pipeline after a move (Exchange._time: np.sum of the pipeline's work), float for float, with
-    and without empty pipelines."""
+    """exchange.Exchange's tokens, times and rooms at the start (kernels_sums.mb_works by coefficient group) equal
+    what it recomputes for one pipeline after a move (Exchange._time: np.sum of the pipeline's work; _room), float for
+    float, with and without empty pipelines."""
     from tidal.planner.exchange import Exchange
 
     prof, l_ = case
@@ -150,5 +150,7 @@ def test_exchange_sums_are_its_own_times(case, seed):
     ex = Exchange(l_, prof.pipes, bins)
     assert ex.t.tolist() == [ex._time(j) for j in range(len(bins))]
     assert ex.tok == [[int(l_[b].sum()) for b in bs] for bs in ex.bins]
+    assert ex.room.tolist() == [ex._room(j) for j in range(len(bins))]
     empty = Exchange(l_, prof.pipes, [[] for _ in bins[:-1]] + [[list(range(l_.size))]])
     assert empty.t.tolist() == [empty._time(j) for j in range(len(bins))]
+    assert empty.room.tolist() == [empty._room(j) for j in range(len(bins))]

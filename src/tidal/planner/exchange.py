@@ -39,14 +39,13 @@ class Exchange:
         self.a, self.b, self.c, self.d = pipe_coeffs(pipes)
         self.m = np.array([p.max_len for p in pipes], dtype=np.int64)
         self.bins = [[list(b) for b in bs if b] for bs in bins]
-        self.tok, self.t = self._sums()
-        self.room = np.array([self._room(j) for j in range(len(self.bins))], dtype=np.int64)
+        self.tok, self.t, self.room = self._sums()
         self._cache: dict = {}
 
-    def _sums(self) -> tuple[list[list[int]], np.ndarray]:
-        """Every micro-batch's tokens and every pipeline's time (_time's floats: each pipeline's work summed as
-        np.sum sums it, by kernels_sums.mb_works over the pipelines of equal coefficients at once; issue 27: a
-        numpy call per pipeline cost 17 ms on 1024-GPU steps)."""
+    def _sums(self) -> tuple[list[list[int]], np.ndarray, np.ndarray]:
+        """Every micro-batch's tokens, every pipeline's time (_time's floats: each pipeline's work summed as np.sum
+        sums it, by kernels_sums.mb_works over the pipelines of equal coefficients at once; issue 27: a numpy call per
+        pipeline cost 17 ms on 1024-GPU steps) and room (_room's)."""
         from tidal.planner import kernels_sums
 
         nmb = [len(bs) for bs in self.bins]
@@ -67,7 +66,12 @@ class Exchange:
             ids = np.concatenate([flat[dend[j] - docs[j]:dend[j]] for j in js])
             w = loops.mb_works(self.lf, ids, docs[js], a, b, d)
             t[js] = np.array(nmb)[js] * self.c[js] + w
-        return tok, t
+        room = self.m.copy()  # MaxLen where a pipeline has no micro-batch
+        has = np.array(nmb) > 0
+        if has.any():
+            first = np.concatenate(([0], np.cumsum(nmb)[:-1]))[has]
+            room[has] -= np.minimum.reduceat(np.array(tok_all, dtype=np.int64), first)
+        return tok, t, room
 
     def work(self, j: int, i: int) -> float:
         return self.pipes[j].w1(float(self.lf[i]))
@@ -116,7 +120,9 @@ class Exchange:
             take = ink[:n]
             wsum = float(w[take].sum())
         if not wsum > need_w:
-            rest = np.setdiff1d(np.arange(ids.size), take)
+            keep = np.ones(ids.size, dtype=bool)
+            keep[take] = False
+            rest = np.flatnonzero(keep)  # np.setdiff1d(np.arange(ids.size), take), without its sort
             cum = np.cumsum(np.concatenate(([wsum], w[rest])))[1:]  # added in turn from wsum, as one at a time
             n = int(np.searchsorted(cum, need_w, side="right")) + 1  # the first prefix with > need_w work
             if n > rest.size:
