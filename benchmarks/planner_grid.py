@@ -270,9 +270,15 @@ def warm_kernels() -> float:
     lengths = np.array([3, 5, 7, 9, 11, 13], dtype=np.int64)
     dispatch(lengths, pipes)
     dispatch_hydraulis(lengths, pipes, trials=1)
+    dispatch_hydraulis(lengths, [pipes[1]] * 64, trials=1)  # its class trial (alg1.CLASS_MIN pipelines or more)
     pack(lengths, pipes[0].coeffs, 2, 64)
     pack(np.full(8, 60), pipes[0].coeffs, 2, 64)  # >= 8 micro-batches: the packer's search runs
     top_docs_bound(lengths, pipes)
+    from tidal.planner import kernels_batch  # pack_groups' batched packer
+
+    z = np.zeros(1)
+    kernels_batch.loops().pack_many(lengths, np.array([0, lengths.size]), z + 1e-3, z + 1.0, z, z + 0.5, z,
+                                    np.array([64]), np.array([int(lengths.sum())]), np.array([1]))
     return time.perf_counter() - t0
 
 

@@ -65,8 +65,9 @@ class PlannerConfig:
     # with B x D <= exchange_max, when above the bound by exchange_gap, on at most exchange_per_step candidates per
     # select_step; at most exchange_moves moves, each over the exchange_cands heaviest documents of the slowest
     # pipeline, the exchange_partners least loaded pipelines able to take one, ejecting at most exchange_eject
-    # documents, exchange_depth levels of ejection (1: the ejected documents go where there is room)
-    exchange_max: int = 2**19
+    # documents, exchange_depth levels of ejection (1: the ejected documents go where there is room); exchange_max
+    # 2^23 (decision 138, was 2^19): every 1024-GPU proposal step of commoncrawl and github, not flanv2's
+    exchange_max: int = 2**23
     exchange_gap: float = 2e-3
     exchange_per_step: int = 2
     exchange_moves: int = 16

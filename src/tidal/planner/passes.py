@@ -27,11 +27,13 @@ import numpy as np
 
 from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan
+from tidal.planner.bounds import check_pipe
 from tidal.planner.config import PASS_ORDER, PlannerConfig
 from tidal.planner.dispatch import dispatch, length_orders, restart_dispatch
 from tidal.planner.exchange import exchange
 from tidal.planner.fill import fill_dispatch, worth_filling
 from tidal.planner.packing import Packer, pack, pipeline_time
+from tidal.planner.pipecost import packed_value
 from tidal.planner.polish import polish
 from tidal.planner.profiles import StrategyProfile
 from tidal.planner.repair import repair
@@ -330,36 +332,122 @@ def pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Pack
                 limit: float = float("inf"), order=None) -> tuple[float, Plans]:
     """Pack every pipeline's group: (step estimate, plans). With a finite `limit`, packing stops at the first pipeline
     whose time reaches it and returns (inf, ()): `order` (pipeline indices, e.g. by descending dispatch load) says
-    which are packed first."""
+    which are packed first. With `pack` (heuristic), the pipelines it would pack one call at a time are packed in
+    one compiled call per chunk of `order` (pack_batch: the same packings and floats; all at once when `limit` is
+    infinite, else chunks of 8, 16, 32, ... so that an early stop wastes little)."""
     plans: list = [None] * len(prof.pipes)
     lf = lengths.astype(np.float64)  # once, not per pipeline in pipeline_time
-    for j in (range(len(prof.pipes)) if order is None else order):
-        pipe, group = prof.pipes[j], groups[j]
-        pl = prof.strategy.pipelines[j]
-        idx = np.asarray(group, dtype=np.int64)
-        if idx.size == 0:
-            mbs: tuple[tuple[int, ...], ...] = ()
-            est = 0.0
-        else:
-            sub = lengths[idx]
-            est = None
-            if packer is pack and pipe.pp == 1 and pipe.c > 0 and not exact and int(sub.sum()) <= pipe.max_len:
-                # pack's own answer, without its per-call overhead (hundreds of such pipelines at 1024 GPUs): with
-                # PP = 1 and c > 0, one micro-batch (c + W) beats every V >= 2 (>= W + V c), so pack returns it.
-                mbs = (tuple(idx.tolist()),)
-            elif packer is pack:  # it checks its own packing (decision 69's review: 0.8 ms per step here), names
-                # the sequences by idx, and its est_time is pipeline_time of these micro-batches (the same floats)
-                res = pack(sub, pipe.coeffs, pipe.pp, pipe.max_len, exact=exact, ids=idx)
-                mbs, est = res.micro_batches, res.est_time
-            else:
-                res = packer(sub, pipe.coeffs, pipe.pp, pipe.max_len, exact=exact)
-                check_packing(res.micro_batches, idx.size, sub, pipe.max_len)
-                gl = idx.tolist()
-                mbs = tuple(tuple(map(gl.__getitem__, mb)) for mb in res.micro_batches if len(mb))
-            if est is None:  # another packer's est_time is not trusted
-                est = pipeline_time(lf, mbs, pipe.coeffs, pipe.pp)
-        if est >= limit:
-            return float("inf"), ()
-        plans[j] = PipelinePlan(pl.scheme.tp, pl.scheme.pp, pl.scheme.cp, pl.devices, pipe.max_len, mbs, est,
-                                layer_split=prof.layer_splits[j])
+    seq = list(range(len(prof.pipes))) if order is None else list(order)
+    batch = packer is pack and not exact
+    pos, size = 0, (len(seq) if limit == float("inf") else 8)
+    while pos < len(seq):
+        chunk = seq[pos:pos + max(1, size)]
+        pos, size = pos + len(chunk), 2 * size
+        done = pack_batch(lengths, lf, prof, groups, chunk) if batch else None
+        for j in chunk:
+            mbs, est = done[j] if done is not None else pack_one(lengths, lf, prof, groups, packer, exact, j)
+            if est >= limit:
+                return float("inf"), ()
+            pl = prof.strategy.pipelines[j]
+            plans[j] = PipelinePlan(pl.scheme.tp, pl.scheme.pp, pl.scheme.cp, pl.devices, prof.pipes[j].max_len, mbs,
+                                    est, layer_split=prof.layer_splits[j])
     return max((p.est_time for p in plans), default=0.0), tuple(plans)
+
+
+def _one_mb(pipe, sub: np.ndarray) -> bool:
+    # pack's own answer, without its per-call overhead (hundreds of such pipelines at 1024 GPUs): with PP = 1 and
+    # c > 0, one micro-batch (c + W) beats every V >= 2 (>= W + V c), so pack returns it
+    return pipe.pp == 1 and pipe.c > 0 and int(sub.sum()) <= pipe.max_len
+
+
+def pack_one(lengths: np.ndarray, lf: np.ndarray, prof: StrategyProfile, groups, packer: Packer, exact: bool,
+              j: int):
+    """Pipeline j's group packed on its own: (micro-batches of step indices, time)."""
+    pipe, group = prof.pipes[j], groups[j]
+    idx = np.asarray(group, dtype=np.int64)
+    if idx.size == 0:
+        return (), 0.0
+    sub = lengths[idx]
+    if packer is pack and not exact and _one_mb(pipe, sub):
+        mbs = (tuple(idx.tolist()),)
+        return mbs, pipeline_time(lf, mbs, pipe.coeffs, pipe.pp)
+    if packer is pack:  # it checks its own packing (decision 69's review: 0.8 ms per step here), names the
+        # sequences by idx, and its est_time is pipeline_time of these micro-batches (the same floats)
+        res = pack(sub, pipe.coeffs, pipe.pp, pipe.max_len, exact=exact, ids=idx)
+        return res.micro_batches, res.est_time
+    res = packer(sub, pipe.coeffs, pipe.pp, pipe.max_len, exact=exact)
+    check_packing(res.micro_batches, idx.size, sub, pipe.max_len)
+    gl = idx.tolist()
+    mbs = tuple(tuple(map(gl.__getitem__, mb)) for mb in res.micro_batches if len(mb))
+    return mbs, pipeline_time(lf, mbs, pipe.coeffs, pipe.pp)  # another packer's est_time is not trusted
+
+
+def pack_batch(lengths: np.ndarray, lf: np.ndarray, prof: StrategyProfile, groups, chunk) -> dict | None:
+    """{j: (micro-batches, time)} for every pipeline of `chunk`, as pack_one with `pack` gives it: the pipelines `pack`
+    packs with its heuristic (>= 2 sequences, not one micro-batch by _one_mb) in one kernels_batch.pack_many call
+    (pack's own pack_core on each, so the same packings and floats), the one-micro-batch ones timed together
+    (pipeline_time's sums, by kernels_sums.mb_works per coefficient group), the others as pack_one does. None when
+    an input would make `pack` raise (then pack_one raises it, in order)."""
+    from tidal.planner import kernels_batch, kernels_sums
+
+    out: dict = {}
+    js, subs, ids, singles = [], [], [], []
+    ones: dict = {}  # one micro-batch each, by work coefficients
+    for j in chunk:
+        pipe = prof.pipes[j]
+        idx = np.asarray(groups[j], dtype=np.int64)
+        if idx.size == 0:
+            out[j] = ((), 0.0)
+            continue
+        sub = lengths[idx]
+        if _one_mb(pipe, sub):
+            ones.setdefault((pipe.a, pipe.b, pipe.d), []).append((j, idx))
+        elif idx.size == 1:
+            singles.append((j, sub, idx))
+        else:
+            js.append(j)
+            subs.append(sub)
+            ids.append(idx)
+    for (a, b, d), got in ones.items():  # pipeline_time of one micro-batch: its work W as np.sum sums it, c + W
+        works = kernels_sums.loops().mb_works(lf, np.concatenate([idx for _, idx in got]),
+                                              np.array([idx.size for _, idx in got], dtype=np.int64), a, b, d)
+        for (j, idx), w in zip(got, works.tolist()):
+            pipe = prof.pipes[j]
+            out[j] = ((tuple(idx.tolist()),), packed_value(pipe.q, pipe.c, w, pipe.c + w, 1))
+    util = {}  # UtilLen per distinct pipeline cost (hundreds of pipelines share a few)
+    try:
+        for j in js + [j for j, _, _ in singles]:
+            p = prof.pipes[j]
+            if p not in util:
+                co = p.coeffs
+                check_pipe(p.pp, p.max_len, co)
+                util[p] = co.util_len()
+    except TidalError:
+        return None
+    if any(int(sub[0]) < 1 or int(sub[0]) > prof.pipes[j].max_len for j, sub, _ in singles):
+        return None
+    for j, sub, idx in singles:  # one sequence: pack's own answer
+        res = pack(sub, prof.pipes[j].coeffs, prof.pipes[j].pp, prof.pipes[j].max_len, ids=idx)
+        out[j] = (res.micro_batches, res.est_time)
+    if not js:
+        return out
+    pipes = [prof.pipes[j] for j in js]
+    flat = np.concatenate(subs)
+    bounds = np.zeros(len(js) + 1, dtype=np.int64)
+    np.cumsum([x.size for x in subs], out=bounds[1:])
+    M = np.array([p.max_len for p in pipes], dtype=np.int64)
+    if int(flat.min()) < 1 or (np.maximum.reduceat(flat, bounds[:-1]) > M).any():
+        return None
+    S = np.add.reduceat(flat, bounds[:-1])
+    su = np.array([int(x // util[p]) for x, p in zip(S.tolist(), pipes)], dtype=np.int64)
+    a, b, c, d = (np.array([getattr(p, k) for p in pipes], dtype=np.float64) for k in "abcd")
+    q = np.array([p.q for p in pipes], dtype=np.float64)
+    ol, mb, nmb, est, tmax = kernels_batch.loops().pack_many(flat, bounds, a, b, d, c, q, M, S, su)
+    for g, j in enumerate(js):
+        if tmax[g] > M[g]:
+            raise TidalError(f"packing produced a micro-batch of {int(tmax[g])} tokens > MaxLen {int(M[g])}")
+        lo = int(bounds[g])
+        o = ids[g][ol[lo:int(bounds[g + 1])]].tolist()
+        ends = mb[lo:lo + int(nmb[g])].tolist()
+        out[j] = (tuple(tuple(o[x:y]) for x, y in zip([0] + ends[:-1], ends)), float(est[g]))
+    return out
