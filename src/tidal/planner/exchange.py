@@ -15,9 +15,12 @@ pipeline Q that then becomes the slowest. A compound move does:
 If some pipeline with room stays under T with d, step 2 is that plain move.
 The move is kept when the largest time of the pipelines it touched is under T; of the `cands` heaviest documents of P
 times the partners, the move of least such time is made, and the search repeats on the new slowest pipeline (at most
-`moves` moves). Only one-stage pipelines (PP = 1, priced V c + W, decision 94): with q > 0 a pipeline's time is
-(q + V) x its slowest micro-batch, which these sums do not track. Every micro-batch stays within its MaxLen and every
-document on one micro-batch by construction; the pass checks the result and times it with packing.pipeline_time.
+`moves` moves); a document whose pipeline without it is no faster than the best move so far is not searched (its
+move could not be chosen), and the direct placement is one compiled loop (kernels_batch.fit_first; decision 142: the
+same moves, 1.7x cheaper on 1024-GPU heavytail steps). Only one-stage pipelines (PP = 1, priced V c + W, decision
+94): with q > 0 a pipeline's time is (q + V) x its slowest micro-batch, which these sums do not track. Every
+micro-batch stays within its MaxLen and every document on one micro-batch by construction; the pass checks the result
+and times it with packing.pipeline_time.
 """
 
 from __future__ import annotations
@@ -40,7 +43,12 @@ class Exchange:
         self.m = np.array([p.max_len for p in pipes], dtype=np.int64)
         self.bins = [[list(b) for b in bs if b] for bs in bins]
         self.tok, self.t, self.room = self._sums()
+        self.op = np.where(self.room == self.m, self.c, 0.0)  # c where a pipeline has no micro-batch (a new one)
         self._cache: dict = {}
+        self._wcols: dict[int, np.ndarray] = {}
+        from tidal.planner import kernels_batch  # lazily: importing numba takes a second
+
+        self._fit = None if kernels_batch.COMPILED is None else kernels_batch.COMPILED.fit_first
 
     def _sums(self) -> tuple[list[list[int]], np.ndarray, np.ndarray]:
         """Every micro-batch's tokens, every pipeline's time (_time's floats: each pipeline's work summed as np.sum
@@ -77,9 +85,18 @@ class Exchange:
         return self.pipes[j].w1(float(self.lf[i]))
 
     def wcol(self, i: int) -> np.ndarray:
-        """Document i's work on every pipeline (PipeCost.work, across pipelines)."""
-        x = self.lf[i]
-        return self.a * x * x + self.b * x + self.d
+        """Document i's work on every pipeline (PipeCost.work, across pipelines); kept per document (read-only: the
+        coefficients never change; issue 27, decision 142)."""
+        w = self._wcols.get(i)
+        if w is None:
+            x = self.lf[i]
+            w = self._wcols[i] = self.a * x * x + self.b * x + self.d
+        return w
+
+    def _set(self, j: int, t: float, room: int) -> None:
+        """Pipeline j's time and room, and its op (c when it has no micro-batch)."""
+        self.t[j], self.room[j] = t, room
+        self.op[j] = self.c[j] if room == self.m[j] else 0.0
 
     def _time(self, j: int) -> float:
         ids = np.fromiter((i for b in self.bins[j] for i in b), dtype=np.int64)
@@ -130,23 +147,36 @@ class Exchange:
             take = np.concatenate([take, rest[:n]])
         return ids[take].tolist() if take.size <= self.eject else None
 
+    def _direct(self, x: int, off: list[int], limit: float, compiled: bool = True) -> tuple[int, float]:
+        """The least loaded pipeline not in `off` with room for document x that stays under `limit` with it (an empty
+        one opens a micro-batch, at c more), the first on ties: (pipeline, its time with x), or (-1, inf).
+        kernels_batch.fit_first where numba is installed (unless not `compiled`), else numpy: the same pick and float
+        (room >= len(x) implies MaxLen >= len(x))."""
+        if compiled and self._fit is not None:
+            r, v = self._fit(self.t, self.wcol(x), self.op, self.room, int(self.l[x]), float(limit),
+                             np.array(off, dtype=np.int64))
+            return int(r), float(v)
+        cand = self.t + self.wcol(x) + self.op
+        fit = np.where((self.room >= self.l[x]) & (cand < limit), cand, np.inf)
+        fit[off] = np.inf
+        r = int(np.argmin(fit))
+        return (r, float(cand[r])) if fit[r] < np.inf else (-1, np.inf)
+
     def _place(self, x: int, used: set[int], limit: float, depth: int, partners: int, skip: int = -1):
         """Document x into a pipeline not in `used` that stays under `limit`: the least loaded one with room if any,
         else (depth > 0) the best of the `partners` least loaded able to hold it after ejecting some of its documents
         (_eject), each placed the same way one level down. (largest time touched, [(doc, pipeline, ejected)] in
         order) or None; `used` gains the pipelines taken."""
-        cand = self.t + self.wcol(x) + np.where(self.room == self.m, self.c, 0.0)  # an empty one opens a micro-batch
-        able = self.m >= self.l[x]
-        able[list(used)] = False
-        if skip >= 0:
-            able[skip] = False
-        direct = able & (self.room >= self.l[x]) & (cand < limit)
-        if direct.any():
-            r = int(np.flatnonzero(direct)[np.argmin(cand[direct])])
+        off = list(used) + ([skip] if skip >= 0 else [])
+        r, v = self._direct(x, off, limit)
+        if r >= 0:
             used.add(r)
-            return float(cand[r]), [(x, r, [])]
+            return v, [(x, r, [])]
         if depth == 0:
             return None
+        cand = self.t + self.wcol(x) + self.op  # an empty one opens a micro-batch
+        able = self.m >= self.l[x]
+        able[off] = False
         rs = np.flatnonzero(able)
         best = None
         for r in rs[np.argsort(cand[rs], kind="stable")][:partners].tolist():
@@ -171,17 +201,19 @@ class Exchange:
         used |= best[2]
         return best[0], best[1]
 
-    def _move(self, j: int, i: int, depth: int, partners: int):
+    def _move(self, j: int, i: int, depth: int, partners: int, beat: float = np.inf):
         """The best compound move of document i out of pipeline j (which may take ejected documents back): (largest
-        time touched, actions) or None."""
+        time touched, actions) or None; None too, without searching, when j's own time without i is >= `beat` (the
+        move's largest time is at least that, so it could not be < beat)."""
         saved = ([list(b) for b in self.bins[j]], list(self.tok[j]), self.t[j], self.room[j])
         limit = float(self.t[j]) * (1 - EPS)
         self._take(j, i)
-        self.t[j], self.room[j] = self._time(j), self._room(j)
+        self._set(j, self._time(j), self._room(j))
         self._cache.pop(j, None)
         tj = float(self.t[j])
-        got = self._place(i, set(), limit, depth, partners, skip=j)
-        self.bins[j], self.tok[j], self.t[j], self.room[j] = saved
+        got = self._place(i, set(), limit, depth, partners, skip=j) if tj < beat else None
+        self.bins[j], self.tok[j] = saved[:2]
+        self._set(j, *saved[2:])
         self._cache.pop(j, None)
         return None if got is None else (max(tj, got[0]), got[1])
 
@@ -213,7 +245,7 @@ class Exchange:
             keep = [k for k, b in enumerate(self.bins[r]) if b]
             self.bins[r], self.tok[r] = [self.bins[r][k] for k in keep], [self.tok[r][k] for k in keep]
         for p in {j, *(r for _, r, _ in acts)}:
-            self.t[p], self.room[p] = self._time(p), self._room(p)
+            self._set(p, self._time(p), self._room(p))
             self._cache.pop(p, None)
 
     def run(self, moves: int, cands: int, partners: int, eject: int, depth: int = 1, deadline_ok=lambda: True) -> int:
@@ -223,8 +255,8 @@ class Exchange:
             j = int(np.argmax(self.t))
             docs = sorted((i for b in self.bins[j] for i in b), key=lambda i: (-self.work(j, i), i))[:cands]
             best = None
-            for i in docs:
-                mv = self._move(j, i, depth, partners)
+            for i in docs:  # a document whose move cannot beat the best so far is not searched (same choice)
+                mv = self._move(j, i, depth, partners, np.inf if best is None else best[0][0])
                 if mv is not None and (best is None or mv[0] < best[0][0]):
                     best = (mv, i)
             if best is None:

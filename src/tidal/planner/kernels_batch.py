@@ -2,7 +2,8 @@
 hundreds of pipelines, about 25 us of Python each around a compiled call of a few us; the same pattern as kernels.py).
 
 `pack_many` runs kernels_pack.pack_core on each group of a concatenated length array, so every group's packing and
-time are pack_core's own, float for float. `COMPILED` / `PLAIN` / `loops()` as in kernels.py.
+time are pack_core's own, float for float. `fit_first` is the exchange's direct placement (exchange.Exchange._direct)
+in one loop instead of about ten numpy calls (decision 142). `COMPILED` / `PLAIN` / `loops()` as in kernels.py.
 Import this module lazily (importing numba takes a second).
 """
 from __future__ import annotations
@@ -39,7 +40,24 @@ def pack_many(flat, bounds, a, b, d, c, q, M, S, su):
     return ol_all, mb, nmb, est, tmax
 
 
-_BATCH = {"pack_many": pack_many}
+def fit_first(t, w, op, room, lx, limit, off):
+    """The pipeline p not in `off` with room[p] >= lx and t[p] + w[p] + op[p] < limit of least such value, the first
+    on ties (numpy's argmin of that masked sum, float for float): (p, value), or (-1, inf) if none."""
+    best, bv = -1, np.inf
+    for p in range(t.size):
+        if room[p] >= lx:
+            v = t[p] + w[p] + op[p]
+            if v < limit and v < bv:
+                ok = True
+                for q in off:
+                    if q == p:
+                        ok = False
+                if ok:
+                    best, bv = p, v
+    return best, bv
+
+
+_BATCH = {"pack_many": pack_many, "fit_first": fit_first}
 PLAIN = plain(_BATCH, {"np": np, "pack_core": kernels_pack.PLAIN.pack_core})
 if kernels_pack.COMPILED is not None:  # pack_many calls the compiled pack_core (bound before compiling)
     pack_core = kernels_pack.COMPILED.pack_core
