@@ -72,12 +72,12 @@ def alg1_trial_classes(l_, perm, A, B, C, Q, M, cls, pos, cP, toff, crep, jat):
     reaching it is the leftmost leaf of a min-tree over C_j (class c's nodes at toff[c] + 1 .. toff[c] + 2 cP[c] - 1,
     leaves from toff[c] + cP[c], jat: the pipeline of each leaf, -1 padding) whose score is <= it. k1 is scored as in
     alg1_trial (against the second largest) and kept out of the trees (its leaf at inf). Candidates compare by
-    (score, j), as alg1_trial's first strict minimum over j does."""
+    (score, j), as alg1_trial's first strict minimum over j does. alg1_trial's E terms are (finite) x 0.0, a zero here,
+    and adding a zero leaves these non-negative sums unchanged: they and the lengths they need are left out."""
     D = A.size
     nC = cP.size
     Cj = np.zeros(D)
     tot = np.zeros(D)
-    lmax = np.zeros(D, np.int64)
     owner = np.empty(l_.size, np.int64)
     tree = np.full(jat.size, np.inf)
     for j in range(1, D):  # k1 = 0 stays out
@@ -94,8 +94,7 @@ def alg1_trial_classes(l_, perm, A, B, C, Q, M, cls, pos, cP, toff, crep, jat):
         o_min = np.inf
         jb = -1
         if x <= M[k1]:  # k1, as alg1_trial scores it
-            lm = x if x > lmax[k1] else lmax[k1]
-            o = Cj[k1] + A[k1] * x * x + B[k1] * x + C[k1] + (A[k1] * lm * lm + B[k1] * lm + C[k1]) * Q[k1]
+            o = Cj[k1] + A[k1] * x * x + B[k1] * x + C[k1]
             if second > o:
                 o = second
             o_min = o
@@ -119,10 +118,7 @@ def alg1_trial_classes(l_, perm, A, B, C, Q, M, cls, pos, cP, toff, crep, jat):
         if jb < 0:
             return owner, -1.0
         Cj[jb] += A[jb] * x * x + B[jb] * x + C[jb]
-        if x > lmax[jb]:
-            lmax[jb] = x
-        lm = lmax[jb]
-        tt = Cj[jb] + (A[jb] * lm ** 2 + B[jb] * lm + C[jb]) * Q[jb]
+        tt = Cj[jb]
         tot[jb] = tt
         old = k1
         if jb != k1 and (tt > tot[k1] or (tt == tot[k1] and jb < k1)):
