@@ -17,10 +17,11 @@ The move is kept when the largest time of the pipelines it touched is under T; o
 times the partners, the move of least such time is made, and the search repeats on the new slowest pipeline (at most
 `moves` moves); a document whose pipeline without it is no faster than the best move so far is not searched (its
 move could not be chosen), and the direct placement is one compiled loop (kernels_batch.fit_first; decision 142: the
-same moves, 1.7x cheaper on 1024-GPU heavytail steps). Only one-stage pipelines (PP = 1, priced V c + W, decision
-94): with q > 0 a pipeline's time is (q + V) x its slowest micro-batch, which these sums do not track. Every
-micro-batch stays within its MaxLen and every document on one micro-batch by construction; the pass checks the result
-and times it with packing.pipeline_time.
+same moves, 1.7x cheaper on 1024-GPU heavytail steps), as is the ejection's pick (kernels_batch.eject_pick; decision
+143: the same picks). Only one-stage pipelines (PP = 1, priced V c + W, decision 94): with q > 0 a pipeline's time
+is (q + V) x its slowest micro-batch, which these sums do not track. Every micro-batch stays within its MaxLen and
+every document on one micro-batch by construction; the pass checks the result and times it with
+packing.pipeline_time.
 """
 
 from __future__ import annotations
