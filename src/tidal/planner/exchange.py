@@ -17,10 +17,11 @@ The move is kept when the largest time of the pipelines it touched is under T; o
 times the partners, the move of least such time is made, and the search repeats on the new slowest pipeline (at most
 `moves` moves); a document whose pipeline without it is no faster than the best move so far is not searched (its
 move could not be chosen), and the direct placement is one compiled loop (kernels_batch.fit_first; decision 142: the
-same moves, 1.7x cheaper on 1024-GPU heavytail steps). Only one-stage pipelines (PP = 1, priced V c + W, decision
-94): with q > 0 a pipeline's time is (q + V) x its slowest micro-batch, which these sums do not track. Every
-micro-batch stays within its MaxLen and every document on one micro-batch by construction; the pass checks the result
-and times it with packing.pipeline_time.
+same moves, 1.7x cheaper on 1024-GPU heavytail steps), as is the ejection's pick (kernels_batch.eject_pick; decision
+143: the same picks). Only one-stage pipelines (PP = 1, priced V c + W, decision 94): with q > 0 a pipeline's time
+is (q + V) x its slowest micro-batch, which these sums do not track. Every micro-batch stays within its MaxLen and
+every document on one micro-batch by construction; the pass checks the result and times it with
+packing.pipeline_time.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class Exchange:
         from tidal.planner import kernels_batch  # lazily: importing numba takes a second
 
         self._fit = None if kernels_batch.COMPILED is None else kernels_batch.COMPILED.fit_first
+        self._pick = None if kernels_batch.COMPILED is None else kernels_batch.COMPILED.eject_pick
 
     def _sums(self) -> tuple[list[list[int]], np.ndarray, np.ndarray]:
         """Every micro-batch's tokens, every pipeline's time (_time's floats: each pipeline's work summed as np.sum
@@ -115,22 +117,26 @@ class Exchange:
             self._cache[q] = (ids, ln, kk, self.pipes[q].work(self.lf[ids]))
         return self._cache[q]
 
-    def _eject(self, q: int, k: int, i: int, limit: float) -> list[int] | None:
+    def _eject(self, q: int, k: int, i: int, limit: float, compiled: bool = True) -> list[int] | None:
         """The fewest of q's shortest documents whose removal leaves room for document i in micro-batch k and q's
         time with i under `limit`: the shortest single one that does, else the shortest of micro-batch k until it
-        has room, then the shortest anywhere; None if more than `eject` would be needed."""
+        has room, then the shortest anywhere; None if more than `eject` would be needed. kernels_batch.eject_pick
+        where numba is installed (unless not `compiled`; issue 27, decision 143), else numpy: the same pick."""
         need_tok = self.tok[q][k] + int(self.l[i]) - int(self.m[q])
         need_w = self.t[q] + self.work(q, i) - limit
         if need_tok <= 0 and need_w < 0:
             return []
         ids, ln, kk, w = self._docs(q)
-        ok = (w > need_w) & ((kk == k) & (ln >= need_tok) if need_tok > 0 else True)
-        hit = np.flatnonzero(ok)
-        if hit.size:
-            return [int(ids[hit[0]])]
+        if compiled and self._pick is not None:
+            found, take = self._pick(ln, kk, w, k, need_tok, float(need_w), self.eject)
+            return ids[take].tolist() if found else None
+        ok = (w > need_w) & (kk == k) & (ln >= need_tok) if need_tok > 0 else w > need_w
+        h = int(ok.argmax()) if ok.size else 0  # the first True (argmax of bools), as flatnonzero(ok)[0]
+        if ok.size and ok[h]:
+            return [int(ids[h])]
         take, wsum = np.zeros(0, dtype=np.int64), 0.0
         if need_tok > 0:
-            ink = np.flatnonzero(kk == k)
+            ink = (kk == k).nonzero()[0]  # flatnonzero's result, without its wrappers (issue 27)
             n = int(np.searchsorted(np.cumsum(ln[ink]), need_tok)) + 1  # the first prefix with >= need_tok tokens
             if n > min(ink.size, self.eject):
                 return None
@@ -139,7 +145,7 @@ class Exchange:
         if not wsum > need_w:
             keep = np.ones(ids.size, dtype=bool)
             keep[take] = False
-            rest = np.flatnonzero(keep)  # np.setdiff1d(np.arange(ids.size), take), without its sort
+            rest = keep.nonzero()[0]  # np.setdiff1d(np.arange(ids.size), take), without its sort
             cum = np.cumsum(np.concatenate(([wsum], w[rest])))[1:]  # added in turn from wsum, as one at a time
             n = int(np.searchsorted(cum, need_w, side="right")) + 1  # the first prefix with > need_w work
             if n > rest.size:
@@ -177,12 +183,12 @@ class Exchange:
         cand = self.t + self.wcol(x) + self.op  # an empty one opens a micro-batch
         able = self.m >= self.l[x]
         able[off] = False
-        rs = np.flatnonzero(able)
+        rs = able.nonzero()[0]
         best = None
         for r in rs[np.argsort(cand[rs], kind="stable")][:partners].tolist():
             if not self.bins[r]:
                 continue
-            k = min(range(len(self.bins[r])), key=lambda kk: self.tok[r][kk])
+            k = self.tok[r].index(min(self.tok[r]))  # the first micro-batch of fewest tokens
             ej = self._eject(r, k, x, limit)
             if not ej:  # None, or [] (then it was direct)
                 continue

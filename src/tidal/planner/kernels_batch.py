@@ -3,7 +3,8 @@ hundreds of pipelines, about 25 us of Python each around a compiled call of a fe
 
 `pack_many` runs kernels_pack.pack_core on each group of a concatenated length array, so every group's packing and
 time are pack_core's own, float for float. `fit_first` is the exchange's direct placement (exchange.Exchange._direct)
-in one loop instead of about ten numpy calls (decision 142). `COMPILED` / `PLAIN` / `loops()` as in kernels.py.
+in one loop instead of about ten numpy calls (decision 142), and `eject_pick` its ejection's pick (Exchange._eject;
+decision 143). `COMPILED` / `PLAIN` / `loops()` as in kernels.py.
 Import this module lazily (importing numba takes a second).
 """
 from __future__ import annotations
@@ -57,7 +58,74 @@ def fit_first(t, w, op, room, lx, limit, off):
     return best, bv
 
 
-_BATCH = {"pack_many": pack_many, "fit_first": fit_first}
+def _search(arr, n, key, right):
+    """numpy.searchsorted(arr[:n], key, side) for one key: numpy's own binary search, step for step (so the same
+    index on any array, sorted or not)."""
+    lo, hi = 0, n
+    while lo < hi:
+        mid = lo + ((hi - lo) >> 1)
+        if (not key < arr[mid]) if right else arr[mid] < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def eject_pick(ln, kk, w, k, need_tok, need_w, eject):
+    """Exchange._eject's pick on one pipeline's documents sorted by (length, id) (lengths ln, micro-batch kk, work w),
+    in one loop instead of about a dozen numpy calls (issue 27): (True, positions taken in order) or (False, empty)
+    for None; the same positions, and each sum added in the same order (np.sum of at most 3 floats and np.cumsum add
+    one at a time), so the same floats and searchsorted indices."""
+    size = ln.size
+    none = np.zeros(0, dtype=np.int64)
+    for p in range(size):  # the shortest single document that does
+        if w[p] > need_w and (need_tok <= 0 or (kk[p] == k and ln[p] >= need_tok)):
+            one = np.empty(1, dtype=np.int64)
+            one[0] = p
+            return True, one
+    take = np.empty(size, dtype=np.int64)
+    nt = 0
+    wsum = 0.0
+    if need_tok > 0:
+        ink = np.empty(size, dtype=np.int64)
+        cum = np.empty(size, dtype=np.int64)
+        ni, s = 0, 0
+        for p in range(size):
+            if kk[p] == k:
+                s += ln[p]
+                ink[ni], cum[ni] = p, s
+                ni += 1
+        n = _search(cum, ni, need_tok, False) + 1  # the first prefix with >= need_tok tokens
+        if n > min(ni, eject):
+            return False, none
+        for x in range(n):
+            take[x] = ink[x]
+            wsum += w[ink[x]]
+        nt = n
+    if not wsum > need_w:
+        keep = np.ones(size, dtype=np.bool_)
+        for x in range(nt):
+            keep[take[x]] = False
+        rest = np.empty(size, dtype=np.int64)
+        cumw = np.empty(size, dtype=np.float64)
+        nr, acc = 0, wsum
+        for p in range(size):
+            if keep[p]:
+                acc += w[p]
+                rest[nr], cumw[nr] = p, acc
+                nr += 1
+        n = _search(cumw, nr, need_w, True) + 1  # the first prefix with > need_w work
+        if n > nr:
+            return False, none
+        for x in range(n):
+            take[nt + x] = rest[x]
+        nt += n
+    if nt > eject:
+        return False, none
+    return True, take[:nt].copy()
+
+
+_BATCH = {"pack_many": pack_many, "fit_first": fit_first, "_search": _search, "eject_pick": eject_pick}
 PLAIN = plain(_BATCH, {"np": np, "pack_core": kernels_pack.PLAIN.pack_core})
 if kernels_pack.COMPILED is not None:  # pack_many calls the compiled pack_core (bound before compiling)
     pack_core = kernels_pack.COMPILED.pack_core
