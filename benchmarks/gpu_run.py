@@ -27,7 +27,6 @@ import torch
 
 from tidal.core import ParallelScheme, get_cluster
 from tidal.costmodel.memory import executor_memory, stage_memory
-from tidal.models.dense import resolve_compile
 from tidal.runtime.config import DataConfig, ModelConfig, PlannerConfig, TrainConfig, TrainSection, WorldConfig
 from tidal.runtime.launch import run_distributed
 from tidal.runtime.optim import OptimConfig
@@ -116,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     biggest = max((r["max_mb_tokens"] for r in rows), default=0)
     model_peak = max(stage_memory(spec, ParallelScheme(), 1, biggest,
                                   executor_memory(compute, "float32",
-                                                  compile=resolve_compile(args.compile, backend == "nccl"))))
+                                                  compile=args.compile if args.compile == "dense" else "off")))
     summary.update(max_mb_tokens=biggest, model_peak_bytes=model_peak)
     if "peak_allocated" in info:
         summary.update(peak_allocated=info["peak_allocated"], peak_reserved=info["peak_reserved"],

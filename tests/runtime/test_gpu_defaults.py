@@ -88,6 +88,11 @@ def test_train_plans_with_the_executors_memory():
     f64 = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, master_dtype="float64"))
     assert (train_memory(f64, gpu).param_bytes_per_param, train_memory(f64, gpu).master_bytes_per_param) == (8, 24)
     assert build_cost_model(cfg, get_model(cfg.model.name), cpu).memory == train_memory(cfg, cpu)
+    # `[model] compile` (decision 140): the compiled layer's smaller activations are charged only where dense is
+    # named; auto may fall back to eager at start-up, after planning, so it is charged as eager
+    dense = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, compile="dense"))
+    assert (cfg.model.compile, train_memory(cfg, gpu).act_ffn_tensors, train_memory(dense, gpu).act_ffn_tensors) == (
+        "auto", 4.0, 3.0)
     # the executor's charge is below Hydraulis' App. C.1 one where the fp32 gradient buffer dominates
     spec, dev = get_model("llama2-13b"), gpu.groups[0].device
     honest = AnalyticCostModel(spec, gpu, memory=executor_memory("bfloat16", "float32"))

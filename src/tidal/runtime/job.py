@@ -32,7 +32,7 @@ from tidal.costmodel.sync import SyncPricing
 from tidal.data.accounting import EpochLedger
 from tidal.data.corpus import corpus_from_spec
 from tidal.models.attention import BACKENDS
-from tidal.models.dense import COMPILE_MODES, resolve_compile
+from tidal.models.dense import COMPILE_MODES
 from tidal.planner.select import profile_strategies
 from tidal.planner.stepper import PlanningOptions, StepPlanner, build_candidates, get_packing
 from tidal.runtime import ckptdir
@@ -89,8 +89,10 @@ def train_memory(cfg: TrainConfig, cluster: ClusterSpec) -> MemoryConfig:
     will resolve it (`auto`: bf16 on a GPU cluster, fp32 on a CPU one), the master dtype as configured, and the
     configured activation recomputation per stage (decision 90)."""
     kind = "cpu" if all(g.device.name == "cpu" for g in cluster.groups) else "cuda"
+    # the compiled layer's smaller activations only where `dense` is named: `auto` may fall back to eager at start-up
+    # (models.dense.choose_compile), after the planner has sized its micro-batches, and eager holds more
     mem = executor_memory(compute_dtype_for(cfg.train.compute_dtype, cfg.train.master_dtype, kind),
-                          cfg.train.master_dtype, compile=resolve_compile(cfg.model.compile, kind == "cuda"))
+                          cfg.train.master_dtype, compile="dense" if cfg.model.compile == "dense" else "off")
     if cfg.train.recompute == "auto":  # per scheme, the cheapest mode that holds [data] max_len (decision 90)
         return dataclasses.replace(mem, recompute="auto", recompute_need=cfg.data.max_len)
     return dataclasses.replace(mem, recompute=cfg.train.recompute)
