@@ -10,6 +10,8 @@ from tidal.planner import kernels, kernels_batch
 from tidal.planner.bounds import PipeCost
 from tidal.planner.exchange import Exchange, exchange
 
+from _plan_cases import random_plan  # isort: skip
+
 pytestmark = pytest.mark.unit
 
 
@@ -19,24 +21,11 @@ def _pipes(rng, n):
     return [kinds[int(k)] for k in rng.integers(0, 3, n)]
 
 
-def _plan(rng, l_, pipes):
-    """Each document on a random pipeline that holds it, first fit into its micro-batches; some pipelines empty."""
-    bins = [[] for _ in pipes]
-    for i, x in enumerate(l_.tolist()):
-        j = int(rng.choice([j for j, p in enumerate(pipes) if x <= p.max_len and j % 7 != 3]))
-        b = next((b for b in bins[j] if int(l_[b].sum()) + x <= pipes[j].max_len), None)
-        if b is None:
-            bins[j].append([i])
-        else:
-            b.append(i)
-    return bins
-
-
 def _case(seed, n=24, docs=90):
     rng = np.random.default_rng(seed)
     pipes = _pipes(rng, n)
     l_ = rng.choice([4, 8, 16, 24, 32, 48, 64], docs).astype(np.int64)  # few lengths: equal works and times
-    return rng, l_, pipes, _plan(rng, l_, pipes)
+    return rng, l_, pipes, random_plan(rng, l_, pipes, skip=lambda j: j % 7 == 3)
 
 
 @pytest.mark.parametrize("seed", range(6))

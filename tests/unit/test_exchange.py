@@ -7,23 +7,11 @@ import itertools
 import numpy as np
 
 from _packed_brute import small_steps, three_pipes  # isort: skip
+from _plan_cases import random_plan  # isort: skip
 
 from tidal.planner.bounds import PipeCost
 from tidal.planner.exchange import Exchange, exchange
 from tidal.planner.packing import pipeline_time
-
-
-def _random_plan(rng, l_, pipes):
-    """Each document on a random pipeline that holds it, first fit into that pipeline's micro-batches."""
-    bins = [[] for _ in pipes]
-    for i, x in enumerate(l_.tolist()):
-        j = int(rng.choice([j for j, p in enumerate(pipes) if x <= p.max_len]))
-        b = next((b for b in bins[j] if int(l_[b].sum()) + x <= pipes[j].max_len), None)
-        if b is None:
-            bins[j].append([i])
-        else:
-            b.append(i)
-    return bins
 
 
 def _checked_max(l_, pipes, ex) -> float:
@@ -40,7 +28,7 @@ def test_exchange_returns_a_real_plan_between_the_optimum_and_the_plan_it_was_gi
     rng = np.random.default_rng(11)
     moved = 0
     for l_, opt in small_steps(4, 30, 5, pipes):
-        start = _random_plan(rng, l_, pipes)
+        start = random_plan(rng, l_, pipes)
         before = Exchange(l_, pipes, start)
         t0 = float(before.t.max())
         for depth in (1, 2):
