@@ -199,8 +199,9 @@ class Repair:
                 self.bins[j][bj].append(k)
             self.bins[j] = [b for b in self.bins[j] if b]
             made += 1
-            for x in (j, o):
-                t[x], flat[x] = self.time(x), self._flat(x)
+            for x in (j, o):  # time(x)'s float, from _flat's documents (the same order)
+                flat[x] = self._flat(x)
+                t[x] = len(self.bins[x]) * self.c[x] + float(self.w[x][flat[x][0]].sum())
                 rooms(x)
         return made
 
@@ -250,8 +251,9 @@ def repair(l_: np.ndarray, pipes, bins, *, excess: float = 0.02, tries: int = 3,
             rp.bins = [[list(b) for b in bs] for bs in start]
             if rp.drop_all(js, excess, tries):
                 m = rp.rebalance(moves, partners)
-                if rp.times().max() < best[0] * (1 - 1e-12):
-                    best = (float(rp.times().max()), rp.copy_bins(), m)
+                tm = float(rp.times().max())
+                if tm < best[0] * (1 - 1e-12):
+                    best = (tm, rp.copy_bins(), m)
         rp.bins = start if best[1] is None else best[1]
         if best[1] is None:
             break
