@@ -3,8 +3,9 @@ hundreds of pipelines, about 25 us of Python each around a compiled call of a fe
 
 `pack_many` runs kernels_pack.pack_core on each group of a concatenated length array, so every group's packing and
 time are pack_core's own, float for float. `fit_first` is the exchange's direct placement (exchange.Exchange._direct)
-in one loop instead of about ten numpy calls (decision 142), and `eject_pick` its ejection's pick (Exchange._eject;
-decision 143). `COMPILED` / `PLAIN` / `loops()` as in kernels.py.
+in one loop instead of about ten numpy calls (decision 142), `eject_pick` its ejection's pick (Exchange._eject;
+decision 143), and `rebal_move` / `rebal_swap` the repair's rebalance searches (repair.Repair.rebalance; decision 146).
+`COMPILED` / `PLAIN` / `loops()` as in kernels.py.
 Import this module lazily (importing numba takes a second).
 """
 from __future__ import annotations

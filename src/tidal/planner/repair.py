@@ -149,7 +149,8 @@ class Repair:
         return ids, at, free
 
     def rebalance(self, moves: int, partners: int) -> int:
-        """Step 3; returns the moves and swaps made."""
+        """Step 3; returns the moves and swaps made. The best move and the best swap are each searched in one compiled
+        loop (kernels_batch.rebal_move, rebal_swap; decision 146: numpy's picks and floats)."""
         from tidal.planner import kernels_batch  # lazily: importing numba takes a second
 
         P, made = len(self.pipes), 0
