@@ -3,8 +3,9 @@ hundreds of pipelines, about 25 us of Python each around a compiled call of a fe
 
 `pack_many` runs kernels_pack.pack_core on each group of a concatenated length array, so every group's packing and
 time are pack_core's own, float for float. `fit_first` is the exchange's direct placement (exchange.Exchange._direct)
-in one loop instead of about ten numpy calls (decision 142), and `eject_pick` its ejection's pick (Exchange._eject;
-decision 143). `COMPILED` / `PLAIN` / `loops()` as in kernels.py.
+in one loop instead of about ten numpy calls (decision 142), `eject_pick` its ejection's pick (Exchange._eject;
+decision 143), and `rebal_move` / `rebal_swap` the repair's rebalance searches (repair.Repair.rebalance; decision 146).
+`COMPILED` / `PLAIN` / `loops()` as in kernels.py.
 Import this module lazily (importing numba takes a second).
 """
 from __future__ import annotations
@@ -125,7 +126,52 @@ def eject_pick(ln, kk, w, k, need_tok, need_w, eject):
     return True, take[:nt].copy()
 
 
-_BATCH = {"pack_many": pack_many, "fit_first": fit_first, "_search": _search, "eject_pick": eject_pick}
+def rebal_move(t, w, l, c, j, ij, aj, room, extra):
+    """repair.Repair.rebalance's best move of a document of pipeline j (ij, in micro-batches aj) into the micro-batch
+    with most room of another pipeline o: of max(t[j] without it, t[o] + extra[o] + w[o, i]) over the pairs where
+    it fits, the least, the first in (o, position) order (numpy's argmin of that masked array, float for float):
+    (value, o, position), or (inf, -1, -1)."""
+    top = 0
+    for x in range(aj.size):
+        top = max(top, aj[x])
+    cnt = np.zeros(top + 1, dtype=np.int64)  # documents per micro-batch
+    for x in range(aj.size):
+        cnt[aj[x]] += 1
+    bv, bo, bx = np.inf, -1, -1
+    for o in range(t.size):
+        if o == j:
+            continue
+        for x in range(ij.size):
+            i = ij[x]
+            if l[i] <= room[o]:
+                out = t[j] - w[j, i]
+                if cnt[aj[x]] == 1:
+                    out = out - c[j]
+                v = max(out, (t[o] + extra[o]) + w[o, i])
+                if v < bv:
+                    bv, bo, bx = v, o, x
+    return bv, bo, bx
+
+
+def rebal_swap(t, w, l, j, ij, aj, fj, K, po, fk):
+    """Its best swap of document ij[r] (micro-batch aj[r], free tokens fj[aj[r]]) with K[k] of pipeline po[k] (its
+    micro-batch's free tokens fk[k]), both micro-batches within MaxLen and the lengths different: of max(j's time,
+    po[k]'s time) after the swap, the least, the first in (r, k) order (numpy's argmin, float for float): (value,
+    r, k), or (inf, -1, -1)."""
+    bv, br, bk = np.inf, -1, -1
+    for r in range(ij.size):
+        i = ij[r]
+        for k in range(K.size):
+            dl = l[K[k]] - l[i]
+            if dl <= fj[aj[r]] and -dl <= fk[k] and dl != 0:
+                v = max((t[j] - w[j, i]) + w[j, K[k]], (t[po[k]] - w[po[k], K[k]]) + w[po[k], i])
+                if v < bv:
+                    bv, br, bk = v, r, k
+    return bv, br, bk
+
+
+_BATCH = {"pack_many": pack_many, "fit_first": fit_first, "_search": _search, "eject_pick": eject_pick,
+          "rebal_move": rebal_move, "rebal_swap": rebal_swap}
 PLAIN = plain(_BATCH, {"np": np, "pack_core": kernels_pack.PLAIN.pack_core})
 if kernels_pack.COMPILED is not None:  # pack_many calls the compiled pack_core (bound before compiling)
     pack_core = kernels_pack.COMPILED.pack_core

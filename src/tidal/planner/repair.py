@@ -149,7 +149,10 @@ class Repair:
         return ids, at, free
 
     def rebalance(self, moves: int, partners: int) -> int:
-        """Step 3; returns the moves and swaps made."""
+        """Step 3; returns the moves and swaps made. The best move and the best swap are each searched in one compiled
+        loop (kernels_batch.rebal_move, rebal_swap; decision 146: numpy's picks and floats)."""
+        from tidal.planner import kernels_batch  # lazily: importing numba takes a second
+
         P, made = len(self.pipes), 0
         if P < 2:
             return 0
@@ -162,36 +165,25 @@ class Repair:
             extra_all[o] = 0.0 if flat[o][2].size else self.c[o]
         for o in range(P):
             rooms(o)
+        kb = kernels_batch.loops()
         while made < moves:
             j = int(np.argmax(t))
             ij, aj, fj = flat[j]
             if ij.size == 0:
                 return made
-            single = np.bincount(aj)[aj] == 1
-            out_j = t[j] - self.w[j, ij] - np.where(single, self.c[j], 0.0)  # j's time without document i
-            others = np.delete(np.arange(P), j)
-            # moves: into each other pipeline's micro-batch with most room
-            room, extra = room_all[others], extra_all[others]
-            new = np.maximum(out_j[None, :], (t[others] + extra)[:, None] + self.w[np.ix_(others, ij)])
-            new[self.l[ij][None, :] > room[:, None]] = np.inf
-            m = int(np.argmin(new))
-            r, c = divmod(m, ij.size)
-            best = (float(new[r, c]), ("move", c, int(others[r]), -1))
+            # moves: into each other pipeline's micro-batch with most room (kernels_batch.rebal_move)
+            v, o, c = kb.rebal_move(t, self.w, self.l, self.c, j, ij, aj, room_all, extra_all)
+            best = (v, ("move", c, o, -1))
             # swaps: with a document of the `partners` least loaded other pipelines
+            others = np.delete(np.arange(P), j)
             ps = [o for o in others[np.argsort(t[others], kind="stable")][:partners].tolist() if flat[o][0].size]
             if ps and not best[0] < t[j] * (1 - 1e-12):  # only when no move helps
                 K = np.concatenate([flat[o][0] for o in ps])
                 po = np.repeat(ps, [flat[o][0].size for o in ps])
                 fk = np.concatenate([flat[o][2][flat[o][1]] for o in ps])
-                dl = self.l[K][None, :] - self.l[ij][:, None]  # swap i (row) and k (column): j's bin gains dl
-                ok = (dl <= fj[aj][:, None]) & (-dl <= fk[None, :]) & (dl != 0)
-                tj = (t[j] - self.w[j, ij])[:, None] + self.w[j, K][None, :]
-                to = (t[po] - self.w[po, K])[None, :] + self.w[po[None, :], ij[:, None]]
-                new2 = np.where(ok, np.maximum(tj, to), np.inf)
-                m = int(np.argmin(new2))
-                r, c = divmod(m, K.size)
-                if new2[r, c] < best[0]:
-                    best = (float(new2[r, c]), ("swap", r, int(po[c]), int(K[c])))
+                v, r, c = kb.rebal_swap(t, self.w, self.l, j, ij, aj, fj, K, po, fk)
+                if v < best[0]:
+                    best = (v, ("swap", r, int(po[c]), int(K[c])))
             if not best[0] < t[j] * (1 - 1e-12):
                 return made
             kind, r, o, k = best[1]
@@ -208,8 +200,9 @@ class Repair:
                 self.bins[j][bj].append(k)
             self.bins[j] = [b for b in self.bins[j] if b]
             made += 1
-            for x in (j, o):
-                t[x], flat[x] = self.time(x), self._flat(x)
+            for x in (j, o):  # time(x)'s float, from _flat's documents (the same order)
+                flat[x] = self._flat(x)
+                t[x] = len(self.bins[x]) * self.c[x] + float(self.w[x][flat[x][0]].sum())
                 rooms(x)
         return made
 
@@ -259,8 +252,9 @@ def repair(l_: np.ndarray, pipes, bins, *, excess: float = 0.02, tries: int = 3,
             rp.bins = [[list(b) for b in bs] for bs in start]
             if rp.drop_all(js, excess, tries):
                 m = rp.rebalance(moves, partners)
-                if rp.times().max() < best[0] * (1 - 1e-12):
-                    best = (float(rp.times().max()), rp.copy_bins(), m)
+                tm = float(rp.times().max())
+                if tm < best[0] * (1 - 1e-12):
+                    best = (tm, rp.copy_bins(), m)
         rp.bins = start if best[1] is None else best[1]
         if best[1] is None:
             break
