@@ -6,7 +6,8 @@ and token first-fit-decreasing. Prints figures; nothing is asserted.
     python benchmarks/planner.py --grid [--models M,..] [--clusters C,..] [--cands proposal,hand] [--sources S,..]
                                  [--seeds 0,1,2] [--held-out-seeds 10,11,12] [--held-out-sources stdlib]
                                  [--steps 10] [--hy-trials 1] [--budget-ms X] [--prove] [--prove-milp S]
-                                 [--prove-pool S [--pool-counts] [--pool-halvings N]] [--out grid.json]
+                                 [--prove-pool S [--pool-counts] [--pool-halvings N]] [--prove-forced S]
+                                 [--out grid.json]
                                  [--passes all|none|NAME,..] [--drop NAME,..]
                                  (decision 95)
 """
@@ -249,12 +250,16 @@ def main() -> None:
     ap.add_argument("--pool-halvings", type=int, default=None, metavar="N",
                     help="grid, with --prove-pool: the pooled MILP's bisection halvings (pool_bound's iters; default "
                     "4; decision 127)")
+    ap.add_argument("--prove-forced", type=float, default=0.0, metavar="S",
+                    help="grid, with --prove: also the forced-document MILP bound before the pooled one "
+                    "(proof.forced.forced_bound, S seconds per HiGHS solve, --pool-halvings halvings; decision 145)")
     a = ap.parse_args()
-    if not (a.prove_milp >= 0 and a.prove_pool >= 0):
-        ap.error(f"--prove-milp and --prove-pool take seconds >= 0 (0: off); got {a.prove_milp}, {a.prove_pool}")
-    if a.pool_halvings is not None and not (a.pool_halvings >= 0 and a.prove_pool > 0):
-        ap.error(f"--pool-halvings takes an integer >= 0 and needs --prove-pool S > 0; got {a.pool_halvings}, "
-                 f"--prove-pool {a.prove_pool}")
+    if not (a.prove_milp >= 0 and a.prove_pool >= 0 and a.prove_forced >= 0):
+        ap.error(f"--prove-milp, --prove-pool and --prove-forced take seconds >= 0 (0: off); got {a.prove_milp}, "
+                 f"{a.prove_pool}, {a.prove_forced}")
+    if a.pool_halvings is not None and not (a.pool_halvings >= 0 and (a.prove_pool > 0 or a.prove_forced > 0)):
+        ap.error(f"--pool-halvings takes an integer >= 0 and needs --prove-pool or --prove-forced S > 0; got "
+                 f"{a.pool_halvings}, --prove-pool {a.prove_pool}, --prove-forced {a.prove_forced}")
     a.pool_halvings = 4 if a.pool_halvings is None else a.pool_halvings
     if a.grid:
         import planner_grid

@@ -10,8 +10,10 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["planner.py", "--grid", "--prove-pool", "-2"], "--prove-pool take seconds >= 0"),
-    (["planner.py", "--grid", "--prove-milp", "nan"], "--prove-milp and --prove-pool"),
+    (["planner.py", "--grid", "--prove-pool", "-2"], "--prove-pool and --prove-forced take seconds >= 0"),
+    (["planner.py", "--grid", "--prove-milp", "nan"], "--prove-milp, --prove-pool and --prove-forced"),
+    (["planner.py", "--grid", "--prove-forced", "-1"], "got 0.0, 0.0, -1.0"),
+    (["planner.py", "--grid", "--pool-halvings", "3"], "needs --prove-pool or --prove-forced S > 0"),
     (["gap_pool.py", "--model", "nope"], "unknown model preset 'nope'"),
     (["gap_exact.py", "--model", "nope", "--cluster", "a800x16"], "unknown model preset 'nope'"),
     (["gap_pool.py", "--pool-s", "0"], "--pool-s must be > 0"),

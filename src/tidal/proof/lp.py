@@ -45,6 +45,7 @@ from tidal.core.errors import TidalError
 from tidal.planner.bounds import SLACK, StrategyBound, check_lengths, prepare_lengths
 from tidal.planner.bounds_modes import MIN_GAIN, VB, mode_arrays
 from tidal.planner.config import DEFAULT, PlannerConfig
+from tidal.proof.forced import forced_bound
 from tidal.proof.milp import milp_bound
 from tidal.proof.pool import pool_bound
 
@@ -182,7 +183,8 @@ def lp_bound(sb: StrategyBound, lo: float, hi: float, solves: int = LP_SOLVES, n
 
 def prove_selection(lengths, profiles: Sequence[StrategyProfile], sel: StepSelection,
                     solves: int = LP_SOLVES, config: PlannerConfig = DEFAULT, milp_s: float = 0.0,
-                    pool_s: float = 0.0, pool_counts: bool = False, pool_iters: int = 4) -> StepSelection:
+                    pool_s: float = 0.0, pool_counts: bool = False, pool_iters: int = 4,
+                    forced_s: float = 0.0) -> StepSelection:
     """`sel` (select_step(lengths, profiles)) with every candidate's bound raised by `lp_bound` where it is more than
     a factor 1 + config.mode_gap under min(step bound so far, the plan's estimate), in order of bound; the step's bound
     (plan.lower_bound) is the least of them. The plan itself is unchanged. Deterministic when `milp_s` is 0.
@@ -193,7 +195,9 @@ def prove_selection(lengths, profiles: Sequence[StrategyProfile], sel: StepSelec
     with the same two caveats; `pool_counts`: with its micro-batch count rows, in the compact one-stage encoding
     and, where that leaves the bound still under, in the modes' encoding too (pool.pool_solve's `counts` and
     `compact`; decisions 123 and 126: each encoding proves steps the other does not, and each bound is sound, so the
-    higher one is kept). `pool_iters`: pool_bound's bisection halvings (`iters`; decision 127)."""
+    higher one is kept). `pool_iters`: pool_bound's bisection halvings (`iters`; decision 127). `forced_s` > 0:
+    before the pooled MILP, `forced.forced_bound` (the forced documents whole, the others fluid per kind; decision
+    145), `forced_s` seconds per solve, `pool_iters` halvings, with the same two caveats."""
     if isinstance(pool_iters, bool) or not isinstance(pool_iters, (int, np.integer)) or pool_iters < 0:
         raise TidalError(f"prove_selection: pool_iters must be an integer >= 0, got {pool_iters!r}")
     l_ = check_lengths(lengths)
@@ -215,6 +219,8 @@ def prove_selection(lengths, profiles: Sequence[StrategyProfile], sel: StepSelec
             b = max(b, lp_bound(sb, b, min(lb, est), solves))
             if milp_s > 0 and b * (1 + config.mode_gap) < min(lb, est):
                 b = max(b, milp_bound(l_, p.pipes, b, min(lb, est), milp_s))
+            if forced_s > 0 and b * (1 + config.mode_gap) < min(lb, est):
+                b = max(b, forced_bound(l_, p.pipes, b, min(lb, est), forced_s, int(pool_iters)))
             if pool_s > 0 and b * (1 + config.mode_gap) < min(lb, est):
                 b = max(b, pool_bound(l_, p.pipes, b, min(lb, est), pool_s, int(pool_iters), counts=pool_counts,
                                       compact=pool_counts))

@@ -1,0 +1,101 @@
+"""proof.forced (decision 145): the forced-document MILP never proves a T that some whole-document dispatch meets (brute
+force over every dispatch of tiny steps, identical pipelines included so that slots occur), never says more than the
+exact MILP (proof.milp) on a step too large for brute force, and in prove_selection keeps the plan and stays
+under it."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_planner_exact_feasible import KINDS, optimum
+
+from tidal.planner.bounds import PipeCost
+from tidal.proof.forced import forced_bound, forced_feasible, forced_solve
+from tidal.proof.milp import dispatch_feasible
+
+pytestmark = [pytest.mark.unit]
+
+
+@settings(max_examples=50, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(range(len(KINDS))), min_size=1, max_size=2, unique=True),
+       st.lists(st.integers(1, 3), min_size=2, max_size=2), st.integers(0, 2**31 - 1), st.integers(1, 5),
+       st.integers(1, 3))
+def test_forced_never_proves_a_time_some_dispatch_meets(kinds, reps, seed, n, nb):
+    pipes = [KINDS[k] for k, r in zip(kinds, reps) for _ in range(r)][:4]
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, max(p.max_len for p in pipes) + 1, size=n)
+    opt = optimum(lengths, pipes)
+    if not np.isfinite(opt):
+        assert forced_feasible(lengths, pipes, 1e9, nb=nb) == "infeasible"
+        return
+    for f in (1.0005, 1.03):
+        assert forced_feasible(lengths, pipes, opt * f, time_limit=20.0, nb=nb) != "infeasible"
+    b = forced_bound(lengths, pipes, 0.5 * opt, opt * 1.05, time_limit=20.0, iters=8, nb=nb)
+    assert 0.5 * opt <= b <= opt
+
+
+def test_forced_says_no_more_than_the_exact_milp_and_proves_something():
+    # 14 documents on 9 pipelines of three kinds (5 identical one-stage ones that the longest documents do not fit
+    # near the exact optimum): the forced bound is at most the exact MILP's optimum (by bisection), above the longest
+    # document alone on its cheapest pipeline, and at each T under it that the forced MILP proves infeasible the exact
+    # MILP (every document whole) proves infeasible too
+    rng = np.random.default_rng(7)
+    pipes = [KINDS[3]] * 5 + [KINDS[1]] * 3 + [KINDS[0]]
+    lengths = rng.integers(1, 121, size=14)
+    a, b = 0.0, 1000.0  # the exact optimum of dispatch_feasible, by bisection
+    for _ in range(14):
+        m = 0.5 * (a + b)
+        if dispatch_feasible(lengths, pipes, m)[0] == "infeasible":
+            a = m
+        else:
+            b = m
+    got = forced_bound(lengths, pipes, 0.0, 1000.0, iters=14, gap=0.0)
+    assert got <= a * (1 + 1e-9)
+    assert got > min(p.c + p.w1(float(lengths.max())) for p in pipes)
+    for f in (0.5, 0.9, 0.999):
+        assert forced_feasible(lengths, pipes, got * f) == "infeasible"
+        assert dispatch_feasible(lengths, pipes, got * f)[0] == "infeasible"
+
+
+def test_forced_solution_places_each_forced_document_once_and_feasible_on_a_realistic_step():
+    # lengths of 1 to 32k tokens on the 1024-GPU mixed candidate's kinds (one-stage; pool.py's realistic-step test):
+    # at a generous T a dispatch exists, so the relaxation must be feasible (its rows' scaling), and its solution
+    # places each forced document on exactly one slot of a kind it fits
+    kinds = [PipeCost(1.2677e-10, 9.0587e-06, 0.0848, 1, 359122), PipeCost(4.6359e-10, 2.6066e-05, 0.06944, 1, 85162),
+             PipeCost(1.7674e-09, 9.2762e-05, 0.05152, 1, 16723), PipeCost(3.5348e-09, 1.8048e-04, 0.04768, 1, 8361)]
+    pipes = [kinds[0]] * 2 + [kinds[1]] * 6 + [kinds[2]] * 12 + [kinds[3]] * 30
+    rng = np.random.default_rng(3)
+    lengths = np.minimum(np.ceil(np.exp(rng.normal(6.5, 1.6, size=300))), 32000).astype(np.int64)
+    avg = float(sum(kinds[3].work(lengths))) / len(pipes)
+    T = 3 * avg + kinds[0].c + kinds[0].w1(float(lengths.max()))
+    st_, sol = forced_solve(lengths, pipes, T, time_limit=30.0)
+    assert st_ == "feasible" and sol["forced"] > 0
+    placed = sorted(i for _, docs in sol["slots"] for i in docs)
+    assert placed == list(range(sol["forced"]))
+    for ki, docs in sol["slots"]:
+        p = sol["kinds"][ki]
+        assert sum(p.w1(float(lengths[sol["order"][i]])) for i in docs) <= T - p.c + 1e-6
+    # far below the longest document's time on its fastest pipeline nothing fits: infeasible without a solve
+    assert forced_feasible(lengths, pipes, kinds[0].c + kinds[0].w1(float(lengths.max())) * 0.5) == "infeasible"
+
+
+def test_prove_selection_with_forced_keeps_the_plan_and_stays_under_it():
+    # decision 108's step (seven documents of 22.5k-29.4k tokens on four identical one-stage pipelines) with two
+    # tp1-like pipelines beside them that none of the long documents fits (pool.py's test): those seven are forced, so
+    # the forced MILP proves more than the LP, never more than the plan, and the plan is unchanged
+    from test_planner_modes import _profile
+
+    from tidal.planner.select import select_step
+    from tidal.proof.lp import prove_selection
+
+    p = PipeCost(2.5353846153846154e-10, 1.5593532528484408e-05, 0.06944, 1, 176195)
+    q = PipeCost(3.5347692307692307e-09, 0.00018047671657781997, 0.04768, 1, 8361)
+    lengths = np.array([25515, 2473, 4899, 6663, 221, 329, 1778, 29404, 29403, 23782, 22501, 22500, 22500, 3294, 4149])
+    prof = [_profile([p] * 4 + [q] * 2)]
+    sel = select_step(lengths, prof)
+    lp = prove_selection(lengths, prof, sel)
+    fo = prove_selection(lengths, prof, sel, forced_s=10.0)
+    est = sel.plan.est_step_time
+    assert lp.plan.lower_bound < est / 1.03
+    assert lp.plan.lower_bound * 1.02 < fo.plan.lower_bound <= est
+    assert fo.plan.to_dict(timings=False)["pipelines"] == sel.plan.to_dict(timings=False)["pipelines"]
