@@ -33,7 +33,7 @@ import numpy as np
 from tidal.planner.bounds import PipeCost
 from tidal.planner.exact import MilpRows
 from tidal.proof.milp import pipe_modes
-from tidal.proof.pool import NB, _buckets
+from tidal.proof.pool import NB, length_buckets
 
 
 def forced_feasible(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_limit: float = 30.0,
@@ -96,7 +96,7 @@ def forced_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_
             slots.append((ki, xs))
     for i in range(nbig):
         rows.add([(c, 1.0) for c in on[i]], 1.0, 1.0)
-    for pos in _buckets(l_[nbig:], [p.max_len + 1 for p in ks], nb):
+    for pos in length_buckets(l_[nbig:], [p.max_len + 1 for p in ks], nb):
         bl = l_[nbig + pos].astype(np.float64)
         lmin, u = float(bl.min()), float(bl.max())
         tot = (float(bl.size), float(bl.sum()) / u, float((bl * bl).sum()) / (u * u))

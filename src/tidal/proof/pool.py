@@ -59,7 +59,7 @@ NB = 16  # geometric length buckets of the short documents (plus an edge at ever
 COUNTS = ((2, 1), (3, 2))  # (f, k): documents longer than MaxLen / f, at most k per micro-batch (`counts`)
 
 
-def _buckets(short: np.ndarray, edges_extra: Sequence[int], nb: int) -> list[np.ndarray]:
+def length_buckets(short: np.ndarray, edges_extra: Sequence[int], nb: int) -> list[np.ndarray]:
     """The positions in `short` (lengths, descending) of each bucket: split at nb geometric edges and at
     `edges_extra` (a bucket never straddles one)."""
     if short.size == 0:
@@ -162,7 +162,7 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
     # document u_b (t = tokens / u_b, Q = squares / u_b^2: every linking coefficient in [lmin / lmax, 1])
     loc_fluid: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
     cuts = [p.max_len + 1 for p in ks] + ([p.max_len // f + 1 for p in ks for f, _ in COUNTS] if counts else [])
-    bks = _buckets(l_[nbig:], cuts, nb)
+    bks = length_buckets(l_[nbig:], cuts, nb)
     bks = [nbig + pos for pos in bks]  # positions in l_
     units = [float(l_[pos].max()) for pos in bks]
     lmins = [int(l_[pos].min()) for pos in bks]
