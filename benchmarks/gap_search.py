@@ -2,7 +2,7 @@
 
 For each step of one grid cell (planner_grid.probe_steps): the step's plan (`select_step`, seed 0, the default
 config) and its LP-proven bound (`proof.lp.prove_selection`), with each candidate's proven bound. Then, on every
-candidate whose bound is under the step's plan (only those can hold a faster plan):
+candidate whose bound is under the step's plan (only those can hold a faster plan; `--min-gap G`: under plan / (1 + G)):
   * alone: `select_step` with that candidate as the only profile (the planner's plan for it);
   * search: `assign` on it with `--restarts` seeds and a config that spends much more than the planner's
     (`search_config`: late random-order restarts with the full local search at any size, no allowance limits,
@@ -148,9 +148,14 @@ def parse(argv):
                     help="LNS, second stage: pipelines freed beside the slowest among those that can hold its longest "
                          "document (0: no second stage)")
     ap.add_argument("--time-limit", type=float, default=5.0, help="LNS: seconds per MILP")
+    ap.add_argument("--min-gap", type=float, default=0.0,
+                    help="search only candidates with step plan / their LP bound above 1 + this (0: every candidate "
+                         "whose bound is under the step's plan; 0.01 skips one within 1 %% of it, decision 147)")
     args = ap.parse_args(argv)
     if args.restarts < 1 or args.k < 1 or args.lns_rounds < 0 or args.k_long < 0 or not args.time_limit > 0:
         ap.error("--restarts and --k must be >= 1, --lns-rounds and --k-long >= 0 and --time-limit > 0")
+    if not args.min_gap >= 0:
+        ap.error("--min-gap must be >= 0")
     return args
 
 
@@ -173,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         best_all, diffs = float("inf"), []
         for i, rep in enumerate(sel.strategies):
             b = rep.lower_bound
-            if b is None or not b < plan or int(l_.max()) > profs[i].max_len:
+            if b is None or not b * (1 + args.min_gap) < plan or int(l_.max()) > profs[i].max_len:
                 continue
             t0 = time.perf_counter()
             mine = select_step(l_, [profs[i]], seed=0).plan

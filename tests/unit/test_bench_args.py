@@ -23,6 +23,7 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
     (["gap_search.py", "--restarts", "0"], "--restarts and --k must be >= 1"),
     (["gap_search.py", "--time-limit", "0"], "--lns-rounds and --k-long >= 0 and --time-limit > 0"),
     (["gap_search.py", "--model", "nope"], "unknown model preset 'nope'"),
+    (["gap_search.py", "--min-gap", "-0.01"], "--min-gap must be >= 0"),
     (["gap_trim.py", "--excess", "0"], "--excess in (0, 1]"),
 ])
 def test_proof_benchmarks_refuse_bad_arguments_in_one_line(argv, says):
