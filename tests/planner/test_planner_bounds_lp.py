@@ -53,9 +53,9 @@ def test_heavy_documents_need_a_micro_batch_each():
     # two PP = 2 pipelines and three documents of work 1.0: two of them share a pipeline, in two micro-batches
     # (3 x 1.01 = 3.03) or in one (2 x 2.01), so the optimum is 3.03 plus the small documents' share; the mode
     # relaxation splits the heavy documents fractionally and stays below it, the heavy row proves it.
-    # (Before decision 94 this ran on PP = 1 pipelines, priced at V x the slowest micro-batch. One stage now costs
-    # the sum of its micro-batches, so a PP = 1 pipeline holds two heavy documents in 2.02 at any split and the
-    # fractional relaxation cannot tell 1.5 documents from 2: its bound stays valid but near 1.58, checked below.)
+    # (Before decision 94 this ran on PP = 1 pipelines, priced at V x the slowest micro-batch. One stage costs the
+    # sum of its micro-batches, so a PP = 1 pipeline holds two heavy documents in 2.01 at best (one micro-batch) at
+    # any split; the heavy row counts such a document once per one-stage pipeline (decision 150), which proves it.)
     p = PipeCost(0.0, 0.01, 0.01, 2, 10_000)
     lengths = [100, 100, 100] + [1] * 12
     sb = StrategyBound(np.asarray(lengths), [p, p])
@@ -68,4 +68,20 @@ def test_heavy_documents_need_a_micro_batch_each():
     sb1 = StrategyBound(np.asarray(lengths), [p1, p1])
     est1 = assign(np.asarray(lengths), _profile([p1, p1]))[0]
     assert est1 == pytest.approx(2.01)  # heavy + heavy in one micro-batch, the small ones on the other pipeline
-    assert lp_bound(sb1, mode_bound(sb1, sb1.refined(top=0), est1), est1) <= est1 * (1 + 1e-9)
+    old1 = mode_bound(sb1, sb1.refined(top=0), est1)
+    assert old1 < 1.9  # the per-micro-batch row alone: the relaxation splits the three heavy documents (1.5 each)
+    assert 2.01 * (1 - 1e-3) <= lp_bound(sb1, old1, est1) <= est1 * (1 + 1e-9)
+
+
+def test_one_stage_heavy_row_never_above_the_optimum():
+    # decision 150: on one-stage classes the heavy row counts a document once per pipeline (in every mode, the merged
+    # one included); on 480 brute-force instances (most with a PP = 1 pipeline) the bound stays <= the optimum
+    n = one = 0
+    for seed in range(72, 80):
+        for lengths, pipes, opt in brute_force_cases(seed, 60):
+            sb = StrategyBound(np.asarray(lengths), pipes)
+            old = mode_bound(sb, sb.refined(top=0), 2 * opt + 1.0)
+            assert lp_bound(sb, old, 2 * opt + 1.0) <= opt * (1 + 1e-9), (lengths, pipes, opt)
+            n += 1
+            one += any(p.pp == 1 for p in pipes)
+    assert n == 480 and one >= 240

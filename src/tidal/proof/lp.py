@@ -11,7 +11,9 @@ mode v:
 - tokens: `l_i / (v M_k)` (every micro-batch holds at most M_k tokens);
 - long documents: `[l_i > M_k / 2] / v` (two of them never share a micro-batch);
 - heavy documents: `[w_ik > (tau_v - c) / 2] / v` (two of them never share a micro-batch: it would take more than
-  tau_v).
+  tau_v); on a one-stage class (PP = 1, time V c + W) `[w_ik > (T - v c) / 2]`, once per pipeline: all its v
+  micro-batches together hold work <= T - v c = tau_v - c, so two such documents never share the pipeline at all
+  (decision 150; helper 3's finding in decision 147).
 
 A convex combination of rows that each sum to at most 1 sums to at most 1, so with u_ikv = theta_kv . rows and
 u_ik = min over the modes v where i is eligible (c + w_ik <= tau_v, l_i <= M_k) of u_ikv, every plan of time <= T
@@ -81,9 +83,13 @@ def _rows(T: float, sb: StrategyBound, l_: np.ndarray, w: np.ndarray):
         work = np.where(w[:, :, None] > 0, w[:, :, None] / np.where(cap > 0, cap, 1.0)[None], 0.0)
     tok = l_[:, None, None] / (v * ca.M[None, :, None])
     long_ = (l_[:, None, None] > ca.M[None, :, None] / 2) / v
-    heavy = (w[:, :, None] > kap[None] / 2) / v
+    # heavy: per micro-batch (1 / v); on a one-stage class (q = 0, as mode_arrays) per pipeline (decision 150)
+    one = ~(ca.P - 1.0 > 0)[None, :, None]
+    heavy = (w[:, :, None] > kap[None] / 2) / np.where(one, 1.0, v)
     rows = np.stack(np.broadcast_arrays(work, tok, long_, heavy)).astype(np.float64)
     rows[1:, :, :, -1] = 0.0  # v >= VB merged: its token and count rows have no fixed v
+    # ... except a one-stage class's heavy row: in every mode v >= VB its work is <= T - VB c = kap, so it holds
+    rows[3, :, :, -1] = np.where(one[:, :, 0], heavy[:, :, -1], 0.0)
     return elig, rows
 
 
