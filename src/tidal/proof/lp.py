@@ -71,8 +71,9 @@ def _rounded(l_: np.ndarray, wt: np.ndarray, nb: int) -> tuple[np.ndarray, np.nd
     return u, np.bincount(inv, weights=wt, minlength=u.size)
 
 
-def _rows(T: float, sb: StrategyBound, l_: np.ndarray, w: np.ndarray):
-    """Eligibility (B x K x VB) and the four row coefficients (4 x B x K x VB) at T; merged mode: work only."""
+def _rows(T: float, sb: StrategyBound, l_: np.ndarray, w: np.ndarray, per_pipe: bool = True):
+    """Eligibility (B x K x VB) and the four row coefficients (4 x B x K x VB) at T; merged mode: work only (and, with
+    `per_pipe`, a one-stage class's heavy row)."""
     ca = sb.ca
     tau, cap = mode_arrays(T, ca.C, ca.P)  # K x VB
     kap = tau - ca.C[:, None]
@@ -84,7 +85,7 @@ def _rows(T: float, sb: StrategyBound, l_: np.ndarray, w: np.ndarray):
     tok = l_[:, None, None] / (v * ca.M[None, :, None])
     long_ = (l_[:, None, None] > ca.M[None, :, None] / 2) / v
     # heavy: per micro-batch (1 / v); on a one-stage class (q = 0, as mode_arrays) per pipeline (decision 150)
-    one = ~(ca.P - 1.0 > 0)[None, :, None]
+    one = ~(ca.P - 1.0 > 0)[None, :, None] & per_pipe
     heavy = (w[:, :, None] > kap[None] / 2) / np.where(one, 1.0, v)
     rows = np.stack(np.broadcast_arrays(work, tok, long_, heavy)).astype(np.float64)
     rows[1:, :, :, -1] = 0.0  # v >= VB merged: its token and count rows have no fixed v
@@ -93,9 +94,9 @@ def _rows(T: float, sb: StrategyBound, l_: np.ndarray, w: np.ndarray):
     return elig, rows
 
 
-def certified(T: float, sb: StrategyBound, theta: np.ndarray, y: np.ndarray) -> bool:
+def certified(T: float, sb: StrategyBound, theta: np.ndarray, y: np.ndarray, per_pipe: bool = True) -> bool:
     """True when (theta: K x VB x 4, y: K) prove that no plan has step time <= T, checked on the exact lengths."""
-    elig, rows = _rows(T, sb, sb.l_, sb.w)
+    elig, rows = _rows(T, sb, sb.l_, sb.w, per_pipe)
     u = np.where(elig, np.einsum("kvr,rbkv->bkv", theta, rows), np.inf).min(axis=2)  # B x K
     if not np.all(np.isfinite(u).any(axis=1)):
         return True  # some document fits nowhere at T
@@ -109,13 +110,14 @@ def _fits_nowhere(T: float, sb: StrategyBound) -> bool:
     return not bool(np.all(elig.any(axis=(1, 2))))
 
 
-def lp_prices(T: float, sb: StrategyBound, nb: int = NB) -> tuple[float, np.ndarray, np.ndarray] | None:
+def lp_prices(T: float, sb: StrategyBound, nb: int = NB,
+              per_pipe: bool = True) -> tuple[float, np.ndarray, np.ndarray] | None:
     """Solve the LP of the module doc at T on rounded lengths: (s, theta K x VB x 4, y K), or None if HiGHS fails."""
     ca = sb.ca
     K = ca.cnt.size
     l_, wt = _rounded(sb.l_, sb.wt, nb)
     w = ca.A[None, :] * (l_ * l_)[:, None] + ca.B[None, :] * l_[:, None] + ca.D[None, :]
-    elig, rows = _rows(T, sb, l_, w)
+    elig, rows = _rows(T, sb, l_, w, per_pipe)
     ib, ik, iv = np.nonzero(elig)
     nx, nl = ib.size, K * VB
     n = nx + nl + 1
@@ -149,23 +151,25 @@ def lp_prices(T: float, sb: StrategyBound, nb: int = NB) -> tuple[float, np.ndar
     return float(res.fun), th, y
 
 
-def lp_bound(sb: StrategyBound, lo: float, hi: float, solves: int = LP_SOLVES, nb: int = NB) -> float:
+def lp_bound(sb: StrategyBound, lo: float, hi: float, solves: int = LP_SOLVES, nb: int = NB,
+             per_pipe: bool = True) -> float:
     """The largest T in (lo, hi] proven by LP-priced certificates (times 1 - SLACK), or lo. At most `solves` LPs:
     the first at lo (1 + MIN_GAIN) (when its prices prove nothing, those of one more LP at lo / (1 + RETRY) are
     tried there, and the search ends when they fail too); each later one at the midpoint of the proven and the
-    unproven; after each, its prices are tried further up by bisection."""
+    unproven; after each, its prices are tried further up by bisection. `per_pipe`: the one-stage heavy row counted
+    once per pipeline (decision 150), else once per micro-batch as for other classes."""
     if sb.final is not None or not hi > lo:
         return lo
     a, b = lo, hi  # a: proven (or lo); b: not proven
     T = min(hi, lo * (1 + MIN_GAIN))
     for it in range(solves):
-        out = lp_prices(T, sb, nb)
-        proven = _fits_nowhere(T, sb) if out is None else (out[0] > 0 and certified(T, sb, out[1], out[2]))
+        out = lp_prices(T, sb, nb, per_pipe)
+        proven = _fits_nowhere(T, sb) if out is None else (out[0] > 0 and certified(T, sb, out[1], out[2], per_pipe))
         if not proven and it == 0:
             # the LP's lengths are rounded down, so it can be feasible just above a good lo while the prices of an
             # LP further down still certify the exact lengths above lo (decision 102): one more LP at lo / 1.02
-            low = lp_prices(lo / (1 + RETRY), sb, nb)
-            if low is not None and low[0] > 0 and certified(T, sb, low[1], low[2]):
+            low = lp_prices(lo / (1 + RETRY), sb, nb, per_pipe)
+            if low is not None and low[0] > 0 and certified(T, sb, low[1], low[2], per_pipe):
                 out, proven = low, True
         if not proven:
             if a == lo:
@@ -177,7 +181,7 @@ def lp_bound(sb: StrategyBound, lo: float, hi: float, solves: int = LP_SOLVES, n
                 hi_c = b
                 for _ in range(CHECKS):
                     m = 0.5 * (a + hi_c)
-                    if certified(m, sb, out[1], out[2]):
+                    if certified(m, sb, out[1], out[2], per_pipe):
                         a = m
                     else:
                         hi_c = m
@@ -222,7 +226,11 @@ def prove_selection(lengths, profiles: Sequence[StrategyProfile], sel: StepSelec
         if b * (1 + config.mode_gap) < min(lb, est) and int(l_.max()) <= profiles[i].max_len:
             p = profiles[i]
             sb = StrategyBound(l_, p.pipes, grouped=p.grouped, arrays=p.class_arrays, prep=prep)
-            b = max(b, lp_bound(sb, b, min(lb, est), solves))
+            top = min(lb, est)
+            lpb = lp_bound(sb, b, top, solves)
+            if not np.all(sb.ca.P - 1.0 > 0):  # a one-stage class: the per-micro-batch rows' search too (decision 150)
+                lpb = max(lpb, lp_bound(sb, b, top, solves, per_pipe=False))
+            b = max(b, lpb)
             if milp_s > 0 and b * (1 + config.mode_gap) < min(lb, est):
                 b = max(b, milp_bound(l_, p.pipes, b, min(lb, est), milp_s))
             if forced_s > 0 and b * (1 + config.mode_gap) < min(lb, est):
