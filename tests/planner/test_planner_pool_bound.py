@@ -133,17 +133,21 @@ def test_prove_selection_pool_iters_only_raise_the_bound_and_bad_values_are_refu
 
 def test_prove_selection_with_more_pool_iters_stays_under_the_exact_optimum():
     # 8 documents on three one-stage pipelines, brute-forced over every dispatch and packing
-    # (test_planner_pool_counts.plan_opt): the bound with 8 halvings is >= the one with 0 (and higher on these
-    # seeds) and <= the least step time of any plan, which is <= the plan's estimate
+    # (test_planner_pool_counts.plan_opt): the bound with 8 halvings is >= the one with 0 (and higher on one of
+    # these seeds; on seed 1 decision 150's LP row already proves more than the pooled MILP can add) and <= the
+    # least step time of any plan, which is <= the plan's estimate
     from test_planner_pool_counts import plan_opt
 
     from tidal.planner.select import select_step
     from tidal.proof.lp import prove_selection
 
+    gains = 0
     for seed in (1, 5):
         pipes, lengths, prof = _iters_step([4, 0, 0], 8, seed)
         sel = select_step(lengths, prof)
         opt = plan_opt(lengths, pipes)
         lo, hi = (prove_selection(lengths, prof, sel, pool_s=20.0, pool_counts=True, pool_iters=n).plan.lower_bound
                   for n in (0, 8))
-        assert lo < hi <= opt * (1 + 1e-9) and opt <= sel.plan.est_step_time * (1 + 1e-9)
+        assert lo <= hi <= opt * (1 + 1e-9) and opt <= sel.plan.est_step_time * (1 + 1e-9)
+        gains += hi > lo
+    assert gains >= 1
