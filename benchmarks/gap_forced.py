@@ -34,43 +34,78 @@ from tidal.planner.select import select_step
 RULES = ("bf", "mc", "wf", "ff")
 
 
+def lpt_fill(rest: np.ndarray, l_: np.ndarray, M: np.ndarray, c: np.ndarray, coef: np.ndarray, tok: np.ndarray,
+             w: np.ndarray, owner: np.ndarray) -> None:
+    """Step 2: each document of `rest` (longest first) onto the pipeline whose relaxed time after it is least (the
+    first such; MaxLen kept); updates tok, w and owner in place. Plain Python here, compiled by `_compiled`."""
+    for i in rest:
+        x = l_[i]
+        fx = float(x)
+        best, bj = np.inf, -1
+        for j in range(M.size):
+            if M[j] < x:
+                continue
+            t = max(1, -(-(tok[j] + x) // M[j])) * c[j] + w[j] + (coef[j, 0] * (fx * fx) + coef[j, 1] * fx + coef[j, 2])
+            if t < best:
+                best, bj = t, j
+        owner[i] = bj
+        tok[bj] += x
+        w[bj] += coef[bj, 0] * (fx * fx) + coef[bj, 1] * fx + coef[bj, 2]
+
+
+def _compiled():
+    from tidal.planner.kernels import AVAILABLE, njit
+    return njit(cache=False)(lpt_fill) if AVAILABLE else lpt_fill
+
+
+FILL = _compiled()  # numba compiles it on its first call
+
+
 def forced_first(l_: np.ndarray, pipes, T: float, rule: str, forced_only: bool = False) -> list[list[int]] | None:
     """The dispatch at target T (groups of document indices per pipeline), or None when some forced document fits no
-    pipeline within T; `forced_only`: the forced documents' packing alone (the others not placed)."""
-    M = np.array([p.max_len for p in pipes])
+    pipeline within T; `forced_only`: the forced documents' packing alone (the others not placed). Only the forced
+    documents are priced on every pipeline (the fit test is per kind); the fill is compiled where numba is."""
+    M = np.array([p.max_len for p in pipes], dtype=np.int64)
     c = np.array([p.c for p in pipes])
     coef = np.array([[p.a, p.b, p.d] for p in pipes])
     order = np.argsort(-l_, kind="stable")
     x_ = l_[order].astype(np.float64)
-    wall = coef[None, :, 0] * x_[:, None] ** 2 + coef[None, :, 1] * x_[:, None] + coef[None, :, 2]
-    fits = (x_[:, None] <= M[None, :]) & (c[None, :] + wall <= T)
-    nf = int(np.count_nonzero(~fits.all(axis=1)))  # forced: the longest documents (work grows with length)
+    kinds = list(dict.fromkeys(pipes))
+    fits_k = np.ones(l_.size, dtype=bool)
+    for p in kinds:
+        fits_k &= (x_ <= p.max_len) & (p.c + (p.a * (x_ * x_) + p.b * x_ + p.d) <= T)
+    nf = int(np.count_nonzero(~fits_k))  # forced: the longest documents (work grows with length)
+    xf = x_[:nf, None]
+    wall = coef[None, :, 0] * (xf * xf) + coef[None, :, 1] * xf + coef[None, :, 2]
+    fits = (xf <= M[None, :]) & (c[None, :] + wall <= T)
     tok = np.zeros(len(pipes), dtype=np.int64)
     w = np.zeros(len(pipes))
-    groups: list[list[int]] = [[] for _ in pipes]
+    owner = np.full(l_.size, -1, dtype=np.int64)
     seq = sorted(range(nf), key=lambda r: (int(fits[r].sum()), r)) if rule == "mc" else range(nf)
-    for r in list(seq) + ([] if forced_only else list(range(nf, l_.size))):
+    for r in seq:
         i, x = int(order[r]), int(x_[r])
         after = np.maximum(1, -(-(tok + x) // M)) * c + w + wall[r]
-        if r < nf:
-            ok = (x <= M) & (after <= T)
-            if not ok.any():
-                return None
-            slack = np.where(ok, T - after, np.nan)
-            if rule in ("bf", "mc"):
-                j = int(np.nanargmin(slack))
-            elif rule == "wf":
-                j = int(np.nanargmax(slack))
-            else:
-                cur = T - (np.where(tok > 0, np.maximum(1, -(-tok // M)) * c, 0.0) + w)
-                cand = np.flatnonzero(ok)
-                j = int(cand[np.argsort(-cur[cand], kind="stable")[0]])
+        ok = (x <= M) & (after <= T)
+        if not ok.any():
+            return None
+        slack = np.where(ok, T - after, np.nan)
+        if rule in ("bf", "mc"):
+            j = int(np.nanargmin(slack))
+        elif rule == "wf":
+            j = int(np.nanargmax(slack))
         else:
-            after[x > M] = np.inf
-            j = int(np.argmin(after))
-        groups[j].append(i)
+            cur = T - (np.where(tok > 0, np.maximum(1, -(-tok // M)) * c, 0.0) + w)
+            cand = np.flatnonzero(ok)
+            j = int(cand[np.argsort(-cur[cand], kind="stable")[0]])
+        owner[i] = j
         tok[j] += x
         w[j] += wall[r, j]
+    if not forced_only:
+        FILL(order[nf:].astype(np.int64), l_.astype(np.int64), M, c, coef, tok, w, owner)
+    groups: list[list[int]] = [[] for _ in pipes]
+    for i in order:
+        if owner[i] >= 0:
+            groups[int(owner[i])].append(int(i))
     return groups
 
 

@@ -46,3 +46,22 @@ def test_forced_first_refuses_a_target_under_the_longest_document():
     alone = PIPES[0].c + PIPES[0].w1(5000.0)
     assert forced_first(l_, PIPES, alone * 1.01, "bf") is not None
     assert forced_first(l_, PIPES, alone * 0.99, "bf") is None
+
+
+def test_the_compiled_fill_matches_the_python_one():
+    from gap_forced import FILL, lpt_fill
+
+    rng = np.random.default_rng(3)
+    l_ = rng.integers(1, 7000, 400).astype(np.int64)
+    M = np.array([p.max_len for p in PIPES], dtype=np.int64)
+    c = np.array([p.c for p in PIPES])
+    coef = np.array([[p.a, p.b, p.d] for p in PIPES])
+    rest = np.argsort(-l_, kind="stable").astype(np.int64)
+    outs = []
+    for f in (FILL, lpt_fill):
+        tok, w, owner = np.zeros(M.size, dtype=np.int64), np.zeros(M.size), np.full(l_.size, -1, dtype=np.int64)
+        f(rest, l_, M, c, coef, tok, w, owner)
+        outs.append((owner, tok, w))
+    assert (outs[0][0] >= 0).all() and all(M[outs[0][0]] >= l_)
+    assert np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])
+    assert np.array_equal(outs[0][2], outs[1][2])
