@@ -25,6 +25,8 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
     (["gap_search.py", "--model", "nope"], "unknown model preset 'nope'"),
     (["gap_search.py", "--min-gap", "-0.01"], "--min-gap must be >= 0"),
     (["gap_trim.py", "--excess", "0"], "--excess in (0, 1]"),
+    (["gap_forced.py", "--rules", "bf,nope"], "--rules must name some of bf, mc, wf, ff"),
+    (["gap_forced.py", "--step", "0"], "--step > 0"),
 ])
 def test_proof_benchmarks_refuse_bad_arguments_in_one_line(argv, says):
     r = subprocess.run([sys.executable, *argv], cwd=BENCH, capture_output=True, text=True, timeout=120)
