@@ -1,7 +1,7 @@
 """proof.forced (decision 145): the forced-document MILP never proves a T that some whole-document dispatch meets (brute
 force over every dispatch of tiny steps, identical pipelines included so that slots occur), never says more than the
-exact MILP (proof.milp) on a step too large for brute force, and in prove_selection keeps the plan and stays
-under it."""
+exact MILP (proof.milp) on a step too large for brute force; in prove_selection it keeps the plan and stays under it
+(test_planner_pool_bound.test_prove_selection_with_a_milp_keeps_the_plan_and_stays_under_it[forced])."""
 
 import numpy as np
 import pytest
@@ -78,24 +78,3 @@ def test_forced_solution_places_each_forced_document_once_and_feasible_on_a_real
     # far below the longest document's time on its fastest pipeline nothing fits: infeasible without a solve
     assert forced_feasible(lengths, pipes, kinds[0].c + kinds[0].w1(float(lengths.max())) * 0.5) == "infeasible"
 
-
-def test_prove_selection_with_forced_keeps_the_plan_and_stays_under_it():
-    # decision 108's step (seven documents of 22.5k-29.4k tokens on four identical one-stage pipelines) with two
-    # tp1-like pipelines beside them that none of the long documents fits (pool.py's test): those seven are forced, so
-    # the forced MILP proves more than the LP, never more than the plan, and the plan is unchanged
-    from test_planner_modes import _profile
-
-    from tidal.planner.select import select_step
-    from tidal.proof.lp import prove_selection
-
-    p = PipeCost(2.5353846153846154e-10, 1.5593532528484408e-05, 0.06944, 1, 176195)
-    q = PipeCost(3.5347692307692307e-09, 0.00018047671657781997, 0.04768, 1, 8361)
-    lengths = np.array([25515, 2473, 4899, 6663, 221, 329, 1778, 29404, 29403, 23782, 22501, 22500, 22500, 3294, 4149])
-    prof = [_profile([p] * 4 + [q] * 2)]
-    sel = select_step(lengths, prof)
-    lp = prove_selection(lengths, prof, sel)
-    fo = prove_selection(lengths, prof, sel, forced_s=10.0)
-    est = sel.plan.est_step_time
-    assert lp.plan.lower_bound < est / 1.03
-    assert lp.plan.lower_bound * 1.02 < fo.plan.lower_bound <= est
-    assert fo.plan.to_dict(timings=False)["pipelines"] == sel.plan.to_dict(timings=False)["pipelines"]

@@ -75,10 +75,12 @@ def test_pool_feasible_at_a_generous_time_on_a_realistic_step():
     assert pool_feasible(lengths, pipes, T, time_limit=30.0) == "feasible"
 
 
-def test_prove_selection_with_the_pool_keeps_the_plan_and_stays_under_it():
+@pytest.mark.parametrize("milp", [{"pool_s": 10.0}, {"forced_s": 10.0}], ids=["pooled", "forced"])
+def test_prove_selection_with_a_milp_keeps_the_plan_and_stays_under_it(milp):
     # decision 108's step (seven documents of 22.5k-29.4k tokens on four identical one-stage pipelines) with two
     # tp1-like pipelines beside them that none of the long documents fits: those seven must stay whole, so the pooled
-    # MILP proves more than the LP, never more than the plan, and the plan is unchanged
+    # MILP (decision 118) and the forced-document MILP (decision 145: the seven are forced) prove more than the LP,
+    # never more than the plan, and the plan is unchanged
     from test_planner_modes import _profile
 
     from tidal.planner.select import select_step
@@ -90,11 +92,11 @@ def test_prove_selection_with_the_pool_keeps_the_plan_and_stays_under_it():
     prof = [_profile([p] * 4 + [q] * 2)]
     sel = select_step(lengths, prof)
     lp = prove_selection(lengths, prof, sel)
-    pool = prove_selection(lengths, prof, sel, pool_s=10.0)
+    got = prove_selection(lengths, prof, sel, **milp)
     est = sel.plan.est_step_time
     assert lp.plan.lower_bound < est / 1.03
-    assert lp.plan.lower_bound * 1.02 < pool.plan.lower_bound <= est
-    assert pool.plan.to_dict(timings=False)["pipelines"] == sel.plan.to_dict(timings=False)["pipelines"]
+    assert lp.plan.lower_bound * 1.02 < got.plan.lower_bound <= est
+    assert got.plan.to_dict(timings=False)["pipelines"] == sel.plan.to_dict(timings=False)["pipelines"]
 
 
 

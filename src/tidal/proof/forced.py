@@ -33,7 +33,7 @@ import numpy as np
 from tidal.planner.bounds import PipeCost
 from tidal.planner.exact import MilpRows
 from tidal.proof.milp import pipe_modes
-from tidal.proof.pool import NB, length_buckets
+from tidal.proof.pool import NB, Columns, length_buckets
 
 
 def forced_feasible(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_limit: float = 30.0,
@@ -66,17 +66,7 @@ def forced_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_
         return "infeasible", None  # some document fits no pipeline at T
     nbig = int(np.count_nonzero(~fits.all(axis=1)))
     rows = MilpRows()
-    ncol = 0
-    integ: list[int] = []
-    ub: list[float] = []
-
-    def cols(k: int, integer: int, upper: float) -> list[int]:
-        nonlocal ncol
-        out = list(range(ncol, ncol + k))
-        ncol += k
-        integ.extend([integer] * k)
-        ub.extend([upper] * k)
-        return out
+    cols = Columns()
 
     on: list[list[int]] = [[] for _ in range(nbig)]
     slots = []  # (kind index, [(column, position)])
@@ -117,9 +107,10 @@ def forced_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_
     for ki, p in enumerate(ks):
         if work[ki]:
             rows.add(work[ki], -np.inf, count[p] * cap[ki])
-    if ncol == 0:
+    if cols.n == 0:
         return "feasible", None
-    x = rows.solve(np.zeros(ncol), np.array(integ), np.zeros(ncol), np.array(ub), time_limit, status=True)
+    x = rows.solve(np.zeros(cols.n), np.array(cols.integ), np.zeros(cols.n), np.array(cols.ub), time_limit,
+                   status=True)
     if isinstance(x, str):
         return "infeasible", None
     if x is None:

@@ -59,6 +59,23 @@ NB = 16  # geometric length buckets of the short documents (plus an edge at ever
 COUNTS = ((2, 1), (3, 2))  # (f, k): documents longer than MaxLen / f, at most k per micro-batch (`counts`)
 
 
+class Columns:
+    """A MILP's columns as they are added (pool.py's and forced.py's models): `cols(k, integer, upper)` returns k new
+    column indices, each integral (1) or not (0), in [0, upper]; `n`, `integ` and `ub` for the solve."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.integ: list[int] = []
+        self.ub: list[float] = []
+
+    def __call__(self, k: int, integer: int, upper: float) -> list[int]:
+        out = list(range(self.n, self.n + k))
+        self.n += k
+        self.integ.extend([integer] * k)
+        self.ub.extend([upper] * k)
+        return out
+
+
 def length_buckets(short: np.ndarray, edges_extra: Sequence[int], nb: int) -> list[np.ndarray]:
     """The positions in `short` (lengths, descending) of each bucket: split at nb geometric edges and at
     `edges_extra` (a bucket never straddles one)."""
@@ -116,17 +133,7 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
     nbig = min(n, must + max(0, extra)) if whole is None else min(n, whole)
     s = float(l_[0])  # length unit
     rows = MilpRows()
-    ncol = 0
-    integ: list[int] = []
-    ub: list[float] = []
-
-    def cols(k: int, integer: int, upper: float) -> list[int]:
-        nonlocal ncol
-        out = list(range(ncol, ncol + k))
-        ncol += k
-        integ.extend([integer] * k)
-        ub.extend([upper] * k)
-        return out
+    cols = Columns()
 
     tv = None if tvar is None else TVar(rows, cols, float(tvar[0]), T)
 
@@ -262,10 +269,11 @@ def pool_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_li
         for big, per in _bigs(counts, p, [(nc, lmins[b]) for b, nc, _, _ in fl]):
             rows.add([(c, 1.0) for c in big] + [(mc, -per * v)], -np.inf, 0.0)
     if tv is None:
-        x = rows.solve(np.zeros(ncol), np.array(integ), np.zeros(ncol), np.array(ub), time_limit, status=True)
+        x = rows.solve(np.zeros(cols.n), np.array(cols.integ), np.zeros(cols.n), np.array(cols.ub), time_limit,
+                       status=True)
         extra_out: dict = {}
     else:
-        x, extra_out = tv.solve(ncol, integ, ub, time_limit)
+        x, extra_out = tv.solve(cols.n, cols.integ, cols.ub, time_limit)
     if isinstance(x, str):
         return "infeasible", None
     if x is None:
