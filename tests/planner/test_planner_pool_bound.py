@@ -131,6 +131,10 @@ def test_prove_selection_pool_iters_only_raise_the_bound_and_bad_values_are_refu
     for bad in (-1, 2.5, True, "4"):
         with pytest.raises(TidalError, match="pool_iters"):
             prove_selection(lengths, prof, sel, pool_s=20.0, pool_iters=bad)
+    for name in ("milp_s", "pool_s", "forced_s"):  # seconds per solve: a number >= 0, one line otherwise
+        for bad in (-1.0, float("nan"), True, "10"):
+            with pytest.raises(TidalError, match=f"{name} must be seconds"):
+                prove_selection(lengths, prof, sel, **{name: bad})
 
 
 def test_prove_selection_with_more_pool_iters_stays_under_the_exact_optimum():

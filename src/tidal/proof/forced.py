@@ -32,7 +32,7 @@ import numpy as np
 
 from tidal.planner.bounds import PipeCost
 from tidal.planner.exact import MilpRows
-from tidal.proof.milp import pipe_modes
+from tidal.proof.milp import bisect_infeasible, pipe_modes
 from tidal.proof.pool import NB, Columns, length_buckets
 
 
@@ -122,19 +122,8 @@ def forced_solve(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, time_
 def forced_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], lo: float, hi: float, time_limit: float = 10.0,
                  iters: int = 4, gap: float = 1e-3, nb: int = NB) -> float:
     """The largest T in (lo, hi) at which forced_feasible answers "infeasible", times (1 - 1e-6), or lo: first at
-    hi / (1 + gap), then `iters` bisection steps between lo and it (pool.pool_bound's search)."""
-    if not hi > lo or int(np.asarray(lengths).size) == 0:
+    hi / (1 + gap), then `iters` bisection steps between lo and it (milp.bisect_infeasible)."""
+    if int(np.asarray(lengths).size) == 0:
         return lo
-    T = hi / (1 + gap)
-    if lo >= T:
-        return lo
-    if forced_feasible(lengths, pipes, T, time_limit, nb) == "infeasible":
-        return T * (1 - 1e-6)
-    a, b = lo, T
-    for _ in range(iters):
-        m = 0.5 * (a + b)
-        if forced_feasible(lengths, pipes, m, time_limit, nb) == "infeasible":
-            a = m
-        else:
-            b = m
-    return a * (1 - 1e-6) if a > lo else lo
+    return bisect_infeasible(lambda T: forced_feasible(lengths, pipes, T, time_limit, nb) == "infeasible",
+                             lo, hi, iters, gap)[0]

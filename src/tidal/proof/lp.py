@@ -210,6 +210,9 @@ def prove_selection(lengths, profiles: Sequence[StrategyProfile], sel: StepSelec
     145), `forced_s` seconds per solve, `pool_iters` halvings, with the same two caveats."""
     if isinstance(pool_iters, bool) or not isinstance(pool_iters, (int, np.integer)) or pool_iters < 0:
         raise TidalError(f"prove_selection: pool_iters must be an integer >= 0, got {pool_iters!r}")
+    for name, v in (("milp_s", milp_s), ("pool_s", pool_s), ("forced_s", forced_s)):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not v >= 0:
+            raise TidalError(f"prove_selection: {name} must be seconds >= 0 (0: off), got {v!r}")
     l_ = check_lengths(lengths)
     if len(sel.strategies) != len(profiles):
         raise TidalError(f"prove_selection: the selection reports {len(sel.strategies)} candidates, "
@@ -231,16 +234,15 @@ def prove_selection(lengths, profiles: Sequence[StrategyProfile], sel: StepSelec
             if not np.all(sb.ca.P - 1.0 > 0):  # a one-stage class: the per-micro-batch rows' search too (decision 150)
                 lpb = max(lpb, lp_bound(sb, b, top, solves, per_pipe=False))
             b = max(b, lpb)
-            if milp_s > 0 and b * (1 + config.mode_gap) < min(lb, est):
-                b = max(b, milp_bound(l_, p.pipes, b, min(lb, est), milp_s))
-            if forced_s > 0 and b * (1 + config.mode_gap) < min(lb, est):
-                b = max(b, forced_bound(l_, p.pipes, b, min(lb, est), forced_s, int(pool_iters)))
-            if pool_s > 0 and b * (1 + config.mode_gap) < min(lb, est):
-                b = max(b, pool_bound(l_, p.pipes, b, min(lb, est), pool_s, int(pool_iters), counts=pool_counts,
+            if milp_s > 0 and b * (1 + config.mode_gap) < top:
+                b = max(b, milp_bound(l_, p.pipes, b, top, milp_s))
+            if forced_s > 0 and b * (1 + config.mode_gap) < top:
+                b = max(b, forced_bound(l_, p.pipes, b, top, forced_s, int(pool_iters)))
+            if pool_s > 0 and b * (1 + config.mode_gap) < top:
+                b = max(b, pool_bound(l_, p.pipes, b, top, pool_s, int(pool_iters), counts=pool_counts,
                                       compact=pool_counts))
-            if pool_s > 0 and pool_counts and b * (1 + config.mode_gap) < min(lb, est):
-                b = max(b, pool_bound(l_, p.pipes, b, min(lb, est), pool_s, int(pool_iters), counts=True,
-                                      compact=False))
+            if pool_s > 0 and pool_counts and b * (1 + config.mode_gap) < top:
+                b = max(b, pool_bound(l_, p.pipes, b, top, pool_s, int(pool_iters), counts=True, compact=False))
             reports[i] = replace(reports[i], lower_bound=b)
         lb = min(lb, b)
     lb = max(lb, sel.plan.lower_bound)

@@ -5,7 +5,7 @@ planning (`tidal.proof.lp.prove_selection(milp_s=...)`, benchmarks/gap_exact.py)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -93,6 +93,26 @@ def dispatch_feasible(lengths: np.ndarray, pipes: Sequence[PipeCost], T: float, 
     return "feasible", tuple(tuple(sorted(g)) for g in groups)
 
 
+def bisect_infeasible(infeasible: Callable[[float], bool], lo: float, hi: float, iters: int = 4,
+                      gap: float = 1e-3) -> tuple[float, float, float]:
+    """The MILP bounds' one search (milp_bound, pool.pool_bound, forced.forced_bound): `infeasible(T)` first at
+    hi / (1 + gap), then `iters` bisection steps between lo and it. Returns (bound, a, b): bound = the largest T found
+    infeasible times (1 - 1e-6) (HiGHS' tolerances), or lo; [a, b] = [proven (or lo), first not proven]."""
+    T = hi / (1 + gap)
+    if not hi > lo or lo >= T:
+        return lo, lo, hi
+    if infeasible(T):
+        return T * (1 - 1e-6), T, hi
+    a, b = lo, T  # a: proven (or lo); b: not proven
+    for _ in range(iters):
+        m = 0.5 * (a + b)
+        if infeasible(m):
+            a = m
+        else:
+            b = m
+    return (a * (1 - 1e-6) if a > lo else lo), a, b
+
+
 def milp_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], lo: float, hi: float, time_limit: float = 5.0,
                iters: int = 4, gap: float = 1e-3, max_pairs: int = 5000) -> float:
     """The largest T in (lo, hi) at which dispatch_feasible proves that no whole-document dispatch fits, times
@@ -100,18 +120,7 @@ def milp_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], lo: float, hi: fl
     between lo and it, each MILP within `time_limit` seconds (a timed-out one proves nothing). Skipped (lo) when
     documents x pipelines exceeds `max_pairs`: the MILP is for steps of a few documents per pipeline."""
     n = int(np.asarray(lengths).size)
-    if not hi > lo or n == 0 or n * len(pipes) > max_pairs:
+    if n == 0 or n * len(pipes) > max_pairs:
         return lo
-    T = hi / (1 + gap)
-    if lo >= T:
-        return lo
-    if dispatch_feasible(lengths, pipes, T, time_limit)[0] == "infeasible":
-        return T * (1 - 1e-6)
-    a, b = lo, T  # a: proven (or lo); b: not proven
-    for _ in range(iters):
-        m = 0.5 * (a + b)
-        if dispatch_feasible(lengths, pipes, m, time_limit)[0] == "infeasible":
-            a = m
-        else:
-            b = m
-    return a * (1 - 1e-6) if a > lo else lo
+    return bisect_infeasible(lambda T: dispatch_feasible(lengths, pipes, T, time_limit)[0] == "infeasible",
+                             lo, hi, iters, gap)[0]

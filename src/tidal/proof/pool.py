@@ -53,7 +53,7 @@ from scipy.sparse import coo_array
 
 from tidal.planner.bounds import PipeCost
 from tidal.planner.exact import MilpRows
-from tidal.proof.milp import pipe_modes
+from tidal.proof.milp import bisect_infeasible, pipe_modes
 
 NB = 16  # geometric length buckets of the short documents (plus an edge at every kind's MaxLen)
 COUNTS = ((2, 1), (3, 2))  # (f, k): documents longer than MaxLen / f, at most k per micro-batch (`counts`)
@@ -327,24 +327,14 @@ def pool_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], lo: float, hi: fl
                iters: int = 4, gap: float = 1e-3, extra: int = 0, nb: int = NB, whole: int | None = None,
                counts: bool = False, compact: bool = False, finish: bool = False) -> float:
     """The largest T in (lo, hi) at which pool_feasible answers "infeasible", times (1 - 1e-6), or lo: first at
-    hi / (1 + gap), then `iters` bisection steps between lo and it (milp.milp_bound's search). `finish`: then one
+    hi / (1 + gap), then `iters` bisection steps between lo and it (milp.bisect_infeasible). `finish`: then one
     min-T solve (pool_min_bound) on the interval the search leaves, [proven, first not proven] (decision 128)."""
-    if not hi > lo or int(np.asarray(lengths).size) == 0:
+    if int(np.asarray(lengths).size) == 0:
         return lo
-    T = hi / (1 + gap)
-    if lo >= T:
-        return lo
-    if pool_feasible(lengths, pipes, T, time_limit, extra, nb, whole, counts, compact) == "infeasible":
-        return T * (1 - 1e-6)
-    a, b = lo, T
-    for _ in range(iters):
-        m = 0.5 * (a + b)
-        if pool_feasible(lengths, pipes, m, time_limit, extra, nb, whole, counts, compact) == "infeasible":
-            a = m
-        else:
-            b = m
-    out = a * (1 - 1e-6) if a > lo else lo
-    if finish:  # no dispatch meets a (or lo): the min-T model may start there
+    out, a, b = bisect_infeasible(
+        lambda t: pool_feasible(lengths, pipes, t, time_limit, extra, nb, whole, counts, compact) == "infeasible",
+        lo, hi, iters, gap)
+    if finish and b < hi:  # searched, and no dispatch meets a (or lo): the min-T model may start there
         out = max(out, pool_min_bound(lengths, pipes, a, b, time_limit, extra, nb, whole, counts, compact))
     return out
 
