@@ -3,6 +3,7 @@
     python benchmarks/plan_fingerprint.py --out before.json [--no-numba] [--steps 8]
     python benchmarks/plan_fingerprint.py --out after.json
     python benchmarks/plan_fingerprint.py --compare before.json after.json
+    python benchmarks/plan_fingerprint.py --cands proposal --cells llama2-7b:a800x1024:github --steps 3 --out p.json
 
 Each record is one seeded step of one grid cell (hand candidates; the same cells as decision 89's check:
 llama2-13b a800x16 commoncrawl, llama2-7b a800x64 flanv2, llama-32b a800x256 github, plus llama2-7b a800x16 heavytail
@@ -26,7 +27,8 @@ CELLS = (("llama2-13b", "a800x16", "commoncrawl"), ("llama2-7b", "a800x64", "fla
          ("llama2-7b", "a800x16", "stdlib"))
 
 
-def fingerprints(steps: int, seeds: list[int], bound: bool = True) -> dict[str, str]:
+def fingerprints(steps: int, seeds: list[int], bound: bool = True, cands: str = "hand",
+                 cells: tuple = CELLS) -> dict[str, str]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from planner_grid import MAX_LEN, TOKENS, Grid
 
@@ -37,8 +39,8 @@ def fingerprints(steps: int, seeds: list[int], bound: bool = True) -> dict[str, 
     out: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         grid = Grid(Path(tmp))
-        for model, cluster, source in CELLS:
-            _, profs, _ = grid.candidates(model, cluster, "hand", source)
+        for model, cluster, source in cells:
+            _, profs, _ = grid.candidates(model, cluster, cands, source)
             tokens = TOKENS[get_cluster(cluster).num_devices]
             for seed in seeds:
                 sts = sample_steps(grid.specs[source], seed=seed, tokens_per_step=tokens, max_len=MAX_LEN,
@@ -49,7 +51,8 @@ def fingerprints(steps: int, seeds: list[int], bound: bool = True) -> dict[str, 
                     if not bound:
                         d.pop("lower_bound")
                     blob = json.dumps(d, sort_keys=True).encode()
-                    out[f"{model}/{cluster}/{source}/seed{seed}/step{k}"] = hashlib.sha256(blob).hexdigest()[:16]
+                    key = f"{model}/{cluster}/{cands}/{source}/seed{seed}/step{k}"
+                    out[key] = hashlib.sha256(blob).hexdigest()[:16]
     return out
 
 
@@ -62,6 +65,9 @@ def main() -> None:
     ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
     ap.add_argument("--no-bound", action="store_true", help="hash the plans without their lower bound (decision 102: "
                     "a change that only tightens the reported bound)")
+    ap.add_argument("--cands", choices=("hand", "proposal"), default="hand", help="candidate strategies (proposal: "
+                    "the strategy proposal's, as the grid's proposal cells)")
+    ap.add_argument("--cells", help="MODEL:CLUSTER:SOURCE,... instead of the five default cells")
     a = ap.parse_args()
     if a.compare:
         b, c = (json.loads(Path(p).read_text()) for p in a.compare)
@@ -72,7 +78,11 @@ def main() -> None:
         sys.exit(1 if diff else 0)
     if a.no_numba:
         sys.modules["numba"] = None  # type: ignore[assignment]
-    fp = fingerprints(a.steps, [int(s) for s in a.seeds.split(",")], bound=not a.no_bound)
+    cells = tuple(tuple(c.split(":")) for c in a.cells.split(",")) if a.cells else CELLS
+    if any(len(c) != 3 for c in cells):
+        sys.exit(f"--cells: expected MODEL:CLUSTER:SOURCE,..., got {a.cells!r}")
+    fp = fingerprints(a.steps, [int(s) for s in a.seeds.split(",")], bound=not a.no_bound, cands=a.cands,
+                      cells=cells)
     print(f"{len(fp)} records")
     if a.out:
         Path(a.out).write_text(json.dumps(fp, indent=0, sort_keys=True))
