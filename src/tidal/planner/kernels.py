@@ -484,16 +484,18 @@ def compile_loops(funcs: dict, module: dict, pipecost_names: tuple[str, ...] = (
     return types.SimpleNamespace(**{name: module[name] for name in funcs})
 
 
-# the dispatch's loops by the names their callers use: plain Python (the reference, and the fallback without numba)
-# and compiled (the same source)
+def modes(funcs: dict, env: dict, module: dict, pipecost_names: tuple[str, ...] = ()) -> tuple:
+    """A kernels*.py module's two modes of `funcs` and its pick: (PLAIN: plain(funcs, env), COMPILED:
+    compile_loops(funcs, module, pipecost_names), loops: a function returning COMPILED where numba is installed, else
+    PLAIN, the same source)."""
+    p, c = plain(funcs, env), compile_loops(funcs, module, pipecost_names)
+    return p, c, lambda: p if c is None else c
+
+
+# the dispatch's loops (greedy, local_search, pipe_loads) by the names their callers use: plain Python (the reference,
+# and the fallback without numba) and compiled (the same source)
 _DISPATCH = {"sift_down": sift_down, "sift_up": sift_up, "greedy": greedy, "ls_refresh": ls_refresh,
              "ls_move": ls_move, "pair_swap": pair_swap, "local_search": local_search, "pipe_loads": pipe_loads,
              "state_sums": state_sums}
-PLAIN = plain(_DISPATCH, {"np": np, "add_cost": add_cost, "cost1": cost1, "cost1_floor": cost1_floor})
-COMPILED = compile_loops(_DISPATCH, globals(), ("add_cost", "cost1", "cost1_floor"))
-
-
-def loops() -> types.SimpleNamespace:
-    """The dispatch's loops (greedy, local_search, pipe_loads): compiled where numba is installed, else plain Python
-    (the same source)."""
-    return COMPILED if COMPILED is not None else PLAIN
+PLAIN, COMPILED, loops = modes(_DISPATCH, {"np": np, "add_cost": add_cost, "cost1": cost1, "cost1_floor": cost1_floor},
+                               globals(), ("add_cost", "cost1", "cost1_floor"))

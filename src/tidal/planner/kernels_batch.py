@@ -10,12 +10,10 @@ Import this module lazily (importing numba takes a second).
 """
 from __future__ import annotations
 
-import types
-
 import numpy as np
 
 from tidal.planner import kernels_pack
-from tidal.planner.kernels import compile_loops, plain
+from tidal.planner.kernels import modes
 
 pack_core = kernels_pack.PLAIN.pack_core
 
@@ -172,13 +170,6 @@ def rebal_swap(t, w, l, j, ij, aj, fj, K, po, fk):
 
 _BATCH = {"pack_many": pack_many, "fit_first": fit_first, "_search": _search, "eject_pick": eject_pick,
           "rebal_move": rebal_move, "rebal_swap": rebal_swap}
-PLAIN = plain(_BATCH, {"np": np, "pack_core": kernels_pack.PLAIN.pack_core})
 if kernels_pack.COMPILED is not None:  # pack_many calls the compiled pack_core (bound before compiling)
     pack_core = kernels_pack.COMPILED.pack_core
-
-COMPILED = compile_loops(_BATCH, globals())
-
-
-def loops() -> types.SimpleNamespace:
-    """pack_many compiled where numba is installed, else plain Python (the same source)."""
-    return COMPILED if COMPILED is not None else PLAIN
+PLAIN, COMPILED, loops = modes(_BATCH, {"np": np, "pack_core": kernels_pack.PLAIN.pack_core}, globals())

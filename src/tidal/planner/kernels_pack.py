@@ -11,12 +11,10 @@ Import this module lazily (importing numba takes a second).
 """
 from __future__ import annotations
 
-import types
-
 import numpy as np
 
 from tidal.planner import kernels_sums
-from tidal.planner.kernels import compile_loops, plain
+from tidal.planner.kernels import modes
 from tidal.planner.kernels_sums import np_sum
 from tidal.planner.pipecost import best_v, bound_value, packed_value, pipe_value
 
@@ -462,17 +460,12 @@ def top_search(top, A, B, D, C, Q, M, cnt, limit):
     return best
 
 
-# the packer's loops by the names their callers use, plain and compiled
+# the packer's and the bounds' loops by the names their callers use, plain and compiled
 _PACK = {"lpt": lpt, "refine": refine, "ffd": ffd, "pack_score": pack_score, "pack_attempt": pack_attempt,
          "pack_search": pack_search, "pack_core": pack_core, "ts_expand": ts_expand, "top_search": top_search}
-PLAIN = plain(_PACK, {"np": np, "pipe_value": pipe_value, "packed_value": packed_value, "bound_value": bound_value,
-                      "best_v": best_v, "np_sum": kernels_sums.PLAIN.np_sum})
 if kernels_sums.COMPILED is not None:  # pack_core calls the compiled np_sum (bound before compiling, as pipecost's)
     np_sum = kernels_sums.COMPILED.np_sum
-
-COMPILED = compile_loops(_PACK, globals(), ("bound_value", "pipe_value", "packed_value", "best_v"))
-
-
-def loops() -> types.SimpleNamespace:
-    """The packer's and the bounds' loops: compiled where numba is installed, else plain Python (the same source)."""
-    return COMPILED if COMPILED is not None else PLAIN
+PLAIN, COMPILED, loops = modes(_PACK, {"np": np, "pipe_value": pipe_value, "packed_value": packed_value,
+                                       "bound_value": bound_value, "best_v": best_v,
+                                       "np_sum": kernels_sums.PLAIN.np_sum},
+                               globals(), ("bound_value", "pipe_value", "packed_value", "best_v"))

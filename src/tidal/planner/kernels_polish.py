@@ -8,11 +8,9 @@ the two modes float for float. Import this module lazily (importing numba takes 
 """
 from __future__ import annotations
 
-import types
-
 import numpy as np
 
-from tidal.planner.kernels import compile_loops, plain
+from tidal.planner.kernels import modes
 
 
 def polish_rounds(lf, A, B, C, D, Q1, M, n_mbs, flat, sizes, mb_pipe, doc_mb, alive, changed, target, rounds,
@@ -187,11 +185,4 @@ def polish_rounds(lf, A, B, C, D, Q1, M, n_mbs, flat, sizes, mb_pipe, doc_mb, al
     return -1
 
 
-_POLISH = {"polish_rounds": polish_rounds}
-PLAIN = plain(_POLISH, {"np": np})
-COMPILED = compile_loops(_POLISH, globals())
-
-
-def loops() -> types.SimpleNamespace:
-    """polish's rounds: compiled where numba is installed, else plain Python (the same source)."""
-    return COMPILED if COMPILED is not None else PLAIN
+PLAIN, COMPILED, loops = modes({"polish_rounds": polish_rounds}, {"np": np}, globals())

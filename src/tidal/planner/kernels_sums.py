@@ -10,11 +10,9 @@ Import this module lazily (importing numba takes a second).
 """
 from __future__ import annotations
 
-import types
-
 import numpy as np
 
-from tidal.planner.kernels import compile_loops, plain
+from tidal.planner.kernels import modes
 
 
 def np_sum_block(x, lo, n):
@@ -140,11 +138,4 @@ def pipe_reports(sub, mb_work, doc_end, mb_end, c):
 
 # the loops by the names their callers use, plain and compiled
 _SUMS = {"np_sum_block": np_sum_block, "np_sum": np_sum, "mb_works": mb_works, "pipe_reports": pipe_reports}
-PLAIN = plain(_SUMS, {"np": np})
-
-COMPILED = compile_loops(_SUMS, globals())
-
-
-def loops() -> types.SimpleNamespace:
-    """numpy's sums and the figures built on them: compiled where numba is installed, else plain Python."""
-    return COMPILED if COMPILED is not None else PLAIN
+PLAIN, COMPILED, loops = modes(_SUMS, {"np": np}, globals())
