@@ -214,40 +214,15 @@ def pack_search(l_, w, order, M, c, q, W, wmax, vmin, v_opt, v_hi, rounds):
     best_bins = ffd(l_, order, M)
     best = pack_score(best_bins, w, c, q)
     tried = np.full(n + 1, np.nan)
-    top = 0  # FFD's largest bin index
-    for i in range(n):
-        if best_bins[i] > top:
-            top = best_bins[i]
-    raw = np.array([vmin, v_opt - 1, v_opt, v_opt + 1, v_opt + 2, top + 1], np.int64)
-    cands = np.empty(6, np.int64)
-    nc = 0
-    for v in raw:
-        if vmin <= v <= v_hi:
-            dup = False
-            for t in range(nc):
-                dup = dup or cands[t] == v
-            if not dup:
-                cands[nc] = v
-                nc += 1
-    for a in range(1, nc):  # insertion sort by (bound, V)
-        t = a
-        while t > 0:
-            v0, v1 = cands[t - 1], cands[t]
-            b0, b1 = pipe_value(q, c, W, wmax, v0), pipe_value(q, c, W, wmax, v1)
-            if b1 < b0 or (b1 == b0 and v1 < v0):
-                cands[t - 1], cands[t] = v1, v0
-                t -= 1
-            else:
-                break
-    for t in range(nc):
-        _, best_bins, best = pack_attempt(cands[t], l_, w, order, M, c, q, W, wmax, vmin, rounds, tried, best_bins,
-                                         best, asc)
-    seen = np.zeros(n + 1, np.bool_)
-    v_best = 0
-    for i in range(n):
-        if not seen[best_bins[i]]:
-            seen[best_bins[i]] = True
-            v_best += 1
+    raw = np.unique(np.array([vmin, v_opt - 1, v_opt, v_opt + 1, v_opt + 2, best_bins.max() + 1], np.int64))
+    cands = raw[(raw >= vmin) & (raw <= v_hi)]
+    f = np.empty(cands.size)
+    for t in range(cands.size):
+        f[t] = pipe_value(q, c, W, wmax, cands[t])
+    for V in cands[np.argsort(f, kind="mergesort")]:  # by (bound, V): np.unique's ascending V, sorted stably
+        _, best_bins, best = pack_attempt(V, l_, w, order, M, c, q, W, wmax, vmin, rounds, tried, best_bins, best,
+                                         asc)
+    v_best = np.unique(best_bins).size  # the incumbent's micro-batch count
     for step in (1, -1):
         V = v_best + step
         while vmin <= V <= n:
