@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from tidal.planner.pipecost import pipe_coeffs
+from tidal.planner.repair import valid_bins
 
 EPS = 1e-12  # a move must lower the touched pipelines' max below T (1 - EPS): float noise is no gain
 
@@ -242,11 +243,7 @@ class Exchange:
         return made
 
     def valid(self) -> bool:
-        """Every document once, every micro-batch non-empty and within its MaxLen."""
-        ids = [i for bs in self.bins for b in bs for i in b]
-        seen = np.bincount(np.array(ids, dtype=np.int64), minlength=self.l.size) if ids else np.zeros(self.l.size)
-        fits = all(b and int(self.l[b].sum()) <= int(self.m[j]) for j, bs in enumerate(self.bins) for b in bs)
-        return fits and len(ids) == self.l.size and bool((seen == 1).all())
+        return valid_bins(self.l, self.m, self.bins)
 
 
 def exchange(l_: np.ndarray, pipes, bins, *, moves: int = 16, cands: int = 4, partners: int = 32, eject: int = 3,
