@@ -3,11 +3,8 @@
 The packer (packing.pack): LPT, the move/swap rounds, FFD, the search over micro-batch counts and `pack_core`, pack's
 whole heuristic path in one call (its sums are numpy's: kernels_sums.np_sum; decision 115). The bounds: the
 top-documents branch and bound (bounds.top_docs_bound: `top_search`, `ts_expand`); the mode bound's price search is in
-kernels_modes.py. They are their only implementation: `COMPILED` holds them compiled
-(numba.njit, cached on disk) where numba is installed, `PLAIN` holds the same functions as plain Python
-(kernels.plain), and `loops()` picks the first available. The tests run both on seeded inputs and compare them
-float for float.
-Import this module lazily (importing numba takes a second).
+kernels_modes.py. `COMPILED` / `PLAIN` / `loops()` as in kernels.py (kernels.modes); the tests run both on seeded
+inputs and compare them float for float. Import this module lazily (importing numba takes a second).
 """
 from __future__ import annotations
 
