@@ -411,7 +411,7 @@ def top_search(top, A, B, D, C, Q, M, cnt, limit):
         nodes += 1
         if nodes > limit:
             return -1.0
-        leaf = True
+        fno[t + 1] = 0  # a leaf or a pruned child has no options: the loop backs out of it, undoing this option
         if nc < best:
             if t + 1 == n:
                 best = nc
@@ -420,15 +420,7 @@ def top_search(top, A, B, D, C, Q, M, cnt, limit):
                                         fd, fw)
                 fpos[t + 1] = 0
                 fcur[t + 1] = nc
-                leaf = False
-        if leaf:  # undo this option; the loop tries the next one at depth t
-            if o >= 0:
-                oW[o], otok[o], owm[o], ocnt[o] = sW[t], stok[t], swm[t], scnt[t]
-            else:
-                n_o = sno[t]
-                used[k] -= 1
-        else:
-            t += 1
+        t += 1
     return best
 
 
