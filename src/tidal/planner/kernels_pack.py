@@ -235,11 +235,7 @@ def pack_core(l_, a, b, d, c, q, M, S, su):
     """packing.pack's heuristic path for n >= 2 sequences, from the lengths to the packing, in one call: the work
     w = a l^2 + b l + d per sequence, W (kernels_sums.np_sum: numpy's sum, the same float), w_max, V_min =
     ceil(S / M), the bound's minimiser (pipecost.best_v; 1: one micro-batch, optimal), the longest-first order, the V
-    range (su = S // UtilLen, computed by the caller) and pack_search; then packing.finish's layout: the
-    micro-batches by first (smallest) index, ascending indices within, and their time (pipecost.packed_value of the
-    per-micro-batch work sums, each np_sum of the micro-batch's works in index order; their total summed in
-    micro-batch order, as Python's sum does). Returns (indices grouped by micro-batch, each micro-batch's end in
-    them, est, the largest micro-batch's tokens)."""
+    range (su = S // UtilLen, computed by the caller) and pack_search; then `layout`. Returns layout's tuple."""
     n = l_.size
     w = np.empty(n)
     wmax = -np.inf
@@ -259,10 +255,18 @@ def pack_core(l_, a, b, d, c, q, M, S, su):
     v_util = min(n, max(vmin, su))
     v_hi = min(n, max(v_util, vo + 2))
     bins, _ = pack_search(l_, w, order, M, c, q, W, wmax, vmin, vo, v_hi, 20 + 2 * n)
-    nb = 0
-    for i in range(n):
-        if bins[i] + 1 > nb:
-            nb = bins[i] + 1
+    return layout(bins, l_, w, c, q)
+
+
+def layout(bins, l_, w, c, q):
+    """The packing whose sequence i (length l_[i], work w[i]) is in bin bins[i], laid out as every packer's
+    (packing.finish, pack_core): the micro-batches by first (smallest) index, ascending indices within, empty bins
+    dropped; and their time as packing.pipeline_time gives it (pipecost.packed_value of the per-micro-batch work sums,
+    each np_sum of the micro-batch's works in index order; their total summed in micro-batch order, as Python's sum
+    does). Returns (indices grouped by micro-batch, each micro-batch's end in them, est, the largest micro-batch's
+    tokens)."""
+    n = l_.size
+    nb = bins.max() + 1
     rank = np.full(nb, -1, np.int64)  # micro-batch rank by first index
     nr = 0
     for i in range(n):
@@ -426,7 +430,8 @@ def top_search(top, A, B, D, C, Q, M, cnt, limit):
 
 # the packer's and the bounds' loops by the names their callers use, plain and compiled
 _PACK = {"lpt": lpt, "refine": refine, "ffd": ffd, "pack_score": pack_score, "pack_attempt": pack_attempt,
-         "pack_search": pack_search, "pack_core": pack_core, "ts_expand": ts_expand, "top_search": top_search}
+         "pack_search": pack_search, "pack_core": pack_core, "layout": layout, "ts_expand": ts_expand,
+         "top_search": top_search}
 if kernels_sums.COMPILED is not None:  # pack_core calls the compiled np_sum (bound before compiling, as pipecost's)
     np_sum = kernels_sums.COMPILED.np_sum
 PLAIN, COMPILED, loops = modes(_PACK, {"np": np, "pipe_value": pipe_value, "packed_value": packed_value,
