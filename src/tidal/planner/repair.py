@@ -216,15 +216,6 @@ def valid_bins(l_: np.ndarray, max_lens, bins: list[list[list[int]]]) -> bool:
     return fits and len(ids) == l_.size and bool((seen == 1).all())
 
 
-def repackable(l_: np.ndarray, pipes, bins) -> list[int]:
-    """Pipelines of >= 2 micro-batches whose tokens fit one fewer (step 1's only candidates; no work computed)."""
-    out = []
-    for j, (p, bs) in enumerate(zip(pipes, bins)):
-        if len(bs) >= 2 and int(l_[[i for b in bs for i in b]].sum()) <= (len(bs) - 1) * p.max_len:
-            out.append(j)
-    return out
-
-
 def repair(l_: np.ndarray, pipes, bins, *, excess: float = 0.02, tries: int = 3, rounds: int = 3, drops: int = 1,
            moves: int = 64, partners: int = 3, deadline_ok=lambda: True) -> tuple[Repair | None, int, int, int]:
     """The module doc's repair of one plan (micro-batches of document ids per pipeline): (the Repair, or None when
@@ -232,8 +223,8 @@ def repair(l_: np.ndarray, pipes, bins, *, excess: float = 0.02, tries: int = 3,
     moves and swaps). `deadline_ok()`: checked between drop rounds and candidates."""
     bins = [[list(b) for b in bs if b] for bs in bins]
     repacked = 0
-    for j in repackable(l_, pipes, bins):
-        got = mbs_pack(l_, [i for b in bins[j] for i in b], pipes[j].max_len, len(bins[j]) - 1)
+    for j, (p, bs) in enumerate(zip(pipes, bins)):  # step 1: >= 2 micro-batches whose tokens fit one fewer
+        got = mbs_pack(l_, [i for b in bs for i in b], p.max_len, len(bs) - 1) if len(bs) >= 2 else None
         if got is not None:
             bins[j], repacked = got, repacked + 1
     if not repacked:
