@@ -13,6 +13,7 @@ Import this module lazily (importing numba takes about a second).
 """
 from __future__ import annotations
 
+import builtins
 import functools
 import math
 import types
@@ -446,8 +447,9 @@ def pipe_loads(A, B, C, D, Q1, M, R, Q, S, N, top1, G, load):
 def plain(funcs: dict, env: dict) -> types.SimpleNamespace:
     """The functions `funcs` ({name their callers use: function}) as plain Python, each calling the others by those
     names uncompiled, with `env` (modules and helpers) as their other globals: the one source run where numba is
-    absent, and by the tests where it is present (a value to pass, no module patching)."""
-    ns = dict(env)
+    absent, and by the tests where it is present (a value to pass, no module patching). The builtins go in too: a
+    numpy method that imports lazily (ndarray.max's first call) looks them up in its caller's globals."""
+    ns = {"__builtins__": builtins, **env}
     for name, f in funcs.items():
         ns[name] = types.FunctionType(f.__code__, ns, name, f.__defaults__)
     return types.SimpleNamespace(**{name: ns[name] for name in funcs})

@@ -129,12 +129,7 @@ def rebal_move(t, w, l, c, j, ij, aj, room, extra):
     with most room of another pipeline o: of max(t[j] without it, t[o] + extra[o] + w[o, i]) over the pairs where
     it fits, the least, the first in (o, position) order (numpy's argmin of that masked array, float for float):
     (value, o, position), or (inf, -1, -1)."""
-    top = 0
-    for x in range(aj.size):
-        top = max(top, aj[x])
-    cnt = np.zeros(top + 1, dtype=np.int64)  # documents per micro-batch
-    for x in range(aj.size):
-        cnt[aj[x]] += 1
+    cnt = np.bincount(aj)  # documents per micro-batch
     bv, bo, bx = np.inf, -1, -1
     for o in range(t.size):
         if o == j:

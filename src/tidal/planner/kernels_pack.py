@@ -152,20 +152,13 @@ def ffd(l_, order, M):
 
 def pack_score(bin_of, w, c, q):
     """(PP - 1 + used micro-batches) * (c + the slowest one's work), or their sum when PP = 1 (pipecost.packed_value,
-    decision 94); sums in index order."""
-    nb = 0
-    for i in range(bin_of.size):
-        if bin_of[i] + 1 > nb:
-            nb = bin_of[i] + 1
-    T = np.zeros(nb)
-    cnt = np.zeros(nb, np.int64)
-    for i in range(bin_of.size):
-        T[bin_of[i]] += w[i]
-        cnt[bin_of[i]] += 1
+    decision 94); sums in index order (np.bincount adds its weights one at a time in index order)."""
+    T = np.bincount(bin_of, weights=w)
+    cnt = np.bincount(bin_of)
     used = 0
     mx = -np.inf
     tot = 0.0
-    for k in range(nb):
+    for k in range(cnt.size):
         if cnt[k] > 0:
             used += 1
             tot += T[k]
