@@ -180,13 +180,10 @@ def pack_attempt(V, l_, w, order, M, c, q, W, wmax, vmin, rounds, tried, best_bi
     bin_of, ok = lpt(l_, w, order, V, M, c)
     val = np.inf
     if ok:
-        T = np.zeros(V)
+        T = np.bincount(bin_of, weights=w, minlength=V) + c  # work summed in index order, then c
         tok = np.zeros(V, np.int64)
         for i in range(l_.size):
-            T[bin_of[i]] += w[i]
             tok[bin_of[i]] += l_[i]
-        for k in range(V):
-            T[k] = T[k] + c
         refine(bin_of, l_, w, T, tok, V, M, rounds, 32, asc)
         val = pack_score(bin_of, w, c, q)
     tried[V] = val
@@ -258,44 +255,22 @@ def layout(bins, l_, w, c, q):
     each np_sum of the micro-batch's works in index order; their total summed in micro-batch order, as Python's sum
     does). Returns (indices grouped by micro-batch, each micro-batch's end in them, est, the largest micro-batch's
     tokens)."""
-    n = l_.size
-    nb = bins.max() + 1
-    rank = np.full(nb, -1, np.int64)  # micro-batch rank by first index
+    rank = np.full(bins.max() + 1, -1, np.int64)  # micro-batch rank by first index
     nr = 0
-    for i in range(n):
+    for i in range(l_.size):
         if rank[bins[i]] < 0:
             rank[bins[i]] = nr
             nr += 1
-    cnt = np.zeros(nr, np.int64)
-    tok = np.zeros(nr, np.int64)
-    for i in range(n):
-        cnt[rank[bins[i]]] += 1
-        tok[rank[bins[i]]] += l_[i]
-    ends = np.empty(nr, np.int64)
-    pos = np.empty(nr, np.int64)
-    e = 0
-    tmax = 0
-    for r in range(nr):
-        pos[r] = e
-        e += cnt[r]
-        ends[r] = e
-        if tok[r] > tmax:
-            tmax = tok[r]
-    ol = np.empty(n, np.int64)
-    wo = np.empty(n)
-    for i in range(n):
-        r = rank[bins[i]]
-        ol[pos[r]] = i
-        wo[pos[r]] = w[i]
-        pos[r] += 1
-    tot = 0.0
-    top = -np.inf
-    s = 0
+    r_of = rank[bins]
+    ol = np.argsort(r_of, kind="mergesort")  # by rank, ascending indices within (a stable sort)
+    ends = np.cumsum(np.bincount(r_of))
+    lo, wo = l_[ol], w[ol]
+    tot, top, tmax, s = 0.0, -np.inf, 0, 0
     for r in range(nr):
         x = np_sum(wo, s, ends[r] - s)
         tot += x
-        if c + x > top:
-            top = c + x
+        top = max(top, c + x)
+        tmax = max(tmax, lo[s:ends[r]].sum())
         s = ends[r]
     return ol, ends, packed_value(q, c, tot, top, nr), tmax
 
