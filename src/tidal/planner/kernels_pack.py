@@ -227,13 +227,9 @@ def pack_core(l_, a, b, d, c, q, M, S, su):
     ceil(S / M), the bound's minimiser (pipecost.best_v; 1: one micro-batch, optimal), the longest-first order, the V
     range (su = S // UtilLen, computed by the caller) and pack_search; then `layout`. Returns layout's tuple."""
     n = l_.size
-    w = np.empty(n)
-    wmax = -np.inf
-    for i in range(n):
-        x = float(l_[i])
-        w[i] = a * x * x + b * x + d
-        if w[i] > wmax:
-            wmax = w[i]
+    lf = l_.astype(np.float64)
+    w = a * lf * lf + b * lf + d
+    wmax = w.max()
     W = np_sum(w, 0, n)
     vmin = max(1, -(-S // M))
     vo = best_v(q, c, W, wmax, vmin, n)[0]

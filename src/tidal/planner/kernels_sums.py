@@ -115,10 +115,7 @@ def pipe_reports(sub, mb_work, doc_end, mb_end, c):
     for j in range(n_p):
         e = doc_end[j]
         m1 = mb_end[j]
-        t = 0
-        for i in range(s, e):
-            t += sub[i]
-        tok[j] = t
+        tok[j] = sub[s:e].sum()
         if m1 - m0 > 1:
             k = m1 - m0
             top = -np.inf
