@@ -86,16 +86,9 @@ def eject_pick(ln, kk, w, k, need_tok, need_w, eject):
     nt = 0
     wsum = 0.0
     if need_tok > 0:
-        ink = np.empty(size, dtype=np.int64)
-        cum = np.empty(size, dtype=np.int64)
-        ni, s = 0, 0
-        for p in range(size):
-            if kk[p] == k:
-                s += ln[p]
-                ink[ni], cum[ni] = p, s
-                ni += 1
-        n = _search(cum, ni, need_tok, False) + 1  # the first prefix with >= need_tok tokens
-        if n > min(ni, eject):
+        ink = np.nonzero(kk == k)[0]
+        n = _search(np.cumsum(ln[ink]), ink.size, need_tok, False) + 1  # the first prefix with >= need_tok tokens
+        if n > min(ink.size, eject):
             return False, none
         for x in range(n):
             take[x] = ink[x]

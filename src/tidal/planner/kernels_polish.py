@@ -42,8 +42,7 @@ def polish_rounds(lf, A, B, C, D, Q1, M, n_mbs, flat, sizes, mb_pipe, doc_mb, al
     cnt = np.bincount(doc_mb, minlength=n_mb)
     top1, top2, V, tot, time = np.empty(P), np.empty(P), np.empty(P), np.empty(P), np.empty(P)
     arg = np.empty(P, np.int64)
-    mine, sel, xs, wj, new_j = (np.empty(n, np.int64), np.empty(max_docs, np.int64), np.empty(max_docs),
-                                np.empty(max_docs), np.empty(max_docs))
+    sel, xs, wj, new_j = np.empty(max_docs, np.int64), np.empty(max_docs), np.empty(max_docs), np.empty(max_docs)
     near = np.zeros(P, np.bool_)
     for _ in range(rounds):
         # each pipeline's slowest live micro-batch (the first at the top), the second, count, sum and time
@@ -72,14 +71,11 @@ def polish_rounds(lf, A, B, C, D, Q1, M, n_mbs, flat, sizes, mb_pipe, doc_mb, al
         if tj <= target:
             break
         ms = arg[j]
-        nm = 0
-        for i in range(n):
-            if doc_mb[i] == ms:
-                mine[nm] = i
-                nm += 1
+        mine = np.nonzero(doc_mb == ms)[0]
+        nm = mine.size
         if nm == 0:
             break
-        order = np.argsort(-lf[mine[:nm]], kind="mergesort")  # longest first, ties by index (stable)
+        order = np.argsort(-lf[mine], kind="mergesort")  # longest first, ties by index (stable)
         ns = min(max_docs, nm)
         fj = Q1[j] + V[j]
         sec = max(top2[j], 0.0)
