@@ -96,21 +96,16 @@ def eject_pick(ln, kk, w, k, need_tok, need_w, eject):
         nt = n
     if not wsum > need_w:
         keep = np.ones(size, dtype=np.bool_)
-        for x in range(nt):
-            keep[take[x]] = False
-        rest = np.empty(size, dtype=np.int64)
-        cumw = np.empty(size, dtype=np.float64)
-        nr, acc = 0, wsum
-        for p in range(size):
-            if keep[p]:
-                acc += w[p]
-                rest[nr], cumw[nr] = p, acc
-                nr += 1
-        n = _search(cumw, nr, need_w, True) + 1  # the first prefix with > need_w work
-        if n > nr:
+        keep[take[:nt]] = False
+        rest = np.nonzero(keep)[0]
+        cumw = np.empty(rest.size + 1)
+        cumw[0] = wsum
+        cumw[1:] = w[rest]
+        cumw = np.cumsum(cumw)[1:]  # added one at a time from wsum
+        n = _search(cumw, rest.size, need_w, True) + 1  # the first prefix with > need_w work
+        if n > rest.size:
             return False, none
-        for x in range(n):
-            take[nt + x] = rest[x]
+        take[nt:nt + n] = rest[:n]
         nt += n
     if nt > eject:
         return False, none
