@@ -111,25 +111,16 @@ def pipe_reports(sub, mb_work, doc_end, mb_end, c):
     bad = False
     s = 0
     m0 = 0
-    tmp = np.empty(mb_work.size)
     for j in range(n_p):
-        e = doc_end[j]
-        m1 = mb_end[j]
-        tok[j] = sub[s:e].sum()
-        if m1 - m0 > 1:
-            k = m1 - m0
-            top = -np.inf
-            for r in range(k):
-                tmp[r] = c[j] + mb_work[m0 + r]
-                if not (tmp[r] >= 0 and tmp[r] < np.inf):
-                    bad = True
-                if tmp[r] > top:
-                    top = tmp[r]
-            tot = np_sum(tmp, 0, k)
-            if tot != 0:
-                imb[j] = top / (tot / k)
-        s = e
-        m0 = m1
+        tok[j] = sub[s:doc_end[j]].sum()
+        if mb_end[j] - m0 > 1:
+            t = c[j] + mb_work[m0:mb_end[j]]
+            bad = bad or not ((t >= 0) & (t < np.inf)).all()
+            tot = np_sum(t, 0, t.size)
+            if tot != 0:  # a NaN or -inf is `bad` (the caller raises), so the max is the loop's
+                imb[j] = t.max() / (tot / t.size)
+        s = doc_end[j]
+        m0 = mb_end[j]
     return tok, imb, bad
 
 
