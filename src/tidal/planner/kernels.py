@@ -209,7 +209,6 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
     win, and whole ranges of swap partners by their length (decisions 107, 117): the same moves as evaluating all."""
     n_p = S.size
     n = owner.size
-    mine = np.empty(n, np.int64)
     uidx = np.empty(n, np.int64)
     pidx = np.empty(n, np.int64)
     sel = np.empty(max_docs, np.int64)
@@ -224,11 +223,6 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
         dmax = load[j]
         if dmax <= target or dmax <= 0:
             return True
-        nm = 0
-        for i in range(n):
-            if owner[i] == j:
-                mine[nm] = i
-                nm += 1
         ns = 0
         last = -1
         for r in range(n):  # j's documents by length descending, then index: the first of each length
@@ -344,15 +338,15 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
                         v = max(nj, nk)
                         if v < best or (v == best and bu == u and e < be):
                             best, bi, bk, be, bp, bu = v, sel[u], ke, e, -1, u
-            if bi < 0 and pairs and 2 <= nm <= 24:
+            if bi < 0 and pairs and 2 <= N[j] <= 24:  # N[j]: j's document count
                 nu = 0
                 for k in range(n_p):
                     for t in range(pstart[k], pend[k]):
                         pidx[nu] = uidx[t]
                         nu += 1
                 pidx[:nu].sort()  # pair_swap scans the representatives in index order
-                bi, bk, be, bp = pair_swap(j, mine[:nm], pidx[:nu], lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G,
-                                            top1, cnt1, top2, best)
+                bi, bk, be, bp = pair_swap(j, np.nonzero(owner == j)[0], pidx[:nu], lf, owner, A, B, C, D, Q1, M, R, H,
+                                            S, Q, N, G, top1, cnt1, top2, best)
         if bi < 0:
             return True
         ls_move(bi, bk, owner, lf, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load)
