@@ -216,10 +216,7 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
     pstart = np.zeros(n_p, np.int64)
     pend = np.zeros(n_p, np.int64)
     for _ in range(max_rounds):
-        j = 0
-        for k in range(1, n_p):
-            if load[k] > load[j]:
-                j = k
+        j = np.argmax(load)  # the bottleneck, the first on ties
         dmax = load[j]
         if dmax <= target or dmax <= 0:
             return True

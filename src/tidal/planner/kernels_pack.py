@@ -52,10 +52,7 @@ def refine(bin_of, l_, w, T, tok, V, M, rounds, max_docs, asc):
     byb = np.empty(n, np.int64)  # the sequences grouped by micro-batch, each group by ascending length
     cnt = np.zeros(V + 1, np.int64)
     for _ in range(rounds):
-        b = 0
-        for k in range(1, V):
-            if T[k] > T[b]:
-                b = k
+        b = np.argmax(T)  # the slowest micro-batch, the first on ties
         tb = T[b]
         nm = 0
         cnt[:] = 0
