@@ -142,22 +142,11 @@ def greedy(lengths, order, ca, cb, cc, cd, cq, cm, members, moff, mcount, pmax, 
 
 
 def ls_refresh(j, owner, lf, A, B, C, D, Q1, M, R, S, Q, N, G, top1, cnt1, top2, load):
-    m = 0.0
-    cnt = 0
-    for i in range(owner.size):
-        if owner[i] == j:
-            if lf[i] > m:
-                m = lf[i]
-                cnt = 1
-            elif lf[i] == m:
-                cnt += 1
-    m2 = 0.0
-    for i in range(owner.size):
-        if owner[i] == j and lf[i] < m and lf[i] > m2:
-            m2 = lf[i]
-    top1[j] = m
-    cnt1[j] = cnt
-    top2[j] = m2
+    """Pipeline j's top-two lengths (0.0 where none), the longest's count and its load, rescanned."""
+    x = lf[owner == j]
+    m = x.max() if x.size else 0.0
+    below = x[x < m]
+    top1[j], cnt1[j], top2[j] = m, (x == m).sum(), below.max() if below.size else 0.0
     load[j] = cost1(A[j], B[j], C[j], D[j], Q1[j], M[j], R[j], Q[j], S[j], N[j], m, G[j])
 
 
