@@ -1,6 +1,6 @@
-"""The exchange's ejection pick in one compiled loop (kernels_batch.eject_pick, issue 27, decision 143) is numpy's
-(Exchange._eject without it): the same documents, or None, on plans of many ties, compiled and as plain Python; and
-its binary search is numpy.searchsorted's index on any array, sorted or not."""
+"""The exchange's ejection pick in one loop (kernels_batch.eject_pick, issue 27, decision 143) is numpy's
+(`_numpy_pick`, Exchange._eject's pick before it): the same documents, or None, on plans of many ties, compiled and
+as plain Python; and its binary search is numpy.searchsorted's index on any array, sorted or not."""
 
 import numpy as np
 import pytest
@@ -26,6 +26,30 @@ def _case(seed, n=16, docs=120):
     return rng, l_, Exchange(l_, pipes, bins)
 
 
+def _numpy_pick(ln, kk, w, k, need_tok, need_w, eject):
+    """Exchange._eject's pick as numpy expressions (before decision 143): positions into the sorted documents, or
+    None."""
+    ok = (w > need_w) & (kk == k) & (ln >= need_tok) if need_tok > 0 else w > need_w
+    if ok.any():
+        return [int(np.flatnonzero(ok)[0])]
+    take, wsum = np.zeros(0, dtype=np.int64), 0.0
+    if need_tok > 0:
+        ink = np.flatnonzero(kk == k)
+        m = int(np.searchsorted(np.cumsum(ln[ink]), need_tok)) + 1
+        if m > min(ink.size, eject):
+            return None
+        take = ink[:m]
+        wsum = float(w[take].sum())
+    if not wsum > need_w:
+        rest = np.setdiff1d(np.arange(ln.size), take)
+        cum = np.cumsum(np.concatenate(([wsum], w[rest])))[1:]
+        m = int(np.searchsorted(cum, need_w, side="right")) + 1
+        if m > rest.size:
+            return None
+        take = np.concatenate([take, rest[:m]])
+    return take.tolist() if take.size <= eject else None
+
+
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("eject", [1, 3, 6])
 def test_eject_pick_is_numpys_compiled_and_plain(seed, eject):
@@ -40,15 +64,15 @@ def test_eject_pick_is_numpys_compiled_and_plain(seed, eject):
         k = int(rng.integers(0, len(ex.bins[q])))
         i = int(rng.integers(0, l_.size))
         limit = float(ex.t[q]) * float(rng.choice([0.3, 0.6, 0.8, 0.95, 1.0, 1.2]))
-        want = ex._eject(q, k, i, limit, compiled=False)
+        want = ex._eject(q, k, i, limit)  # kernels_batch.loops(): compiled where numba is installed
         need_tok = ex.tok[q][k] + int(l_[i]) - int(ex.m[q])
         need_w = float(ex.t[q] + ex.work(q, i) - limit)
         if want != []:  # _eject's own shortcut returned [] before the pick
             ids, ln, kk, w = ex._docs(q)
+            ref = _numpy_pick(ln, kk, w, k, need_tok, need_w, eject)
+            assert (None if ref is None else ids[ref].tolist()) == want
             found, take = plain(ln, kk, w, k, need_tok, need_w, eject)
             assert (ids[take].tolist() if found else None) == want
-        if kernels.AVAILABLE:
-            assert ex._eject(q, k, i, limit) == want
         seen["none" if want is None else "empty" if not want else "one" if len(want) == 1 else "more"] += 1
     assert seen["none"] and seen["empty"] and seen["one"], seen  # every outcome exercised
     assert seen["more"] or eject == 1, seen
@@ -67,28 +91,7 @@ def test_eject_pick_on_unsorted_and_negative_works(seed):
         w = rng.normal(0.5, 1.0, n) * rng.choice([1e-3, 1.0, 1e3])
         k, eject = int(rng.integers(0, 3)), int(rng.integers(1, 5))
         need_tok, need_w = int(rng.integers(-5, 60)), float(rng.normal(0.5, 2.0))
-        ok = (w > need_w) & (kk == k) & (ln >= need_tok) if need_tok > 0 else w > need_w
-        want = None
-        if ok.any():
-            want = [int(np.flatnonzero(ok)[0])]
-        else:
-            take, wsum, dead = np.zeros(0, dtype=np.int64), 0.0, False
-            if need_tok > 0:
-                ink = np.flatnonzero(kk == k)
-                m = int(np.searchsorted(np.cumsum(ln[ink]), need_tok)) + 1
-                dead = m > min(ink.size, eject)
-                if not dead:
-                    take = ink[:m]
-                    wsum = float(w[take].sum())
-            if not dead and not wsum > need_w:
-                rest = np.setdiff1d(np.arange(n), take)
-                cum = np.cumsum(np.concatenate(([wsum], w[rest])))[1:]
-                m = int(np.searchsorted(cum, need_w, side="right")) + 1
-                dead = m > rest.size
-                if not dead:
-                    take = np.concatenate([take, rest[:m]])
-            if not dead and take.size <= eject:
-                want = take.tolist()
+        want = _numpy_pick(ln, kk, w, k, need_tok, need_w, eject)
         for lp in loops:
             found, got = lp.eject_pick(ln, kk, w, k, need_tok, need_w, eject)
             assert (got.tolist() if found else None) == want

@@ -79,9 +79,8 @@ def test_pack_checks_its_own_micro_batches():
 
 
 def test_finish_groups_and_times_exactly_as_pipeline_time():
-    # finish (every packer's last step): micro-batches ascending within, ordered by first index, empty bins dropped;
-    # its time with the per-document work given is the same float as pipeline_time of those micro-batches
-    from tidal.planner.bounds import PipeCost
+    # finish (every packer's last step, kernels_pack.layout): micro-batches ascending within, ordered by first index,
+    # empty bins dropped; its time is the same float as pipeline_time of those micro-batches, plain and compiled
     from tidal.planner.packing import finish
 
     rng = np.random.default_rng(3)
@@ -92,8 +91,8 @@ def test_finish_groups_and_times_exactly_as_pipeline_time():
         co, pp = COEFFS[trial % len(COEFFS)], 1 + trial % 3
         want = tuple(tuple(int(i) for i in np.flatnonzero(bins == b)) for b in np.unique(bins))
         want = tuple(sorted(want, key=lambda g: g[0]))
-        for w in (None, PipeCost.of(co, pp, 5000).work(l_)):
-            res = finish(bins, l_, co, pp, w)
+        for loops in _loop_modes():
+            res = finish(bins, l_, co, pp, loops=loops)
             assert res.micro_batches == want
             assert res.est_time == pipeline_time(l_, want, co, pp)
 
@@ -124,7 +123,7 @@ def _pack_by_numpy_steps(l_, co, pp, M, loops):
     """packing.pack's heuristic path as numpy steps (before kernels_pack.pack_core): the reference pack_core must
     equal float for float."""
     from tidal.planner.bounds import PipeCost
-    from tidal.planner.packing import PackResult, finish
+    from tidal.planner.packing import PackResult
     from tidal.planner.pipecost import best_v, pipe_value
 
     p = PipeCost.of(co, pp, M)
@@ -137,7 +136,14 @@ def _pack_by_numpy_steps(l_, co, pp, M, loops):
     v_hi = min(n, max(min(n, max(vmin, int(S // co.util_len()))), v_opt + 2))
     bins, _ = loops.pack_search(l_, w, np.argsort(-l_, kind="stable"), M, p.c, p.q, W, wmax, vmin, v_opt, v_hi,
                                 20 + 2 * n)
-    return finish(bins.astype(np.int64), l_, co, pp, w)
+    # the layout as numpy steps (packing.finish before kernels_pack.layout), timed by pipeline_time
+    order = np.argsort(bins, kind="stable")
+    cnt = np.bincount(bins)
+    cnt = cnt[cnt > 0]
+    ends = np.cumsum(cnt)
+    by_first = np.argsort(order[ends - cnt])
+    mbs = tuple(tuple(order[a:b].tolist()) for a, b in zip((ends - cnt)[by_first], ends[by_first]))
+    return PackResult(mbs, pipeline_time(l_, mbs, co, pp))
 
 
 def test_pack_core_equals_the_numpy_steps_in_both_modes():

@@ -227,8 +227,7 @@ def _lumpy(st: SearchState) -> bool:
 
 def restart_dispatch(lengths: np.ndarray, pipes: Sequence[PipeCost], restarts: int, *, seed: int = 0,
                      max_rounds: int | None = None, below: float = float("inf"), target: float = 0.0,
-                     deadline: float | None = None, prep: tuple | None = None,
-                     scan: bool = False, arrays: tuple | None = None,
+                     deadline: float | None = None, prep: tuple | None = None, arrays: tuple | None = None,
                      orders: tuple | None = None) -> DispatchResult | None:
     """The best of `restarts` seeded random-order greedy dispatches, each followed by the local search (`max_rounds`,
     default as dispatch_alternatives), or None if none has an objective below `below` (ties: the earlier restart).
@@ -242,7 +241,7 @@ def restart_dispatch(lengths: np.ndarray, pipes: Sequence[PipeCost], restarts: i
     rng = np.random.default_rng(seed)
     best: tuple[float, SearchState] | None = None
     for _ in range(restarts):
-        cand = SearchState(pipes, l_, greedy_owner(l_, pipes, rng.permutation(l_.size), prep=prep, scan=scan),
+        cand = SearchState(pipes, l_, greedy_owner(l_, pipes, rng.permutation(l_.size), prep=prep, scan=False),
                            arrays=arrays, orders=orders)
         done = local_search(cand, rounds, pairs=small, target=target, deadline=deadline)
         obj = float(cand.load.max())

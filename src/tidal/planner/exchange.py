@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from tidal.planner.pipecost import pipe_coeffs
+from tidal.planner.repair import valid_bins
 
 EPS = 1e-12  # a move must lower the touched pipelines' max below T (1 - EPS): float noise is no gain
 
@@ -49,8 +50,7 @@ class Exchange:
         self._wcols: dict[int, np.ndarray] = {}
         from tidal.planner import kernels_batch  # lazily: importing numba takes a second
 
-        self._fit = None if kernels_batch.COMPILED is None else kernels_batch.COMPILED.fit_first
-        self._pick = None if kernels_batch.COMPILED is None else kernels_batch.COMPILED.eject_pick
+        self._kb = kernels_batch.loops()
 
     def _sums(self) -> tuple[list[list[int]], np.ndarray, np.ndarray]:
         """Every micro-batch's tokens, every pipeline's time (_time's floats: each pipeline's work summed as np.sum
@@ -117,56 +117,26 @@ class Exchange:
             self._cache[q] = (ids, ln, kk, self.pipes[q].work(self.lf[ids]))
         return self._cache[q]
 
-    def _eject(self, q: int, k: int, i: int, limit: float, compiled: bool = True) -> list[int] | None:
+    def _eject(self, q: int, k: int, i: int, limit: float) -> list[int] | None:
         """The fewest of q's shortest documents whose removal leaves room for document i in micro-batch k and q's
         time with i under `limit`: the shortest single one that does, else the shortest of micro-batch k until it
-        has room, then the shortest anywhere; None if more than `eject` would be needed. kernels_batch.eject_pick
-        where numba is installed (unless not `compiled`; issue 27, decision 143), else numpy: the same pick."""
+        has room, then the shortest anywhere; None if more than `eject` would be needed. One loop,
+        kernels_batch.eject_pick (compiled where numba is installed; issue 27, decision 143: numpy's pick)."""
         need_tok = self.tok[q][k] + int(self.l[i]) - int(self.m[q])
         need_w = self.t[q] + self.work(q, i) - limit
         if need_tok <= 0 and need_w < 0:
             return []
         ids, ln, kk, w = self._docs(q)
-        if compiled and self._pick is not None:
-            found, take = self._pick(ln, kk, w, k, need_tok, float(need_w), self.eject)
-            return ids[take].tolist() if found else None
-        ok = (w > need_w) & (kk == k) & (ln >= need_tok) if need_tok > 0 else w > need_w
-        h = int(ok.argmax()) if ok.size else 0  # the first True (argmax of bools), as flatnonzero(ok)[0]
-        if ok.size and ok[h]:
-            return [int(ids[h])]
-        take, wsum = np.zeros(0, dtype=np.int64), 0.0
-        if need_tok > 0:
-            ink = (kk == k).nonzero()[0]  # flatnonzero's result, without its wrappers (issue 27)
-            n = int(np.searchsorted(np.cumsum(ln[ink]), need_tok)) + 1  # the first prefix with >= need_tok tokens
-            if n > min(ink.size, self.eject):
-                return None
-            take = ink[:n]
-            wsum = float(w[take].sum())
-        if not wsum > need_w:
-            keep = np.ones(ids.size, dtype=bool)
-            keep[take] = False
-            rest = keep.nonzero()[0]  # np.setdiff1d(np.arange(ids.size), take), without its sort
-            cum = np.cumsum(np.concatenate(([wsum], w[rest])))[1:]  # added in turn from wsum, as one at a time
-            n = int(np.searchsorted(cum, need_w, side="right")) + 1  # the first prefix with > need_w work
-            if n > rest.size:
-                return None
-            take = np.concatenate([take, rest[:n]])
-        return ids[take].tolist() if take.size <= self.eject else None
+        found, take = self._kb.eject_pick(ln, kk, w, k, need_tok, float(need_w), self.eject)
+        return ids[take].tolist() if found else None
 
-    def _direct(self, x: int, off: list[int], limit: float, compiled: bool = True) -> tuple[int, float]:
+    def _direct(self, x: int, off: list[int], limit: float) -> tuple[int, float]:
         """The least loaded pipeline not in `off` with room for document x that stays under `limit` with it (an empty
-        one opens a micro-batch, at c more), the first on ties: (pipeline, its time with x), or (-1, inf).
-        kernels_batch.fit_first where numba is installed (unless not `compiled`), else numpy: the same pick and float
-        (room >= len(x) implies MaxLen >= len(x))."""
-        if compiled and self._fit is not None:
-            r, v = self._fit(self.t, self.wcol(x), self.op, self.room, int(self.l[x]), float(limit),
-                             np.array(off, dtype=np.int64))
-            return int(r), float(v)
-        cand = self.t + self.wcol(x) + self.op
-        fit = np.where((self.room >= self.l[x]) & (cand < limit), cand, np.inf)
-        fit[off] = np.inf
-        r = int(np.argmin(fit))
-        return (r, float(cand[r])) if fit[r] < np.inf else (-1, np.inf)
+        one opens a micro-batch, at c more), the first on ties: (pipeline, its time with x), or (-1, inf). One loop,
+        kernels_batch.fit_first (decision 142: numpy's pick and float; room >= len(x) implies MaxLen >= len(x))."""
+        r, v = self._kb.fit_first(self.t, self.wcol(x), self.op, self.room, int(self.l[x]), float(limit),
+                                  np.array(off, dtype=np.int64))
+        return int(r), float(v)
 
     def _place(self, x: int, used: set[int], limit: float, depth: int, partners: int, skip: int = -1):
         """Document x into a pipeline not in `used` that stays under `limit`: the least loaded one with room if any,
@@ -273,11 +243,7 @@ class Exchange:
         return made
 
     def valid(self) -> bool:
-        """Every document once, every micro-batch non-empty and within its MaxLen."""
-        ids = [i for bs in self.bins for b in bs for i in b]
-        seen = np.bincount(np.array(ids, dtype=np.int64), minlength=self.l.size) if ids else np.zeros(self.l.size)
-        fits = all(b and int(self.l[b].sum()) <= int(self.m[j]) for j, bs in enumerate(self.bins) for b in bs)
-        return fits and len(ids) == self.l.size and bool((seen == 1).all())
+        return valid_bins(self.l, self.m, self.bins)
 
 
 def exchange(l_: np.ndarray, pipes, bins, *, moves: int = 16, cands: int = 4, partners: int = 32, eject: int = 3,

@@ -23,12 +23,11 @@ def greedy_prep(pipes: Sequence[PipeCost]) -> tuple:
     for j, p in enumerate(pipes):
         members[cls_of[p]].append(j)
     mcount = np.array([len(m) for m in members], dtype=np.int64)
-    arrays = (*pipe_coeffs(classes), np.array([p.q for p in classes], dtype=np.float64),
-              np.array([p.max_len for p in classes], dtype=np.int64),
-              np.array([j for m in members for j in m], dtype=np.int64),
-              np.concatenate([[0], np.cumsum(mcount)[:-1]]).astype(np.int64), mcount,
-              np.array([p.max_len for p in pipes], dtype=np.int64))
-    return arrays
+    return (*pipe_coeffs(classes), np.array([p.q for p in classes], dtype=np.float64),
+            np.array([p.max_len for p in classes], dtype=np.int64),
+            np.array([j for m in members for j in m], dtype=np.int64),
+            np.concatenate([[0], np.cumsum(mcount)[:-1]]).astype(np.int64), mcount,
+            np.array([p.max_len for p in pipes], dtype=np.int64))
 
 
 def greedy_owner(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | None = None,

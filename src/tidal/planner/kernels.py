@@ -13,6 +13,7 @@ Import this module lazily (importing numba takes about a second).
 """
 from __future__ import annotations
 
+import builtins
 import functools
 import math
 import types
@@ -141,22 +142,11 @@ def greedy(lengths, order, ca, cb, cc, cd, cq, cm, members, moff, mcount, pmax, 
 
 
 def ls_refresh(j, owner, lf, A, B, C, D, Q1, M, R, S, Q, N, G, top1, cnt1, top2, load):
-    m = 0.0
-    cnt = 0
-    for i in range(owner.size):
-        if owner[i] == j:
-            if lf[i] > m:
-                m = lf[i]
-                cnt = 1
-            elif lf[i] == m:
-                cnt += 1
-    m2 = 0.0
-    for i in range(owner.size):
-        if owner[i] == j and lf[i] < m and lf[i] > m2:
-            m2 = lf[i]
-    top1[j] = m
-    cnt1[j] = cnt
-    top2[j] = m2
+    """Pipeline j's top-two lengths (0.0 where none), the longest's count and its load, rescanned."""
+    x = lf[owner == j]
+    m = x.max() if x.size else 0.0
+    below = x[x < m]
+    top1[j], cnt1[j], top2[j] = m, (x == m).sum(), below.max() if below.size else 0.0
     load[j] = cost1(A[j], B[j], C[j], D[j], Q1[j], M[j], R[j], Q[j], S[j], N[j], m, G[j])
 
 
@@ -208,7 +198,6 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
     win, and whole ranges of swap partners by their length (decisions 107, 117): the same moves as evaluating all."""
     n_p = S.size
     n = owner.size
-    mine = np.empty(n, np.int64)
     uidx = np.empty(n, np.int64)
     pidx = np.empty(n, np.int64)
     sel = np.empty(max_docs, np.int64)
@@ -216,18 +205,10 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
     pstart = np.zeros(n_p, np.int64)
     pend = np.zeros(n_p, np.int64)
     for _ in range(max_rounds):
-        j = 0
-        for k in range(1, n_p):
-            if load[k] > load[j]:
-                j = k
+        j = np.argmax(load)  # the bottleneck, the first on ties
         dmax = load[j]
         if dmax <= target or dmax <= 0:
             return True
-        nm = 0
-        for i in range(n):
-            if owner[i] == j:
-                mine[nm] = i
-                nm += 1
         ns = 0
         last = -1
         for r in range(n):  # j's documents by length descending, then index: the first of each length
@@ -343,15 +324,15 @@ def local_search(l_, lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1,
                         v = max(nj, nk)
                         if v < best or (v == best and bu == u and e < be):
                             best, bi, bk, be, bp, bu = v, sel[u], ke, e, -1, u
-            if bi < 0 and pairs and 2 <= nm <= 24:
+            if bi < 0 and pairs and 2 <= N[j] <= 24:  # N[j]: j's document count
                 nu = 0
                 for k in range(n_p):
                     for t in range(pstart[k], pend[k]):
                         pidx[nu] = uidx[t]
                         nu += 1
                 pidx[:nu].sort()  # pair_swap scans the representatives in index order
-                bi, bk, be, bp = pair_swap(j, mine[:nm], pidx[:nu], lf, owner, A, B, C, D, Q1, M, R, H, S, Q, N, G,
-                                            top1, cnt1, top2, best)
+                bi, bk, be, bp = pair_swap(j, np.nonzero(owner == j)[0], pidx[:nu], lf, owner, A, B, C, D, Q1, M, R, H,
+                                            S, Q, N, G, top1, cnt1, top2, best)
         if bi < 0:
             return True
         ls_move(bi, bk, owner, lf, A, B, C, D, Q1, M, R, H, S, Q, N, G, top1, cnt1, top2, load)
@@ -446,8 +427,9 @@ def pipe_loads(A, B, C, D, Q1, M, R, Q, S, N, top1, G, load):
 def plain(funcs: dict, env: dict) -> types.SimpleNamespace:
     """The functions `funcs` ({name their callers use: function}) as plain Python, each calling the others by those
     names uncompiled, with `env` (modules and helpers) as their other globals: the one source run where numba is
-    absent, and by the tests where it is present (a value to pass, no module patching)."""
-    ns = dict(env)
+    absent, and by the tests where it is present (a value to pass, no module patching). The builtins go in too: a
+    numpy method that imports lazily (ndarray.max's first call) looks them up in its caller's globals."""
+    ns = {"__builtins__": builtins, **env}
     for name, f in funcs.items():
         ns[name] = types.FunctionType(f.__code__, ns, name, f.__defaults__)
     return types.SimpleNamespace(**{name: ns[name] for name in funcs})
@@ -484,16 +466,18 @@ def compile_loops(funcs: dict, module: dict, pipecost_names: tuple[str, ...] = (
     return types.SimpleNamespace(**{name: module[name] for name in funcs})
 
 
-# the dispatch's loops by the names their callers use: plain Python (the reference, and the fallback without numba)
-# and compiled (the same source)
+def modes(funcs: dict, env: dict, module: dict, pipecost_names: tuple[str, ...] = ()) -> tuple:
+    """A kernels*.py module's two modes of `funcs` and its pick: (PLAIN: plain(funcs, env), COMPILED:
+    compile_loops(funcs, module, pipecost_names), loops: a function returning COMPILED where numba is installed, else
+    PLAIN, the same source)."""
+    p, c = plain(funcs, env), compile_loops(funcs, module, pipecost_names)
+    return p, c, lambda: p if c is None else c
+
+
+# the dispatch's loops (greedy, local_search, pipe_loads) by the names their callers use: plain Python (the reference,
+# and the fallback without numba) and compiled (the same source)
 _DISPATCH = {"sift_down": sift_down, "sift_up": sift_up, "greedy": greedy, "ls_refresh": ls_refresh,
              "ls_move": ls_move, "pair_swap": pair_swap, "local_search": local_search, "pipe_loads": pipe_loads,
              "state_sums": state_sums}
-PLAIN = plain(_DISPATCH, {"np": np, "add_cost": add_cost, "cost1": cost1, "cost1_floor": cost1_floor})
-COMPILED = compile_loops(_DISPATCH, globals(), ("add_cost", "cost1", "cost1_floor"))
-
-
-def loops() -> types.SimpleNamespace:
-    """The dispatch's loops (greedy, local_search, pipe_loads): compiled where numba is installed, else plain Python
-    (the same source)."""
-    return COMPILED if COMPILED is not None else PLAIN
+PLAIN, COMPILED, loops = modes(_DISPATCH, {"np": np, "add_cost": add_cost, "cost1": cost1, "cost1_floor": cost1_floor},
+                               globals(), ("add_cost", "cost1", "cost1_floor"))

@@ -10,12 +10,10 @@ Import this module lazily (importing numba takes a second).
 """
 from __future__ import annotations
 
-import types
-
 import numpy as np
 
 from tidal.planner import kernels_pack
-from tidal.planner.kernels import compile_loops, plain
+from tidal.planner.kernels import modes
 
 pack_core = kernels_pack.PLAIN.pack_core
 
@@ -88,16 +86,9 @@ def eject_pick(ln, kk, w, k, need_tok, need_w, eject):
     nt = 0
     wsum = 0.0
     if need_tok > 0:
-        ink = np.empty(size, dtype=np.int64)
-        cum = np.empty(size, dtype=np.int64)
-        ni, s = 0, 0
-        for p in range(size):
-            if kk[p] == k:
-                s += ln[p]
-                ink[ni], cum[ni] = p, s
-                ni += 1
-        n = _search(cum, ni, need_tok, False) + 1  # the first prefix with >= need_tok tokens
-        if n > min(ni, eject):
+        ink = np.nonzero(kk == k)[0]
+        n = _search(np.cumsum(ln[ink]), ink.size, need_tok, False) + 1  # the first prefix with >= need_tok tokens
+        if n > min(ink.size, eject):
             return False, none
         for x in range(n):
             take[x] = ink[x]
@@ -105,21 +96,16 @@ def eject_pick(ln, kk, w, k, need_tok, need_w, eject):
         nt = n
     if not wsum > need_w:
         keep = np.ones(size, dtype=np.bool_)
-        for x in range(nt):
-            keep[take[x]] = False
-        rest = np.empty(size, dtype=np.int64)
-        cumw = np.empty(size, dtype=np.float64)
-        nr, acc = 0, wsum
-        for p in range(size):
-            if keep[p]:
-                acc += w[p]
-                rest[nr], cumw[nr] = p, acc
-                nr += 1
-        n = _search(cumw, nr, need_w, True) + 1  # the first prefix with > need_w work
-        if n > nr:
+        keep[take[:nt]] = False
+        rest = np.nonzero(keep)[0]
+        cumw = np.empty(rest.size + 1)
+        cumw[0] = wsum
+        cumw[1:] = w[rest]
+        cumw = np.cumsum(cumw)[1:]  # added one at a time from wsum
+        n = _search(cumw, rest.size, need_w, True) + 1  # the first prefix with > need_w work
+        if n > rest.size:
             return False, none
-        for x in range(n):
-            take[nt + x] = rest[x]
+        take[nt:nt + n] = rest[:n]
         nt += n
     if nt > eject:
         return False, none
@@ -131,12 +117,7 @@ def rebal_move(t, w, l, c, j, ij, aj, room, extra):
     with most room of another pipeline o: of max(t[j] without it, t[o] + extra[o] + w[o, i]) over the pairs where
     it fits, the least, the first in (o, position) order (numpy's argmin of that masked array, float for float):
     (value, o, position), or (inf, -1, -1)."""
-    top = 0
-    for x in range(aj.size):
-        top = max(top, aj[x])
-    cnt = np.zeros(top + 1, dtype=np.int64)  # documents per micro-batch
-    for x in range(aj.size):
-        cnt[aj[x]] += 1
+    cnt = np.bincount(aj)  # documents per micro-batch
     bv, bo, bx = np.inf, -1, -1
     for o in range(t.size):
         if o == j:
@@ -172,13 +153,6 @@ def rebal_swap(t, w, l, j, ij, aj, fj, K, po, fk):
 
 _BATCH = {"pack_many": pack_many, "fit_first": fit_first, "_search": _search, "eject_pick": eject_pick,
           "rebal_move": rebal_move, "rebal_swap": rebal_swap}
-PLAIN = plain(_BATCH, {"np": np, "pack_core": kernels_pack.PLAIN.pack_core})
 if kernels_pack.COMPILED is not None:  # pack_many calls the compiled pack_core (bound before compiling)
     pack_core = kernels_pack.COMPILED.pack_core
-
-COMPILED = compile_loops(_BATCH, globals())
-
-
-def loops() -> types.SimpleNamespace:
-    """pack_many compiled where numba is installed, else plain Python (the same source)."""
-    return COMPILED if COMPILED is not None else PLAIN
+PLAIN, COMPILED, loops = modes(_BATCH, {"np": np, "pack_core": kernels_pack.PLAIN.pack_core}, globals())

@@ -3,20 +3,15 @@
 The packer (packing.pack): LPT, the move/swap rounds, FFD, the search over micro-batch counts and `pack_core`, pack's
 whole heuristic path in one call (its sums are numpy's: kernels_sums.np_sum; decision 115). The bounds: the
 top-documents branch and bound (bounds.top_docs_bound: `top_search`, `ts_expand`); the mode bound's price search is in
-kernels_modes.py. They are their only implementation: `COMPILED` holds them compiled
-(numba.njit, cached on disk) where numba is installed, `PLAIN` holds the same functions as plain Python
-(kernels.plain), and `loops()` picks the first available. The tests run both on seeded inputs and compare them
-float for float.
-Import this module lazily (importing numba takes a second).
+kernels_modes.py. `COMPILED` / `PLAIN` / `loops()` as in kernels.py (kernels.modes); the tests run both on seeded
+inputs and compare them float for float. Import this module lazily (importing numba takes a second).
 """
 from __future__ import annotations
-
-import types
 
 import numpy as np
 
 from tidal.planner import kernels_sums
-from tidal.planner.kernels import compile_loops, plain
+from tidal.planner.kernels import modes
 from tidal.planner.kernels_sums import np_sum
 from tidal.planner.pipecost import best_v, bound_value, packed_value, pipe_value
 
@@ -57,10 +52,7 @@ def refine(bin_of, l_, w, T, tok, V, M, rounds, max_docs, asc):
     byb = np.empty(n, np.int64)  # the sequences grouped by micro-batch, each group by ascending length
     cnt = np.zeros(V + 1, np.int64)
     for _ in range(rounds):
-        b = 0
-        for k in range(1, V):
-            if T[k] > T[b]:
-                b = k
+        b = np.argmax(T)  # the slowest micro-batch, the first on ties
         tb = T[b]
         nm = 0
         cnt[:] = 0
@@ -157,20 +149,13 @@ def ffd(l_, order, M):
 
 def pack_score(bin_of, w, c, q):
     """(PP - 1 + used micro-batches) * (c + the slowest one's work), or their sum when PP = 1 (pipecost.packed_value,
-    decision 94); sums in index order."""
-    nb = 0
-    for i in range(bin_of.size):
-        if bin_of[i] + 1 > nb:
-            nb = bin_of[i] + 1
-    T = np.zeros(nb)
-    cnt = np.zeros(nb, np.int64)
-    for i in range(bin_of.size):
-        T[bin_of[i]] += w[i]
-        cnt[bin_of[i]] += 1
+    decision 94); sums in index order (np.bincount adds its weights one at a time in index order)."""
+    T = np.bincount(bin_of, weights=w)
+    cnt = np.bincount(bin_of)
     used = 0
     mx = -np.inf
     tot = 0.0
-    for k in range(nb):
+    for k in range(cnt.size):
         if cnt[k] > 0:
             used += 1
             tot += T[k]
@@ -192,13 +177,10 @@ def pack_attempt(V, l_, w, order, M, c, q, W, wmax, vmin, rounds, tried, best_bi
     bin_of, ok = lpt(l_, w, order, V, M, c)
     val = np.inf
     if ok:
-        T = np.zeros(V)
+        T = np.bincount(bin_of, weights=w, minlength=V) + c  # work summed in index order, then c
         tok = np.zeros(V, np.int64)
         for i in range(l_.size):
-            T[bin_of[i]] += w[i]
             tok[bin_of[i]] += l_[i]
-        for k in range(V):
-            T[k] = T[k] + c
         refine(bin_of, l_, w, T, tok, V, M, rounds, 32, asc)
         val = pack_score(bin_of, w, c, q)
     tried[V] = val
@@ -216,40 +198,15 @@ def pack_search(l_, w, order, M, c, q, W, wmax, vmin, v_opt, v_hi, rounds):
     best_bins = ffd(l_, order, M)
     best = pack_score(best_bins, w, c, q)
     tried = np.full(n + 1, np.nan)
-    top = 0  # FFD's largest bin index
-    for i in range(n):
-        if best_bins[i] > top:
-            top = best_bins[i]
-    raw = np.array([vmin, v_opt - 1, v_opt, v_opt + 1, v_opt + 2, top + 1], np.int64)
-    cands = np.empty(6, np.int64)
-    nc = 0
-    for v in raw:
-        if vmin <= v <= v_hi:
-            dup = False
-            for t in range(nc):
-                dup = dup or cands[t] == v
-            if not dup:
-                cands[nc] = v
-                nc += 1
-    for a in range(1, nc):  # insertion sort by (bound, V)
-        t = a
-        while t > 0:
-            v0, v1 = cands[t - 1], cands[t]
-            b0, b1 = pipe_value(q, c, W, wmax, v0), pipe_value(q, c, W, wmax, v1)
-            if b1 < b0 or (b1 == b0 and v1 < v0):
-                cands[t - 1], cands[t] = v1, v0
-                t -= 1
-            else:
-                break
-    for t in range(nc):
-        _, best_bins, best = pack_attempt(cands[t], l_, w, order, M, c, q, W, wmax, vmin, rounds, tried, best_bins,
-                                         best, asc)
-    seen = np.zeros(n + 1, np.bool_)
-    v_best = 0
-    for i in range(n):
-        if not seen[best_bins[i]]:
-            seen[best_bins[i]] = True
-            v_best += 1
+    raw = np.unique(np.array([vmin, v_opt - 1, v_opt, v_opt + 1, v_opt + 2, best_bins.max() + 1], np.int64))
+    cands = raw[(raw >= vmin) & (raw <= v_hi)]
+    f = np.empty(cands.size)
+    for t in range(cands.size):
+        f[t] = pipe_value(q, c, W, wmax, cands[t])
+    for V in cands[np.argsort(f, kind="mergesort")]:  # by (bound, V): np.unique's ascending V, sorted stably
+        _, best_bins, best = pack_attempt(V, l_, w, order, M, c, q, W, wmax, vmin, rounds, tried, best_bins, best,
+                                         asc)
+    v_best = np.unique(best_bins).size  # the incumbent's micro-batch count
     for step in (1, -1):
         V = v_best + step
         while vmin <= V <= n:
@@ -265,19 +222,11 @@ def pack_core(l_, a, b, d, c, q, M, S, su):
     """packing.pack's heuristic path for n >= 2 sequences, from the lengths to the packing, in one call: the work
     w = a l^2 + b l + d per sequence, W (kernels_sums.np_sum: numpy's sum, the same float), w_max, V_min =
     ceil(S / M), the bound's minimiser (pipecost.best_v; 1: one micro-batch, optimal), the longest-first order, the V
-    range (su = S // UtilLen, computed by the caller) and pack_search; then packing.finish's layout: the
-    micro-batches by first (smallest) index, ascending indices within, and their time (pipecost.packed_value of the
-    per-micro-batch work sums, each np_sum of the micro-batch's works in index order; their total summed in
-    micro-batch order, as Python's sum does). Returns (indices grouped by micro-batch, each micro-batch's end in
-    them, est, the largest micro-batch's tokens)."""
+    range (su = S // UtilLen, computed by the caller) and pack_search; then `layout`. Returns layout's tuple."""
     n = l_.size
-    w = np.empty(n)
-    wmax = -np.inf
-    for i in range(n):
-        x = float(l_[i])
-        w[i] = a * x * x + b * x + d
-        if w[i] > wmax:
-            wmax = w[i]
+    lf = l_.astype(np.float64)
+    w = a * lf * lf + b * lf + d
+    wmax = w.max()
     W = np_sum(w, 0, n)
     vmin = max(1, -(-S // M))
     vo = best_v(q, c, W, wmax, vmin, n)[0]
@@ -289,46 +238,32 @@ def pack_core(l_, a, b, d, c, q, M, S, su):
     v_util = min(n, max(vmin, su))
     v_hi = min(n, max(v_util, vo + 2))
     bins, _ = pack_search(l_, w, order, M, c, q, W, wmax, vmin, vo, v_hi, 20 + 2 * n)
-    nb = 0
-    for i in range(n):
-        if bins[i] + 1 > nb:
-            nb = bins[i] + 1
-    rank = np.full(nb, -1, np.int64)  # micro-batch rank by first index
+    return layout(bins, l_, w, c, q)
+
+
+def layout(bins, l_, w, c, q):
+    """The packing whose sequence i (length l_[i], work w[i]) is in bin bins[i], laid out as every packer's
+    (packing.finish, pack_core): the micro-batches by first (smallest) index, ascending indices within, empty bins
+    dropped; and their time as packing.pipeline_time gives it (pipecost.packed_value of the per-micro-batch work sums,
+    each np_sum of the micro-batch's works in index order; their total summed in micro-batch order, as Python's sum
+    does). Returns (indices grouped by micro-batch, each micro-batch's end in them, est, the largest micro-batch's
+    tokens)."""
+    rank = np.full(bins.max() + 1, -1, np.int64)  # micro-batch rank by first index
     nr = 0
-    for i in range(n):
+    for i in range(l_.size):
         if rank[bins[i]] < 0:
             rank[bins[i]] = nr
             nr += 1
-    cnt = np.zeros(nr, np.int64)
-    tok = np.zeros(nr, np.int64)
-    for i in range(n):
-        cnt[rank[bins[i]]] += 1
-        tok[rank[bins[i]]] += l_[i]
-    ends = np.empty(nr, np.int64)
-    pos = np.empty(nr, np.int64)
-    e = 0
-    tmax = 0
-    for r in range(nr):
-        pos[r] = e
-        e += cnt[r]
-        ends[r] = e
-        if tok[r] > tmax:
-            tmax = tok[r]
-    ol = np.empty(n, np.int64)
-    wo = np.empty(n)
-    for i in range(n):
-        r = rank[bins[i]]
-        ol[pos[r]] = i
-        wo[pos[r]] = w[i]
-        pos[r] += 1
-    tot = 0.0
-    top = -np.inf
-    s = 0
+    r_of = rank[bins]
+    ol = np.argsort(r_of, kind="mergesort")  # by rank, ascending indices within (a stable sort)
+    ends = np.cumsum(np.bincount(r_of))
+    lo, wo = l_[ol], w[ol]
+    tot, top, tmax, s = 0.0, -np.inf, 0, 0
     for r in range(nr):
         x = np_sum(wo, s, ends[r] - s)
         tot += x
-        if c + x > top:
-            top = c + x
+        top = max(top, c + x)
+        tmax = max(tmax, lo[s:ends[r]].sum())
         s = ends[r]
     return ol, ends, packed_value(q, c, tot, top, nr), tmax
 
@@ -441,7 +376,7 @@ def top_search(top, A, B, D, C, Q, M, cnt, limit):
         nodes += 1
         if nodes > limit:
             return -1.0
-        leaf = True
+        fno[t + 1] = 0  # a leaf or a pruned child has no options: the loop backs out of it, undoing this option
         if nc < best:
             if t + 1 == n:
                 best = nc
@@ -450,29 +385,17 @@ def top_search(top, A, B, D, C, Q, M, cnt, limit):
                                         fd, fw)
                 fpos[t + 1] = 0
                 fcur[t + 1] = nc
-                leaf = False
-        if leaf:  # undo this option; the loop tries the next one at depth t
-            if o >= 0:
-                oW[o], otok[o], owm[o], ocnt[o] = sW[t], stok[t], swm[t], scnt[t]
-            else:
-                n_o = sno[t]
-                used[k] -= 1
-        else:
-            t += 1
+        t += 1
     return best
 
 
-# the packer's loops by the names their callers use, plain and compiled
+# the packer's and the bounds' loops by the names their callers use, plain and compiled
 _PACK = {"lpt": lpt, "refine": refine, "ffd": ffd, "pack_score": pack_score, "pack_attempt": pack_attempt,
-         "pack_search": pack_search, "pack_core": pack_core, "ts_expand": ts_expand, "top_search": top_search}
-PLAIN = plain(_PACK, {"np": np, "pipe_value": pipe_value, "packed_value": packed_value, "bound_value": bound_value,
-                      "best_v": best_v, "np_sum": kernels_sums.PLAIN.np_sum})
+         "pack_search": pack_search, "pack_core": pack_core, "layout": layout, "ts_expand": ts_expand,
+         "top_search": top_search}
 if kernels_sums.COMPILED is not None:  # pack_core calls the compiled np_sum (bound before compiling, as pipecost's)
     np_sum = kernels_sums.COMPILED.np_sum
-
-COMPILED = compile_loops(_PACK, globals(), ("bound_value", "pipe_value", "packed_value", "best_v"))
-
-
-def loops() -> types.SimpleNamespace:
-    """The packer's and the bounds' loops: compiled where numba is installed, else plain Python (the same source)."""
-    return COMPILED if COMPILED is not None else PLAIN
+PLAIN, COMPILED, loops = modes(_PACK, {"np": np, "pipe_value": pipe_value, "packed_value": packed_value,
+                                       "bound_value": bound_value, "best_v": best_v,
+                                       "np_sum": kernels_sums.PLAIN.np_sum},
+                               globals(), ("bound_value", "pipe_value", "packed_value", "best_v"))

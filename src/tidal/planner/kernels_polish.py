@@ -8,11 +8,9 @@ the two modes float for float. Import this module lazily (importing numba takes 
 """
 from __future__ import annotations
 
-import types
-
 import numpy as np
 
-from tidal.planner.kernels import compile_loops, plain
+from tidal.planner.kernels import modes
 
 
 def polish_rounds(lf, A, B, C, D, Q1, M, n_mbs, flat, sizes, mb_pipe, doc_mb, alive, changed, target, rounds,
@@ -24,11 +22,7 @@ def polish_rounds(lf, A, B, C, D, Q1, M, n_mbs, flat, sizes, mb_pipe, doc_mb, al
     on entry) of micro-batches a move empties, and set `changed` of the pipelines they touch. An index out of range
     is an IndexError (negative ones count from the end), as numpy's."""
     n, n_mb, P = lf.size, mb_pipe.size, A.size
-    m = 0
-    for j in range(P):
-        for _ in range(n_mbs[j]):
-            mb_pipe[m] = j
-            m += 1
+    mb_pipe[:] = np.repeat(np.arange(P), n_mbs)
     doc_mb[:] = -1
     t = 0
     for m in range(n_mb):
@@ -41,20 +35,14 @@ def polish_rounds(lf, A, B, C, D, Q1, M, n_mbs, flat, sizes, mb_pipe, doc_mb, al
     for i in range(n):
         if doc_mb[i] < 0:
             return i
-    mb_t, mb_tok = np.zeros(n_mb), np.zeros(n_mb)
-    cnt = np.zeros(n_mb, np.int64)
-    for i in range(n):
-        m, x = doc_mb[i], lf[i]
-        p = mb_pipe[m]
-        mb_t[m] += A[p] * x * x + B[p] * x + D[p]  # the work where it is, summed per micro-batch in document order
-        mb_tok[m] += x
-        cnt[m] += 1
-    for m in range(n_mb):
-        mb_t[m] = C[mb_pipe[m]] + mb_t[m]
+    dp = mb_pipe[doc_mb]  # each document's pipeline
+    # c + the work where it is, summed per micro-batch in document order (np.bincount adds one weight at a time)
+    mb_t = C[mb_pipe] + np.bincount(doc_mb, weights=A[dp] * lf * lf + B[dp] * lf + D[dp], minlength=n_mb)
+    mb_tok = np.bincount(doc_mb, weights=lf, minlength=n_mb)
+    cnt = np.bincount(doc_mb, minlength=n_mb)
     top1, top2, V, tot, time = np.empty(P), np.empty(P), np.empty(P), np.empty(P), np.empty(P)
     arg = np.empty(P, np.int64)
-    mine, sel, xs, wj, new_j = (np.empty(n, np.int64), np.empty(max_docs, np.int64), np.empty(max_docs),
-                                np.empty(max_docs), np.empty(max_docs))
+    sel, xs, wj, new_j = np.empty(max_docs, np.int64), np.empty(max_docs), np.empty(max_docs), np.empty(max_docs)
     near = np.zeros(P, np.bool_)
     for _ in range(rounds):
         # each pipeline's slowest live micro-batch (the first at the top), the second, count, sum and time
@@ -83,14 +71,11 @@ def polish_rounds(lf, A, B, C, D, Q1, M, n_mbs, flat, sizes, mb_pipe, doc_mb, al
         if tj <= target:
             break
         ms = arg[j]
-        nm = 0
-        for i in range(n):
-            if doc_mb[i] == ms:
-                mine[nm] = i
-                nm += 1
+        mine = np.nonzero(doc_mb == ms)[0]
+        nm = mine.size
         if nm == 0:
             break
-        order = np.argsort(-lf[mine[:nm]], kind="mergesort")  # longest first, ties by index (stable)
+        order = np.argsort(-lf[mine], kind="mergesort")  # longest first, ties by index (stable)
         ns = min(max_docs, nm)
         fj = Q1[j] + V[j]
         sec = max(top2[j], 0.0)
@@ -187,11 +172,4 @@ def polish_rounds(lf, A, B, C, D, Q1, M, n_mbs, flat, sizes, mb_pipe, doc_mb, al
     return -1
 
 
-_POLISH = {"polish_rounds": polish_rounds}
-PLAIN = plain(_POLISH, {"np": np})
-COMPILED = compile_loops(_POLISH, globals())
-
-
-def loops() -> types.SimpleNamespace:
-    """polish's rounds: compiled where numba is installed, else plain Python (the same source)."""
-    return COMPILED if COMPILED is not None else PLAIN
+PLAIN, COMPILED, loops = modes({"polish_rounds": polish_rounds}, {"np": np}, globals())

@@ -10,11 +10,9 @@ Import this module lazily (importing numba takes a second).
 """
 from __future__ import annotations
 
-import types
-
 import numpy as np
 
-from tidal.planner.kernels import compile_loops, plain
+from tidal.planner.kernels import modes
 
 
 def np_sum_block(x, lo, n):
@@ -113,38 +111,19 @@ def pipe_reports(sub, mb_work, doc_end, mb_end, c):
     bad = False
     s = 0
     m0 = 0
-    tmp = np.empty(mb_work.size)
     for j in range(n_p):
-        e = doc_end[j]
-        m1 = mb_end[j]
-        t = 0
-        for i in range(s, e):
-            t += sub[i]
-        tok[j] = t
-        if m1 - m0 > 1:
-            k = m1 - m0
-            top = -np.inf
-            for r in range(k):
-                tmp[r] = c[j] + mb_work[m0 + r]
-                if not (tmp[r] >= 0 and tmp[r] < np.inf):
-                    bad = True
-                if tmp[r] > top:
-                    top = tmp[r]
-            tot = np_sum(tmp, 0, k)
-            if tot != 0:
-                imb[j] = top / (tot / k)
-        s = e
-        m0 = m1
+        tok[j] = sub[s:doc_end[j]].sum()
+        if mb_end[j] - m0 > 1:
+            t = c[j] + mb_work[m0:mb_end[j]]
+            bad = bad or not ((t >= 0) & (t < np.inf)).all()
+            tot = np_sum(t, 0, t.size)
+            if tot != 0:  # a NaN or -inf is `bad` (the caller raises), so the max is the loop's
+                imb[j] = t.max() / (tot / t.size)
+        s = doc_end[j]
+        m0 = mb_end[j]
     return tok, imb, bad
 
 
 # the loops by the names their callers use, plain and compiled
 _SUMS = {"np_sum_block": np_sum_block, "np_sum": np_sum, "mb_works": mb_works, "pipe_reports": pipe_reports}
-PLAIN = plain(_SUMS, {"np": np})
-
-COMPILED = compile_loops(_SUMS, globals())
-
-
-def loops() -> types.SimpleNamespace:
-    """numpy's sums and the figures built on them: compiled where numba is installed, else plain Python."""
-    return COMPILED if COMPILED is not None else PLAIN
+PLAIN, COMPILED, loops = modes(_SUMS, {"np": np}, globals())

@@ -44,16 +44,13 @@ def pipeline_time(lengths, micro_batches, coeffs: LatencyCoeffs, pp: int) -> flo
 
     sizes = [len(mb) for mb in mbs]
     flat = np.fromiter(itertools.chain.from_iterable(mbs), dtype=np.int64, count=sum(sizes))
-    # the per-micro-batch work as coeffs.mb_time sums it (c + this is mb_time), and as `finish` sums it: np.sum of
+    # the per-micro-batch work as coeffs.mb_time sums it (c + this is mb_time), and as `finish` sums it
+    # (kernels_pack.layout): np.sum of
     # a x^2 + b x + d over the micro-batch's lengths in its order, the same floats (kernels_sums.np_sum)
     works = kernels_sums.loops().mb_works(np.ascontiguousarray(lengths, dtype=np.float64), flat,
                                           np.array(sizes, dtype=np.int64), float(coeffs.a), float(coeffs.b),
                                           float(coeffs.d))
-    return _packed_time(works.tolist(), coeffs, pp)
-
-
-def _packed_time(works: list[float], coeffs: LatencyCoeffs, pp: int) -> float:
-    """The time of a pipeline whose micro-batches hold these works (each takes c + its work): pipecost.packed_value."""
+    works = works.tolist()
     c = float(coeffs.c)
     return packed_value(stage_q(pp, prices_eq1(coeffs)), c, float(sum(works)), max(c + x for x in works), len(works))
 
@@ -67,26 +64,22 @@ def validate(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int) -> np.ndarra
     return l_
 
 
-def finish(bin_of: np.ndarray, l_: np.ndarray, coeffs: LatencyCoeffs, pp: int,
-           w: np.ndarray | None = None, ids: np.ndarray | None = None) -> PackResult:
-    """The packing whose sequence i is in bin bin_of[i], laid out and timed; `ids` as in `pack`."""
-    order = np.argsort(bin_of, kind="stable")  # ascending indices within each bin
-    cnt = np.bincount(bin_of)
-    cnt = cnt[cnt > 0]
-    ends = np.cumsum(cnt)
-    starts = ends - cnt
-    # Deterministic order: micro-batches by first (smallest) index (distinct, so any sort gives the same order).
-    by_first = np.argsort(order[starts])
-    starts_l, ends_l = starts[by_first].tolist(), ends[by_first].tolist()
-    ol = (order if ids is None else ids[order]).tolist()
-    mbs = tuple(tuple(ol[a:b]) for a, b in zip(starts_l, ends_l))
-    if w is None:
-        return PackResult(mbs, pipeline_time(l_, mbs, coeffs, pp))
-    # pipeline_time with the per-document work computed once: w holds the same element values mb_time computes
-    # (a l^2 + b l + d in float64, same operation order), summed per micro-batch in the same order (a contiguous
-    # slice of w in the micro-batch's index order, as w[list(mb)] is), so the same floats
-    wo = w[order]
-    return PackResult(mbs, _packed_time([float(wo[a:b].sum()) for a, b in zip(starts_l, ends_l)], coeffs, pp))
+def finish(bin_of: np.ndarray, l_: np.ndarray, coeffs: LatencyCoeffs, pp: int, ids: np.ndarray | None = None,
+           loops: SimpleNamespace | None = None) -> PackResult:
+    """The packing whose sequence i is in bin bin_of[i], laid out and timed (kernels_pack.layout: micro-batches by
+    first index, ascending indices within; pipeline_time's float); `ids` and `loops` as in `pack`."""
+    if loops is None:
+        from tidal.planner import kernels_pack
+
+        loops = kernels_pack.loops()
+    p = PipeCost.of(coeffs, pp, 1)  # its work and q (MaxLen plays no part)
+    return _result(*loops.layout(bin_of, l_, p.work(l_), p.c, p.q)[:3], ids)
+
+
+def _result(ol: np.ndarray, ends: np.ndarray, est: float, ids: np.ndarray | None) -> PackResult:
+    """A PackResult from kernels_pack.layout's indices grouped by micro-batch and their ends, named by `ids`."""
+    ol, ends = (ol if ids is None else ids[ol]).tolist(), ends.tolist()
+    return PackResult(tuple(tuple(ol[a:b]) for a, b in zip([0] + ends[:-1], ends)), float(est))
 
 
 def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool = False,
@@ -105,15 +98,14 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
         return PackResult((), 0.0)
     p = PipeCost.of(coeffs, pp, max_len)
     if n == 1:
-        return finish(np.zeros(1, dtype=np.int64), l_, coeffs, pp, p.work(l_), ids)
+        return finish(np.zeros(1, dtype=np.int64), l_, coeffs, pp, ids, loops)
     if not exact:
         # the whole heuristic in one compiled call (kernels_pack.pack_core: the same floats as the steps below)
         S = int(l_.sum())
         ol, ends, est, tmax = loops.pack_core(l_, p.a, p.b, p.d, p.c, p.q, max_len, S, int(S // coeffs.util_len()))
         if tmax > max_len:
             raise TidalError(f"packing produced a micro-batch of {int(tmax)} tokens > MaxLen {max_len}")
-        ol, ends = (ol if ids is None else ids[ol]).tolist(), ends.tolist()
-        return PackResult(tuple(tuple(ol[a:b]) for a, b in zip([0] + ends[:-1], ends)), float(est))
+        return _result(ol, ends, est, ids)
     w = p.work(l_)
     c = p.c
     S, W, wmax = int(l_.sum()), float(w.sum()), float(w.max())
@@ -144,4 +136,4 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
     tokens = np.bincount(best_bins, weights=l_)
     if tokens.max() > max_len:  # token counts < 2^53: the float sums are exact
         raise TidalError(f"packing produced a micro-batch of {int(tokens.max())} tokens > MaxLen {max_len}")
-    return finish(best_bins.astype(np.int64, copy=False), l_, coeffs, pp, w, ids)
+    return finish(best_bins.astype(np.int64, copy=False), l_, coeffs, pp, ids, loops)

@@ -76,12 +76,9 @@ class Repair:
     def copy_bins(self) -> list[list[list[int]]]:
         return [[list(b) for b in bs] for bs in self.bins]
 
-    def time(self, j: int) -> float:
-        """V c + W of pipeline j (the pass times its result with packing.pipeline_time)."""
-        return len(self.bins[j]) * self.c[j] + float(self.w[j, self.docs(j)].sum())
-
     def times(self) -> np.ndarray:
-        """Every pipeline's time (time(j) for each j, in one pass over all documents)."""
+        """Every pipeline's time, V c + W, in one pass over all documents (the pass times its result with
+        packing.pipeline_time)."""
         sizes = [sum(len(b) for b in bs) for bs in self.bins]
         ids = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(self.bins)), dtype=np.int64)
         po = np.repeat(np.arange(len(self.pipes)), sizes)
@@ -200,28 +197,23 @@ class Repair:
                 self.bins[j][bj].append(k)
             self.bins[j] = [b for b in self.bins[j] if b]
             made += 1
-            for x in (j, o):  # time(x)'s float, from _flat's documents (the same order)
+            for x in (j, o):  # V c + W of x, its work summed over _flat's documents
                 flat[x] = self._flat(x)
                 t[x] = len(self.bins[x]) * self.c[x] + float(self.w[x][flat[x][0]].sum())
                 rooms(x)
         return made
 
     def valid(self) -> bool:
-        """Every document once, every micro-batch non-empty and <= MaxLen."""
-        flats = [self._flat(j) for j in range(len(self.pipes))]
-        ids = np.concatenate([f[0] for f in flats]) if flats else np.zeros(0, dtype=np.int64)
-        ok = all(f[2].size == len(self.bins[j]) and (f[2] >= 0).all() and all(self.bins[j])
-                 for j, f in enumerate(flats))
-        return ok and ids.size == self.l.size and bool((np.bincount(ids, minlength=self.l.size) == 1).all())
+        return valid_bins(self.l, [p.max_len for p in self.pipes], self.bins)
 
 
-def repackable(l_: np.ndarray, pipes, bins) -> list[int]:
-    """Pipelines of >= 2 micro-batches whose tokens fit one fewer (step 1's only candidates; no work computed)."""
-    out = []
-    for j, (p, bs) in enumerate(zip(pipes, bins)):
-        if len(bs) >= 2 and int(l_[[i for b in bs for i in b]].sum()) <= (len(bs) - 1) * p.max_len:
-            out.append(j)
-    return out
+def valid_bins(l_: np.ndarray, max_lens, bins: list[list[list[int]]]) -> bool:
+    """Every document of l_ on exactly one micro-batch, every micro-batch non-empty and within its pipeline's MaxLen
+    (the repair's and the exchange's check of their result)."""
+    ids = [i for bs in bins for b in bs for i in b]
+    seen = np.bincount(np.array(ids, dtype=np.int64), minlength=l_.size) if ids else np.zeros(l_.size)
+    fits = all(b and int(l_[b].sum()) <= int(m) for m, bs in zip(max_lens, bins) for b in bs)
+    return fits and len(ids) == l_.size and bool((seen == 1).all())
 
 
 def repair(l_: np.ndarray, pipes, bins, *, excess: float = 0.02, tries: int = 3, rounds: int = 3, drops: int = 1,
@@ -231,8 +223,8 @@ def repair(l_: np.ndarray, pipes, bins, *, excess: float = 0.02, tries: int = 3,
     moves and swaps). `deadline_ok()`: checked between drop rounds and candidates."""
     bins = [[list(b) for b in bs if b] for bs in bins]
     repacked = 0
-    for j in repackable(l_, pipes, bins):
-        got = mbs_pack(l_, [i for b in bins[j] for i in b], pipes[j].max_len, len(bins[j]) - 1)
+    for j, (p, bs) in enumerate(zip(pipes, bins)):  # step 1: >= 2 micro-batches whose tokens fit one fewer
+        got = mbs_pack(l_, [i for b in bs for i in b], p.max_len, len(bs) - 1) if len(bs) >= 2 else None
         if got is not None:
             bins[j], repacked = got, repacked + 1
     if not repacked:
