@@ -37,7 +37,6 @@ class Charges:
     def delay(self, j: int, t_first: float, t_last: float) -> float:
         """Seconds pipeline j's sync adds when its first / last micro-batch takes t_first / t_last (forward +
         backward on a stage)."""
-        assert self.sync is not None
         fs = self.sync.fwd_share
         return sync_delay(self.pull[j], self.push[j], self.layers[j], fs * t_first, (1 - fs) * t_last,
                           self.sync.overlap)

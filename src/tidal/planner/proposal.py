@@ -37,7 +37,6 @@ class Proposal:
     expected: tuple[float, ...]  # expected_cost of each on the whole distribution (s): the DP's objective
     simulated: tuple[float, ...]  # mean estimated step time on the sampled evaluation steps (s; inf: too short)
     dp_best: float  # least expected_cost among the DP's rounded strategies (before the homogeneous baselines join)
-    schemes: tuple[ParallelScheme, ...]  # the scheme space searched
 
 
 def scheme_space(cost_model: CostModel, n_devices: int, *, max_tp: int | None = None, max_cp: int = 8,
@@ -309,7 +308,7 @@ def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: in
     lens = [p.max_len for p in cache([st for _, st in pool])]
     chosen = _keep_long(_greedy_cover(E, max_candidates), E, lens, max_len, max_candidates)
     return Proposal(tuple(pool[i][1] for i in chosen), tuple(scored[pool[i][0]] for i in chosen),
-                    tuple(float(E[i].mean()) for i in chosen), dp_best, space)
+                    tuple(float(E[i].mean()) for i in chosen), dp_best)
 
 
 def _dp_pool(lengths, K0: dict, pc0, full, top_bin: int, N: int, tokens_per_step: int, max_len: int,
