@@ -119,7 +119,7 @@ def test_segments_are_the_maximal_runs_of_each_ranks_tokens(lengths, cp, mode):
         idx = np.flatnonzero(owner == r)
         np.testing.assert_array_equal(idx, rs.indices)
         # a new run starts where the packed index jumps or the document changes
-        first = np.flatnonzero(np.concatenate([[True], (np.diff(idx) != 1) | (np.diff(doc_of[idx]) != 0)]))
+        first = np.flatnonzero(np.concatenate([[idx.size > 0], (np.diff(idx) != 1) | (np.diff(doc_of[idx]) != 0)]))
         run_len = np.diff(np.append(first, idx.size))
         np.testing.assert_array_equal(q_start[rank == r], pos_of[idx[first]])
         np.testing.assert_array_equal(q_len[rank == r], run_len)
