@@ -28,8 +28,8 @@ from tidal.costmodel import default_cost_model
 from tidal.data import sample_steps
 from tidal.planner import select as sel
 from tidal.planner.bounds import StrategyBound
-from tidal.planner.bounds_modes import mode_bound
 from tidal.planner.config import PlannerConfig
+from tidal.proof.modes import mode_bound
 
 
 def solve(l_: np.ndarray, pipes, max_mbs: int, lo: float, hi: float, time_limit: float):

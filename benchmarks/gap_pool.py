@@ -33,11 +33,10 @@ import time
 import numpy as np
 from planner_grid import probe_args, probe_steps
 
-from tidal.planner.config import DEFAULT
 from tidal.planner.dispatch import owner_result
 from tidal.planner.packing import pack
 from tidal.planner.select import select_step
-from tidal.proof.lp import prove_selection
+from tidal.proof.lp import GAP, prove_selection
 from tidal.proof.pool import pool_bound, pool_min_bound, pool_solve
 
 VARIANTS = ("plain", "counts", "rows", "min", "rowsmin")
@@ -46,7 +45,7 @@ VARIANTS = ("plain", "counts", "rows", "min", "rowsmin")
 def _min_both(l_, pipes, lo, hi, pool_s):
     """pool_min_bound with the count rows, compact encoding, then the modes' where still under (module doc, "min")."""
     b = pool_min_bound(l_, pipes, lo, hi, pool_s, counts=True, compact=True)
-    if b * (1 + DEFAULT.mode_gap) < hi:
+    if b * (1 + GAP) < hi:
         b = max(b, pool_min_bound(l_, pipes, b, hi, pool_s, counts=True, compact=False))
     return b
 
@@ -65,7 +64,7 @@ def prove_rows(l_: np.ndarray, profs, lp_sel, pool_s: float, iters: int = 4, bou
         b = reports[i]
         if b >= lb:
             break
-        if b * (1 + DEFAULT.mode_gap) < min(lb, est) and int(l_.max()) <= profs[i].max_len:
+        if b * (1 + GAP) < min(lb, est) and int(l_.max()) <= profs[i].max_len:
             b = max(b, pool_bound(l_, profs[i].pipes, b, min(lb, est), pool_s, iters, counts=True, compact=False)
                     if bound is None else bound(l_, profs[i].pipes, b, min(lb, est), pool_s))
             reports[i] = b

@@ -30,12 +30,12 @@ from planner_grid import probe_steps
 
 from tidal.planner import select as sel
 from tidal.planner.bounds import StrategyBound
-from tidal.planner.bounds_modes import mode_bound
 from tidal.planner.dispatch import restart_dispatch
 from tidal.planner.packing import pack
 from tidal.planner.passes import pack_groups
 from tidal.planner.polish import polish
 from tidal.proof.lp import lp_bound, lp_prices
+from tidal.proof.modes import mode_bound
 
 
 def probe(l_: np.ndarray, prof, restarts: int, rounds: int) -> dict:

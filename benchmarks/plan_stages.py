@@ -6,8 +6,8 @@ Hydraulis' dispatch, on the grid's held-out steps (issue 27's plan-time profile;
 
 For each cell (model:cluster:source, hand candidates from planner_grid.py) it plans every step once unmeasured
 (the first) and then each in turn after a full garbage collection, and prints the step's CPU ms (thread_time; median,
-p90, mean) and, per step on average, the CPU ms inside `StrategyBound(...)` (the quick bounds), `.refined()`, the
-mode search (`bounds_modes.mode_search`, both of select_step's searches) and `dispatch_hydraulis`. The stages are
+p90, mean) and, per step on average, the CPU ms inside `StrategyBound(...)` (the quick bounds), `.refined()` and
+`dispatch_hydraulis` (the mode search left the planner with decision 154). The stages are
 timed by wrapping those functions in this process only (a measurement, not a configuration). Run it with each source
 tree on its PYTHONPATH to compare two trees (this script and planner_grid.py are the same in both); timings on a
 shared machine are noisy, so run the trees in turn, twice.
@@ -40,7 +40,7 @@ def main() -> None:
 
     from tidal.core import get_cluster
     from tidal.data import sample_steps
-    from tidal.planner import bounds, bounds_modes, select
+    from tidal.planner import bounds, select
 
     spent: dict[str, float] = {}
 
@@ -55,14 +55,12 @@ def main() -> None:
 
     bounds.StrategyBound.__init__ = timed("StrategyBound", bounds.StrategyBound.__init__)
     bounds.StrategyBound.refined = timed("refined", bounds.StrategyBound.refined)
-    search = timed("mode search", bounds_modes.mode_search)
-    bounds_modes.mode_search = select.mode_search = search  # mode_bound calls the module's
     select.dispatch_hydraulis = timed("Hydraulis dispatch", select.dispatch_hydraulis)
     tmp = tempfile.TemporaryDirectory()
     grid = Grid(Path(tmp.name))
     warm_kernels()
-    print("| cell | steps | step CPU ms median / p90 / mean | per step: StrategyBound / refined / mode search / "
-          "Hydraulis dispatch (ms) |\n|---|---|---|---|")
+    print("| cell | steps | step CPU ms median / p90 / mean | per step: StrategyBound / refined / Hydraulis dispatch "
+          "(ms) |\n|---|---|---|---|")
     for model, cluster, source in cells:
         _, profs, _ = grid.candidates(model, cluster, "hand", source)
         tokens = TOKENS[get_cluster(cluster).num_devices]
@@ -78,7 +76,7 @@ def main() -> None:
             select.select_step(ls, profs, seed=0)
             cpu.append((time.thread_time() - c0) * 1e3)
         parts = " / ".join(f"{spent.get(k, 0.0) * 1e3 / len(steps):.2f}"
-                           for k in ("StrategyBound", "refined", "mode search", "Hydraulis dispatch"))
+                           for k in ("StrategyBound", "refined", "Hydraulis dispatch"))
         print(f"| {model} {cluster} {source} | {len(steps)} | {np.median(cpu):.1f} / {np.percentile(cpu, 90):.1f} / "
               f"{np.mean(cpu):.1f} | {parts} |", flush=True)
 

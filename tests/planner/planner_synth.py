@@ -82,7 +82,7 @@ def formula_cases(n: int, seed: int):
         yield q, c, M, W, tok, wm, cnt, g
 
 
-# pipeline kinds of the mode bound's random instances (tests of bounds_modes and kernels_modes)
+# pipeline kinds of the mode bound's random instances (tests of proof.modes and proof.kernels_modes)
 MODE_KINDS = [PipeCost(1e-3, 1.0, 0.5, 1, 64), PipeCost(0.5e-3, 0.5, 0.5, 2, 128), PipeCost(2e-4, 0.25, 1.0, 4, 200),
               PipeCost(2e-3, 2.0, 0.1, 1, 8), PipeCost(1e-4, 0.3, 0.0, 2, 150), PipeCost(0.0, 0.0, 0.0, 1, 100),
               PipeCost(3e-4, 0.2, 0.2, 1, 256, 0.7), PipeCost(1e-5, 0.01, 0.3, 1, 5),

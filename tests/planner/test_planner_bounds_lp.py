@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from test_planner_modes import _profile, brute_force_cases, pipe_st, plan_and_bound
 
 from tidal.planner.bounds import PipeCost, StrategyBound
-from tidal.planner.bounds_modes import mode_bound
 from tidal.planner.select import assign
 from tidal.proof.lp import VB, certified, lp_bound
+from tidal.proof.modes import mode_bound
 
 pytestmark = pytest.mark.unit
 

@@ -284,11 +284,11 @@ def test_compiled_top_docs_bound_matches_plain():
 
 
 def test_compiled_mode_price_search_matches_plain():
-    """bounds_modes.violated (3+ classes): the price search (kernels_modes.mode_violated, with and without the pair
+    """modes.violated (3+ classes): the price search (kernels_modes.mode_violated, with and without the pair
     line searches of decision 102) compiled and as plain Python reaches the same verdict. The pipeline counts are
     scaled around the first price row's own ratio, so both verdicts occur."""
-    from tidal.planner import kernels_modes as kp
-    from tidal.planner.bounds_modes import violated
+    from tidal.proof import kernels_modes as kp
+    from tidal.proof.modes import violated
     rng = np.random.default_rng(7)
     verdicts = set()
     for _ in range(200):

@@ -1,14 +1,14 @@
 """The mode bound's per-T arrays as one-source kernels (kernels_modes.mode_arrays, mode_thetas, mode_costs; decision
 112): compiled and plain Python, each equal float for float to the numpy expressions they replaced (kept here as the
 references); the price search with two classes against the exact two-class maximum (decision 122); and
-bounds_modes.infeasible's one call (kernels_modes.mode_infeasible, decision 124) against those kernels one by one."""
+modes.infeasible's one call (kernels_modes.mode_infeasible, decision 124) against those kernels one by one."""
 
 import numpy as np
 import pytest
 from planner_synth import open_bounds
 
-from tidal.planner import kernels_modes as km
-from tidal.planner.bounds_modes import SWEEPS, VB, _step_arrays, infeasible, mode_arrays, violated
+from tidal.proof import kernels_modes as km
+from tidal.proof.modes import SWEEPS, VB, _step_arrays, infeasible, mode_arrays, violated
 
 pytestmark = pytest.mark.unit
 
@@ -140,9 +140,9 @@ def test_two_classes_price_search_is_exact_in_both_modes():
 
 
 def test_infeasible_in_one_call_equals_its_kernels_one_by_one_in_both_modes():
-    """kernels_modes.mode_infeasible (bounds_modes.infeasible's one call): the same costs, the same verdict and the
+    """kernels_modes.mode_infeasible (modes.infeasible's one call): the same costs, the same verdict and the
     same certifying row as mode_arrays, mode_thetas, mode_costs, the fits-nowhere check and the price search called
-    one by one; bounds_modes.infeasible gives that verdict (one class: the costs' sum against its pipeline count)."""
+    one by one; modes.infeasible gives that verdict (one class: the costs' sum against its pipeline count)."""
     rng = np.random.default_rng(13)
     verdicts = set()
     for sb in open_bounds(rng, 40, 80):

@@ -75,11 +75,6 @@ class PlannerConfig:
     exchange_partners: int = 32
     exchange_eject: int = 3
     exchange_depth: int = 1
-    mode_gap: float = 2e-3  # select_step raises bounds this far under the estimate with bounds_modes.mode_bound
-    # decision 102: before the passes, a candidate whose plan is above its bound by more than tighten_gap has its
-    # bound raised by bounds_modes.mode_bound (up to the plan's estimate), so the passes see the tighter bound
-    tighten: bool = True
-    tighten_gap: float = 1e-3
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +17,6 @@ from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan, StepPlan
 from tidal.planner.alg1 import dispatch_hydraulis
 from tidal.planner.bounds import StrategyBound, check_lengths, prepare_lengths
-from tidal.planner.bounds_modes import MODE_ITERS, MODE_ITERS_MANY, TIGHTEN_ITERS, mode_bound, mode_search
 from tidal.planner.charges import charge
 from tidal.planner.config import DEFAULT, PlannerConfig
 from tidal.planner.dispatch import dispatch, dispatch_alternatives, length_orders
@@ -84,13 +83,12 @@ def _reports(l_: np.ndarray, prof: StrategyProfile, plans) -> list[PipelineRepor
 def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack, seed: int = 0,
            exact: bool = False, target: float = 0.0, deadline: float | None = None,
            fallback: bool = True, improve_below: float = float("inf"), allowance: Allowance | None = None,
-           config: PlannerConfig = DEFAULT, tighten: Callable[[float, float], float] | None = None,
-           orders: tuple | None = None) -> tuple[float, tuple[PipelinePlan, ...]]:
+           config: PlannerConfig = DEFAULT, orders: tuple | None = None) -> tuple[float, tuple[PipelinePlan, ...]]:
     """Two-stage assignment on one strategy: (step estimate, per-pipeline plans), as docs/planner.md, "The pipeline,
     in one list", orders it: the first dispatch and its alternatives packed, the fastest kept; the passes of
-    `config.passes` (passes.improve) against `target` (a lower bound; `tighten(est, improve_below)` may raise it once,
-    the mode bound) while the candidate can beat `improve_below`, the `deadline` (perf_counter) and `allowance`
-    allow; with `fallback`, Hydraulis' dispatch + the same packer when faster ("Never worse than Hydraulis").
+    `config.passes` (passes.improve) against `target` (a lower bound) while the candidate can beat `improve_below`,
+    the `deadline` (perf_counter) and `allowance` allow; with `fallback`, Hydraulis' dispatch + the same packer when
+    faster ("Never worse than Hydraulis").
     `orders`: dispatch.length_orders(lengths), when the caller has them (select_step sorts them once per step)."""
     cfg = config
     l_ = np.asarray(lengths, dtype=np.int64)
@@ -112,11 +110,7 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
             if est2 < est:
                 est, plans = est2, plans2
         if cfg.passes:
-            tgt = target
-            if tighten is not None and target < improve_below and est > target * (1 + cfg.tighten_gap) \
-                    and (deadline is None or time.perf_counter() < deadline):
-                tgt = max(target, tighten(est, improve_below))
-            ctx = Context(l_, prof, packer, seed, tgt, deadline, cfg, first.objective, orders)
+            ctx = Context(l_, prof, packer, seed, target, deadline, cfg, first.objective, orders)
             est, plans = improve(ctx, est, plans, Allowance() if allowance is None else allowance, improve_below)
     if fallback and est > target and (deadline is None or time.perf_counter() < deadline):
         hy = _hydraulis_plan(l_, prof, packer, seed, exact, est, cfg)
@@ -139,13 +133,12 @@ def _hydraulis_plan(l_: np.ndarray, prof: StrategyProfile, packer: Packer, seed:
 
 def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer = pack, seed: int = 0,
                 exact: bool = False, seq_ids: Sequence[int] | None = None, prune: bool = True,
-                budget_ms: float | None = None, tol: float = 1e-3, modes: bool = True,
-                config: PlannerConfig = DEFAULT) -> StepSelection:
+                budget_ms: float | None = None, tol: float = 1e-3, config: PlannerConfig = DEFAULT) -> StepSelection:
     """Plan one step: the candidate (index into `profiles`) with the least estimated step time, plus reports
     (docs/planner.md, "Per-step selection"). `tol`: a candidate (or Hydraulis' dispatch on it) is skipped when its
     bound is within a factor 1 + tol of the incumbent (0: the exact best, ties to the lower index); `budget_ms`: past
-    it, the best plan so far with `cut_short` set ("Time budget"); `modes`: the reported bound raised by the mode
-    bound (never the plan)."""
+    it, the best plan so far with `cut_short` set ("Time budget"). The reported bound is the least refined bound of the
+    candidates that could have won; the proofs (`tidal.proof`) raise it after planning."""
     t0 = time.perf_counter()
     cfg = config
     deadline = None if budget_ms is None else t0 + budget_ms / 1e3
@@ -182,25 +175,6 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
             bounds[i] = max(bounds[i], sb.refined() + off[i])
             refined[i] = True
 
-    # the mode bound searched before the passes (decision 102): the least T it tried and did not prove, per candidate
-    # (without the charges' floor); the reported bound's search resumes below it
-    unproven = [float("inf")] * len(profiles)
-
-    def tighten(k: int) -> Callable[[float, float], float] | None:
-        """assign's `tighten` for candidate k: its bound raised by the mode bound up to min(e, beat) (without the
-        charges' floor, like assign's target), with TIGHTEN_ITERS bisection steps."""
-        if not (modes and cfg.tighten):
-            return None
-
-        def up(e: float, beat: float) -> float:
-            if unproven[k] == float("inf"):
-                sb = sbs[k]
-                assert sb is not None
-                b, unproven[k] = mode_search(sb, bounds[k] - off[k], min(e, beat), TIGHTEN_ITERS)
-                bounds[k] = max(bounds[k], b + off[k])
-            return bounds[k] - off[k]
-        return up
-
     def charged(k: int, res):
         if res is None or profiles[k].charges is None:
             return res
@@ -231,7 +205,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
         est, plans = charged(k, assign(l_, profiles[k], packer=packer, seed=seed, exact=exact,
                                        target=bounds[k] - off[k], deadline=deadline, fallback=False,
                                        improve_below=float("inf") if best is None else best[0] / (1 + tol) - off[k],
-                                       allowance=allowance, config=cfg, tighten=tighten(k), orders=orders))
+                                       allowance=allowance, config=cfg, orders=orders))
         ests[k] = est
         if best is None or (est, k) < (best[0], best[1]):
             best = (est, k, plans)
@@ -258,23 +232,9 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
         if bounds[i] >= lb:
             break
         if deadline is not None and time.perf_counter() > deadline:
-            cut = True
-            lb = min(lb, bounds[i])  # the quick bound is valid, only looser
-            continue
-        refine(i)
-        on_time = deadline is None or time.perf_counter() <= deadline
-        if modes and on_time and bounds[i] * (1 + cfg.mode_gap) < min(lb, est):
-            # the mode-aware bound (bounds_modes), searched only up to what can still lower the step bound (and below
-            # what the search before the passes could not prove)
-            sb = sbs[i]
-            assert sb is not None
-            hi = min(lb, est) - off[i]
-            if hi < unproven[i]:  # searched before the passes up to a higher T: a fresh search below hi
-                bounds[i] = max(bounds[i], mode_bound(sb, bounds[i] - off[i], hi) + off[i])
-            else:  # resume that search's bisection (as many steps in all as a fresh search makes)
-                rest = (MODE_ITERS if sb.ca.cnt.size <= 2 else MODE_ITERS_MANY) - TIGHTEN_ITERS
-                bounds[i] = max(bounds[i], mode_search(sb, bounds[i] - off[i], unproven[i], rest, resume=True)[0]
-                                + off[i])
+            cut = True  # the quick bound is valid, only looser
+        else:
+            refine(i)
         lb = min(lb, bounds[i])
     prof = profiles[k]
     reports = _reports(l_, prof, plans)

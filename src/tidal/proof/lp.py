@@ -1,13 +1,13 @@
-"""LP-priced mode certificates (issue 9, decision 61): the mode bound of bounds_modes, with prices from an LP.
+"""LP-priced mode certificates (issue 9, decision 61): the mode bound of proof.modes, with prices from an LP.
 
-`bounds_modes` proves that no plan has step time <= T by a certificate: prices y_k >= 0 on pipeline classes and, per
+`proof.modes` proves that no plan has step time <= T by a certificate: prices y_k >= 0 on pipeline classes and, per
 class k and mode v (the pipeline runs exactly v micro-batches, each within `tau_v = T / (PP - 1 + v)`, or
 `T - (v - 1) c` when PP = 1), a cost per document that the documents of one pipeline in mode v cannot exceed 1 in
 total. Its costs mix two resources with a 0/1 weight chosen by a rule of thumb. Here each (k, v) mixes four
 resources with weights theta_kv in the simplex, each a row whose sum over one pipeline's documents is at most 1 in
 mode v:
 
-- work: `w_ik / C_v` (C_v = v (tau_v - c), as in bounds_modes);
+- work: `w_ik / C_v` (C_v = v (tau_v - c), as in proof.modes);
 - tokens: `l_i / (v M_k)` (every micro-batch holds at most M_k tokens);
 - long documents: `[l_i > M_k / 2] / v` (two of them never share a micro-batch);
 - heavy documents: `[w_ik > (tau_v - c) / 2] / v` (two of them never share a micro-batch: it would take more than
@@ -17,7 +17,7 @@ mode v:
 
 A convex combination of rows that each sum to at most 1 sums to at most 1, so with u_ikv = theta_kv . rows and
 u_ik = min over the modes v where i is eligible (c + w_ik <= tau_v, l_i <= M_k) of u_ikv, every plan of time <= T
-has sum_i min_k y_k u_ik <= sum_k y_k cnt_k (bounds_modes' argument, unchanged). A violation proves T is infeasible.
+has sum_i min_k y_k u_ik <= sum_k y_k cnt_k (proof.modes' argument, unchanged). A violation proves T is infeasible.
 
 The weights and prices come from the LP whose dual this certificate is: variables x_ikv (documents of length i on
 class k in mode v), lambda_kv (pipelines of class k in mode v), and s; minimise s subject to
@@ -45,10 +45,9 @@ from scipy.sparse import coo_matrix
 
 from tidal.core.errors import TidalError
 from tidal.planner.bounds import SLACK, StrategyBound, check_lengths, prepare_lengths
-from tidal.planner.bounds_modes import MIN_GAIN, VB, mode_arrays
-from tidal.planner.config import DEFAULT, PlannerConfig
 from tidal.proof.forced import forced_bound
 from tidal.proof.milp import milp_bound
+from tidal.proof.modes import MIN_GAIN, VB, mode_arrays, mode_bound
 from tidal.proof.pool import pool_bound
 
 if TYPE_CHECKING:
@@ -57,6 +56,7 @@ if TYPE_CHECKING:
 NB = 128  # length buckets of the LP (VB = 24 explicit modes instead of 12: no cell gained, twice the cost)
 LP_SOLVES = 3  # LPs per candidate
 RETRY = 0.02  # lp_bound's second LP, at lo / (1 + RETRY), when the first one proves nothing (decision 102)
+GAP = 2e-3  # prove_selection raises a candidate's bound only when this far under the step's bound and the plan
 CHECKS = 20  # numpy bisection steps per LP's prices (0.1 ms each; 10 left 1.0100015 on llama2-7b a800x16 hand github)
 
 
@@ -192,12 +192,13 @@ def lp_bound(sb: StrategyBound, lo: float, hi: float, solves: int = LP_SOLVES, n
 
 
 def prove_selection(lengths, profiles: Sequence[StrategyProfile], sel: StepSelection,
-                    solves: int = LP_SOLVES, config: PlannerConfig = DEFAULT, milp_s: float = 0.0,
+                    solves: int = LP_SOLVES, milp_s: float = 0.0,
                     pool_s: float = 0.0, pool_counts: bool = False, pool_iters: int = 4,
                     forced_s: float = 0.0) -> StepSelection:
-    """`sel` (select_step(lengths, profiles)) with every candidate's bound raised by `lp_bound` where it is more than
-    a factor 1 + config.mode_gap under min(step bound so far, the plan's estimate), in order of bound; the step's bound
-    (plan.lower_bound) is the least of them. The plan itself is unchanged. Deterministic when `milp_s` is 0.
+    """`sel` (select_step(lengths, profiles)) with every candidate's bound raised by `modes.mode_bound` and then
+    `lp_bound` where it is more than a factor 1 + GAP under min(step bound so far, the plan's estimate), in order of
+    bound; the step's bound (plan.lower_bound) is the least of them. The plan itself is unchanged. Deterministic when
+    `milp_s` is 0.
     `milp_s` > 0: where a candidate's bound is still that far under, also `milp.milp_bound` (HiGHS MILP over whole-
     document dispatches, `milp_s` seconds per solve; steps of a few documents per pipeline only; decision 108): its
     result rests on HiGHS' tolerances and, where a solve times out, on the machine's speed. `pool_s` > 0: then also
@@ -226,22 +227,23 @@ def prove_selection(lengths, profiles: Sequence[StrategyProfile], sel: StepSelec
         b = reports[i].lower_bound
         if b >= lb:
             break
-        if b * (1 + config.mode_gap) < min(lb, est) and int(l_.max()) <= profiles[i].max_len:
+        if b * (1 + GAP) < min(lb, est) and int(l_.max()) <= profiles[i].max_len:
             p = profiles[i]
             sb = StrategyBound(l_, p.pipes, grouped=p.grouped, arrays=p.class_arrays, prep=prep)
             top = min(lb, est)
+            b = max(b, mode_bound(sb, b, top))  # select_step's reported bound before decision 154
             lpb = lp_bound(sb, b, top, solves)
             if not np.all(sb.ca.P - 1.0 > 0):  # a one-stage class: the per-micro-batch rows' search too (decision 150)
                 lpb = max(lpb, lp_bound(sb, b, top, solves, per_pipe=False))
             b = max(b, lpb)
-            if milp_s > 0 and b * (1 + config.mode_gap) < top:
+            if milp_s > 0 and b * (1 + GAP) < top:
                 b = max(b, milp_bound(l_, p.pipes, b, top, milp_s))
-            if forced_s > 0 and b * (1 + config.mode_gap) < top:
+            if forced_s > 0 and b * (1 + GAP) < top:
                 b = max(b, forced_bound(l_, p.pipes, b, top, forced_s, int(pool_iters)))
-            if pool_s > 0 and b * (1 + config.mode_gap) < top:
+            if pool_s > 0 and b * (1 + GAP) < top:
                 b = max(b, pool_bound(l_, p.pipes, b, top, pool_s, int(pool_iters), counts=pool_counts,
                                       compact=pool_counts))
-            if pool_s > 0 and pool_counts and b * (1 + config.mode_gap) < top:
+            if pool_s > 0 and pool_counts and b * (1 + GAP) < top:
                 b = max(b, pool_bound(l_, p.pipes, b, top, pool_s, int(pool_iters), counts=True, compact=False))
             reports[i] = replace(reports[i], lower_bound=b)
         lb = min(lb, b)

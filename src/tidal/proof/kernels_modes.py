@@ -91,7 +91,7 @@ def pair_search(U, wt, cnt, y, j, k, iters):
 
 
 def mode_violated(U, wt, cnt, Y, rounds, sweeps, found):
-    """bounds_modes.violated's price search: does some price row y certify
+    """modes.violated's price search: does some price row y certify
     sum_i min_k y_k U[i, k] wt[i] > (1 + 1e-9) sum_k y_k cnt[k]? The rows are Y's (R x K), then `rounds` multiplicative
     updates of the best row (the one with the largest ratio of the two sides): each class's price is raised by its
     argmin-assigned cost over its pipeline count (clipped to [0.25, 4]) to the powers 0.25, 0.5 and 1 (damped by
@@ -149,7 +149,7 @@ def mode_violated(U, wt, cnt, Y, rounds, sweeps, found):
 
 
 def mode_arrays(T, C, P, tau, cap):
-    """bounds_modes.mode_arrays into tau and cap (K x VB, VB = tau.shape[1]; the last mode merged): per class k with
+    """modes.mode_arrays into tau and cap (K x VB, VB = tau.shape[1]; the last mode merged): per class k with
     q = P_k - 1 and v = 1 .. VB, tau = T / (q + v) and C_v = v (tau - c) when q > 0, else (one stage, decision 94)
     tau = T - (v - 1) c and C_v = T - v c; the merged mode's C is sup over real v >= VB of v (T / (q + v) - c):
     (sqrt T - sqrt(q c))^2 where the unconstrained maximiser sqrt(T q / c) - q exceeds VB, T when c = 0."""
@@ -175,7 +175,7 @@ def mode_arrays(T, C, P, tau, cap):
 
 
 def mode_thetas(T, C, P, M, rho, cap, th):
-    """bounds_modes.infeasible's theta row into th (K x VB): per mode work (1.0) where a pipeline filled with the step's
+    """modes.infeasible's theta row into th (K x VB): per mode work (1.0) where a pipeline filled with the step's
     mean document (work per token rho) would exhaust its work capacity first (rho v M >= C_v), else tokens (0.0); the
     merged mode work (1.0), or for a one-stage class the row (w + c l / M) / T (2.0) where VB M (rho + c / M) < T
     (decision 102: in every mode v, W + v c <= T and tokens <= v M, so W + c tokens / M <= T). (All-work, and tokens
@@ -190,7 +190,7 @@ def mode_thetas(T, C, P, M, rho, cap, th):
 
 
 def mode_costs(T, C, M, cw, w, l, tau, cap, th, out):
-    """bounds_modes.infeasible's costs for a theta row th (K x VB) into out (B x K): u_ik(T), inf where document i fits
+    """modes.infeasible's costs for a theta row th (K x VB) into out (B x K): u_ik(T), inf where document i fits
     class k in no mode. Its eligible modes are 1 .. n (c + w_ik <= tau_v (1 + 1e-12); tau falls with v), so u_ik is
     the least of w_ik over the largest C_v among the work modes (th 1, C_v >= 0) up to n, l_i over (the largest token
     mode up to n) M_k, and, where a mode up to n is marked 2 and T > 0, (w_ik + c l_i / M_k) / T (decision 102)."""
@@ -234,7 +234,7 @@ def mode_costs(T, C, M, cw, w, l, tau, cap, th, out):
 
 
 def mode_infeasible(T, C, P, M, rho, cw, w, l, wt, cnt, Y, rounds, sweeps, found, tau, cap, th, U):
-    """bounds_modes.infeasible at T in one call: mode_arrays, mode_thetas and mode_costs into tau, cap, th and U
+    """modes.infeasible at T in one call: mode_arrays, mode_thetas and mode_costs into tau, cap, th and U
     (B x K); 1 when some document fits no class at T (a row of U whose np.min is not finite), else with one class 2
     (the caller compares U's sum with the pipeline count), else 1 when mode_violated finds a certificate, 0 if not."""
     mode_arrays(T, C, P, tau, cap)

@@ -1,6 +1,8 @@
 """Mode-aware step bound (issue 9, decisions 57, 102): the work relaxation with each pipeline's integer micro-batch
 count. Prices y >= 0 with sum_i min_k y_k u_ik(T) > sum_k y_k cnt_k prove a step time T infeasible; docs/planner.md,
-"Mode-aware bound", derives u_ik and states which certificates are tried.
+"Mode-aware bound", derives u_ik and states which certificates are tried. After planning only: `lp.prove_selection`
+starts its LP search from it (decision 154 took it out of select_step, where it had raised the passes' target and
+the reported bound).
 """
 
 from __future__ import annotations
@@ -13,14 +15,13 @@ from tidal.planner.bounds import SLACK, StrategyBound
 
 VB = 12  # modes 1 .. VB - 1 explicit, v >= VB merged
 MIN_GAIN = 1e-3  # mode_bound gives up at once when it cannot raise the bound by this factor
-NEAR = 1e-3  # mode_bound's third probe, hi / (1 + NEAR): the improvement passes' smallest gap (decision 102)
-MODE_ITERS, MODE_ITERS_MANY = 7, 4  # mode_search's bisection steps (with 3+ classes: a price search per point)
-TIGHTEN_ITERS = 2  # select_step's search before the passes bisects this often; the reported bound resumes it
+NEAR = 1e-3  # mode_bound's third probe, hi / (1 + NEAR) (decision 102: a plan within 0.1 % of its bound)
+MODE_ITERS, MODE_ITERS_MANY = 7, 4  # mode_bound's bisection steps (with 3+ classes: a price search per point)
 SWEEPS = 2  # pair line-search sweeps of the price search with 3+ classes (decision 102)
 
 
 def _loops() -> SimpleNamespace:
-    from tidal.planner import kernels_modes  # lazily: importing numba takes a second
+    from tidal.proof import kernels_modes  # lazily: importing numba takes a second
 
     return kernels_modes.loops()
 
@@ -90,19 +91,10 @@ def infeasible(T: float, sb: StrategyBound, Y: np.ndarray, rounds: int = 6, step
 
 def mode_bound(sb: StrategyBound, lo: float, hi: float, iters: int = MODE_ITERS, near: float = NEAR) -> float:
     """The largest T in (lo, hi] that `infeasible` proves (times 1 - SLACK), or lo when it cannot prove
-    lo * (1 + MIN_GAIN): mode_search's bound."""
-    return mode_search(sb, lo, hi, iters, near)[0]
-
-
-def mode_search(sb: StrategyBound, lo: float, hi: float, iters: int = MODE_ITERS, near: float = NEAR,
-                resume: bool = False) -> tuple[float, float]:
-    """(bound, unproven): the largest T in (lo, hi] that `infeasible` proves (times 1 - SLACK), or lo when it cannot
-    prove lo * (1 + MIN_GAIN); and the least T tried that it did not prove (hi when none), where a later search may
-    stop (decision 102). After lo * (1 + MIN_GAIN) and hi, it tries hi / (1 + near) (decision 102: a plan within
-    `near` of its bound gets no improvement pass), then bisects for `iters` steps (at most 4 with 3+ classes).
-    `resume`: lo is what an earlier search proved and hi what it could not, so only the bisection runs."""
+    lo * (1 + MIN_GAIN). After lo * (1 + MIN_GAIN) and hi, it tries hi / (1 + near) (decision 102), then bisects
+    for `iters` steps (at most MODE_ITERS_MANY with 3+ classes)."""
     if sb.final is not None or not hi > lo:
-        return lo, hi
+        return lo
     Y0 = sb.Y0  # sb.prices() as rows
     step = _step_arrays(sb)  # the same for every T tried (and every search on sb)
     found = np.zeros(sb.ca.cnt.size)  # 3+ classes: the last certifying prices, tried first at the next T
@@ -115,25 +107,20 @@ def mode_search(sb: StrategyBound, lo: float, hi: float, iters: int = MODE_ITERS
         return ok
 
     a, b = min(lo * (1 + MIN_GAIN), hi), hi
-    if resume:
-        if hi <= lo * (1 + MIN_GAIN):
-            return lo, hi
-        a = lo
-    else:
-        if not proves(a):  # most candidates: nothing (or < MIN_GAIN) to gain, one evaluation
-            return lo, a
-        if proves(b):
-            return max(lo, b * (1 - SLACK)), b
-        m = hi / (1 + near)
-        if near > 0 and m > a:
-            if proves(m):
-                a = m
-            else:
-                b = m
+    if not proves(a):  # most candidates: nothing (or < MIN_GAIN) to gain, one evaluation
+        return lo
+    if proves(b):
+        return max(lo, b * (1 - SLACK))
+    m = hi / (1 + near)
+    if near > 0 and m > a:
+        if proves(m):
+            a = m
+        else:
+            b = m
     for _ in range(iters if sb.ca.cnt.size <= 2 else min(iters, MODE_ITERS_MANY)):  # 3+ classes: a price search
         m = 0.5 * (a + b)
         if proves(m):
             a = m
         else:
             b = m
-    return max(lo, a * (1 - SLACK)), b
+    return max(lo, a * (1 - SLACK))
