@@ -24,6 +24,7 @@ from tidal.costmodel.base import LatencyCoeffs
 from tidal.costmodel.kernel import kernel_for
 from tidal.data import sample_steps
 from tidal.planner.cp_adaptive import choose_cp_sharding
+from tidal.planner.cp_sharding import rank_attention_pairs, shard_micro_batch
 from tidal.planner.metrics import max_over_mean
 
 CP = 4
@@ -50,7 +51,7 @@ def run(data: str, context: int, steps: int, seed: int) -> None:
             ms.append((time.perf_counter() - t0) * 1e3)
             picks[c.mode] += 1
             for mode in ("per-seq", "per-doc"):
-                bal[mode].append(max_over_mean(c.rank_pairs[mode]))
+                bal[mode].append(max_over_mean(rank_attention_pairs(shard_micro_batch(lens, CP, mode))))
                 tot[mode] += c.time_of(mode)
             tot["adaptive"] += c.est_time
     n = len(bal["per-doc"])

@@ -77,8 +77,8 @@ def main() -> None:
     steps = [np.asarray(s, dtype=np.int64) for s in steps_of(w.source_factory(), a.steps)]
     cache = ProfileCache(cm, sim.sync, "adaptive")
     t0 = time.process_time()
-    E, _ = evaluate(steps, big, cm, a.seed, sim.sync, "adaptive", cache)
-    Ec, _ = evaluate(steps, list(cands), cm, a.seed, sim.sync, "adaptive", cache)
+    E = evaluate(steps, big, cache, a.seed)
+    Ec = evaluate(steps, list(cands), cache, a.seed)
     print(f"larger pool: {len(big)} strategies within {a.levels} moves, evaluated in {time.process_time() - t0:.0f} s"
           f" CPU")
     for s in range(len(steps)):

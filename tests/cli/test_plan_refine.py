@@ -50,8 +50,8 @@ def test_plan_refine_holds_max_len_is_deterministic_and_no_worse(tmp_path):
     proposal's (`--planner.refine false`): the refined pool holds the plain one (decision 99's property for propose,
     here through the job)."""
     from tidal.costmodel.base import pipeline_device
-    from tidal.planner.proposal import REFINE_EVAL_STEPS
-    from tidal.planner.proposal_search import evaluate, sample_steps
+    from tidal.planner.proposal import EVAL_STEPS
+    from tidal.planner.proposal_search import ProfileCache, evaluate, sample_steps
     from tidal.runtime.config import load_config
     from tidal.runtime.job import PROPOSAL_SAMPLE, open_corpus, prepare
 
@@ -71,11 +71,11 @@ def test_plan_refine_holds_max_len_is_deterministic_and_no_worse(tmp_path):
     d = on.config.data
     src = open_corpus(on.config, on.spec).length_source()
     sample = np.minimum(src.lengths(0, PROPOSAL_SAMPLE), d.max_len)
-    steps = sample_steps(sample, d.tokens_per_step, d.max_len, REFINE_EVAL_STEPS, d.seed, long_step=True)
+    steps = sample_steps(sample, d.tokens_per_step, d.max_len, EVAL_STEPS, d.seed, long_step=True)
     sync, policy = on.charges
 
     def best(job):
-        E, _ = evaluate(steps, job.candidates, cm, d.seed, sync, policy)
+        E = evaluate(steps, job.candidates, ProfileCache(cm, sync, policy), d.seed)
         means = [float(row.mean()) for row in E if np.all(np.isfinite(row))]
         return min(means)
 

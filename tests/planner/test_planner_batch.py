@@ -23,7 +23,7 @@ CLASSES = [pytest.param(alg1_trial_classes, id="plain"),
 
 
 def _classes(mode):
-    return alg1.compiled_classes() if mode == "compiled" else mode
+    return alg1.compiled(alg1_trial_classes) if mode == "compiled" else mode
 
 
 def _tied_case(rng):
@@ -69,7 +69,7 @@ def test_alg1_by_classes_on_many_pipelines(mode):
 
     def fallback(*a):
         calls.append(1)
-        return (alg1.compiled_trial() or alg1_trial)(*a)
+        return (alg1.compiled(alg1_trial) or alg1_trial)(*a)
     got = dispatch_hydraulis(l_, multi, trials=1, seed=1, trial=class_trial(_classes(mode), fallback))
     assert calls and got == dispatch_hydraulis(l_, multi, trials=1, seed=1, trial=alg1_trial)
 

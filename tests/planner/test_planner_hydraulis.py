@@ -10,7 +10,7 @@ from planner_synth import PROFILES
 
 from tidal.baselines.fixed import pack_fixed
 from tidal.core.errors import TidalError
-from tidal.planner.alg1 import alg1_trial, compiled_trial, dispatch_hydraulis
+from tidal.planner.alg1 import alg1_trial, compiled, dispatch_hydraulis
 from tidal.planner.bounds import PipeCost, strategy_bound
 from tidal.planner.config import DEFAULT
 from tidal.planner.packing import pack
@@ -58,12 +58,12 @@ def _alg1_loop(l_, pipes, trials, seed):
 
 # Alg. 1's one source as plain Python, and compiled where numba is installed (CI): both modes run the same tests
 TRIALS = [pytest.param(alg1_trial, id="plain"),
-          pytest.param("compiled", id="compiled", marks=pytest.mark.skipif(compiled_trial() is None,
+          pytest.param("compiled", id="compiled", marks=pytest.mark.skipif(compiled(alg1_trial) is None,
                                                                            reason="numba is not installed"))]
 
 
 def _trial(mode):
-    return compiled_trial() if mode == "compiled" else mode
+    return compiled(alg1_trial) if mode == "compiled" else mode
 
 
 @pytest.mark.parametrize("mode", TRIALS)

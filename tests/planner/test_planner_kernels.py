@@ -44,12 +44,12 @@ def test_compiled_greedy_matches_plain():
 def test_compiled_alg1_matches_plain():
     """Hydraulis Alg. 1's one source (alg1.alg1_trial), compiled and as plain Python: the same
     dispatch (with the per-document term d, which the paper-loop tests leave out)."""
-    from tidal.planner.alg1 import alg1_trial, compiled_trial, dispatch_hydraulis
+    from tidal.planner.alg1 import alg1_trial, compiled, dispatch_hydraulis
 
     rng = np.random.default_rng(1)
     for t in range(300):
         pipes, l_ = _case(rng)
-        a = dispatch_hydraulis(l_, pipes, trials=2, seed=t, trial=compiled_trial())
+        a = dispatch_hydraulis(l_, pipes, trials=2, seed=t, trial=compiled(alg1_trial))
         b = dispatch_hydraulis(l_, pipes, trials=2, seed=t, trial=alg1_trial)
         assert a == b
 

@@ -53,7 +53,7 @@ def test_mode_bound_never_above_a_plan(lengths, pipes):
         return
     est, sb = planned
     lo = sb.refined()
-    assert not infeasible(est * (1 + 1e-9), sb, np.vstack(sb.prices())), "a plan of time est exists"
+    assert not infeasible(est * (1 + 1e-9), sb, sb.Y0), "a plan of time est exists"
     assert mode_bound(sb, lo, 2 * est + 1.0) <= est * (1 + 1e-9)
     assert mode_bound(sb, 0.0, 2 * est + 1.0) <= est * (1 + 1e-9)
     assert lp_bound(sb, lo, 2 * est + 1.0) <= est * (1 + 1e-9)  # the LP-priced certificates (proof.lp)
@@ -119,7 +119,7 @@ def test_mode_bound_vs_brute_force_optimum():
         old = sb.refined(top=0)  # the work terms alone: on <= 6 documents the top-documents term is already exact
         new = mode_bound(sb, old, 2 * opt + 1.0)
         assert new <= opt * (1 + 1e-9), (lengths, pipes, new, opt)
-        assert not infeasible(opt * (1 + 1e-9), sb, np.vstack(sb.prices()))
+        assert not infeasible(opt * (1 + 1e-9), sb, sb.Y0)
         tighter += new > old * (1 + 1e-6)
     assert tighter >= 10  # it does raise the bound on such instances
 

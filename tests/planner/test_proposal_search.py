@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 from tidal.core import get_cluster, get_model
-from tidal.core.errors import TidalError
 from tidal.core.strategy import place
 from tidal.costmodel import default_cost_model
 from tidal.costmodel.base import pipeline_device
@@ -59,8 +58,8 @@ def test_bound_rows_are_below_the_estimates():
     sts.append(place((space[idx["tp4"]], space[idx["tp2"]], space[idx["tp1"]], space[idx["tp1"]]), cm.cluster,
                      cm.model))
     sync = SimConfig().sync
-    E, _ = evaluate(steps, sts, cm, 0, sync, "adaptive")
-    lb = bound_rows(steps, sts, cm, sync, "adaptive")
+    cache = ProfileCache(cm, sync, "adaptive")
+    E, lb = evaluate(steps, sts, cache, 0), bound_rows(steps, sts, cache)
     assert lb.shape == E.shape and np.isfinite(E).any()
     assert np.all((lb <= E * (1 + 1e-9)) | ~np.isfinite(E))
     assert np.array_equal(np.isfinite(lb), np.isfinite(E))  # inf exactly where a step holds a too long document
@@ -104,11 +103,8 @@ def test_profile_cache_profiles_each_strategy_once_with_the_same_rows():
            place((space[idx["tp2"]],) * 4, cm.cluster, cm.model)]
     sync = SimConfig().sync
     cache = ProfileCache(cm, sync, "adaptive")
-    lb = bound_rows(steps, sts, cm, sync, "adaptive", cache)
-    E, lens = evaluate(steps, sts, cm, 0, sync, "adaptive", cache)
+    lb = bound_rows(steps, sts, cache)
+    E = evaluate(steps, sts, cache, 0)
     assert cache.computed == 2  # bound and estimate share the two profiles
-    E0, lens0 = evaluate(steps, sts, cm, 0, sync, "adaptive")
-    assert np.array_equal(E, E0) and lens == lens0
-    assert np.array_equal(lb, bound_rows(steps, sts, cm, sync, "adaptive"))
-    with pytest.raises(TidalError, match="ProfileCache"):
-        evaluate(steps, sts, cm, 0, None, None, cache)
+    assert np.array_equal(E, evaluate(steps, sts, ProfileCache(cm, sync, "adaptive"), 0))
+    assert np.array_equal(lb, bound_rows(steps, sts, ProfileCache(cm, sync, "adaptive")))

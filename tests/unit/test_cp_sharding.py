@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidal.core import TidalError
-from tidal.planner.cp_sharding import MODES, rank_attention_pairs, shard_micro_batch
+from tidal.core.cplayout import MODES
+from tidal.planner.cp_sharding import rank_attention_pairs, shard_micro_batch
 
 pytestmark = pytest.mark.unit
 
@@ -103,16 +104,27 @@ def test_bad_input(args):
 @settings(max_examples=400, deadline=None, derandomize=True)
 @given(lengths=st.lists(st.integers(1, 300), min_size=1, max_size=40), cp=st.integers(1, 8),
        mode=st.sampled_from(["per-seq", "per-doc"]))
-def test_segment_pieces_equal_the_token_level_shard(lengths, cp, mode):
-    """The O(documents) segment builder used by the adaptive CP choice gives exactly the token-level shard's segments,
-    rank by rank and in packed order, and the same per-rank causal pairs."""
+def test_segments_are_the_maximal_runs_of_each_ranks_tokens(lengths, cp, mode):
+    """shard_micro_batch builds each rank's tokens from segment_pieces' segments; they must be exactly the maximal
+    runs of the rank's tokens (from the tokens' owners) that stay in one document, in packed order, and give the same
+    per-rank causal pairs."""
     from tidal.planner.cp_sharding import segment_pieces
 
     shard = shard_micro_batch(lengths, cp, mode)
-    rank, q_start, q_len = segment_pieces(lengths, cp, mode)
+    rank, q_start, q_len, doc = segment_pieces(lengths, cp, mode)
+    owner = shard.owner()
+    doc_of = np.repeat(np.arange(len(lengths)), lengths)
+    pos_of = np.arange(owner.size) - np.repeat(np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
     for r, rs in enumerate(shard.ranks):
-        ql = np.diff(rs.cu_seqlens_q.astype(np.int64))
-        np.testing.assert_array_equal(q_start[rank == r], rs.k_len - ql)
-        np.testing.assert_array_equal(q_len[rank == r], ql)
+        idx = np.flatnonzero(owner == r)
+        np.testing.assert_array_equal(idx, rs.indices)
+        # a new run starts where the packed index jumps or the document changes
+        first = np.flatnonzero(np.concatenate([[idx.size > 0], (np.diff(idx) != 1) | (np.diff(doc_of[idx]) != 0)]))
+        run_len = np.diff(np.append(first, idx.size))
+        np.testing.assert_array_equal(q_start[rank == r], pos_of[idx[first]])
+        np.testing.assert_array_equal(q_len[rank == r], run_len)
+        np.testing.assert_array_equal(doc[rank == r], doc_of[idx[first]])
+        np.testing.assert_array_equal(np.diff(rs.cu_seqlens_q.astype(np.int64)), run_len)
+        np.testing.assert_array_equal(rs.positions, pos_of[idx])
     pairs = np.bincount(rank, weights=q_len * q_start + q_len * (q_len + 1) // 2, minlength=cp).astype(np.int64)
     np.testing.assert_array_equal(pairs, rank_attention_pairs(shard))

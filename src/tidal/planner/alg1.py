@@ -178,19 +178,12 @@ CLASS_MIN = 48
 
 
 @functools.cache
-def compiled_classes() -> Callable | None:
-    """`alg1_trial_classes` compiled (numba.njit, no fastmath: the same floats; cached on disk), None without numba."""
+def compiled(trial: Callable) -> Callable | None:
+    """`trial` (alg1_trial or alg1_trial_classes) compiled (numba.njit, no fastmath: the same floats; cached on disk),
+    None without numba."""
     from tidal.planner.kernels import AVAILABLE, njit
 
-    return njit(cache=True)(alg1_trial_classes) if AVAILABLE else None
-
-
-@functools.cache
-def compiled_trial() -> Callable | None:
-    """`alg1_trial` compiled (numba.njit, no fastmath: the same floats; cached on disk), None without numba."""
-    from tidal.planner.kernels import AVAILABLE, njit
-
-    return njit(cache=True)(alg1_trial) if AVAILABLE else None
+    return njit(cache=True)(trial) if AVAILABLE else None
 
 
 def dispatch_hydraulis(lengths, pipes: Sequence[PipeCost], *, trials: int = 100, seed: int = 0,
@@ -203,8 +196,9 @@ def dispatch_hydraulis(lengths, pipes: Sequence[PipeCost], *, trials: int = 100,
     l_ = check_dispatch(lengths, pipes)
     M = np.array([p.max_len for p in pipes], dtype=np.int64)
     if trial is None:
-        base = compiled_trial() or alg1_trial
-        trial = base if len(pipes) < CLASS_MIN else class_trial(compiled_classes() or alg1_trial_classes, base)
+        base = compiled(alg1_trial) or alg1_trial
+        by_class = compiled(alg1_trial_classes) or alg1_trial_classes
+        trial = base if len(pipes) < CLASS_MIN else class_trial(by_class, base)
     rng = np.random.default_rng(seed)
     A, B, c, d = pipe_coeffs(pipes)
     C = c + d  # per-sequence constant c + d

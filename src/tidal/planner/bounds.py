@@ -16,7 +16,7 @@ import numpy as np
 
 from tidal.core.errors import TidalError
 from tidal.costmodel.base import LatencyCoeffs
-from tidal.planner.pipecost import best_v, stage_q
+from tidal.planner.pipecost import bound_value, stage_q
 
 # Bounds are scaled by (1 - SLACK) so float rounding never lets a bound exceed an estimate computed another way.
 SLACK = 1e-9
@@ -112,10 +112,8 @@ def pipeline_bound(lengths: np.ndarray, p: PipeCost) -> float:
     l_ = np.asarray(lengths, dtype=np.int64)
     if l_.size == 0:
         return 0.0
-    wk, tokens = p.work(l_), int(l_.sum())
-    vmin = max(1, -(-tokens // p.max_len))
-    vmax = max(vmin, int(wk.size))
-    return best_v(p.pp - 1, p.c, float(wk.sum()), float(wk.max()), vmin, vmax)[1] * (1 - SLACK)
+    wk = p.work(l_)
+    return bound_value(p.pp - 1, p.c, p.max_len, float(wk.sum()), int(l_.sum()), float(wk.max()), wk.size) * (1 - SLACK)
 
 
 def work_capacity(t: np.ndarray, c: np.ndarray, pp: np.ndarray) -> np.ndarray:
@@ -228,26 +226,23 @@ def prepare_lengths(lengths) -> StepLengths:
 
 
 def top_docs_bound(lengths: np.ndarray, pipes: Sequence[PipeCost], r: int = 6, node_limit: int = 3000,
-                   grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None,
                    loops: SimpleNamespace | None = None, arrays: ClassArrays | None = None) -> float:
     """min over dispatches of only the r longest documents of max_j f_j, f_j the pipeline_bound of the documents on j,
     by exhaustive branch and bound (identical pipelines merged; kernels_pack.top_search, the one source). f only
     grows when a document is added (W, w_max and V_min grow; the new top V = U + 1 costs >= (PP + U)(c + w_max) >=
     f(U)), so this bounds the full step. Falls back to fewer documents when the search exceeds `node_limit` nodes;
     0.0 if even one document is too many. `loops`: kernels_pack.loops() (compiled where numba is installed) unless
-    given (kernels_pack.PLAIN: plain Python). `arrays`: the ClassArrays of `grouped`, when the caller has them."""
+    given (kernels_pack.PLAIN: plain Python). `arrays`: the ClassArrays of `pipes`, when the caller has them."""
     if loops is None:
         from tidal.planner import kernels_pack
 
         loops = kernels_pack.loops()
     l_ = np.sort(np.asarray(lengths, dtype=np.int64))[::-1]
-    classes, cnt = group_pipes(pipes) if grouped is None else grouped
-    arr = [np.array([getattr(p, f) for p in classes]) for f in ("a", "b", "c", "pp", "max_len", "d")] \
-        if arrays is None else [arrays.A, arrays.B, arrays.C, arrays.P, arrays.M, arrays.D]
+    ca = ClassArrays.of(group_pipes(pipes)) if arrays is None else arrays
     top = np.ascontiguousarray(l_[:r])
     while r >= 1:
-        v = loops.top_search(top[:r], arr[0], arr[1], arr[5], arr[2], arr[3].astype(np.int64) - 1,
-                             arr[4].astype(np.int64), cnt, node_limit)
+        v = loops.top_search(top[:r], ca.A, ca.B, ca.D, ca.C, ca.P.astype(np.int64) - 1, ca.M.astype(np.int64),
+                             ca.cnt, node_limit)
         if v >= 0:
             return v
         r //= 2
@@ -350,15 +345,11 @@ class StrategyBound:
         Y = Y / Y.sum(axis=1, keepdims=True)
         vals = self._bound_for(Y)
         best_i = int(np.argmax(vals))
-        self.Y0, self.y0, self.best0 = Y, Y[best_i], float(vals[best_i])
+        self.Y0, self.y0, self.best0 = Y, Y[best_i], float(vals[best_i])  # Y0: the mode bound starts from it
         # One pipeline in all: every document is on it, so its own bound (with V >= tokens / MaxLen, which the work
         # and mode terms relax: they may mix modes fractionally) bounds the step.
         self.lb_one = pipeline_bound(full, ca.classes[0]) if ca.cnt.sum() == 1 and weights is None else 0.0
         self.quick = max(self.lb_doc, self.best0, self.lb_one, 0.0) * (1 - SLACK)
-
-    def prices(self) -> list[np.ndarray]:
-        """LB_work's price rows (the mode bound starts from them)."""
-        return list(self.Y0)
 
     def _bound_for(self, Y: np.ndarray) -> np.ndarray:  # Y: R x K prices -> R bounds
         # the least priced work per document, min over the K classes as K - 1 elementwise minima of rows (the same
@@ -389,5 +380,5 @@ class StrategyBound:
                                     max(best, lb_doc), ca.mt))
         # the `top` longest documents (it sorts its own; the longest r of these are the longest r of all)
         lb_top = top_docs_bound(self.desc[:top] if not self.weighted else l_[wt > 0], self.pipes, r=top,
-                                grouped=(classes, cnt), arrays=ca) if top > 0 else 0.0
+                                arrays=ca) if top > 0 else 0.0
         return max(lb_doc, best, lb_top, self.lb_one) * (1 - SLACK)

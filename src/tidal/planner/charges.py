@@ -1,6 +1,6 @@
 """What the simulator charges a packed plan beyond its balanced compute, charged in the planner's estimates too
 (decision 86; docs/planner.md, "Charges"): each candidate pipeline's gradient pull/push (`costmodel.sync`, charged on
-the packed plan since it overlaps the first forward and last backward; its least value, `SyncCharge.floor`, is added
+the packed plan since it overlaps the first forward and last backward; its least value, `Charges.floor`, is added
 to the candidate's bounds so that estimate >= bound holds) and the CP kernel imbalance of its CP micro-batches
 (`cp_adaptive.charged_pipeline_time`, decision 77; a factor >= 1, so no bound term).
 """
@@ -21,68 +21,50 @@ from tidal.planner.cp_adaptive import charged_pipeline_time, choose_for_micro_ba
 
 
 @dataclass(frozen=True, eq=False)
-class SyncCharge:
-    """Per pipeline of one candidate: pull and push seconds per stage and the stage's layers."""
+class Charges:
+    """What `charge` adds to one candidate's packed plans: under `sync` (None: not charged), each pipeline's pull and
+    push seconds per stage and the stage's layers; under the CP sharding `policy` (None: not charged), the kernel of
+    each CP > 1 pipeline."""
 
-    pricing: SyncPricing
-    pull: tuple[np.ndarray, ...]
-    push: tuple[np.ndarray, ...]
-    layers: tuple[np.ndarray, ...]
-    floor: float  # least delay any non-empty pipeline can get: added to the candidate's bounds
+    sync: SyncPricing | None = None
+    pull: tuple[np.ndarray, ...] = ()
+    push: tuple[np.ndarray, ...] = ()
+    layers: tuple[np.ndarray, ...] = ()
+    floor: float = 0.0  # least sync delay any non-empty pipeline can get: added to the candidate's bounds
+    policy: str | None = None
+    kernels: tuple[KernelModel | None, ...] = ()
 
     def delay(self, j: int, t_first: float, t_last: float) -> float:
         """Seconds pipeline j's sync adds when its first / last micro-batch takes t_first / t_last (forward +
         backward on a stage)."""
-        fs = self.pricing.fwd_share
+        fs = self.sync.fwd_share
         return sync_delay(self.pull[j], self.push[j], self.layers[j], fs * t_first, (1 - fs) * t_last,
-                          self.pricing.overlap)
-
-
-@dataclass(frozen=True, eq=False)
-class Charges:
-    """What `charge` adds to one candidate's packed plans: its pull/push (None: not charged) and, under the CP
-    sharding `policy` (None: not charged), the kernel of each CP > 1 pipeline."""
-
-    sync: SyncCharge | None = None
-    policy: str | None = None
-    kernels: tuple[KernelModel | None, ...] = ()
-
-    @property
-    def floor(self) -> float:
-        return 0.0 if self.sync is None else self.sync.floor
-
-
-def sync_charge(strategy: Strategy, pipes: tuple[PipeCost, ...], splits, cost_model: CostModel,
-                pricing: SyncPricing) -> SyncCharge:
-    """The pull/push of every pipeline of a placed candidate, the optimizer state sharded over the whole cluster (as
-    the simulator shards it)."""
-    m, cl = cost_model.model, cost_model.cluster
-    pull, push, layers = [], [], []
-    for p, split in zip(strategy.pipelines, splits):
-        a, b = pipeline_sync(m, cl, p.devices, p.scheme.tp, p.scheme.cp, split, cl.num_devices, pricing)
-        pull.append(a)
-        push.append(b)
-        layers.append(np.asarray(split, dtype=np.float64))
-    fs = pricing.fwd_share
-    floor = np.inf
-    for j, pc in enumerate(pipes):
-        # the longest stage time of a micro-batch: MaxLen tokens in one document, plus a per-document term per token
-        t = pc.c + pc.a * float(pc.max_len) ** 2 + (pc.b + pc.d) * pc.max_len
-        floor = min(floor, sync_delay(pull[j], push[j], layers[j], fs * t, (1 - fs) * t, pricing.overlap))
-    return SyncCharge(pricing, tuple(pull), tuple(push), tuple(layers), float(floor if np.isfinite(floor) else 0.0))
+                          self.sync.overlap)
 
 
 def charges_of(strategy: Strategy, pipes: tuple[PipeCost, ...], splits, cost_model: CostModel,
                sync: SyncPricing | None, cp_policy: str | None) -> Charges | None:
-    """A candidate's Charges (None when neither is charged)."""
+    """A candidate's Charges (None when neither is charged): with `sync`, the pull/push of every pipeline, the
+    optimizer state sharded over the whole cluster (as the simulator shards it)."""
     if sync is None and cp_policy is None:
         return None
-    sc = None if sync is None else sync_charge(strategy, pipes, splits, cost_model, sync)
-    kernels: tuple[KernelModel | None, ...] = ()
+    m, cl = cost_model.model, cost_model.cluster
+    ch = Charges(policy=cp_policy)
+    if sync is not None:
+        ps = [pipeline_sync(m, cl, p.devices, p.scheme.tp, p.scheme.cp, split, cl.num_devices, sync)
+              for p, split in zip(strategy.pipelines, splits)]
+        ch = replace(ch, sync=sync, pull=tuple(a for a, _ in ps), push=tuple(b for _, b in ps),
+                     layers=tuple(np.asarray(split, dtype=np.float64) for split in splits))
+        floor = np.inf
+        for j, pc in enumerate(pipes):
+            # a micro-batch's longest stage time: MaxLen tokens in one document, plus a per-document term per token
+            t = pc.c + pc.a * float(pc.max_len) ** 2 + (pc.b + pc.d) * pc.max_len
+            floor = min(floor, ch.delay(j, t, t))
+        ch = replace(ch, floor=float(floor if np.isfinite(floor) else 0.0))
     if cp_policy is not None:
-        kernels = tuple(cp_kernel(cost_model.model, p.scheme.tp, pipeline_device(cost_model.cluster, p))
-                        if p.scheme.cp > 1 else None for p in strategy.pipelines)
-    return Charges(sc, cp_policy, kernels)
+        ch = replace(ch, kernels=tuple(cp_kernel(m, p.scheme.tp, pipeline_device(cl, p)) if p.scheme.cp > 1 else None
+                                       for p in strategy.pipelines))
+    return ch
 
 
 def charge(lengths: np.ndarray, pipes: tuple[PipeCost, ...], ch: Charges, plans: tuple[PipelinePlan, ...]
@@ -100,14 +82,14 @@ def charge(lengths: np.ndarray, pipes: tuple[PipeCost, ...], ch: Charges, plans:
         if pl.micro_batches and ch.sync is not None:
             pc = pipes[j]
             t = [pc.c + float(np.sum(pc.work(lengths[list(mb)]))) for mb in pl.micro_batches]
-            delay = ch.sync.delay(j, t[0], t[-1])
+            delay = ch.delay(j, t[0], t[-1])
             if len(t) > 1:
                 # the longest micro-batch first (it hides the pull), the next longest last (the push): the pipeline
                 # formula does not depend on the order, the overlap does
                 order = sorted(range(len(t)), key=lambda m: (-t[m], m))
                 mid = [m for m in range(len(t)) if m not in order[:2]]
                 new = [order[0], *mid, order[1]]
-                d2 = ch.sync.delay(j, t[new[0]], t[new[-1]])
+                d2 = ch.delay(j, t[new[0]], t[new[-1]])
                 if d2 < delay:
                     delay = d2
                     pl = replace(pl, micro_batches=tuple(pl.micro_batches[m] for m in new))

@@ -25,7 +25,6 @@ from tidal.planner.pipecost import packed_value, stage_q
 class CPChoice:
     mode: str  # "per-seq" | "per-doc"
     rank_times: dict[str, tuple[float, ...]]  # per mode: estimated attention seconds of each rank
-    rank_pairs: dict[str, tuple[int, ...]]  # per mode: exact causal query-key pairs of each rank
 
     @property
     def est_time(self) -> float:
@@ -42,15 +41,12 @@ def choose_cp_sharding(doc_lengths, cp: int, kernel: KernelModel) -> CPChoice:
     if arr.ndim != 1 or arr.size == 0:
         raise TidalError(f"choose_cp_sharding needs a non-empty 1-D list of document lengths, got shape {arr.shape}")
     times: dict[str, tuple[float, ...]] = {}
-    pairs: dict[str, tuple[int, ...]] = {}
     for mode in MODES:
         # segments straight from the lengths (equal to shard_micro_batch's; no token-level arrays)
-        rank, q_start, q_len = segment_pieces(arr, cp, mode)
+        rank, q_start, q_len, _ = segment_pieces(arr, cp, mode)
         times[mode] = tuple(kernel.rank_time(q_start[rank == r], q_len[rank == r]) for r in range(cp))
-        seg_pairs = q_len * q_start + q_len * (q_len + 1) // 2
-        pairs[mode] = tuple(int(x) for x in np.bincount(rank, weights=seg_pairs, minlength=cp))
     best = "per-doc" if max(times["per-doc"]) < max(times["per-seq"]) else "per-seq"
-    return CPChoice(best, times, pairs)
+    return CPChoice(best, times)
 
 
 def choose_for_micro_batches(lengths, micro_batches: Sequence[Sequence[int]], cp: int, kernel: KernelModel,
@@ -87,7 +83,7 @@ def cp_imbalance(doc_lengths, cp: int, kernel: KernelModel, mode: str) -> float:
     arr = np.asarray(doc_lengths, dtype=np.int64)
     if arr.size == 0:
         return 1.0
-    rank, qs, ql = segment_pieces(arr, cp, mode if mode in MODES else "per-seq")
+    rank, qs, ql, _ = segment_pieces(arr, cp, mode if mode in MODES else "per-seq")
     worst = float(np.bincount(rank, weights=kernel.piece_times(qs, ql), minlength=cp).max())
     ideal = kernel.rank_time(np.zeros(arr.size, dtype=np.int64), arr) / cp
     return max(1.0, worst / ideal) if ideal > 0 else 1.0

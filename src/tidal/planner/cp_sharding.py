@@ -1,8 +1,7 @@
 """Context-parallel (CP) sharding of one packed micro-batch, padding-free; pure numpy. The layout types (`CPShard`,
-`RankShard` with its fields, `MODES`) live in core/cplayout.py and are re-exported here. docs/runtime.md, "CP
-sharding", states the two modes: `per-seq` cuts the packed sequence into 2 cp chunks paired head-tail; `per-doc` pairs
-each document's body head-tail and deals its remainder round-robin across documents. cp == 1 gives one segment per
-document.
+`RankShard` with its fields, `MODES`) live in core/cplayout.py. docs/runtime.md, "CP sharding", states the two modes:
+`per-seq` cuts the packed sequence into 2 cp chunks paired head-tail; `per-doc` pairs each document's body head-tail
+and deals its remainder round-robin across documents. cp == 1 gives one segment per document.
 """
 
 from __future__ import annotations
@@ -11,8 +10,6 @@ import numpy as np
 
 from tidal.core.cplayout import MODES, CPShard, RankShard
 from tidal.core.errors import TidalError
-
-__all__ = ["MODES", "CPShard", "RankShard", "rank_attention_pairs", "segment_pieces", "shard_micro_batch"]
 
 
 def _check(lengths, cp: int, mode: str) -> np.ndarray:
@@ -45,44 +42,23 @@ def _chunk_sizes_per_seq(total: int, cp: int) -> np.ndarray:
 
 
 def shard_micro_batch(lengths, cp: int, mode: str) -> CPShard:
-    """Shard a packed micro-batch of documents `lengths` over `cp` ranks with `mode` ("per-seq" | "per-doc")."""
+    """Shard a packed micro-batch of documents `lengths` over `cp` ranks with `mode` ("per-seq" | "per-doc"): rank
+    r's tokens are its segments of `segment_pieces`, in packed order."""
     arr = _check(lengths, cp, mode)
-    total = int(arr.sum())
-    starts = np.concatenate([[0], np.cumsum(arr)[:-1]])
-    doc_of = np.repeat(np.arange(arr.size, dtype=np.int64), arr)
-    pos_of = np.arange(total, dtype=np.int64) - starts[doc_of]
-    rank, _, seg_len = segment_pieces(arr, cp, mode)
-    owner = np.repeat(rank, seg_len)  # the segments cover the tokens in packed order
+    starts = np.concatenate([[0], np.cumsum(arr)[:-1]]).astype(np.int64)
+    rank, q_start, q_len, doc = segment_pieces(arr, cp, mode)
     ranks = []
     for r in range(cp):
-        idx = np.flatnonzero(owner == r).astype(np.int64)
-        ranks.append(_rank_shard(idx, doc_of, pos_of, starts))
+        sel = rank == r
+        qs, ql, d = q_start[sel], q_len[sel], doc[sel]
+        cu = np.concatenate([[0], np.cumsum(ql)]).astype(np.int32)
+        pos = np.repeat(qs - cu[:-1], ql) + np.arange(int(cu[-1]), dtype=np.int64)  # position within its document
+        docs = np.repeat(d, ql)
+        k_len = qs + ql
+        ranks.append(RankShard(indices=starts[docs] + pos, positions=pos, doc_ids=docs, cu_seqlens_q=cu,
+                               k_start=starts[d], k_len=k_len, max_seqlen_q=int(ql.max(initial=0)),
+                               max_seqlen_k=int(k_len.max(initial=0))))
     return CPShard(mode=mode, cp=int(cp), lengths=tuple(int(x) for x in arr), ranks=tuple(ranks))
-
-
-def _rank_shard(idx: np.ndarray, doc_of: np.ndarray, pos_of: np.ndarray, starts: np.ndarray) -> RankShard:
-    docs = doc_of[idx]
-    pos = pos_of[idx]
-    if idx.size == 0:
-        z = np.zeros(0, dtype=np.int64)
-        return RankShard(idx, pos, docs, np.zeros(1, dtype=np.int32), z, z.copy(), 0, 0)
-    # A new segment starts where the packed index jumps or the document changes.
-    brk = np.flatnonzero((np.diff(idx) != 1) | (np.diff(docs) != 0)) + 1
-    seg_start = np.concatenate([[0], brk])
-    seg_end = np.concatenate([brk, [idx.size]])
-    cu = np.concatenate([[0], seg_end]).astype(np.int32)
-    k_start = starts[docs[seg_start]].astype(np.int64)
-    k_len = (pos[seg_end - 1] + 1).astype(np.int64)
-    return RankShard(
-        indices=idx,
-        positions=pos,
-        doc_ids=docs,
-        cu_seqlens_q=cu,
-        k_start=k_start,
-        k_len=k_len,
-        max_seqlen_q=int((seg_end - seg_start).max()),
-        max_seqlen_k=int(k_len.max()),
-    )
 
 
 def rank_attention_pairs(shard: CPShard) -> np.ndarray:
@@ -90,13 +66,13 @@ def rank_attention_pairs(shard: CPShard) -> np.ndarray:
     return np.array([int((rs.positions + 1).sum()) for rs in shard.ranks], dtype=np.int64)
 
 
-def segment_pieces(lengths, cp: int, mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The query segments of `shard_micro_batch(lengths, cp, mode)` without building token-level arrays.
+def segment_pieces(lengths, cp: int, mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The query segments of `shard_micro_batch(lengths, cp, mode)`, which builds its token-level arrays from them.
 
-    Returns int64 arrays (rank, q_start, q_len), one entry per segment in packed order. A segment of rank r covers
-    positions q_start .. q_start + q_len - 1 of one document (so its k_len is q_start + q_len). Equal, rank by rank
-    and in order, to the segments of `shard_micro_batch` (a differential test checks it); O(documents + 2*cp), which
-    is what the adaptive per-micro-batch choice needs to stay cheap."""
+    Returns int64 arrays (rank, q_start, q_len, doc), one entry per segment in packed order: a maximal run of one
+    rank's tokens within one document `doc` (a test checks it against the tokens' owners), covering positions
+    q_start .. q_start + q_len - 1 (so its k_len is q_start + q_len). O(documents + 2*cp), which is what the adaptive
+    per-micro-batch choice needs to stay cheap."""
     arr = _check(lengths, cp, mode)
     c = 2 * cp
     chunk_rank = _chunk_rank(cp)
@@ -135,7 +111,7 @@ def segment_pieces(lengths, cp: int, mode: str) -> tuple[np.ndarray, np.ndarray,
     new[1:] = (doc[1:] != doc[:-1]) | (owner[1:] != owner[:-1])
     first = np.flatnonzero(new)
     seg_len = np.add.reduceat(run_len, first)
-    seg_rank, seg_pos = owner[first], pos[first]
     # packed order within each rank == (document, position) order, which the runs already have
-    return seg_rank.astype(np.int64), seg_pos.astype(np.int64), seg_len.astype(np.int64)
+    return (owner[first].astype(np.int64), pos[first].astype(np.int64), seg_len.astype(np.int64),
+            doc[first].astype(np.int64))
 

@@ -16,10 +16,10 @@ from tidal.core.cluster import DeviceType
 from tidal.core.errors import TidalError
 from tidal.core.scheme import ParallelScheme
 from tidal.core.strategy import Strategy, place
-from tidal.costmodel.base import CostModel, pipeline_device
+from tidal.costmodel.base import CostModel
 from tidal.costmodel.sync import SyncPricing
 from tidal.planner.bounds import PipeCost, strategy_bound, work_capacity
-from tidal.planner.proposal_search import ProfileCache, bound_rows, evaluate, sample_steps, search
+from tidal.planner.proposal_search import ProfileCache, evaluate, sample_steps, search
 
 # refine=True (decision 99): the local search's starts (best pool strategies), rounds per start and strategies
 # evaluated per round; chosen on tuning seeds 0 and 1 of paper_tables.py's Fig. 13 cells
@@ -27,7 +27,7 @@ REFINE_STARTS = 2
 REFINE_ROUNDS = 3
 REFINE_WIDTH = 8
 REFINE_PHASES = 2  # 1: climb from the best pool strategies only; 2: then from the greedy cover's picks too
-REFINE_EVAL_STEPS = 10  # sampled evaluation steps with refine (default eval_steps; 10 without)
+EVAL_STEPS = 10  # sampled evaluation steps, with refine or without (propose's default eval_steps)
 REFINE_WAYS = (2, 4)  # the search's splits and merges: into / of 2 or 4 pipelines (decision 103; 99 had 2 only)
 
 
@@ -37,7 +37,6 @@ class Proposal:
     expected: tuple[float, ...]  # expected_cost of each on the whole distribution (s): the DP's objective
     simulated: tuple[float, ...]  # mean estimated step time on the sampled evaluation steps (s; inf: too short)
     dp_best: float  # least expected_cost among the DP's rounded strategies (before the homogeneous baselines join)
-    schemes: tuple[ParallelScheme, ...]  # the scheme space searched
 
 
 def scheme_space(cost_model: CostModel, n_devices: int, *, max_tp: int | None = None, max_cp: int = 8,
@@ -228,7 +227,7 @@ def _improve(combo: tuple[int, ...], val: float, used: list[int], K: dict, N: in
 
 def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: int, n_devices: int | None = None,
             bin_width: int = 256, d_step: float = 0.1, cutoffs: int = 4, max_candidates: int = 8,
-            schemes: Sequence[ParallelScheme] | None = None, eval_steps: int | None = None, pool_factor: int = 3,
+            schemes: Sequence[ParallelScheme] | None = None, eval_steps: int = EVAL_STEPS, pool_factor: int = 3,
             seed: int = 0, sync: SyncPricing | None = None, cp_policy: str | None = None,
             refine: bool = False) -> Proposal:
     """Candidate strategies for `lengths` (a sample of the dataset's document lengths) on cost_model's cluster.
@@ -237,8 +236,6 @@ def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: in
     (with `sync` / `cp_policy`, charged as StepPlanner charges them: charges.charge). The set always holds a strategy
     that runs a max_len sequence when the pool has one (`_keep_long`)."""
     N = n_devices or cost_model.cluster.num_devices
-    if eval_steps is None:
-        eval_steps = REFINE_EVAL_STEPS if refine else 10
     if tokens_per_step < 1 or max_len < 1 or bin_width < 1 or not 0 < d_step <= 1 or N < 1:
         raise TidalError("propose needs tokens_per_step, max_len, bin_width, n_devices >= 1 and 0 < d_step <= 1")
     space = tuple(schemes) if schemes is not None else scheme_space(cost_model, N)
@@ -304,13 +301,14 @@ def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: in
     # runs one (rare in the sample, yet frequent enough in the steps: a 16-GPU 32K run without it lost 6 %)
     steps = sample_steps(lengths, tokens_per_step, max_len, eval_steps, seed,
                          long_step=sample_top < max_len or refine)
-    E, lens = evaluate(steps, [st for _, st in pool], cost_model, seed, sync, cp_policy)
+    cache = ProfileCache(cost_model, sync, cp_policy)  # each strategy profiled once, for its bound and its estimate
+    E = evaluate(steps, [st for _, st in pool], cache, seed)
     if refine:
-        E, lens = _refine(pool, E, lens, scored, full, pc, space, cost_model, N, steps, seed, sync, cp_policy,
-                          max_candidates)
+        E = _refine(pool, E, scored, full, pc, space, N, steps, seed, cache, max_candidates)
+    lens = [p.max_len for p in cache([st for _, st in pool])]
     chosen = _keep_long(_greedy_cover(E, max_candidates), E, lens, max_len, max_candidates)
     return Proposal(tuple(pool[i][1] for i in chosen), tuple(scored[pool[i][0]] for i in chosen),
-                    tuple(float(E[i].mean()) for i in chosen), dp_best, space)
+                    tuple(float(E[i].mean()) for i in chosen), dp_best)
 
 
 def _dp_pool(lengths, K0: dict, pc0, full, top_bin: int, N: int, tokens_per_step: int, max_len: int,
@@ -362,19 +360,10 @@ def _dp_pool(lengths, K0: dict, pc0, full, top_bin: int, N: int, tokens_per_step
     return scored
 
 
-def _refine(pool, E, lens, scored, full, pc, space, cost_model, N, steps, seed, sync, cp_policy, k):
+def _refine(pool, E, scored, full, pc, space, N, steps, seed, cache, k):
     """proposal_search.search from the REFINE_STARTS best pool strategies (score: the mean estimate), then from each
     of the greedy cover's first REFINE_STARTS picks (score: the mean of its minimum with the other picks' rows); every
-    strategy evaluated joins `pool` (in place), `scored`, and the returned rows of estimates and MaxLens."""
-    cl = cost_model.cluster
-    cache = ProfileCache(cost_model, sync, cp_policy)  # each neighbour profiled once, for its bound and its estimate
-
-    def run(sts):
-        return evaluate(steps, sts, cost_model, seed, sync, cp_policy, cache)[0]
-
-    def bounds(sts):
-        return bound_rows(steps, sts, cost_model, sync, cp_policy, cache)
-
+    strategy evaluated joins `pool` (in place) and `scored`, and its row the returned rows of estimates."""
     for phase in range(REFINE_PHASES):
         if phase == 0:
             order = sorted(range(len(pool)), key=lambda i: (float(np.mean(E[i])), pool[i][0]))
@@ -386,14 +375,13 @@ def _refine(pool, E, lens, scored, full, pc, space, cost_model, N, steps, seed, 
                 rest = [j for j in cover if j != i]
                 other = E[rest].min(axis=0) if rest else np.full(E.shape[1], np.inf)
                 starts.append((pool[i][0], lambda row, o=other: float(np.mean(np.minimum(row, o)))))
-        found = search(starts, space, cost_model, N, {c: E[i] for i, (c, _) in enumerate(pool)}, run, bounds,
+        found = search(starts, space, N, {c: E[i] for i, (c, _) in enumerate(pool)}, steps, cache, seed,
                        rounds=REFINE_ROUNDS, width=REFINE_WIDTH, ways=REFINE_WAYS)
         for c, (st, row) in found.items():
             pool.append((c, st))
             scored[c] = expected_cost(full, [pc[x] for x in c])
             E = np.vstack([E, row[None, :]])
-            lens = lens + [max(cost_model.max_len(p.scheme, pipeline_device(cl, p)) for p in st.pipelines)]
-    return E, lens
+    return E
 
 
 def _keep_long(chosen: list[int], E: np.ndarray, max_lens: Sequence[int], max_len: int, k: int) -> list[int]:

@@ -57,24 +57,14 @@ class ProfileCache:
         return tuple(self._profiles[s] for s in strategies)
 
 
-def _profiles(strategies, cost_model, sync, cp_policy, cache: ProfileCache | None):
-    if cache is None:
-        return ProfileCache(cost_model, sync, cp_policy)(strategies)
-    if cache.cost_model is not cost_model or (cache.sync, cache.cp_policy) != (sync, cp_policy):
-        raise TidalError("ProfileCache was built for another cost model or other charges")
-    return cache(strategies)
-
-
-def evaluate(steps: Sequence[np.ndarray], strategies: Sequence[Strategy], cost_model: CostModel, seed: int,
-             sync: SyncPricing | None = None, cp_policy: str | None = None,
-             cache: ProfileCache | None = None) -> tuple[np.ndarray, list[int]]:
-    """Estimated (charged when `sync` / `cp_policy`) step time of every strategy on every step (inf when a step holds
-    a document longer than the strategy's largest MaxLen), and each strategy's largest MaxLen. `cache`: profiles
-    shared with other calls (same cost model and charges)."""
+def evaluate(steps: Sequence[np.ndarray], strategies: Sequence[Strategy], cache: ProfileCache,
+             seed: int) -> np.ndarray:
+    """Estimated (charged as `cache` charges them) step time of every strategy on every step (inf when a step holds
+    a document longer than the strategy's largest MaxLen)."""
     from tidal.planner.charges import charge
     from tidal.planner.select import assign
 
-    profs = _profiles(strategies, cost_model, sync, cp_policy, cache)
+    profs = cache(strategies)
     E = np.full((len(strategies), len(steps)), np.inf)
     for s, step in enumerate(steps):
         for i, prof in enumerate(profs):
@@ -82,16 +72,15 @@ def evaluate(steps: Sequence[np.ndarray], strategies: Sequence[Strategy], cost_m
                 # decisions 58 and 63: the cover as before (with them it took tp1 mixes with loose bounds)
                 est, plans = assign(step, prof, seed=seed, config=PROPOSAL)
                 E[i, s] = est if prof.charges is None else charge(step, prof.pipes, prof.charges, plans)[0]
-    return E, [prof.max_len for prof in profs]
+    return E
 
 
-def bound_rows(steps: Sequence[np.ndarray], strategies: Sequence[Strategy], cost_model: CostModel,
-               sync: SyncPricing | None, cp_policy: str | None, cache: ProfileCache | None = None) -> np.ndarray:
+def bound_rows(steps: Sequence[np.ndarray], strategies: Sequence[Strategy], cache: ProfileCache) -> np.ndarray:
     """Per strategy and step, its quick step bound plus its charge floor (<= its estimate; inf when the step holds a
-    document it cannot run). `cache`: as evaluate's."""
+    document it cannot run)."""
     from tidal.planner.bounds import StrategyBound
 
-    profs = _profiles(strategies, cost_model, sync, cp_policy, cache)
+    profs = cache(strategies)
     out = np.full((len(profs), len(steps)), np.inf)
     for i, p in enumerate(profs):
         off = 0.0 if p.charges is None else p.charges.floor
@@ -157,13 +146,13 @@ def neighbours(combo: Combo, space: Sequence[ParallelScheme], n_devices: int,
 
 
 def search(starts: Sequence[tuple[Combo, Callable[[np.ndarray], float]]], space: Sequence[ParallelScheme],
-           cost_model: CostModel, n_devices: int, known: dict[Combo, np.ndarray],
-           run: Callable[[list[Strategy]], np.ndarray], bounds: Callable[[list[Strategy]], np.ndarray], *,
-           rounds: int = 3, width: int = 8, ways: Sequence[int] = (2,)) -> dict[Combo, tuple[Strategy, np.ndarray]]:
+           n_devices: int, known: dict[Combo, np.ndarray], steps: Sequence[np.ndarray], cache: ProfileCache,
+           seed: int, *, rounds: int = 3, width: int = 8,
+           ways: Sequence[int] = (2,)) -> dict[Combo, tuple[Strategy, np.ndarray]]:
     """Hill climbing from each start (combo, score): the score of a row of estimates over the evaluation steps is
     nondecreasing in every entry (the mean, or the mean of its minimum with the other chosen strategies' rows).
-    `known`: the rows evaluated so far (the starts' included); `run(strategies)` gives their rows, `bounds(strategies)`
-    their rows of bounds (<= the estimates, so a neighbour whose bound row scores no better is never evaluated).
+    `known`: the rows evaluated so far (the starts' included); a neighbour's row is `evaluate`'s on `steps`, and a
+    neighbour whose row of `bound_rows` (<= the estimates) scores no better is never evaluated.
     Returns every strategy it evaluated: combo -> (placed strategy, row)."""
     found: dict[Combo, tuple[Strategy, np.ndarray]] = {}
     rows = dict(known)
@@ -180,17 +169,18 @@ def search(starts: Sequence[tuple[Combo, Callable[[np.ndarray], float]]], space:
                 if c in rows or c in pruned:
                     continue
                 try:
-                    placed.append((c, place(tuple(space[k] for k in c), cost_model.cluster, cost_model.model)))
+                    placed.append((c, place(tuple(space[k] for k in c), cache.cost_model.cluster,
+                                            cache.cost_model.model)))
                 except TidalError:
                     pruned.add(c)
             if placed:
-                lb = bounds([st for _, st in placed])
+                lb = bound_rows(steps, [st for _, st in placed], cache)
                 lv = [score(r) for r in lb]
                 order = sorted(range(len(placed)), key=lambda i: (lv[i], placed[i][0]))
                 keep = [i for i in order if lv[i] < cur_val][:width]
                 pruned.update(placed[i][0] for i in order if i not in keep)
                 if keep:
-                    for i, row in zip(keep, run([placed[i][1] for i in keep])):
+                    for i, row in zip(keep, evaluate(steps, [placed[i][1] for i in keep], cache, seed)):
                         found[placed[i][0]] = (placed[i][1], row)
                         rows[placed[i][0]] = row
             best = min((score(rows[c]), c) for c in [cur, *near] if c in rows)

@@ -24,6 +24,7 @@ from tidal.costmodel.base import CostModel, LatencyCoeffs, pipeline_device
 from tidal.costmodel.sync import SyncPricing
 from tidal.planner import packing
 from tidal.planner.cp_adaptive import charged_pipeline_time, choose_for_micro_batches, cp_kernel
+from tidal.planner.metrics import token_delay
 from tidal.planner.proposal import propose
 from tidal.planner.select import Packer, StepSelection, StrategyProfile, profile_strategies, select_step
 
@@ -43,18 +44,16 @@ class PlanningOptions:
     budget_ms: float | None = None  # per-step planning budget (select_step): past it the best plan so far is kept
 
     def __post_init__(self) -> None:
-        for name in ("max_len", "tokens_per_step"):
+        for name in ("max_len", "tokens_per_step", "seed"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise TidalError(f"planning option {name} must be a positive integer, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or (name != "seed" and v < 1):
+                what = "an integer" if name == "seed" else "a positive integer"
+                raise TidalError(f"planning option {name} must be {what}, got {v!r}")
+            object.__setattr__(self, name, int(v))  # numpy integers -> int, so state_dict() is JSON-safe
         if not isinstance(self.packing, str) or not self.packing:
             raise TidalError(f"planning option packing must be a packing's name, got {self.packing!r}")
         if self.cp_sharding not in CP_SHARDINGS:
             raise TidalError(f"unknown CP sharding {self.cp_sharding!r}; choose one of {', '.join(CP_SHARDINGS)}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
-            raise TidalError(f"planning option seed must be an integer, got {self.seed!r}")
-        for name in ("max_len", "tokens_per_step", "seed"):  # numpy integers -> int, so state_dict() is JSON-safe
-            object.__setattr__(self, name, int(getattr(self, name)))
         if self.budget_ms is not None and not self.budget_ms >= 0:
             raise TidalError(f"planning option budget_ms must be >= 0, got {self.budget_ms!r}")
         for name in ("exact", "rotate"):
@@ -264,11 +263,8 @@ class StepPlanner:
               docs: tuple[tuple[int, int, int], ...], t0: float, waited: list[int] | None) -> PlannedStep:
         k, opt = self._index, self.options
         arr = np.asarray(lens, dtype=np.int64)
-        if opt.rotate:
-            c = k % len(self.profiles)
-            profiles: tuple[StrategyProfile, ...] = (self.profiles[c],)
-        else:
-            c, profiles = 0, self.profiles
+        c = k % len(self.profiles) if opt.rotate else 0  # rotate: step k on candidate c only
+        profiles = (self.profiles[c],) if opt.rotate else self.profiles
         if now:
             sel = select_step(arr[now], profiles, packer=self._packer, seed=opt.seed + k, exact=opt.exact,
                               seq_ids=[ids[i] for i in now], budget_ms=opt.budget_ms)
@@ -280,8 +276,7 @@ class StepPlanner:
             sel, step = None, StepPlan(ids, lens, c, (), deferred, 0.0, 0.0)
         step = with_cp_sharding(step, self.cost_model, opt.cp_sharding)
         step = replace(step, plan_ms=(time.perf_counter() - t0) * 1e3)
-        w = arr[now]
-        delay = float(np.sum(w * np.asarray(waited)[now]) / w.sum()) if waited is not None and now else 0.0
+        delay = token_delay(arr[now], np.asarray(waited)[now]) if waited is not None and now else 0.0
         self._index += 1
         return PlannedStep(k, step, sel, delay, docs)
 

@@ -95,7 +95,7 @@ def mode_bound(sb: StrategyBound, lo: float, hi: float, iters: int = MODE_ITERS,
     for `iters` steps (at most MODE_ITERS_MANY with 3+ classes)."""
     if sb.final is not None or not hi > lo:
         return lo
-    Y0 = sb.Y0  # sb.prices() as rows
+    Y0 = sb.Y0  # LB_work's price rows
     step = _step_arrays(sb)  # the same for every T tried (and every search on sb)
     found = np.zeros(sb.ca.cnt.size)  # 3+ classes: the last certifying prices, tried first at the next T
     warm = [Y0]
