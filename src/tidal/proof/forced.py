@@ -23,9 +23,8 @@ and l <= M_k ("fits k").
   shortest does on each kind (the buckets are split where a weight changes form, `dff_edges`; g is non-decreasing).
   These rows count what the summed work rows cannot: e.g. three documents of 0.51 capacities never fit two pipelines.
 - **Per-kind form** (`slot_rows=False`): one binary x_ik per forced document and kind, no slot rows: a relaxation of
-  the slot form (its rows summed per kind; the dff rows are per kind already), tens of times fewer binaries, so HiGHS
-  closes it where the slot form times out; with KIND_DFF its LP relaxation is nearly as strong as the slot form's
-  (decision 153).
+  the slot form (its rows summed per kind; the dff rows are per kind already) with about 20 times fewer binaries, so
+  HiGHS closes it where the slot form times out (decision 153).
 Every dispatch of relaxed cost <= T gives a solution, so "infeasible" proves that every plan's step time exceeds T, up
 to HiGHS' tolerances (`forced_bound` scales by 1 - 1e-6, as milp.py and pool.py; rows are in seconds and each
 bucket's tokens and squares in units of its longest document, so every coefficient is of order 1 or less). It is a
@@ -46,8 +45,8 @@ from tidal.proof.milp import bisect_infeasible, pipe_modes
 from tidal.proof.pool import NB, Columns, length_buckets
 
 # the dual feasible functions of the per-kind form's rows (dff_weight; module doc): u^(k), k = 1..20, and f_0^lambda,
-# lambda = 0.02..0.5 (decision 153: on llama2-7b a800x1024 github seed 1 step 0 the relaxation at plan / 1.0099 is
-# infeasible with these and feasible with k <= 4 and 9 lambdas)
+# lambda = 0.02..0.5 (decision 153: on llama2-7b a800x1024 github seed 1 step 0 its LP relaxation proves the plan /
+# 1.0105 with these, 1.015 with k <= 4 and 9 lambdas, and its MILP the plan / 1.0099)
 KIND_DFF = tuple(range(1, 21)) + tuple(round(0.02 * j, 2) for j in range(1, 26))
 
 
