@@ -6,8 +6,8 @@ and token first-fit-decreasing. Prints figures; nothing is asserted.
     python benchmarks/planner.py --grid [--models M,..] [--clusters C,..] [--cands proposal,hand] [--sources S,..]
                                  [--seeds 0,1,2] [--held-out-seeds 10,11,12] [--held-out-sources stdlib]
                                  [--steps 10] [--hy-trials 1] [--budget-ms X] [--prove] [--prove-milp S]
-                                 [--prove-pool S [--pool-counts] [--pool-halvings N]] [--prove-forced S]
-                                 [--out grid.json]
+                                 [--prove-pool S [--pool-counts] [--pool-halvings N]] [--prove-forced S
+                                 [--forced-kinds G]] [--out grid.json]
                                  [--passes all|none|NAME,..] [--drop NAME,..]
                                  (decision 95)
 """
@@ -253,7 +253,14 @@ def main() -> None:
     ap.add_argument("--prove-forced", type=float, default=0.0, metavar="S",
                     help="grid, with --prove: also the forced-document MILP bound before the pooled one "
                     "(proof.forced.forced_bound, S seconds per HiGHS solve, --pool-halvings halvings; decision 145)")
+    ap.add_argument("--forced-kinds", type=float, default=0.0, metavar="G",
+                    help="grid, with --prove-forced: then the forced MILP's per-kind form with its dual feasible "
+                    "function rows, first at plan / (1 + G) (prove_selection's forced_kinds; 0.0099: is the plan "
+                    "within 1 %% of every plan; decision 153)")
     a = ap.parse_args()
+    if a.forced_kinds != 0 and not (0 < a.forced_kinds < 1 and a.prove_forced > 0):
+        ap.error(f"--forced-kinds takes a gap in (0, 1) and needs --prove-forced S > 0; got {a.forced_kinds}, "
+                 f"--prove-forced {a.prove_forced}")
     if not (a.prove_milp >= 0 and a.prove_pool >= 0 and a.prove_forced >= 0):
         ap.error(f"--prove-milp, --prove-pool and --prove-forced take seconds >= 0 (0: off); got {a.prove_milp}, "
                  f"{a.prove_pool}, {a.prove_forced}")

@@ -160,7 +160,7 @@ def q(xs, p):
 
 def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, budget_ms, prove=False,
              split="tuning", config: PlannerConfig = DEFAULT, milp_s: float = 0.0, pool_s: float = 0.0,
-             pool_counts: bool = False, pool_iters: int = 4, forced_s: float = 0.0):
+             pool_counts: bool = False, pool_iters: int = 4, forced_s: float = 0.0, forced_kinds: float = 0.0):
     # the proposal of a held-out source is made from its own lengths (seed 99), as for every source
     names, profs, prop_s = grid.candidates(model, cluster, how, source)
     row = {"model": model, "cluster": cluster, "cands": how, "source": source, "split": split,
@@ -192,7 +192,7 @@ def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, b
                 plain.append(plan.est_step_time / plan.lower_bound if plan.lower_bound > 0 else 1.0)
                 c0 = time.thread_time()
                 plan = prove_selection(l_, profs, sel, milp_s=milp_s, pool_s=pool_s, pool_counts=pool_counts,
-                                       pool_iters=pool_iters, forced_s=forced_s).plan
+                                       pool_iters=pool_iters, forced_s=forced_s, forced_kinds=forced_kinds).plan
                 proof.append((time.thread_time() - c0) * 1e3)
             ratio.append(plan.est_step_time / plan.lower_bound if plan.lower_bound > 0 else 1.0)
             nseq.append(l_.size)
@@ -216,7 +216,7 @@ def run_cell(grid: Grid, model, cluster, how, source, seeds, steps, hy_trials, b
     if prove:
         row.update(r_med_plain=q(plain, .5), proof_med=q(proof, .5), proof_p90=q(proof, .9),
                    proof_max=max(proof, default=np.nan), pool_s=pool_s, pool_counts=pool_counts,
-                   pool_iters=pool_iters, forced_s=forced_s, r_steps=ratio)
+                   pool_iters=pool_iters, forced_s=forced_s, forced_kinds=forced_kinds, r_steps=ratio)
     if err and not cpu:
         row["error"] = err
     elif err:
@@ -324,7 +324,7 @@ def main(args) -> None:
                                            args.budget_ms, args.prove, split, config,
                                            getattr(args, "prove_milp", 0.0), getattr(args, "prove_pool", 0.0),
                                            getattr(args, "pool_counts", False), getattr(args, "pool_halvings", 4),
-                                           getattr(args, "prove_forced", 0.0))
+                                           getattr(args, "prove_forced", 0.0), getattr(args, "forced_kinds", 0.0))
                             rows.append(row)
                             print(fmt(row), flush=True)
     if args.out:

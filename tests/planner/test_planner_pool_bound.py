@@ -75,7 +75,8 @@ def test_pool_feasible_at_a_generous_time_on_a_realistic_step():
     assert pool_feasible(lengths, pipes, T, time_limit=30.0) == "feasible"
 
 
-@pytest.mark.parametrize("milp", [{"pool_s": 10.0}, {"forced_s": 10.0}], ids=["pooled", "forced"])
+@pytest.mark.parametrize("milp", [{"pool_s": 10.0}, {"forced_s": 10.0}, {"forced_s": 10.0, "forced_kinds": 0.0099}],
+                         ids=["pooled", "forced", "forced-kinds"])
 def test_prove_selection_with_a_milp_keeps_the_plan_and_stays_under_it(milp):
     # decision 108's step (seven documents of 22.5k-29.4k tokens on four identical one-stage pipelines) with two
     # tp1-like pipelines beside them that none of the long documents fits: those seven must stay whole, so the pooled
@@ -135,6 +136,9 @@ def test_prove_selection_pool_iters_only_raise_the_bound_and_bad_values_are_refu
         for bad in (-1.0, float("nan"), True, "10"):
             with pytest.raises(TidalError, match=f"{name} must be seconds"):
                 prove_selection(lengths, prof, sel, **{name: bad})
+    for bad in (-0.01, 1.0, float("nan"), True, "0.01"):  # forced_kinds: a gap in [0, 1)
+        with pytest.raises(TidalError, match="forced_kinds must be a gap"):
+            prove_selection(lengths, prof, sel, forced_s=1.0, forced_kinds=bad)
 
 
 def test_prove_selection_with_more_pool_iters_stays_under_the_exact_optimum():

@@ -14,6 +14,8 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
     (["planner.py", "--grid", "--prove-milp", "nan"], "--prove-milp, --prove-pool and --prove-forced"),
     (["planner.py", "--grid", "--prove-forced", "-1"], "got 0.0, 0.0, -1.0"),
     (["planner.py", "--grid", "--pool-halvings", "3"], "needs --prove-pool or --prove-forced S > 0"),
+    (["planner.py", "--grid", "--forced-kinds", "0.0099"], "needs --prove-forced S > 0; got 0.0099"),
+    (["planner.py", "--grid", "--prove-forced", "10", "--forced-kinds", "1.5"], "--forced-kinds takes a gap in (0, 1)"),
     (["gap_pool.py", "--model", "nope"], "unknown model preset 'nope'"),
     (["gap_exact.py", "--model", "nope", "--cluster", "a800x16"], "unknown model preset 'nope'"),
     (["gap_pool.py", "--pool-s", "0"], "--pool-s must be > 0"),

@@ -45,7 +45,7 @@ from scipy.sparse import coo_matrix
 
 from tidal.core.errors import TidalError
 from tidal.planner.bounds import SLACK, StrategyBound, check_lengths, prepare_lengths
-from tidal.proof.forced import forced_bound
+from tidal.proof.forced import KIND_DFF, forced_bound
 from tidal.proof.milp import milp_bound
 from tidal.proof.modes import MIN_GAIN, VB, mode_arrays, mode_bound
 from tidal.proof.pool import pool_bound
@@ -194,7 +194,7 @@ def lp_bound(sb: StrategyBound, lo: float, hi: float, solves: int = LP_SOLVES, n
 def prove_selection(lengths, profiles: Sequence[StrategyProfile], sel: StepSelection,
                     solves: int = LP_SOLVES, milp_s: float = 0.0,
                     pool_s: float = 0.0, pool_counts: bool = False, pool_iters: int = 4,
-                    forced_s: float = 0.0) -> StepSelection:
+                    forced_s: float = 0.0, forced_kinds: float = 0.0) -> StepSelection:
     """`sel` (select_step(lengths, profiles)) with every candidate's bound raised by `modes.mode_bound` and then
     `lp_bound` where it is more than a factor 1 + GAP under min(step bound so far, the plan's estimate), in order of
     bound; the step's bound (plan.lower_bound) is the least of them. The plan itself is unchanged. Deterministic when
@@ -208,12 +208,19 @@ def prove_selection(lengths, profiles: Sequence[StrategyProfile], sel: StepSelec
     `compact`; decisions 123 and 126: each encoding proves steps the other does not, and each bound is sound, so the
     higher one is kept). `pool_iters`: pool_bound's bisection halvings (`iters`; decision 127). `forced_s` > 0:
     before the pooled MILP, `forced.forced_bound` (the forced documents whole, the others fluid per kind; decision
-    145), `forced_s` seconds per solve, `pool_iters` halvings, with the same two caveats."""
+    145), `forced_s` seconds per solve, `pool_iters` halvings, with the same two caveats. `forced_kinds` = G > 0 (with
+    `forced_s`): then, where the candidate's bound is still under top / (1 + G) (top: min(step bound so far, the
+    plan's estimate)), its per-kind form with the dual feasible function rows (forced.KIND_DFF; decision 153), first
+    at top / (1 + G), then `pool_iters` halvings under it: G = 0.0099 asks first whether the plan is within 1 % of
+    every plan."""
     if isinstance(pool_iters, bool) or not isinstance(pool_iters, (int, np.integer)) or pool_iters < 0:
         raise TidalError(f"prove_selection: pool_iters must be an integer >= 0, got {pool_iters!r}")
     for name, v in (("milp_s", milp_s), ("pool_s", pool_s), ("forced_s", forced_s)):
         if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not v >= 0:
             raise TidalError(f"prove_selection: {name} must be seconds >= 0 (0: off), got {v!r}")
+    if isinstance(forced_kinds, bool) or not isinstance(forced_kinds, (int, float, np.integer, np.floating)) \
+            or not 0 <= forced_kinds < 1:
+        raise TidalError(f"prove_selection: forced_kinds must be a gap in [0, 1) (0: off), got {forced_kinds!r}")
     l_ = check_lengths(lengths)
     if len(sel.strategies) != len(profiles):
         raise TidalError(f"prove_selection: the selection reports {len(sel.strategies)} candidates, "
@@ -240,6 +247,9 @@ def prove_selection(lengths, profiles: Sequence[StrategyProfile], sel: StepSelec
                 b = max(b, milp_bound(l_, p.pipes, b, top, milp_s))
             if forced_s > 0 and b * (1 + GAP) < top:
                 b = max(b, forced_bound(l_, p.pipes, b, top, forced_s, int(pool_iters)))
+            if forced_s > 0 and forced_kinds > 0 and b * (1 + forced_kinds) < top:
+                b = max(b, forced_bound(l_, p.pipes, b, top, forced_s, int(pool_iters), gap=forced_kinds,
+                                        dff=KIND_DFF, slot_rows=False))
             if pool_s > 0 and b * (1 + GAP) < top:
                 b = max(b, pool_bound(l_, p.pipes, b, top, pool_s, int(pool_iters), counts=pool_counts,
                                       compact=pool_counts))
