@@ -304,7 +304,6 @@ class StrategyBound:
                  grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None, arrays: ClassArrays | None = None,
                  prep: StepLengths | None = None):
         self.final: float | None = None  # the bound when no stage is needed (no documents, nowhere to run one)
-        self.mode_step: tuple | None = None  # bounds_modes._step_arrays(self), once a mode search needs it
         self.pipes, self.weighted = pipes, weights is not None
         if weights is None:
             prep = prepare_lengths(lengths) if prep is None else prep

@@ -42,18 +42,15 @@ def _step_arrays(sb: StrategyBound) -> tuple:
     """What `infeasible` needs that does not depend on T: per class (columns)
     c + w where w is finite (inf where the document does not fit the class), w, l, M, the work per token of a
     pipeline filled with the step's mean document, and C and P (all float64, contiguous: the kernels' arguments).
-    Computed once per StrategyBound (kept as sb.mode_step)."""
-    if sb.mode_step is not None:
-        return sb.mode_step
+    mode_bound computes them once per search."""
     ca = sb.ca
     f = np.float64
     fits = np.isfinite(sb.wm)
     cw = np.where(fits, ca.C[None, :] + sb.w, np.inf)
     rho = (sb.w * sb.wt[:, None]).sum(axis=0) / max(float((sb.l_ * sb.wt).sum()), 1e-300)  # work per token, per class
-    sb.mode_step = (np.ascontiguousarray(cw, f), np.ascontiguousarray(sb.w, f), np.ascontiguousarray(sb.l_, f),
-                    np.ascontiguousarray(ca.M, f), np.ascontiguousarray(rho, f), np.ascontiguousarray(ca.C, f),
-                    np.ascontiguousarray(ca.P, f))
-    return sb.mode_step
+    return (np.ascontiguousarray(cw, f), np.ascontiguousarray(sb.w, f), np.ascontiguousarray(sb.l_, f),
+            np.ascontiguousarray(ca.M, f), np.ascontiguousarray(rho, f), np.ascontiguousarray(ca.C, f),
+            np.ascontiguousarray(ca.P, f))
 
 
 def violated(U: np.ndarray, wt: np.ndarray, cnt: np.ndarray, Y: np.ndarray, rounds: int,
