@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attn-backend", default="auto")
     ap.add_argument("--compile", default="auto", help="[model] compile: auto | off | dense (models/dense.py)")
     ap.add_argument("--compute-dtype", default="auto", help="auto: bfloat16 on CUDA, float32 on the CPU")
+    ap.add_argument("--cost-model", default="", help='[train] cost_model: "" (analytic) | analytic-eager | a fit')
     ap.add_argument("--out", default="", help="write rows and summary as JSON here")
     args = ap.parse_args(argv)
     cluster = get_cluster(args.cluster)
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = TrainConfig(model=ModelConfig(args.model, args.attn_backend, compile=args.compile),
                       world=WorldConfig(args.cluster),
                       data=DataConfig(args.data, args.max_len, args.tokens_per_step, "split", 0),
-                      planner=PlannerConfig("tp1", "hydraulis", "adaptive", True),
+                      planner=PlannerConfig("tp1", "hydraulis", "adaptive", True, args.cost_model),
                       optimizer=OptimConfig(lr=1e-4, warmup_steps=2),
                       train=TrainSection(steps=args.steps, compute_dtype=args.compute_dtype, progress=False))
     job = prepare(cfg, 1)
@@ -104,6 +105,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"steps {args.skip + 1}..{len(rows)}: tokens/s median {summary['tokens_per_s_median']:.0f} "
               f"(p10 {summary['tokens_per_s_p10']:.0f}); MFU median {summary['mfu_median']:.1%}, "
               f"worst {summary['mfu_worst']:.1%}")
+    calib = [(r["predicted_s"] / r["measured_s"], r["measured_s"] / r["wall_s"]) for r in rows[args.skip:]
+             if r.get("measured_s")]
+    if calib:  # decision 141: on CUDA measured_s is the forward and backward's GPU time (CUDA events)
+        ratios, shares = sorted(c[0] for c in calib), sorted(c[1] for c in calib)
+        summary.update(cost_model=args.cost_model or "analytic", predicted_over_measured=ratios,
+                       measured_over_wall=shares)
+        print(f"cost model {args.cost_model or 'analytic'}: predicted / measured compute median "
+              f"{statistics.median(ratios):.3f} (min {ratios[0]:.3f}, max {ratios[-1]:.3f}); measured / wall median "
+              f"{statistics.median(shares):.3f} (max {shares[-1]:.3f})")
     picks: dict[str, int] = {}
     for r in rows:
         for b, n in r.get("attn_picks", {}).items():

@@ -11,7 +11,8 @@
 # against parts 5 and 8 (and benchmarks/data/h200-llama3.2-1b-profile-*.csv), the rule's measured gain; 10. part 3
 # with `mixed` and with `flex` in one call (train-1b-mixed, train-1b-flex): mixed's end-to-end gain in training;
 # train-1b-sdpa: the same with sdpa (no cuDNN since decision 133); train-1b-mixed-compiled: mixed with
-# `[model] compile = "dense"` (decision 140);
+# `[model] compile = "dense"` (decision 140); train-1b-eager-cm: the defaults planned with the cost model fitted on
+# Hopper (`--cost-model analytic-eager`), for decision 141's predicted / measured compute (every train part prints it);
 # 11. benchmarks/gpu_compile.py (compile): llama3.2-1b eager against its dense parts compiled, on repeated and on new
 # document lengths.
 # Each part has its own time limit and goes on after a failure; everything lands in OUTDIR/session.log.
@@ -37,11 +38,11 @@ part() {
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
   python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
 } >>"$LOG" 2>&1
-part cuda-tests 130 python3 -m pytest -q -p no:cacheprovider -m cuda tests/runtime/test_cuda.py \
+part cuda-tests 240 python3 -m pytest -q -p no:cacheprovider -m cuda tests/runtime/test_cuda.py \
   tests/runtime/test_gpu_defaults.py
 part verify-bf16 80 python3 -m tidal.cli.main verify --model tiny --nproc 1 --strategies tp1 --steps 3 \
   --dtype bfloat16
-part train-1b 110 python3 benchmarks/gpu_run.py --model llama3.2-1b --cluster h200x1 --steps 12 \
+part train-1b 150 python3 benchmarks/gpu_run.py --model llama3.2-1b --cluster h200x1 --steps 12 \
   --out "$OUT/train_1b.json"
 part train-1b-mixed 130 python3 benchmarks/gpu_run.py --model llama3.2-1b --cluster h200x1 --steps 10 \
   --attn-backend mixed --out "$OUT/train_1b_mixed.json"
@@ -51,6 +52,8 @@ part train-1b-mixed-compiled 130 python3 benchmarks/gpu_run.py --model llama3.2-
   --attn-backend mixed --compile dense --out "$OUT/train_1b_mixed_compiled.json"
 part train-1b-sdpa 100 python3 benchmarks/gpu_run.py --model llama3.2-1b --cluster h200x1 --steps 10 \
   --attn-backend sdpa --out "$OUT/train_1b_sdpa.json"
+part train-1b-eager-cm 120 python3 benchmarks/gpu_run.py --model llama3.2-1b --cluster h200x1 --steps 10 \
+  --cost-model analytic-eager --out "$OUT/train_1b_eager_cm.json"
 part attention 50 python3 benchmarks/attention_backends.py --repeats 5
 part profile-7b 110 python3 -m tidal.cli.main profile --model examples/model-llama2-7b-4layers.toml \
   --cluster h200x1 --schemes tp1 --totals 1024,4096,16384 --mixes 2 --repeats 3 --attn-backend flex \
