@@ -28,7 +28,7 @@ from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan
 from tidal.planner.bounds import check_pipe
 from tidal.planner.config import PASS_ORDER, PlannerConfig
-from tidal.planner.dispatch import dispatch, length_orders, restart_dispatch
+from tidal.planner.dispatch import dispatch, restart_dispatch
 from tidal.planner.exchange import exchange
 from tidal.planner.fill import fill_dispatch, worth_filling
 from tidal.planner.packing import Packer, pack, pipeline_time
@@ -51,16 +51,10 @@ class Context:
     deadline: float | None  # perf_counter
     cfg: PlannerConfig
     objective: float  # the first dispatch's objective (the MaxLen retry compares packed pipelines with it)
-    _orders: tuple | None = dataclasses.field(default=None, repr=False)
+    orders: tuple | None = dataclasses.field(default=None, repr=False)  # dispatch.length_orders(lengths), if sorted
 
     def on_time(self) -> bool:
         return self.deadline is None or time.perf_counter() < self.deadline
-
-    def orders(self) -> tuple:
-        """dispatch.length_orders(lengths), sorted once for the passes' dispatches."""
-        if self._orders is None:
-            self._orders = length_orders(self.lengths)
-        return self._orders
 
 
 class Allowance:
@@ -129,7 +123,7 @@ def late_restarts_pass(ctx: Context, est: float, plans: Plans, left: Allowance) 
     big = _size(ctx) > cfg.late_restart_max
     alt = restart_dispatch(ctx.lengths, ctx.prof.pipes, cfg.late_big_restarts if big else cfg.late_restarts,
                            seed=ctx.seed, below=est, target=ctx.target, deadline=ctx.deadline,
-                           max_rounds=None if big else cfg.late_rounds, orders=ctx.orders())
+                           max_rounds=None if big else cfg.late_rounds, orders=ctx.orders)
     if alt is None:
         return None
     return pack_groups(ctx.lengths, ctx.prof, alt.groups, ctx.packer, False, limit=est, order=by_load(alt))
@@ -161,7 +155,7 @@ def shrink_pass(ctx: Context, est: float, plans: Plans, left: Allowance) -> tupl
             continue
         left.spend("shrink")
         disp = dispatch(l_, shrunk, seed=ctx.seed, restarts=0, target=ctx.target, deadline=ctx.deadline,
-                        max_rounds=cfg.shrink_rounds, config=cfg, orders=ctx.orders())
+                        max_rounds=cfg.shrink_rounds, config=cfg, orders=ctx.orders)
         # packed most-loaded first, given up at the first pipeline that is no faster than the plan it must beat
         est2, plans2 = pack_groups(l_, ctx.prof, disp.groups, ctx.packer, False, limit=est, order=by_load(disp))
         if est2 < est:  # not monotone in the fraction (which documents still fit changes), so all are tried
@@ -305,12 +299,6 @@ def pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Pack
     return max((p.est_time for p in plans), default=0.0), tuple(plans)
 
 
-def _one_mb(pipe, sub: np.ndarray) -> bool:
-    # pack's own answer, without its per-call overhead (hundreds of such pipelines at 1024 GPUs): with PP = 1 and
-    # c > 0, one micro-batch (c + W) beats every V >= 2 (>= W + V c), so pack returns it
-    return pipe.pp == 1 and pipe.c > 0 and int(sub.sum()) <= pipe.max_len
-
-
 def pack_one(lengths: np.ndarray, lf: np.ndarray, prof: StrategyProfile, groups, packer: Packer, exact: bool,
               j: int):
     """Pipeline j's group packed on its own: (micro-batches of step indices, time)."""
@@ -319,9 +307,6 @@ def pack_one(lengths: np.ndarray, lf: np.ndarray, prof: StrategyProfile, groups,
     if idx.size == 0:
         return (), 0.0
     sub = lengths[idx]
-    if packer is pack and not exact and _one_mb(pipe, sub):
-        mbs = (tuple(idx.tolist()),)
-        return mbs, pipeline_time(lf, mbs, pipe.coeffs, pipe.pp)
     if packer is pack:  # it checks its own packing (decision 69's review: 0.8 ms per step here), names the
         # sequences by idx, and its est_time is pipeline_time of these micro-batches (the same floats)
         res = pack(sub, pipe.coeffs, pipe.pp, pipe.max_len, exact=exact, ids=idx)
@@ -335,10 +320,10 @@ def pack_one(lengths: np.ndarray, lf: np.ndarray, prof: StrategyProfile, groups,
 
 def pack_batch(lengths: np.ndarray, lf: np.ndarray, prof: StrategyProfile, groups, chunk) -> dict | None:
     """{j: (micro-batches, time)} for every pipeline of `chunk`, as pack_one with `pack` gives it: the pipelines `pack`
-    packs with its heuristic (>= 2 sequences, not one micro-batch by _one_mb) in one kernels_batch.pack_many call
-    (pack's own pack_core on each, so the same packings and floats), the one-micro-batch ones timed together
-    (pipeline_time's sums, by kernels_sums.mb_works per coefficient group), the others as pack_one does. None when
-    an input would make `pack` raise (then pack_one raises it, in order)."""
+    packs with its heuristic (>= 2 sequences, not a PP = 1 pipeline whose tokens fit one micro-batch) in one
+    kernels_batch.pack_many call (pack's own pack_core on each, so the same packings and floats), the one-micro-batch
+    ones timed together (pipeline_time's sums, by kernels_sums.mb_works per coefficient group), the others as pack
+    does. None when an input would make `pack` raise (then pack_one raises it, in order)."""
     from tidal.planner import kernels_batch, kernels_sums
 
     out: dict = {}
@@ -351,7 +336,9 @@ def pack_batch(lengths: np.ndarray, lf: np.ndarray, prof: StrategyProfile, group
             out[j] = ((), 0.0)
             continue
         sub = lengths[idx]
-        if _one_mb(pipe, sub):
+        if pipe.pp == 1 and pipe.c > 0 and int(sub.sum()) <= pipe.max_len:
+            # pack's own answer, without its per-call overhead (hundreds of such pipelines at 1024 GPUs): with PP = 1
+            # and c > 0, one micro-batch (c + W) beats every V >= 2 (>= W + V c), so pack returns it
             ones.setdefault((pipe.a, pipe.b, pipe.d), []).append((j, idx))
         elif idx.size == 1:
             singles.append((j, sub, idx))
