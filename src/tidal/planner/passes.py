@@ -341,7 +341,7 @@ def pack_batch(lengths: np.ndarray, lf: np.ndarray, prof: StrategyProfile, group
             # and c > 0, one micro-batch (c + W) beats every V >= 2 (>= W + V c), so pack returns it
             ones.setdefault((pipe.a, pipe.b, pipe.d), []).append((j, idx))
         elif idx.size == 1:
-            singles.append((j, sub, idx))
+            singles.append(j)
         else:
             js.append(j)
             subs.append(sub)
@@ -354,19 +354,16 @@ def pack_batch(lengths: np.ndarray, lf: np.ndarray, prof: StrategyProfile, group
             out[j] = ((tuple(idx.tolist()),), packed_value(pipe.q, pipe.c, w, pipe.c + w, 1))
     util = {}  # UtilLen per distinct pipeline cost (hundreds of pipelines share a few)
     try:
-        for j in js + [j for j, _, _ in singles]:
+        for j in js:
             p = prof.pipes[j]
             if p not in util:
                 co = p.coeffs
                 check_pipe(p.pp, p.max_len, co)
                 util[p] = co.util_len()
+        for j in singles:  # one sequence: pack's own answer (a bad input raises here, then in pack_one, in order)
+            out[j] = pack_one(lengths, lf, prof, groups, pack, False, j)
     except TidalError:
         return None
-    if any(int(sub[0]) < 1 or int(sub[0]) > prof.pipes[j].max_len for j, sub, _ in singles):
-        return None
-    for j, sub, idx in singles:  # one sequence: pack's own answer
-        res = pack(sub, prof.pipes[j].coeffs, prof.pipes[j].pp, prof.pipes[j].max_len, ids=idx)
-        out[j] = (res.micro_batches, res.est_time)
     if not js:
         return out
     pipes = [prof.pipes[j] for j in js]
