@@ -1,4 +1,4 @@
-"""The exchange pass (passes.ExchangePass, planner/exchange.py, decision 136) under the pass protocol: it runs only on
+"""The exchange pass (passes.exchange_pass, planner/exchange.py, decision 136) under the pass protocol: it runs only on
 plans whose every pipeline is one-stage, returns a checked plan (each document once, no empty micro-batch, each
 <= MaxLen) timed as the packer times it, never slower than its input; turned off, plans are byte-identical whatever
 its knobs; its knobs are validated."""
@@ -13,7 +13,7 @@ from planner_synth import ONE_STAGE, PROFILES, check_plan
 from tidal.core.errors import TidalError
 from tidal.planner.config import PASS_ORDER, PROPOSAL, PlannerConfig
 from tidal.planner.packing import pack
-from tidal.planner.passes import Allowance, Context, ExchangePass, pack_groups
+from tidal.planner.passes import PASSES, Allowance, Context, pack_groups
 from tidal.planner.select import select_step
 
 pytestmark = pytest.mark.unit
@@ -32,7 +32,7 @@ def test_exchange_pass_lowers_random_dispatches_and_spends_only_when_it_moved():
     """On packed random dispatches (slow plans) the pass makes moves, returns a faster checked plan and spends its
     allowance; on a plan it cannot improve it returns None and spends nothing."""
     rng = np.random.default_rng(3)
-    p = ExchangePass()
+    p = PASSES["exchange"]
     gained = 0
     for k in ONE_STAGE:
         prof = PROFILES[k]
@@ -52,7 +52,7 @@ def test_exchange_pass_lowers_random_dispatches_and_spends_only_when_it_moved():
 
 def test_exchange_skips_large_steps():
     l_ = np.random.default_rng(2).integers(20, 81, size=60).astype(np.int64)
-    p, left = ExchangePass(), Allowance.for_step(PlannerConfig())
+    p, left = PASSES["exchange"], Allowance.for_step(PlannerConfig())
     prof = PROFILES[0]
     est, plans = pack_groups(l_, prof, [list(range(60)), []], pack, False)  # all on one pipeline: a move helps
     small = dataclasses.replace(PlannerConfig(), exchange_max=l_.size * len(prof.pipes) - 1)

@@ -1,4 +1,4 @@
-"""The repair pass (passes.RepairPass, planner/repair.py, decision 134) under the pass protocol: it runs only on
+"""The repair pass (passes.repair_pass, planner/repair.py, decision 134) under the pass protocol: it runs only on
 plans whose every pipeline is one-stage, returns a checked plan (each document once, no empty micro-batch, each
 <= MaxLen) timed as the packer times it, never slower than its input; turned off, plans are byte-identical whatever
 its knobs."""
@@ -12,7 +12,7 @@ from planner_synth import PROFILES, check_plan
 
 from tidal.planner.config import PASS_ORDER, PROPOSAL, PlannerConfig
 from tidal.planner.packing import pack
-from tidal.planner.passes import Allowance, Context, RepairPass, pack_groups
+from tidal.planner.passes import PASSES, Allowance, Context, pack_groups
 from tidal.planner.select import select_step
 
 pytestmark = pytest.mark.unit
@@ -44,7 +44,7 @@ def test_repair_gains_on_these_steps_and_off_is_byte_identical(k, seed, short):
 
 def test_repair_spends_only_when_it_repacked():
     l_ = np.random.default_rng(2).integers(20, 81, size=60).astype(np.int64)
-    rp, left = RepairPass(), Allowance.for_step(PlannerConfig())
+    rp, left = PASSES["repair"], Allowance.for_step(PlannerConfig())
     prof, l_ = PROFILES[0], l_[:10]  # 2*tp4 (MaxLen 400): each pipeline in one micro-batch, nothing to repack
     est, plans = pack_groups(l_, prof, [list(range(0, 10, 2)), list(range(1, 10, 2))], pack, False)
     assert all(len(p.micro_batches) == 1 for p in plans)

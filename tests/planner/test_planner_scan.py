@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planner_synth import PROFILES
 
-from tidal.planner.config import PlannerConfig
+from tidal.planner.config import PROPOSAL
 from tidal.planner.dispatch import dispatch_alternatives
 
 pytestmark = pytest.mark.unit
@@ -50,4 +50,4 @@ def test_diagnosed_step_gains():
     assert first.objective < 4.0 and not alts
     first2, alts = dispatch_alternatives(l_, prof.pipes)
     assert first2 == first and all(a.objective < first.objective for a in alts)
-    assert sel.assign(l_, prof)[0] <= sel.assign(l_, prof, config=PlannerConfig.cheap())[0] < 4.0
+    assert sel.assign(l_, prof)[0] <= sel.assign(l_, prof, config=PROPOSAL)[0] < 4.0

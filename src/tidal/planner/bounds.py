@@ -97,15 +97,6 @@ def check_pipe(pp: int, max_len: int, coeffs: LatencyCoeffs) -> None:
         raise TidalError(f"latency coefficients must be finite and >= 0, got {coeffs}")
 
 
-def eq2_bound(work_sum: float, tokens: int, wmax: float, count: int, p: PipeCost) -> float:
-    """Hydraulis Eq. 2 with the per-micro-batch constant: W + c * V_min + (PP - 1) * (c + w(l_max)); 0 when empty.
-    The dispatch objective (linear in the assignment, so the exact mode is a MILP)."""
-    if count == 0:
-        return 0.0
-    vmin = max(1, -(-tokens // p.max_len))
-    return work_sum + p.c * vmin + (p.pp - 1) * (p.c + wmax)
-
-
 def pipeline_bound(lengths: np.ndarray, p: PipeCost) -> float:
     """Lower bound on the packed latency of a fixed set of documents on one pipeline:
     min over V in [V_min, U] of (PP - 1 + V) * max(W/V + c, c + w(l_max)), V_min = ceil(tokens / MaxLen)."""

@@ -1,5 +1,5 @@
 """The planner's tuning knobs as one frozen value (issue 27, decision 85; docs/planner.md, "Configuration"):
-`PlannerConfig()` holds today's values, `PlannerConfig.cheap()` the strategy proposal's planner; passed down the call
+`PlannerConfig()` (`DEFAULT`) holds today's values, `PROPOSAL` the strategy proposal's planner; passed down the call
 chain, never read from a module global; every field checked in __post_init__ (one-line TidalError).
 """
 
@@ -12,6 +12,8 @@ from tidal.core.errors import TidalError
 
 # The improvement passes of select.assign (planner/passes.py), in the one order they run (docs/planner.md opens with it)
 PASS_ORDER = ("late_restarts", "shrink", "polish", "fill", "repair", "exchange")
+# the knobs that must be > 0 (every other number is >= 0)
+_POSITIVE = ("shrink_rounds", "repair_tries", "repair_excess", "exchange_cands", "exchange_partners", "exchange_depth")
 
 
 @dataclass(frozen=True)
@@ -78,16 +80,17 @@ class PlannerConfig:
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
+            v, lo = getattr(self, f.name), int(f.name in _POSITIVE)
             if f.type == "bool":
                 if not isinstance(v, bool):
                     raise TidalError(f"PlannerConfig.{f.name} must be True or False, got {v!r}")
             elif f.type == "int":
-                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                    raise TidalError(f"PlannerConfig.{f.name} must be an integer >= 0, got {v!r}")
+                if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                    raise TidalError(f"PlannerConfig.{f.name} must be an integer >= {lo}, got {v!r}")
             elif f.type == "float":
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
-                    raise TidalError(f"PlannerConfig.{f.name} must be a number in [0, 1), got {v!r}")
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1 or (lo and v == 0):
+                    raise TidalError(f"PlannerConfig.{f.name} must be a number in {'(0' if lo else '[0'}, 1), "
+                                     f"got {v!r}")
             else:  # tuples
                 if not isinstance(v, tuple) or any(isinstance(x, bool) for x in v):
                     raise TidalError(f"PlannerConfig.{f.name} must be a tuple, got {v!r}")
@@ -95,26 +98,13 @@ class PlannerConfig:
                 or tuple(x for x in PASS_ORDER if x in self.passes) != self.passes:
             raise TidalError(f"PlannerConfig.passes must be distinct names of {PASS_ORDER} in that order, got "
                              f"{self.passes!r}")
-        if self.shrink_rounds < 1:
-            raise TidalError(f"PlannerConfig.shrink_rounds must be >= 1, got {self.shrink_rounds}")
         if not all(isinstance(x, (int, float)) and 0 < x <= 1 for x in self.shrink_fracs):
             raise TidalError(f"PlannerConfig.shrink_fracs must be fractions in (0, 1], got {self.shrink_fracs!r}")
-        if self.repair_tries < 1 or self.repair_excess <= 0:
-            raise TidalError(f"PlannerConfig.repair_tries must be >= 1 and repair_excess > 0, got "
-                             f"{self.repair_tries}, {self.repair_excess}")
-        if min(self.exchange_cands, self.exchange_partners, self.exchange_depth) < 1:
-            raise TidalError(f"PlannerConfig.exchange_cands, exchange_partners and exchange_depth must be >= 1, got "
-                             f"{self.exchange_cands}, {self.exchange_partners}, {self.exchange_depth}")
         if self.late_restart_max_big < self.late_restart_max:
             raise TidalError(f"PlannerConfig.late_restart_max_big ({self.late_restart_max_big}) must be >= "
                              f"late_restart_max ({self.late_restart_max})")
 
-    @classmethod
-    def cheap(cls) -> PlannerConfig:
-        """The strategy proposal's planner: the first dispatch, its alternatives and packing, no improvement passes
-        and no jump scan (a candidate's estimate over many steps, not one step's plan)."""
-        return cls(passes=(), scan=False)
-
-
 DEFAULT = PlannerConfig()
-PROPOSAL = PlannerConfig.cheap()
+# the strategy proposal's planner: the first dispatch, its alternatives and packing, no improvement passes and no jump
+# scan (a candidate's estimate over many steps, not one step's plan)
+PROPOSAL = PlannerConfig(passes=(), scan=False)

@@ -1,6 +1,6 @@
 """Stage 1 of the two-stage assignment: sequences -> pipelines of one strategy (Hydraulis §6.2, Eq. 2-3).
 
-Objective: minimise max_j D_j, D_j = W_j + c_j * V_min,j + (PP_j - 1) * (c_j + w_j(l_max,j)) (bounds.eq2_bound), where a
+Objective: minimise max_j D_j, D_j = W_j + c_j * V_min,j + (PP_j - 1) * (c_j + w_j(l_max,j)) (Hydraulis Eq. 2), where a
 sequence may only go to pipelines whose MaxLen >= its length. Pipelines differ in (a, b, c), PP and MaxLen.
 
 Heuristic (default): longest-first list scheduling onto the eligible pipeline with the smallest resulting D (identical
@@ -21,9 +21,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from tidal.core.errors import TidalError
-from tidal.planner.bounds import PipeCost, check_lengths
+from tidal.planner.bounds import PipeCost, check_lengths, group_pipes
 from tidal.planner.config import DEFAULT, PlannerConfig
-from tidal.planner.greedy import greedy_owner, greedy_prep
 from tidal.planner.pipecost import pipe_coeffs
 
 
@@ -65,6 +64,44 @@ class SearchState:
         loops.state_sums(self.lf, owner, self.H, self.S, self.Q, self.N, self.G, self.top1, self.cnt1, self.top2)
         loops.pipe_loads(self.A, self.B, self.C, self.D, self.Q1, self.M, self.R, self.Q, self.S, self.N, self.top1,
                          self.G, self.load)
+
+
+def greedy_prep(pipes: Sequence[PipeCost]) -> tuple:
+    """What greedy_owner needs of the pipelines alone: kernels.greedy's arrays of the classes of identical pipelines
+    and their members (ascending). Computed once per dispatch, shared by its restarts."""
+    classes, _ = group_pipes(pipes)
+    members: list[list[int]] = [[] for _ in classes]
+    cls_of = {p: k for k, p in enumerate(classes)}
+    for j, p in enumerate(pipes):
+        members[cls_of[p]].append(j)
+    mcount = np.array([len(m) for m in members], dtype=np.int64)
+    return (*pipe_coeffs(classes), np.array([p.q for p in classes], dtype=np.float64),
+            np.array([p.max_len for p in classes], dtype=np.int64),
+            np.array([j for m in members for j in m], dtype=np.int64),
+            np.concatenate([[0], np.cumsum(mcount)[:-1]]).astype(np.int64), mcount,
+            np.array([p.max_len for p in pipes], dtype=np.int64))
+
+
+def greedy_owner(lengths: np.ndarray, pipes: Sequence[PipeCost], order: np.ndarray | None = None,
+                 loops: SimpleNamespace | None = None, prep: tuple | None = None, scan: bool = True) -> np.ndarray:
+    """List scheduling: each sequence (longest first unless `order`) to the eligible pipeline with the least resulting
+    cost. Per class of identical pipelines two are tried: the first empty one and the least-loaded used one, or every
+    used one (`scan`, decision 63) when adding to the least-loaded one costs more than the sequence's work plus one
+    micro-batch constant (a PP = 1 pipeline over its MaxLen with a long document jumps to 2 (c + w(l_max)); a fuller
+    pipeline with room is then cheaper).
+    Runs `loops.greedy` (kernels.greedy, the one source): `loops` None takes kernels.loops(), compiled where numba is
+    installed; kernels.PLAIN runs it as plain Python. `prep`: greedy_prep(pipes), when the caller has it."""
+    if loops is None:
+        from tidal.planner import kernels
+
+        loops = kernels.loops()
+    arrays = greedy_prep(pipes) if prep is None else prep
+    if order is None:
+        order = np.argsort(-lengths, kind="stable")
+    owner, bad = loops.greedy(lengths.astype(np.int64, copy=False), order.astype(np.int64, copy=False), *arrays, scan)
+    if bad >= 0:
+        raise TidalError(f"sequence of length {int(lengths[bad])} exceeds the MaxLen of every pipeline")
+    return owner
 
 
 def length_orders(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -157,7 +194,7 @@ def dispatch(lengths, pipes: Sequence[PipeCost], *, exact: bool = False, seed: i
              config: PlannerConfig = DEFAULT, orders: tuple | None = None) -> DispatchResult:
     """Dispatch sequences to pipelines minimising max_j of the capacity-aware pipeline cost (`_cost`): the better of
     dispatch_alternatives' results (the lowest objective, ties to the first). exact=True also solves the MILP (of
-    the linear objective D_j, bounds.eq2_bound) and keeps the better of the two."""
+    the linear objective D_j, Hydraulis Eq. 2) and keeps the better of the two."""
     first, alts = dispatch_alternatives(lengths, pipes, seed=seed, max_rounds=max_rounds, restarts=restarts,
                                         target=target, deadline=deadline, config=config, orders=orders)
     res = min((first, *alts), key=lambda r: r.objective)

@@ -13,8 +13,7 @@ import numpy as np
 from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan
 from tidal.planner.bounds import PipeCost
-from tidal.planner.dispatch import owner_result
-from tidal.planner.greedy import greedy_owner
+from tidal.planner.dispatch import greedy_owner, owner_result
 from tidal.planner.pipecost import pipe_coeffs
 
 

@@ -61,7 +61,7 @@ def sift_up(key, ids, off, pos):
 
 
 def greedy(lengths, order, ca, cb, cc, cd, cq, cm, members, moff, mcount, pmax, scan):
-    """The dispatch greedy (greedy.greedy_owner): each sequence (in `order`) to the eligible pipeline with the least
+    """The dispatch greedy (dispatch.greedy_owner): each sequence (in `order`) to the eligible pipeline with the least
     resulting cost (pipecost.add_cost),
     trying per class its first empty pipeline and its least-loaded used one (heap top by (cost, index)), or every
     used one (if `scan`) when adding to the least-loaded one costs more than the document's work plus one

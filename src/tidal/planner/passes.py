@@ -18,10 +18,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Protocol
 
 import numpy as np
 
@@ -29,7 +28,7 @@ from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan
 from tidal.planner.bounds import check_pipe
 from tidal.planner.config import PASS_ORDER, PlannerConfig
-from tidal.planner.dispatch import dispatch, length_orders, restart_dispatch
+from tidal.planner.dispatch import dispatch, restart_dispatch
 from tidal.planner.exchange import exchange
 from tidal.planner.fill import fill_dispatch, worth_filling
 from tidal.planner.packing import Packer, pack, pipeline_time
@@ -52,16 +51,10 @@ class Context:
     deadline: float | None  # perf_counter
     cfg: PlannerConfig
     objective: float  # the first dispatch's objective (the MaxLen retry compares packed pipelines with it)
-    _orders: tuple | None = dataclasses.field(default=None, repr=False)
+    orders: tuple | None = dataclasses.field(default=None, repr=False)  # dispatch.length_orders(lengths), if sorted
 
     def on_time(self) -> bool:
         return self.deadline is None or time.perf_counter() < self.deadline
-
-    def orders(self) -> tuple:
-        """dispatch.length_orders(lengths), sorted once for the passes' dispatches."""
-        if self._orders is None:
-            self._orders = length_orders(self.lengths)
-        return self._orders
 
 
 class Allowance:
@@ -84,14 +77,14 @@ class Allowance:
             self.counts[name] -= 1
 
 
-class Pass(Protocol):
+@dataclass(frozen=True)
+class Pass:
+    """One improvement pass: `name` (its PASS_ORDER entry, the key of its allowance); `gap(ctx)`: skipped unless the
+    plan is more than this factor above ctx.target; `run(ctx, est, plans, left)`: a candidate plan (kept by `improve`
+    only if faster), or None."""
     name: str
-
-    def gap(self, ctx: Context) -> float:
-        """Skipped unless the plan is more than this factor above ctx.target."""
-
-    def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
-        """A candidate plan (kept by `improve` only if faster), or None."""
+    gap: Callable[[Context], float]
+    run: Callable[[Context, float, Plans, Allowance], tuple[float, Plans] | None]
 
 
 def improve(ctx: Context, est: float, plans: Plans, left: Allowance, beat: float = float("inf"),
@@ -109,8 +102,9 @@ def improve(ctx: Context, est: float, plans: Plans, left: Allowance, beat: float
 
 
 def polished(ctx: Context, est: float, plans: Plans) -> tuple[float, Plans]:
-    """`polish` on a plan a pass produced, when the polish pass is on and the plan is above ctx.target by more than
-    cfg.shrink_done (decisions 64, 68)."""
+    """Decision 60, the `polish` pass: polish.polish (cfg.polish_rounds rounds) when the polish pass is on and the
+    plan is above ctx.target by more than cfg.shrink_done; also run on a plan another pass produced (decisions 64,
+    68). It has no allowance."""
     cfg = ctx.cfg
     if "polish" in cfg.passes and cfg.polish_rounds and ctx.target * (1 + cfg.shrink_done) < est:
         return polish(ctx.lengths, ctx.prof.pipes, plans, est, target=ctx.target, rounds=cfg.polish_rounds,
@@ -118,170 +112,126 @@ def polished(ctx: Context, est: float, plans: Plans) -> tuple[float, Plans]:
     return est, plans
 
 
-class LateRestarts:
+def late_restarts_pass(ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
     """Decisions 59, 65: random-order restarts (dispatch.restart_dispatch) of a step too large for the dispatch's own
     (cfg.restart_max < B x D <= cfg.late_restart_max: cfg.late_restarts of cfg.late_rounds rounds, gap cfg.late_gap;
     up to cfg.late_restart_max_big: cfg.late_big_restarts with the full local search, gap cfg.late_gap_big)."""
-    name = "late_restarts"
-
-    def gap(self, ctx: Context) -> float:
-        return ctx.cfg.late_gap_big if _size(ctx) > ctx.cfg.late_restart_max else ctx.cfg.late_gap
-
-    def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
-        cfg = ctx.cfg
-        if not cfg.restart_max < _size(ctx) <= cfg.late_restart_max_big:
-            return None
-        left.spend(self.name)
-        big = _size(ctx) > cfg.late_restart_max
-        alt = restart_dispatch(ctx.lengths, ctx.prof.pipes, cfg.late_big_restarts if big else cfg.late_restarts,
-                               seed=ctx.seed, below=est, target=ctx.target, deadline=ctx.deadline,
-                               max_rounds=None if big else cfg.late_rounds, orders=ctx.orders())
-        if alt is None:
-            return None
-        return pack_groups(ctx.lengths, ctx.prof, alt.groups, ctx.packer, False, limit=est, order=by_load(alt))
+    cfg = ctx.cfg
+    if not cfg.restart_max < _size(ctx) <= cfg.late_restart_max_big:
+        return None
+    left.spend("late_restarts")
+    big = _size(ctx) > cfg.late_restart_max
+    alt = restart_dispatch(ctx.lengths, ctx.prof.pipes, cfg.late_big_restarts if big else cfg.late_restarts,
+                           seed=ctx.seed, below=est, target=ctx.target, deadline=ctx.deadline,
+                           max_rounds=None if big else cfg.late_rounds, orders=ctx.orders)
+    if alt is None:
+        return None
+    return pack_groups(ctx.lengths, ctx.prof, alt.groups, ctx.packer, False, limit=est, order=by_load(alt))
 
 
-class Shrink:
+def shrink_pass(ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
     """Decision 58: the dispatch charges ceil(tokens / MaxLen) micro-batches; when a pipeline's packing needed more
     and that set the step time above the dispatch objective (by cfg.shrink_gap), dispatch again with that pipeline
     class's MaxLen scaled by each of cfg.shrink_fracs in turn (so it is given fewer tokens than it can nominally hold)
-    and pack with the real MaxLen; the fastest plan. Each re-dispatch spends one of the allowance."""
-    name = "shrink"
-
-    def gap(self, ctx: Context) -> float:
-        return 0.0
-
-    def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
-        cfg, l_, pipes = ctx.cfg, ctx.lengths, ctx.prof.pipes
-        over = set()
-        for pl, pc in zip(plans, pipes):
-            # first, so the token sums run only for these (800 pipelines)
-            if pl.est_time > ctx.objective * (1 + cfg.shrink_gap):
-                tokens = sum(int(l_[list(mb)].sum()) for mb in pl.micro_batches)
-                if len(pl.micro_batches) > -(-tokens // pc.max_len):
-                    over.add(pc)
-        if not over:
-            return None
-        longest = int(l_.max())
-        best = None
-        for frac in cfg.shrink_fracs:
-            if (ctx.deadline is not None and time.perf_counter() > ctx.deadline) or not left.left(self.name):
+    and pack with the real MaxLen; the fastest plan. Each re-dispatch spends one of the allowance; no gap."""
+    cfg, l_, pipes = ctx.cfg, ctx.lengths, ctx.prof.pipes
+    over = set()
+    for pl, pc in zip(plans, pipes):
+        # first, so the token sums run only for these (800 pipelines)
+        if pl.est_time > ctx.objective * (1 + cfg.shrink_gap):
+            tokens = sum(int(l_[list(mb)].sum()) for mb in pl.micro_batches)
+            if len(pl.micro_batches) > -(-tokens // pc.max_len):
+                over.add(pc)
+    if not over:
+        return None
+    longest = int(l_.max())
+    best = None
+    for frac in cfg.shrink_fracs:
+        if not ctx.on_time() or not left.left("shrink"):
+            break
+        shrunk = [dataclasses.replace(pc, max_len=max(1, int(pc.max_len * frac))) if pc in over else pc
+                  for pc in pipes]
+        if longest > max(pc.max_len for pc in shrunk):
+            continue
+        left.spend("shrink")
+        disp = dispatch(l_, shrunk, seed=ctx.seed, restarts=0, target=ctx.target, deadline=ctx.deadline,
+                        max_rounds=cfg.shrink_rounds, config=cfg, orders=ctx.orders)
+        # packed most-loaded first, given up at the first pipeline that is no faster than the plan it must beat
+        est2, plans2 = pack_groups(l_, ctx.prof, disp.groups, ctx.packer, False, limit=est, order=by_load(disp))
+        if est2 < est:  # not monotone in the fraction (which documents still fit changes), so all are tried
+            est, plans = best = est2, plans2
+            if est <= ctx.target * (1 + cfg.shrink_done):
                 break
-            shrunk = [dataclasses.replace(pc, max_len=max(1, int(pc.max_len * frac))) if pc in over else pc
-                      for pc in pipes]
-            if longest > max(pc.max_len for pc in shrunk):
-                continue
-            left.spend(self.name)
-            disp = dispatch(l_, shrunk, seed=ctx.seed, restarts=0, target=ctx.target, deadline=ctx.deadline,
-                            max_rounds=cfg.shrink_rounds, config=cfg, orders=ctx.orders())
-            # packed most-loaded first, given up at the first pipeline that is no faster than the plan it must beat
-            est2, plans2 = pack_groups(l_, ctx.prof, disp.groups, ctx.packer, False, limit=est, order=by_load(disp))
-            if est2 < est:  # not monotone in the fraction (which documents still fit changes), so all are tried
-                est, plans = best = est2, plans2
-                if est <= ctx.target * (1 + cfg.shrink_done):
-                    break
-        return best
+    return best
 
 
-class Polish:
-    """Decision 60: polish.polish (cfg.polish_rounds rounds) when above the bound by cfg.shrink_done."""
-    name = "polish"
-
-    def gap(self, ctx: Context) -> float:
-        return ctx.cfg.shrink_done
-
-    def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
-        if not ctx.cfg.polish_rounds:
-            return None
-        return polish(ctx.lengths, ctx.prof.pipes, plans, est, target=ctx.target, rounds=ctx.cfg.polish_rounds,
-                      light=ctx.cfg.polish_light)
-
-
-class Fill:
+def fill_pass(ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
     """Decision 68: the plan re-dispatched with its token-full single-micro-batch pipelines filled first
     (fill.fill_dispatch, cap the bound times 1 + cfg.fill_slack), packed and polished; gap cfg.fill_gap. One
     re-dispatch spends one of the allowance."""
-    name = "fill"
-
-    def gap(self, ctx: Context) -> float:
-        return ctx.cfg.fill_gap
-
-    def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
-        if ctx.target <= 0:
-            return None
-        cap = ctx.target * (1 + ctx.cfg.fill_slack)
-        if not worth_filling(ctx.lengths, ctx.prof.pipes, plans, cap, est):
-            return None
-        left.spend(self.name)
-        groups = fill_dispatch(ctx.lengths, ctx.prof.pipes, plans, cap, deadline=ctx.deadline)
-        if groups is None:
-            return None
-        est2, plans2 = pack_groups(ctx.lengths, ctx.prof, groups, ctx.packer, False, limit=est)
-        if est2 < est and ctx.on_time():
-            est2, plans2 = polished(ctx, est2, plans2)
-        return est2, plans2
+    if ctx.target <= 0:
+        return None
+    cap = ctx.target * (1 + ctx.cfg.fill_slack)
+    if not worth_filling(ctx.lengths, ctx.prof.pipes, plans, cap, est):
+        return None
+    left.spend("fill")
+    groups = fill_dispatch(ctx.lengths, ctx.prof.pipes, plans, cap, deadline=ctx.deadline)
+    if groups is None:
+        return None
+    est2, plans2 = pack_groups(ctx.lengths, ctx.prof, groups, ctx.packer, False, limit=est)
+    if est2 < est and ctx.on_time():
+        est2, plans2 = polished(ctx, est2, plans2)
+    return est2, plans2
 
 
-class OneStagePass:
+def one_stage(ctx: Context, plans: Plans, left: Allowance, name: str, cap: int, rework) -> tuple[float, Plans] | None:
     """The run both one-stage passes share: on a plan whose every pipeline is one-stage (PP = 1, priced V c + W) and
-    B x D <= the pass's cap, `rework` returns new micro-batches (document ids per pipeline) or None; the allowance is
-    spent only then, the result is checked (each document once, none over MaxLen) and each changed pipeline timed by
-    pipeline_time.
-    Subclasses give `name`, `gap`, `cap(cfg)` and `rework(ctx, bins)`: a result with ``.valid()`` and ``.bins``, or
-    None when nothing changed."""
-
-    def run(self, ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
-        if not one_stage_within(ctx, self.cap(ctx.cfg)):
-            return None
-        res = self.rework(ctx, [[list(mb) for mb in pl.micro_batches] for pl in plans])
-        if res is None:
-            return None
-        left.spend(self.name)
-        if not res.valid():
-            raise TidalError(f"the {self.name} pass lost a document or overfilled a micro-batch")
-        return repriced(ctx.lengths, ctx.prof.pipes, plans, res.bins)
+    B x D <= `cap`, `rework(bins)` (the plan's micro-batches as lists of document ids per pipeline) returns a result
+    with ``.valid()`` and new ``.bins``, or None when nothing changed; the allowance is spent only then, the result
+    is checked (each document once, none over MaxLen) and each changed pipeline timed by pipeline_time."""
+    if any(p.pp != 1 or p.eq1 for p in ctx.prof.pipes) or _size(ctx) > cap:
+        return None
+    res = rework([[list(mb) for mb in pl.micro_batches] for pl in plans])
+    if res is None:
+        return None
+    left.spend(name)
+    if not res.valid():
+        raise TidalError(f"the {name} pass lost a document or overfilled a micro-batch")
+    return repriced(ctx.lengths, ctx.prof.pipes, plans, res.bins)
 
 
-class RepairPass(OneStagePass):
+def repair_pass(ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
     """Decision 134: repair.repair (MBS repack, drop a micro-batch, rebalance) under cfg.repair_max, gap
     cfg.repair_gap; spends only when a pipeline was repacked into fewer micro-batches (the costly part follows)."""
-    name = "repair"
-
-    def gap(self, ctx: Context) -> float:
-        return ctx.cfg.repair_gap
-
-    def cap(self, cfg: PlannerConfig) -> int:
-        return cfg.repair_max
-
-    def rework(self, ctx: Context, bins):
-        cfg = ctx.cfg
-        return repair(ctx.lengths, ctx.prof.pipes, bins, excess=cfg.repair_excess, tries=cfg.repair_tries,
-                      rounds=cfg.repair_rounds, drops=cfg.repair_drops, moves=cfg.repair_moves,
-                      partners=cfg.repair_partners, deadline_ok=ctx.on_time)[0]
+    cfg = ctx.cfg
+    return one_stage(ctx, plans, left, "repair", cfg.repair_max, lambda bins: repair(
+        ctx.lengths, ctx.prof.pipes, bins, excess=cfg.repair_excess, tries=cfg.repair_tries, rounds=cfg.repair_rounds,
+        drops=cfg.repair_drops, moves=cfg.repair_moves, partners=cfg.repair_partners, deadline_ok=ctx.on_time)[0])
 
 
-class ExchangePass(OneStagePass):
+def exchange_pass(ctx: Context, est: float, plans: Plans, left: Allowance) -> tuple[float, Plans] | None:
     """Decision 136: exchange.exchange (compound moves around the bottleneck) under cfg.exchange_max, gap
     cfg.exchange_gap; spends only when a move was made."""
-    name = "exchange"
+    cfg = ctx.cfg
 
-    def gap(self, ctx: Context) -> float:
-        return ctx.cfg.exchange_gap
-
-    def cap(self, cfg: PlannerConfig) -> int:
-        return cfg.exchange_max
-
-    def rework(self, ctx: Context, bins):
-        cfg = ctx.cfg
+    def rework(bins):
         ex, made = exchange(ctx.lengths, ctx.prof.pipes, bins, moves=cfg.exchange_moves, cands=cfg.exchange_cands,
                             partners=cfg.exchange_partners, eject=cfg.exchange_eject, depth=cfg.exchange_depth,
                             deadline_ok=ctx.on_time)
         return ex if made else None
 
+    return one_stage(ctx, plans, left, "exchange", cfg.exchange_max, rework)
+
 
 # the registry (read-only: a test gives `improve` its own table instead of changing this one)
-PASSES: Mapping[str, Pass] = MappingProxyType({p.name: p for p in (LateRestarts(), Shrink(), Polish(), Fill(),
-                                                                        RepairPass(), ExchangePass())})
+PASSES: Mapping[str, Pass] = MappingProxyType({p.name: p for p in (
+    Pass("late_restarts", lambda ctx: ctx.cfg.late_gap_big if _size(ctx) > ctx.cfg.late_restart_max
+         else ctx.cfg.late_gap, late_restarts_pass),
+    Pass("shrink", lambda ctx: 0.0, shrink_pass),
+    Pass("polish", lambda ctx: ctx.cfg.shrink_done, lambda ctx, est, plans, left: polished(ctx, est, plans)),
+    Pass("fill", lambda ctx: ctx.cfg.fill_gap, fill_pass),
+    Pass("repair", lambda ctx: ctx.cfg.repair_gap, repair_pass),
+    Pass("exchange", lambda ctx: ctx.cfg.exchange_gap, exchange_pass))})
 assert tuple(PASSES) == PASS_ORDER
 
 
@@ -292,11 +242,6 @@ def _size(ctx: Context) -> int:
 def by_load(disp) -> list[int]:
     """Pipeline indices by descending dispatch load (ties by index): pack_groups' order when it may give up early."""
     return sorted(range(len(disp.loads)), key=lambda j: (-disp.loads[j], j))
-
-
-def one_stage_within(ctx: Context, cap: int) -> bool:
-    """Whether the repair and exchange passes apply: every pipeline one-stage (PP = 1, priced V c + W), B x D <= cap."""
-    return not any(p.pp != 1 or p.eq1 for p in ctx.prof.pipes) and _size(ctx) <= cap
 
 
 def repriced(lengths: np.ndarray, pipes, plans: Plans, bins) -> tuple[float, Plans]:
@@ -354,12 +299,6 @@ def pack_groups(lengths: np.ndarray, prof: StrategyProfile, groups, packer: Pack
     return max((p.est_time for p in plans), default=0.0), tuple(plans)
 
 
-def _one_mb(pipe, sub: np.ndarray) -> bool:
-    # pack's own answer, without its per-call overhead (hundreds of such pipelines at 1024 GPUs): with PP = 1 and
-    # c > 0, one micro-batch (c + W) beats every V >= 2 (>= W + V c), so pack returns it
-    return pipe.pp == 1 and pipe.c > 0 and int(sub.sum()) <= pipe.max_len
-
-
 def pack_one(lengths: np.ndarray, lf: np.ndarray, prof: StrategyProfile, groups, packer: Packer, exact: bool,
               j: int):
     """Pipeline j's group packed on its own: (micro-batches of step indices, time)."""
@@ -368,9 +307,6 @@ def pack_one(lengths: np.ndarray, lf: np.ndarray, prof: StrategyProfile, groups,
     if idx.size == 0:
         return (), 0.0
     sub = lengths[idx]
-    if packer is pack and not exact and _one_mb(pipe, sub):
-        mbs = (tuple(idx.tolist()),)
-        return mbs, pipeline_time(lf, mbs, pipe.coeffs, pipe.pp)
     if packer is pack:  # it checks its own packing (decision 69's review: 0.8 ms per step here), names the
         # sequences by idx, and its est_time is pipeline_time of these micro-batches (the same floats)
         res = pack(sub, pipe.coeffs, pipe.pp, pipe.max_len, exact=exact, ids=idx)
@@ -384,10 +320,10 @@ def pack_one(lengths: np.ndarray, lf: np.ndarray, prof: StrategyProfile, groups,
 
 def pack_batch(lengths: np.ndarray, lf: np.ndarray, prof: StrategyProfile, groups, chunk) -> dict | None:
     """{j: (micro-batches, time)} for every pipeline of `chunk`, as pack_one with `pack` gives it: the pipelines `pack`
-    packs with its heuristic (>= 2 sequences, not one micro-batch by _one_mb) in one kernels_batch.pack_many call
-    (pack's own pack_core on each, so the same packings and floats), the one-micro-batch ones timed together
-    (pipeline_time's sums, by kernels_sums.mb_works per coefficient group), the others as pack_one does. None when
-    an input would make `pack` raise (then pack_one raises it, in order)."""
+    packs with its heuristic (>= 2 sequences, not a PP = 1 pipeline whose tokens fit one micro-batch) in one
+    kernels_batch.pack_many call (pack's own pack_core on each, so the same packings and floats), the one-micro-batch
+    ones timed together (pipeline_time's sums, by kernels_sums.mb_works per coefficient group), the others as pack
+    does. None when an input would make `pack` raise (then pack_one raises it, in order)."""
     from tidal.planner import kernels_batch, kernels_sums
 
     out: dict = {}
@@ -400,10 +336,12 @@ def pack_batch(lengths: np.ndarray, lf: np.ndarray, prof: StrategyProfile, group
             out[j] = ((), 0.0)
             continue
         sub = lengths[idx]
-        if _one_mb(pipe, sub):
+        if pipe.pp == 1 and pipe.c > 0 and int(sub.sum()) <= pipe.max_len:
+            # pack's own answer, without its per-call overhead (hundreds of such pipelines at 1024 GPUs): with PP = 1
+            # and c > 0, one micro-batch (c + W) beats every V >= 2 (>= W + V c), so pack returns it
             ones.setdefault((pipe.a, pipe.b, pipe.d), []).append((j, idx))
         elif idx.size == 1:
-            singles.append((j, sub, idx))
+            singles.append(j)
         else:
             js.append(j)
             subs.append(sub)
@@ -416,19 +354,16 @@ def pack_batch(lengths: np.ndarray, lf: np.ndarray, prof: StrategyProfile, group
             out[j] = ((tuple(idx.tolist()),), packed_value(pipe.q, pipe.c, w, pipe.c + w, 1))
     util = {}  # UtilLen per distinct pipeline cost (hundreds of pipelines share a few)
     try:
-        for j in js + [j for j, _, _ in singles]:
+        for j in js:
             p = prof.pipes[j]
             if p not in util:
                 co = p.coeffs
                 check_pipe(p.pp, p.max_len, co)
                 util[p] = co.util_len()
+        for j in singles:  # one sequence: pack's own answer (a bad input raises here, then in pack_one, in order)
+            out[j] = pack_one(lengths, lf, prof, groups, pack, False, j)
     except TidalError:
         return None
-    if any(int(sub[0]) < 1 or int(sub[0]) > prof.pipes[j].max_len for j, sub, _ in singles):
-        return None
-    for j, sub, idx in singles:  # one sequence: pack's own answer
-        res = pack(sub, prof.pipes[j].coeffs, prof.pipes[j].pp, prof.pipes[j].max_len, ids=idx)
-        out[j] = (res.micro_batches, res.est_time)
     if not js:
         return out
     pipes = [prof.pipes[j] for j in js]

@@ -113,9 +113,7 @@ def assign(lengths: np.ndarray, prof: StrategyProfile, *, packer: Packer = pack,
             ctx = Context(l_, prof, packer, seed, target, deadline, cfg, first.objective, orders)
             est, plans = improve(ctx, est, plans, Allowance() if allowance is None else allowance, improve_below)
     if fallback and est > target and (deadline is None or time.perf_counter() < deadline):
-        hy = _hydraulis_plan(l_, prof, packer, seed, exact, est, cfg)
-        if hy is not None:
-            return hy
+        return _hydraulis_plan(l_, prof, packer, seed, exact, est, cfg) or (est, plans)
     return est, plans
 
 
@@ -150,10 +148,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
         raise TidalError(f"seq_ids has {len(ids)} entries for {l_.size} sequences")
     names = [str(p.strategy) for p in profiles]
     if l_.size == 0:
-        prof = profiles[0]
-        plans = tuple(PipelinePlan(pl.scheme.tp, pl.scheme.pp, pl.scheme.cp, pl.devices, pc.max_len, (), 0.0,
-                                   layer_split=prof.layer_splits[j])
-                      for j, (pl, pc) in enumerate(zip(prof.strategy.pipelines, prof.pipes)))
+        plans = pack_groups(l_, profiles[0], [()] * len(profiles[0].pipes), packer, exact)[1]  # every pipeline empty
         plan = StepPlan(ids, (), 0, plans, (), 0.0, 0.0, (time.perf_counter() - t0) * 1e3)
         reps = tuple(StrategyReport(k, names[k], 0.0, 0.0 if k == 0 else None) for k in range(len(profiles)))
         return StepSelection(plan, reps, (), 0.0, 1.0)
