@@ -1,17 +1,19 @@
 """What each of the planner's improvement passes earns and costs, every set of passes measured interleaved on the
-same steps (decisions 95, 113).
+same steps (decisions 95, 113, 159).
 
 Every step of every cell is planned once with each set of passes, in one process, the sets in turn (their order
 rotated by one each step), so every set sees the same machine load and the same candidates. Per cell it prints each
 set's median and p90 CPU ms per step (time.thread_time) and its median est/bound. Then, for every set after the
-first, the change in the cell-median est/bound against the first set (mean and worst over cells, relative, in %) and
-its CPU time against the first set's (total over all steps). Cells are planner_grid.py's (select_step, seed 0, no
+first, the change in the cell-median est/bound against the first set (mean and worst over cells, relative, in %), the
+number of steps whose reported bound differs from the first set's (the bound is the least bound of the candidates
+that could have won, so a plan can move it; where it does not, est/bound changes are est changes), and its CPU time
+against the first set's (total over all steps). Cells are planner_grid.py's (select_step, seed 0, no
 budget: the same plans and est/bound medians as `planner.py --grid` with --passes/--drop), with hand or proposal
 candidates.
 
-    python benchmarks/planner_passes_time.py [--sets all,-late_restarts,-shrink,-polish,-fill,none]
+    python benchmarks/planner_passes_time.py [--sets all,-late_restarts,-shrink,-polish,-fill,-repair,-exchange]
         [--cands hand|proposal] [--models ..] [--clusters ..] [--sources ..] [--seeds 10,11,12] [--steps 5]
-        [--out rows.json]
+        [--out rows.json]  (the rows: every step's CPU ms, est, bound and est/bound per set)
     python benchmarks/planner_passes_time.py --a all --b none  (decision 95's two-set form: --sets all,none)
 
 A set is 'all', 'none', '-NAME' (all passes less one) or pass names (config.PASS_ORDER) joined by '+' ('--a' and
@@ -59,6 +61,8 @@ def run_cell(grid: Grid, model: str, cluster: str, how: str, source: str, seeds,
         return None
     cpu: list[list[float]] = [[] for _ in cfgs]
     ratio: list[list[float]] = [[] for _ in cfgs]
+    est: list[list[float]] = [[] for _ in cfgs]
+    lb: list[list[float]] = [[] for _ in cfgs]
     n = 0
     for seed in seeds:
         for st in sample_steps(grid.specs[source], seed=seed, max_len=MAX_LEN, steps=steps,
@@ -72,9 +76,11 @@ def run_cell(grid: Grid, model: str, cluster: str, how: str, source: str, seeds,
                 plan = select_step(l_, profs, seed=0, config=cfgs[k]).plan
                 cpu[k].append((time.thread_time() - c0) * 1e3)
                 ratio[k].append(plan.est_step_time / plan.lower_bound if plan.lower_bound else 1.0)
+                est[k].append(plan.est_step_time)
+                lb[k].append(plan.lower_bound)
             n += 1
     return {"model": model, "cluster": cluster, "cands": how, "source": source, "steps": n, "cpu": cpu,
-            "ratio": ratio, "r_med": [q(r, .5) for r in ratio]}
+            "ratio": ratio, "est": est, "lb": lb, "r_med": [q(r, .5) for r in ratio]}
 
 
 def warm(grid: Grid, args, cfgs) -> None:
@@ -96,20 +102,22 @@ def summary(rows: list[dict], sets: list[str]) -> None:
     tot = [sum(sum(r["cpu"][k]) for r in rows) for k in range(len(sets))]
     nsteps = sum(r["steps"] for r in rows)
     print(f"\n{len(rows)} cells, {nsteps} steps; the change in cell-median est/bound against {sets[0]!r} (relative, %)")
-    print("| set | est/bound change: mean | worst (cell) | cells > 0.05 % | cpu ms per step: mean | max | vs first |")
-    print("|---|---|---|---|---|---|---|")
+    print("| set | est/bound change: mean | worst (cell) | cells > 0.05 % | steps, bound differs | cpu ms per step: "
+          "mean | max | vs first |")
+    print("|---|---|---|---|---|---|---|---|")
     for k, name in enumerate(sets):
         d = [(r["r_med"][k] / r["r_med"][0] - 1) * 100 for r in rows]
         w = int(np.argmax(d)) if d else 0
         cell = f"{rows[w]['model']} {rows[w]['cluster']} {rows[w]['source']}" if d and d[w] > 0 else "-"
-        print(f"| {name} | {np.mean(d):+.4f} | {d[w]:+.4f} ({cell}) | {sum(x > 0.05 for x in d)} | "
+        moved = sum(a != b for r in rows for a, b in zip(r["lb"][k], r["lb"][0]))
+        print(f"| {name} | {np.mean(d):+.4f} | {d[w]:+.4f} ({cell}) | {sum(x > 0.05 for x in d)} | {moved} | "
               f"{tot[k] / max(nsteps, 1):.2f} | {max((max(r['cpu'][k]) for r in rows), default=0):.1f} | "
               f"{tot[k] / tot[0]:.3f} |")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sets", default="all,-late_restarts,-shrink,-polish,-fill,none",
+    ap.add_argument("--sets", default="all,-late_restarts,-shrink,-polish,-fill,-repair,-exchange,none",
                     help="sets of passes, ',' between sets (module doc)")
     ap.add_argument("--a", default=None, help="two-set form (instead of --sets): the first set (default all)")
     ap.add_argument("--b", default=None, help="two-set form: the second set (default none)")
