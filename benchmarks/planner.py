@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from tidal.baselines.fixed import pack_fixed
-from tidal.core import get_cluster, get_model, parse_strategy, place
+from tidal.core import TidalError, get_cluster, get_model, parse_strategy, place
 from tidal.costmodel import LatencyCoeffs, default_cost_model
 from tidal.data import sample_steps
 from tidal.planner.alg1 import dispatch_hydraulis
@@ -271,7 +271,10 @@ def main() -> None:
     if a.grid:
         import planner_grid
 
-        planner_grid.main(a)
+        try:
+            planner_grid.main(a)
+        except TidalError as e:  # bad input (unknown model, pass, seeds ...): one line, not a traceback
+            ap.error(str(e))
         return
     print(f"candidates: {a.candidates}")
     for name, fn in (("speed", lambda: bench_speed(a.candidates)), ("quality", lambda: bench_quality(a.candidates)),

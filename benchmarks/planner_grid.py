@@ -282,14 +282,24 @@ def warm_kernels() -> float:
     return time.perf_counter() - t0
 
 
+def _seeds(text: str, flag: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise TidalError(f"{flag} takes comma-separated integers, got {text!r}") from None
+
+
 def splits(args) -> list[tuple[str, list[int], list[str]]]:
     """(split, seeds, sources): the tuning seeds on the tuning sources given, then the held-out seeds on those and on
-    the held-out sources."""
+    the held-out sources; a split with no seeds is left out."""
     tuned = [x for x in args.sources.split(",") if x]
-    out = [("tuning", [int(x) for x in args.seeds.split(",")], tuned)]
-    held = [int(x) for x in getattr(args, "held_out_seeds", "").split(",") if x]
-    if held:
+    out = []
+    if seeds := _seeds(args.seeds, "--seeds"):
+        out.append(("tuning", seeds, tuned))
+    if held := _seeds(getattr(args, "held_out_seeds", ""), "--held-out-seeds"):
         out.append(("held-out", held, tuned + [x for x in getattr(args, "held_out_sources", "").split(",") if x]))
+    if not out:
+        raise TidalError("no seeds: give --seeds, --held-out-seeds or both")
     return out
 
 
