@@ -178,6 +178,35 @@ def test_cost_model_watch():
     assert CostModelWatch(0.0).observe(rows([9.0])[0], last=True) is None  # 0 disables it
 
 
+def test_cost_model_watch_names_the_hopper_model(tmp_path, capsys):
+    """Decision 158: on Hopper devices the warning about the pools' model names the one that fits the runtime there;
+    elsewhere, or with another model named, it adds nothing."""
+    from tidal.cli.train import cost_watch
+    from tidal.runtime.calibration import CostModelWatch, cost_model_hint
+    from tidal.runtime.config import load_config
+    from tidal.runtime.job import prepare
+
+    hint = cost_model_hint("", {"h200"})
+    assert '"analytic-eager-mixed"' in hint and cost_model_hint("Analytic", {"h100", "h800"}) == hint
+    assert cost_model_hint("", {"a800"}) == cost_model_hint("", {"a800", "h800"}) == ""
+    assert cost_model_hint("analytic-eager", {"h200"}) == cost_model_hint("", set()) == ""
+    rows = [{"predicted_s": 1.0, "measured_s": 1.6}] * 2  # the first measured step is skipped
+    w = CostModelWatch(0.2, hint=hint)
+    line = [w.observe(rows[0]), w.observe(rows[1], last=True)][1]
+    assert line.endswith(hint) and "\n" not in line
+    w = CostModelWatch(0.2)
+    assert [w.observe(rows[0]), w.observe(rows[1], last=True)][1].endswith('"online"')
+    for cluster, said in (("h200x1", True), ("cpux1", False)):  # through `tidal train`'s watch, on the job's cluster
+        cfg = load_config(_cfg(tmp_path), [("world.cluster", cluster), ("planner.strategies", "tp1"),
+                                           ("train.steps", "2")])
+        on_step = cost_watch(prepare(cfg, 1))
+        capsys.readouterr()
+        for i, r in enumerate(rows):
+            on_step({**r, "step": i})
+        err = capsys.readouterr().err
+        assert "measured compute time is 1.60x" in err and ("analytic-eager-mixed" in err) == said, err
+
+
 def test_train_plans_with_the_charges_that_plan_config_shows(tmp_path, capsys):
     """Decision 98: `[planner] charges` (default true) reaches the training job's planner (`planner_spec`, which
     `tidal train`/`verify` and the background planner build from), and `tidal plan --config` shows the very steps that

@@ -247,12 +247,13 @@ def both(first, second):
 def cost_watch(job):
     """An `on_step` that prints one line on stderr when the cost model's estimates are off by more than
     `[train] cost_model_warn` over the first measured steps (runtime.calibration.CostModelWatch); None when off."""
-    from tidal.runtime.calibration import CostModelWatch
+    from tidal.runtime.calibration import CostModelWatch, cost_model_hint
 
     cfg = job.config
     if cfg.train.cost_model_warn <= 0:
         return None
-    watch = CostModelWatch(cfg.train.cost_model_warn, cfg.planner.cost_model or "analytic")
+    hint = cost_model_hint(cfg.planner.cost_model, {g.device.name for g in job.cluster.groups})
+    watch = CostModelWatch(cfg.train.cost_model_warn, cfg.planner.cost_model or "analytic", hint=hint)
 
     def on_step(row: dict) -> None:
         line = watch.observe(row, last=row["step"] + 1 >= cfg.train.steps)

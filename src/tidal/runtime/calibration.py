@@ -226,10 +226,12 @@ class CostModelWatch:
     """Warns once when the cost model in use is off (decision 87): after the first `skip` measured steps (first-use
     costs), over the next `window` ones, the median of measured / predicted compute time (the calibration fields
     above) is above 1 + tolerance or below 1 / (1 + tolerance). `observe(row, last)` returns the one-line warning at
-    most once (with `last`, a run shorter than skip + window is judged on what it measured); None otherwise."""
+    most once (with `last`, a run shorter than skip + window is judged on what it measured); None otherwise. `hint`
+    ends the warning (a model known to fit this device better)."""
 
-    def __init__(self, tolerance: float, label: str = "analytic", skip: int = 1, window: int = 3) -> None:
-        self.tolerance, self.label, self.skip, self.window = tolerance, label, skip, window
+    def __init__(self, tolerance: float, label: str = "analytic", skip: int = 1, window: int = 3,
+                 hint: str = "") -> None:
+        self.tolerance, self.label, self.skip, self.window, self.hint = tolerance, label, skip, window, hint
         self.ratios: list[float] = []
         self.seen = 0
         self.done = tolerance <= 0
@@ -253,4 +255,17 @@ class CostModelWatch:
         return (f"tidal train: warning: the cost model ({self.label}) is off: measured compute time is {r:.2f}x its "
                 f"estimate (median of {span}; tolerance {self.tolerance:.0%}), so plans may be far from the best; "
                 f"profile this machine with `tidal profile` and set [planner] cost_model, or [train] refit = "
-                f"\"online\"")
+                f"\"online\"" + (f"; {self.hint}" if self.hint else ""))
+
+
+HOPPER = ("h100", "h800", "h200", "h20")
+
+
+def cost_model_hint(cost_model: str, device_types: set[str]) -> str:
+    """What to plan with instead, where it is known (decision 158): the pools' `analytic` model on Hopper devices
+    predicts 0.62x of Tidal's default runtime's compute on an H200; `analytic-eager-mixed` 1.02x."""
+    if (cost_model or "analytic").strip().lower() == "analytic" and device_types and device_types <= set(HOPPER):
+        return ('on Hopper with the default runtime (mixed attention, compiled dense parts), [planner] cost_model = '
+                '"analytic-eager-mixed" predicted an H200\'s measured compute within 2 % at the median (decision 158)')
+    return ""
+
