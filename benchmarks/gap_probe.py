@@ -40,7 +40,7 @@ from tidal.proof.modes import mode_bound
 
 def probe(l_: np.ndarray, prof, restarts: int, rounds: int) -> dict:
     est, _ = sel.assign(l_, prof, seed=0)
-    sb = StrategyBound(l_, prof.pipes, grouped=prof.grouped, arrays=prof.class_arrays)
+    sb = StrategyBound(l_, prof.pipes, arrays=prof.class_arrays)
     refined = sb.refined()
     mode = mode_bound(sb, refined, est)
     lp = lp_bound(sb, max(refined, mode), est)

@@ -32,7 +32,7 @@ def test_shared_bound_work_gives_the_same_bounds():
                 assert StrategyBound(l_, prof.pipes, prep=prep).quick == float("inf")
                 continue
             arrays = ClassArrays.of(group_pipes(prof.pipes))
-            sb = StrategyBound(l_, prof.pipes, grouped=prof.grouped, arrays=arrays, prep=prep)
+            sb = StrategyBound(l_, prof.pipes, arrays=arrays, prep=prep)
             assert sb.quick == strategy_bound(l_, prof.pipes, top=0, timed=False)
             assert sb.refined() == strategy_bound(l_, prof.pipes)
             assert strategy_bound(l_, prof.pipes, arrays=arrays, prep=prep) == strategy_bound(l_, prof.pipes)

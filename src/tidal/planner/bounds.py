@@ -276,14 +276,13 @@ def _timed(Y, w, wt, tau, cnt, lo: float, mt: tuple) -> float:
     return max(lo, float(cand.max()))
 
 
-def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, top: int = 6,
-                   timed: bool = True, grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None,
+def strategy_bound(lengths, pipes: Sequence[PipeCost], weights=None, top: int = 6, timed: bool = True,
                    arrays: ClassArrays | None = None, prep: StepLengths | None = None) -> float:
     """Lower bound on the optimal step time of documents `lengths` on a strategy (any dispatch, any packing):
     max(LB_doc, LB_top, LB_work, LB_one) (docs/planner.md, "Step bound of a strategy"). `weights` (optional)
-    multiplies each document; inf when a document fits no pipeline. `grouped`, `arrays`, `prep`: group_pipes(pipes),
-    its ClassArrays, prepare_lengths(lengths) (without `weights`), when the caller has them already."""
-    return StrategyBound(lengths, pipes, weights, grouped, arrays, prep).refined(top, timed)
+    multiplies each document; inf when a document fits no pipeline. `arrays`, `prep`:
+    ClassArrays.of(group_pipes(pipes)), prepare_lengths(lengths) (without `weights`), when the caller has them."""
+    return StrategyBound(lengths, pipes, weights, arrays, prep).refined(top, timed)
 
 
 class StrategyBound:
@@ -291,8 +290,7 @@ class StrategyBound:
     fixed reference prices (strategy_bound with top=0, timed=False), and `refined(...)`, strategy_bound itself,
     which adds the time-dependent work bound and the top-documents bound."""
 
-    def __init__(self, lengths, pipes: Sequence[PipeCost], weights=None,
-                 grouped: tuple[tuple[PipeCost, ...], np.ndarray] | None = None, arrays: ClassArrays | None = None,
+    def __init__(self, lengths, pipes: Sequence[PipeCost], weights=None, arrays: ClassArrays | None = None,
                  prep: StepLengths | None = None):
         self.final: float | None = None  # the bound when no stage is needed (no documents, nowhere to run one)
         self.pipes, self.weighted = pipes, weights is not None
@@ -309,7 +307,7 @@ class StrategyBound:
         if full.size == 0 or not pipes:
             self.final = self.quick = 0.0 if full.size == 0 else float("inf")
             return
-        ca = ClassArrays.of(group_pipes(pipes) if grouped is None else grouped) if arrays is None else arrays
+        ca = ClassArrays.of(group_pipes(pipes)) if arrays is None else arrays
         A, B, C, P, M, Dd = ca.A, ca.B, ca.C, ca.P, ca.M, ca.D
         if l_[-1] > M.max():  # the longest distinct length (ascending) fits no class
             self.final = self.quick = float("inf")

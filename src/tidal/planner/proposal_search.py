@@ -86,7 +86,7 @@ def bound_rows(steps: Sequence[np.ndarray], strategies: Sequence[Strategy], cach
         off = 0.0 if p.charges is None else p.charges.floor
         for s, step in enumerate(steps):
             if int(step.max()) <= p.max_len:
-                out[i, s] = StrategyBound(step, p.pipes, grouped=p.grouped, arrays=p.class_arrays).quick + off
+                out[i, s] = StrategyBound(step, p.pipes, arrays=p.class_arrays).quick + off
     return out
 
 

@@ -156,7 +156,7 @@ def select_step(lengths, profiles: Sequence[StrategyProfile], *, packer: Packer 
     # quick bounds (doc + work with fixed prices) order and prune the candidates; refined ones give the reported bound
     prep = prepare_lengths(l_)  # shared by every candidate's bounds
     orders = length_orders(l_)  # and the documents' length orders by every candidate's dispatches
-    sbs = [StrategyBound(l_, p.pipes, grouped=p.grouped, arrays=p.class_arrays, prep=prep)
+    sbs = [StrategyBound(l_, p.pipes, arrays=p.class_arrays, prep=prep)
            if longest <= p.max_len else None for p in profiles]
     # a charged candidate (charges.charge: pull/push, CP imbalance) adds at least its floor to its bounds
     off = [0.0 if p.charges is None else p.charges.floor for p in profiles]

@@ -236,7 +236,7 @@ def prove_selection(lengths, profiles: Sequence[StrategyProfile], sel: StepSelec
             break
         if b * (1 + GAP) < min(lb, est) and int(l_.max()) <= profiles[i].max_len:
             p = profiles[i]
-            sb = StrategyBound(l_, p.pipes, grouped=p.grouped, arrays=p.class_arrays, prep=prep)
+            sb = StrategyBound(l_, p.pipes, arrays=p.class_arrays, prep=prep)
             top = min(lb, est)
             b = max(b, mode_bound(sb, b, top))  # select_step's reported bound before decision 154
             lpb = lp_bound(sb, b, top, solves)
