@@ -38,3 +38,12 @@ def dies_then_peer_raises(rank, world):
         raise RuntimeError("Connection closed by peer")
     time.sleep(120)
     return rank
+
+
+def holds_a_named_semaphore(rank, world):
+    """Like tqdm's class-level lock that torch.compile creates: a named semaphore alive until the process exits."""
+    import multiprocessing
+
+    lock = multiprocessing.get_context("spawn").RLock()
+    holds_a_named_semaphore.held = lock  # kept alive past the return, as a class attribute would be
+    return lock._semlock.name

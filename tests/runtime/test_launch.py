@@ -2,19 +2,31 @@
 hang past the timeout (none of these may wait for the other ranks' 120 s sleeps). Timeouts leave room for a slow
 start-up (three processes importing torch on two busy cores)."""
 
+import os
 import time
 
 import pytest
 
 from tidal.runtime.launch import run_distributed
 
-from _launch_cases import dies_on_rank1, dies_then_peer_raises, hangs, ok, raises_on_rank2  # isort: skip
+from _launch_cases import (dies_on_rank1, dies_then_peer_raises, hangs, holds_a_named_semaphore, ok,  # isort: skip
+                           raises_on_rank2)
 
 pytestmark = pytest.mark.distributed
 
 
 def test_results_in_rank_order():
     assert run_distributed(ok, 3, 5, timeout_s=60) == [0, 5, 10]
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="named semaphores are files in /dev/shm on Linux only")
+def test_a_rank_leaves_no_named_semaphore_behind():
+    """Decision 160: a rank leaves by os._exit after reporting, which skips multiprocessing's exit finalizers; they
+    are run first, so a named semaphore the rank still holds (tqdm's lock under torch.compile) is unlinked instead of
+    being reported leaked by the resource tracker when the launcher exits."""
+    names = run_distributed(holds_a_named_semaphore, 2, timeout_s=60)
+    assert len(set(names)) == 2
+    assert not [n for n in names if os.path.exists("/dev/shm/sem." + n.lstrip("/"))]
 
 
 @pytest.mark.parametrize("fn,msg", [(dies_on_rank1, "rank 1 died with exit code 3"),

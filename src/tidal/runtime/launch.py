@@ -21,6 +21,7 @@ import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
+from multiprocessing import util as mp_util
 from queue import Empty
 from typing import Any
 
@@ -76,6 +77,9 @@ def _worker(rank: int, world_size: int, store_path: str, backend: str, timeout_s
     # loaded machine, which would hold a stopping run's processes alive past the launcher's wait for no purpose.
     queue.close()
     queue.join_thread()  # the result is in the pipe
+    # os._exit skips multiprocessing's exit finalizers; run those that unlink named semaphores (torch.compile makes
+    # tqdm create one), or the launcher's resource tracker reports them leaked at its exit (decision 160)
+    mp_util._run_finalizers(0)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
