@@ -17,8 +17,10 @@ The default runtime on CUDA since decision 140: attention `mixed` (sdpa without 
 eager H200 runs with cuDNN's sdpa), so every row here is held out for them. The refit candidate starts from
 `EFFICIENCY_EAGER_MIXED` (decision 119: attention flat at sdpa's rate, flex's constants); which of its terms are
 refitted is chosen on the FIT rows alone, by leave-one-out error, and the held-out rows only report. Each variant is
-linear in its terms (T = T0 + sum_k x_k * dT/dx_k; attention through 1 / attn), solved by non-negative least squares
-on relative error. Training rows: step 2 of each run compiled a new graph (decision 140), so it is the worst row.
+fitted on `hopper_fit.features`' columns (decision 116's fit: attention through 1 / attn, elementwise bytes, the
+per-layer and per-document constants), the terms it does not refit at the envelope's values, by non-negative least
+squares on relative error. Training rows: step 2 of each run compiled a new graph (decision 140), so it is the worst
+row.
 
     python benchmarks/hopper_defaults_check.py
 """
@@ -31,9 +33,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from hopper_fit import TP1, features  # the fit columns of decision 116 (same folder)
 from scipy.optimize import nnls
 
-from tidal.core import ParallelScheme, get_cluster
+from tidal.core import get_cluster
 from tidal.costmodel.analytic import EFFICIENCY_EAGER, EFFICIENCY_EAGER_MIXED, AnalyticCostModel, Efficiency
 from tidal.costmodel.fitted import read_profile
 from tidal.runtime.config import model_arg
@@ -43,50 +46,29 @@ EX = Path(__file__).resolve().parent.parent / "examples"
 FIT = ("llama2-7b x4 (fit)", str(EX / "model-llama2-7b-4layers.toml"), "h200-llama2-7b-4layers-profile-mixed-dense.csv")
 HELD = ("llama3.2-1b (held out)", "llama3.2-1b", "h200-llama3.2-1b-profile-mixed-dense.csv")
 TRAIN = [DATA / "gpu-2026-11-27-s15" / f for f in ("train_1b.json", "train_1b_eager_cm.json")]
-# the terms a variant may refit; attention enters as 1 / attn
+# hopper_fit.features' columns, in its order: attention at attn = 1 (its value 1 / attn), elementwise bytes, the
+# per-layer constant, the per-document constant
 TERMS = ("attn", "elementwise_bytes", "launch_per_layer", "doc_per_layer")
 VARIANTS = (("attn",), ("attn", "elementwise_bytes"), ("attn", "elementwise_bytes", "launch_per_layer"), TERMS)
 
 
 def coeffs(model: str, eff: Efficiency):
     cluster = get_cluster("h200x1")
-    return AnalyticCostModel(model_arg(model).spec(), cluster, eff).coeffs(ParallelScheme(1, 1, 1),
-                                                                           cluster.groups[0].device)
-
-
-def profile_rows(name: str) -> list[tuple[list[int], float]]:
-    return [(list(r.lengths), r.seconds) for r in read_profile(DATA / name)]
-
-
-def basis(model: str, base: Efficiency, terms) -> tuple[callable, list[callable]]:
-    """T(lengths) at `base` with the refitted terms at zero, and dT/dx per term (exact: T is linear in each)."""
-    unit = {"attn": 1.0, "elementwise_bytes": 100.0, "launch_per_layer": 1e-3, "doc_per_layer": 1e-5}
-    zero = {t: 0.0 for t in terms if t != "attn"}
-    if "attn" in terms:
-        lo, hi = coeffs(model, replace(base, attn=1.0, **zero)), coeffs(model, replace(base, attn=0.5, **zero))
-        t0 = lambda ls: 2 * lo.mb_time(ls) - hi.mb_time(ls)  # noqa: E731  the part without attention
-        parts = [lambda ls: hi.mb_time(ls) - lo.mb_time(ls)]  # x 1/attn
-    else:
-        c0 = coeffs(model, replace(base, **zero))
-        t0, parts = c0.mb_time, []
-    for t in terms:
-        if t == "attn":
-            continue
-        ref = coeffs(model, replace(base, **{**zero, t: unit[t]}))
-        c0 = coeffs(model, replace(base, **zero))
-        parts.append(lambda ls, ref=ref, c0=c0, u=unit[t]: (ref.mb_time(ls) - c0.mb_time(ls)) / u)
-    return t0, parts
+    return AnalyticCostModel(model_arg(model).spec(), cluster, eff).coeffs(TP1, cluster.groups[0].device)
 
 
 def fit(model: str, rows, terms, base: Efficiency = EFFICIENCY_EAGER_MIXED) -> Efficiency:
-    """Non-negative least squares on relative error: sum ((T0 + sum x_k P_k) / t - 1)^2."""
-    t0, parts = basis(model, base, terms)
-    x = np.array([[p(ls) / t for p in parts] for ls, t in rows])
-    y = np.array([1.0 - t0(ls) / t for ls, t in rows])
-    scale = np.abs(x).max(axis=0)
-    coef, _ = nnls(x / scale, y)
-    coef = coef / scale
-    vals = dict(zip(terms, coef))
+    """`base` with `terms` refitted: non-negative least squares on relative error, the other terms at base's values."""
+    y, x = features(model_arg(model).spec(), base, rows)
+    at = [1.0 / base.attn, base.elementwise_bytes, base.launch_per_layer, base.doc_per_layer]
+    cols = [TERMS.index(t) for t in terms]
+    fixed = [i for i in range(len(TERMS)) if i not in cols]
+    t = np.array([r.seconds for r in rows])
+    y = (y - x[:, fixed] @ np.array([at[i] for i in fixed])) / t
+    xs = x[:, cols] / t[:, None]
+    scale = np.abs(xs).max(axis=0)
+    coef, _ = nnls(xs / scale, y)
+    vals = dict(zip(terms, coef / scale))
     if "attn" in vals:
         vals["attn"] = min(1.0, 1.0 / vals["attn"]) if vals["attn"] > 0 else 1.0
     return replace(base, **{k: float(v) for k, v in vals.items()})
@@ -94,7 +76,7 @@ def fit(model: str, rows, terms, base: Efficiency = EFFICIENCY_EAGER_MIXED) -> E
 
 def errors(model: str, eff: Efficiency, rows) -> list[float]:
     c = coeffs(model, eff)
-    return [c.mb_time(ls) / t - 1 for ls, t in rows]
+    return [c.mb_time(list(r.lengths)) / r.seconds - 1 for r in rows]
 
 
 def loo(model: str, rows, terms) -> list[float]:
@@ -119,7 +101,7 @@ def summary(errs: list[float]) -> str:
 
 
 def main() -> None:
-    fit_rows, held_rows = profile_rows(FIT[2]), profile_rows(HELD[2])
+    fit_rows, held_rows = read_profile(DATA / FIT[2]), read_profile(DATA / HELD[2])
     print("variants (chosen on the fit rows: leave-one-out median / worst |error|, signed median)")
     best = None
     for terms in VARIANTS:

@@ -1,4 +1,4 @@
-"""The proof benchmarks refuse bad arguments with one line, before any planning (no traceback)."""
+"""The proof and grid benchmarks refuse bad arguments with one line, before any planning (no traceback)."""
 
 import subprocess
 import sys
@@ -16,6 +16,10 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
     (["planner.py", "--grid", "--pool-halvings", "3"], "needs --prove-pool or --prove-forced S > 0"),
     (["planner.py", "--grid", "--forced-kinds", "0.0099"], "needs --prove-forced S > 0; got 0.0099"),
     (["planner.py", "--grid", "--prove-forced", "10", "--forced-kinds", "1.5"], "--forced-kinds takes a gap in (0, 1)"),
+    (["planner.py", "--grid", "--seeds", "", "--held-out-seeds", ""], "no seeds: give --seeds, --held-out-seeds"),
+    (["planner.py", "--grid", "--seeds", "x"], "--seeds takes comma-separated integers, got 'x'"),
+    (["planner.py", "--grid", "--held-out-seeds", "10,y"], "--held-out-seeds takes comma-separated integers"),
+    (["planner.py", "--grid", "--drop", "nope"], "unknown pass(es) ['nope']"),
     (["gap_pool.py", "--model", "nope"], "unknown model preset 'nope'"),
     (["gap_exact.py", "--model", "nope", "--cluster", "a800x16"], "unknown model preset 'nope'"),
     (["gap_pool.py", "--pool-s", "0"], "--pool-s must be > 0"),
