@@ -74,7 +74,7 @@ def charge(lengths: np.ndarray, pipes: tuple[PipeCost, ...], ch: Charges, plans:
     for j, pl in enumerate(plans):
         if pl.micro_batches and ch.kernels and ch.kernels[j] is not None:
             kern = ch.kernels[j]
-            modes = choose_for_micro_batches(lengths, pl.micro_batches, pl.cp, kern, ch.policy or "adaptive")
+            modes = choose_for_micro_batches(lengths, pl.micro_batches, pl.cp, kern, ch.policy)
             t = charged_pipeline_time(lengths, pl.micro_batches, pipes[j].coeffs, pl.pp, pl.cp, modes, kern)
             pl = replace(pl, est_time=max(pl.est_time, t))
         if pl.micro_batches and ch.sync is not None:

@@ -27,12 +27,13 @@ REFINE_STARTS = 2
 REFINE_PHASES = 2  # 1: climb from the best pool strategies only; 2: then from the greedy cover's picks too
 EVAL_STEPS = 10  # sampled evaluation steps, with refine or without (propose's default eval_steps)
 # the DP's length bins (tokens), the step of its fractional pipeline counts and its cutoffs L (the longest bin and
-# CUTOFFS - 1 shorter ones); the pool holds POOL_FACTOR * MAX_CANDIDATES strategies, the final set MAX_CANDIDATES
+# CUTOFFS - 1 shorter ones); the pool takes the FAMILY_QUOTA best of each family (every homogeneous strategy), the
+# final set at most MAX_CANDIDATES
 BIN_WIDTH = 256
 D_STEP = 0.1
 CUTOFFS = 4
+FAMILY_QUOTA = 8
 MAX_CANDIDATES = 8
-POOL_FACTOR = 3
 
 
 @dataclass(frozen=True)
@@ -233,10 +234,10 @@ def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: in
             schemes: Sequence[ParallelScheme] | None = None, eval_steps: int = EVAL_STEPS, seed: int = 0,
             sync: SyncPricing | None = None, cp_policy: str | None = None, refine: bool = False) -> Proposal:
     """Candidate strategies for `lengths` (a sample of the dataset's document lengths) on cost_model's cluster.
-    Pool: the DP's roundings (two per cutoff) and the homogeneous strategies, best POOL_FACTOR * MAX_CANDIDATES by
-    expected_cost; final set: greedy cover of `eval_steps` steps sampled with `seed` and planned by select.assign
-    (with `sync` / `cp_policy`, charged as StepPlanner charges them: charges.charge). The set always holds a strategy
-    that runs a max_len sequence when the pool has one (`_keep_long`)."""
+    Pool: the DP's roundings (two per cutoff), the homogeneous strategies and mixes, best FAMILY_QUOTA of each family
+    by expected_cost (every homogeneous one); final set: greedy cover of `eval_steps` steps sampled with `seed` and
+    planned by select.assign (with `sync` / `cp_policy`, charged as StepPlanner charges them: charges.charge). The set
+    always holds a strategy that runs a max_len sequence when the pool has one (`_keep_long`)."""
     N = cost_model.cluster.num_devices
     if tokens_per_step < 1 or max_len < 1:
         raise TidalError("propose needs tokens_per_step and max_len >= 1")
@@ -285,11 +286,10 @@ def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: in
     for fam in families[1:]:
         scored.update(fam)
     pool: list[tuple[tuple[int, ...], Strategy]] = []
-    quota = max(1, POOL_FACTOR * MAX_CANDIDATES // 3)
     for f, fam in enumerate(families):
         taken = 0
         for combo in sorted(fam, key=lambda c: (fam[c], c)):
-            if taken >= (len(fam) if f == 1 else quota):  # every homogeneous baseline is simulated
+            if taken >= (len(fam) if f == 1 else FAMILY_QUOTA):  # every homogeneous baseline is simulated
                 break
             if combo in (c for c, _ in pool):
                 continue
