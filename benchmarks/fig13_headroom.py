@@ -46,7 +46,7 @@ def main() -> None:
                  cost_model=_spec(a.plan, a.model), truth=_spec("pool", a.model))
     sim, cm = SimConfig(), w.cost_model
     n_dev = cm.cluster.num_devices
-    space = scheme_space(cm, n_dev, max_tp=min(S.HYDRAULIS_MAX_TP, n_dev))
+    space = scheme_space(cm, max_tp=min(S.HYDRAULIS_MAX_TP, n_dev))
     runs = {}
     for refine in (True, False) if a.plain else (True,):
         t0 = time.process_time()

@@ -19,11 +19,11 @@ def _lengths(seed, n=3000, heavy=False):
 
 def test_scheme_space_includes_cp_and_respects_model():
     cm = default_cost_model(get_model("llama2-7b"), get_cluster("a800x64"))
-    space = scheme_space(cm, 64)
+    space = scheme_space(cm)
     assert any(s.cp > 1 for s in space)
     assert all(32 % s.tp == 0 and 32 % s.pp == 0 and s.num_devices <= 64 for s in space)
     assert all(s.tp <= 8 for s in space)
-    assert any(s.pp == 3 for s in scheme_space(cm, 64, pp_divisors=False, max_pp=6))
+    assert any(s.pp == 3 for s in scheme_space(cm, pp_divisors=False, max_pp=6))
 
 
 def _exhaustive(lengths, cm, *, tokens_per_step, max_len, schemes) -> float:
@@ -31,7 +31,7 @@ def _exhaustive(lengths, cm, *, tokens_per_step, max_len, schemes) -> float:
     (exponential)."""
     dev = _device(cm)
     pc = [PipeCost.of(cm.coeffs(s, dev), s.pp, cm.max_len(s, dev)) for s in schemes]
-    hist = _histogram(lengths, tokens_per_step, max_len, 256)
+    hist = _histogram(lengths, tokens_per_step, max_len)
     best = math.inf
 
     def rec(start: int, left: int, chosen: list[int]) -> None:
@@ -59,7 +59,7 @@ def test_proposal_close_to_exhaustive_on_small_n(cluster, seed, heavy, max_len):
     cm = default_cost_model(get_model("llama2-7b"), get_cluster(cluster))
     lengths = _lengths(seed, heavy=heavy)
     tokens = 25_000 * cm.cluster.num_devices // 8
-    space = scheme_space(cm, cm.cluster.num_devices, max_cp=4, max_pp=4)
+    space = scheme_space(cm, max_cp=4, max_pp=4)
     assert any(s.cp > 1 for s in space)
     prop = propose(lengths, cm, tokens_per_step=tokens, max_len=max_len, schemes=space, eval_steps=1)
     best = _exhaustive(lengths, cm, tokens_per_step=tokens, max_len=max_len, schemes=space)
@@ -89,7 +89,7 @@ def test_proposal_bad_input():
 
 
 def test_expected_cost_monotone_in_pipelines():
-    h = _histogram(_lengths(9), 50_000, 32768, 256)
+    h = _histogram(_lengths(9), 50_000, 32768)
     p = PipeCost(1e-9, 3e-5, 0.005, 1, 40000)
     assert expected_cost(h, [p, p]) <= expected_cost(h, [p])
 

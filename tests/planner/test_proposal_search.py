@@ -23,7 +23,7 @@ def _lengths(seed, n=3000):
 
 def _setup(cluster="a800x8"):
     cm = default_cost_model(get_model("llama2-7b"), get_cluster(cluster))
-    return cm, scheme_space(cm, cm.cluster.num_devices, max_cp=4, max_pp=4)
+    return cm, scheme_space(cm, max_cp=4, max_pp=4)
 
 
 def test_neighbours_are_one_move_within_the_devices():

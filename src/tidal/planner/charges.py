@@ -49,22 +49,20 @@ def charges_of(strategy: Strategy, pipes: tuple[PipeCost, ...], splits, cost_mod
     if sync is None and cp_policy is None:
         return None
     m, cl = cost_model.model, cost_model.cluster
-    ch = Charges(policy=cp_policy)
-    if sync is not None:
-        ps = [pipeline_sync(m, cl, p.devices, p.scheme.tp, p.scheme.cp, split, cl.num_devices, sync)
-              for p, split in zip(strategy.pipelines, splits)]
-        ch = replace(ch, sync=sync, pull=tuple(a for a, _ in ps), push=tuple(b for _, b in ps),
-                     layers=tuple(np.asarray(split, dtype=np.float64) for split in splits))
-        floor = np.inf
-        for j, pc in enumerate(pipes):
-            # a micro-batch's longest stage time: MaxLen tokens in one document, plus a per-document term per token
-            t = pc.c + pc.a * float(pc.max_len) ** 2 + (pc.b + pc.d) * pc.max_len
-            floor = min(floor, ch.delay(j, t, t))
-        ch = replace(ch, floor=float(floor if np.isfinite(floor) else 0.0))
-    if cp_policy is not None:
-        ch = replace(ch, kernels=tuple(cp_kernel(m, p.scheme.tp, pipeline_device(cl, p)) if p.scheme.cp > 1 else None
-                                       for p in strategy.pipelines))
-    return ch
+    kernels = () if cp_policy is None else tuple(cp_kernel(m, p.scheme.tp, pipeline_device(cl, p))
+                                                 if p.scheme.cp > 1 else None for p in strategy.pipelines)
+    if sync is None:
+        return Charges(policy=cp_policy, kernels=kernels)
+    ps = [pipeline_sync(m, cl, p.devices, p.scheme.tp, p.scheme.cp, split, cl.num_devices, sync)
+          for p, split in zip(strategy.pipelines, splits)]
+    ch = Charges(sync, tuple(a for a, _ in ps), tuple(b for _, b in ps),
+                 tuple(np.asarray(split, dtype=np.float64) for split in splits), 0.0, cp_policy, kernels)
+    floor = np.inf
+    for j, pc in enumerate(pipes):
+        # a micro-batch's longest stage time: MaxLen tokens in one document, plus a per-document term per token
+        t = pc.c + pc.a * float(pc.max_len) ** 2 + (pc.b + pc.d) * pc.max_len
+        floor = min(floor, ch.delay(j, t, t))
+    return replace(ch, floor=float(floor if np.isfinite(floor) else 0.0))
 
 
 def charge(lengths: np.ndarray, pipes: tuple[PipeCost, ...], ch: Charges, plans: tuple[PipelinePlan, ...]
@@ -76,7 +74,7 @@ def charge(lengths: np.ndarray, pipes: tuple[PipeCost, ...], ch: Charges, plans:
     for j, pl in enumerate(plans):
         if pl.micro_batches and ch.kernels and ch.kernels[j] is not None:
             kern = ch.kernels[j]
-            modes = choose_for_micro_batches(lengths, pl.micro_batches, pl.cp, kern, ch.policy or "adaptive")
+            modes = choose_for_micro_batches(lengths, pl.micro_batches, pl.cp, kern, ch.policy)
             t = charged_pipeline_time(lengths, pl.micro_batches, pipes[j].coeffs, pl.pp, pl.cp, modes, kern)
             pl = replace(pl, est_time=max(pl.est_time, t))
         if pl.micro_batches and ch.sync is not None:

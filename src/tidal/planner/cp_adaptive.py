@@ -26,12 +26,8 @@ class CPChoice:
     mode: str  # "per-seq" | "per-doc"
     rank_times: dict[str, tuple[float, ...]]  # per mode: estimated attention seconds of each rank
 
-    @property
-    def est_time(self) -> float:
-        """Attention time of the chosen mode: its slowest rank."""
-        return max(self.rank_times[self.mode])
-
     def time_of(self, mode: str) -> float:
+        """Attention time under `mode`: its slowest rank."""
         return max(self.rank_times[mode])
 
 

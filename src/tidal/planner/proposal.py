@@ -21,14 +21,19 @@ from tidal.costmodel.sync import SyncPricing
 from tidal.planner.bounds import PipeCost, strategy_bound, work_capacity
 from tidal.planner.proposal_search import ProfileCache, evaluate, sample_steps, search
 
-# refine=True (decision 99): the local search's starts (best pool strategies), rounds per start and strategies
-# evaluated per round; chosen on tuning seeds 0 and 1 of paper_tables.py's Fig. 13 cells
+# refine=True (decision 99): the local search's starts (best pool strategies; its rounds, width and ways are
+# proposal_search's REFINE_*), chosen on tuning seeds 0 and 1 of paper_tables.py's Fig. 13 cells
 REFINE_STARTS = 2
-REFINE_ROUNDS = 3
-REFINE_WIDTH = 8
 REFINE_PHASES = 2  # 1: climb from the best pool strategies only; 2: then from the greedy cover's picks too
 EVAL_STEPS = 10  # sampled evaluation steps, with refine or without (propose's default eval_steps)
-REFINE_WAYS = (2, 4)  # the search's splits and merges: into / of 2 or 4 pipelines (decision 103; 99 had 2 only)
+# the DP's length bins (tokens), the step of its fractional pipeline counts and its cutoffs L (the longest bin and
+# CUTOFFS - 1 shorter ones); the pool takes the FAMILY_QUOTA best of each family (every homogeneous strategy), the
+# final set at most MAX_CANDIDATES
+BIN_WIDTH = 256
+D_STEP = 0.1
+CUTOFFS = 4
+FAMILY_QUOTA = 8
+MAX_CANDIDATES = 8
 
 
 @dataclass(frozen=True)
@@ -39,8 +44,8 @@ class Proposal:
     dp_best: float  # least expected_cost among the DP's rounded strategies (before the homogeneous baselines join)
 
 
-def scheme_space(cost_model: CostModel, n_devices: int, *, max_tp: int | None = None, max_cp: int = 8,
-                 max_pp: int = 8, pp_divisors: bool = True) -> tuple[ParallelScheme, ...]:
+def scheme_space(cost_model: CostModel, *, max_tp: int | None = None, max_cp: int = 8, max_pp: int = 8,
+                 pp_divisors: bool = True) -> tuple[ParallelScheme, ...]:
     m, cl = cost_model.model, cost_model.cluster
     dev = _device(cost_model)
     max_tp = max_tp or dev.per_node
@@ -50,7 +55,7 @@ def scheme_space(cost_model: CostModel, n_devices: int, *, max_tp: int | None = 
     out = []
     for t, p, c in itertools.product(tps, pps, cps):
         s = ParallelScheme(t, p, c)
-        if s.num_devices <= min(n_devices, cl.num_devices) and cost_model.max_len(s, dev) > 0:
+        if s.num_devices <= cl.num_devices and cost_model.max_len(s, dev) > 0:
             out.append(s)
     if not out:
         raise TidalError(f"no parallel scheme of {m.name} fits on {cl.name}")
@@ -69,14 +74,14 @@ def _device(cost_model: CostModel):
                       min(t.inter_bw for t in types), min(t.per_node for t in types))
 
 
-def _histogram(lengths, tokens_per_step: float, max_len: int, bin_width: int):
-    """Per length bin: upper edge, expected count, sum l and sum l^2 per step."""
+def _histogram(lengths, tokens_per_step: float, max_len: int):
+    """Per length bin (BIN_WIDTH tokens): upper edge, expected count, sum l and sum l^2 per step."""
     l_ = np.minimum(np.asarray(lengths, dtype=np.float64), max_len)
     if l_.size == 0 or l_.min() < 1:
         raise TidalError("proposal needs a non-empty sample of lengths >= 1")
     scale = tokens_per_step / l_.sum()  # expected copies of each sampled document per step
-    nb = -(-max_len // bin_width)
-    b = np.minimum(((l_ - 1) // bin_width).astype(np.int64), nb - 1)
+    nb = -(-max_len // BIN_WIDTH)
+    b = np.minimum(((l_ - 1) // BIN_WIDTH).astype(np.int64), nb - 1)
     cnt = np.bincount(b, minlength=nb) * scale
     s1 = np.bincount(b, weights=l_, minlength=nb) * scale
     s2 = np.bincount(b, weights=l_ * l_, minlength=nb) * scale
@@ -113,7 +118,7 @@ def expected_cost(hist, pipes: Sequence[PipeCost]) -> float:
     return max(lb, doc)
 
 
-def _dp(t: float, K: dict, hist, d_step: float):
+def _dp(t: float, K: dict, hist):
     """n_t[l] for every bin prefix, with backtracking pointers."""
     hi, cnt, s1, s2 = hist
     A, B, C, P, M, Nd, Dd = K["a"], K["b"], K["c"], K["pp"], K["max_len"], K["n"], K["d"]
@@ -133,7 +138,7 @@ def _dp(t: float, K: dict, hist, d_step: float):
             n[l:] = np.inf
             return n, arg
         work = W[:, l:l + 1] - W[:, :l]  # K x l: interval (l', l]
-        pipes = np.ceil(work / np.where(cap > 0, cap, 1.0)[:, None] / d_step - 1e-9) * d_step
+        pipes = np.ceil(work / np.where(cap > 0, cap, 1.0)[:, None] / D_STEP - 1e-9) * D_STEP
         tot = np.where(ok[:, None], Nd[:, None] * pipes + n[None, :l], np.inf)
         flat = int(np.argmin(tot))
         k, lp = divmod(flat, l)
@@ -141,7 +146,7 @@ def _dp(t: float, K: dict, hist, d_step: float):
     return n, arg
 
 
-def _backtrack(arg, L: int, t: float, K: dict, hist, d_step: float) -> np.ndarray:
+def _backtrack(arg, L: int, t: float, K: dict, hist) -> np.ndarray:
     hi, cnt, s1, s2 = hist
     d = np.zeros(K["a"].size)
     cap = work_capacity(np.full(K["a"].size, t), K["c"], K["pp"])
@@ -150,7 +155,7 @@ def _backtrack(arg, L: int, t: float, K: dict, hist, d_step: float) -> np.ndarra
         k, lp = arg[l]
         if k >= 0:
             work = float(K["a"][k] * s2[lp:l].sum() + K["b"][k] * s1[lp:l].sum() + K["d"][k] * cnt[lp:l].sum())
-            d[k] += math.ceil(work / cap[k] / d_step - 1e-9) * d_step
+            d[k] += math.ceil(work / cap[k] / D_STEP - 1e-9) * D_STEP
         l = lp
     return d
 
@@ -225,32 +230,29 @@ def _improve(combo: tuple[int, ...], val: float, used: list[int], K: dict, N: in
     return combo, val
 
 
-def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: int, n_devices: int | None = None,
-            bin_width: int = 256, d_step: float = 0.1, cutoffs: int = 4, max_candidates: int = 8,
-            schemes: Sequence[ParallelScheme] | None = None, eval_steps: int = EVAL_STEPS, pool_factor: int = 3,
-            seed: int = 0, sync: SyncPricing | None = None, cp_policy: str | None = None,
-            refine: bool = False) -> Proposal:
+def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: int,
+            schemes: Sequence[ParallelScheme] | None = None, eval_steps: int = EVAL_STEPS, seed: int = 0,
+            sync: SyncPricing | None = None, cp_policy: str | None = None, refine: bool = False) -> Proposal:
     """Candidate strategies for `lengths` (a sample of the dataset's document lengths) on cost_model's cluster.
-    Pool: the DP's roundings (two per cutoff) and the homogeneous strategies, best `pool_factor * max_candidates` by
-    expected_cost; final set: greedy cover of `eval_steps` steps sampled with `seed` and planned by select.assign
-    (with `sync` / `cp_policy`, charged as StepPlanner charges them: charges.charge). The set always holds a strategy
-    that runs a max_len sequence when the pool has one (`_keep_long`)."""
-    N = n_devices or cost_model.cluster.num_devices
-    if tokens_per_step < 1 or max_len < 1 or bin_width < 1 or not 0 < d_step <= 1 or N < 1:
-        raise TidalError("propose needs tokens_per_step, max_len, bin_width, n_devices >= 1 and 0 < d_step <= 1")
-    space = tuple(schemes) if schemes is not None else scheme_space(cost_model, N)
+    Pool: the DP's roundings (two per cutoff), the homogeneous strategies and mixes, best FAMILY_QUOTA of each family
+    by expected_cost (every homogeneous one); final set: greedy cover of `eval_steps` steps sampled with `seed` and
+    planned by select.assign (with `sync` / `cp_policy`, charged as StepPlanner charges them: charges.charge). The set
+    always holds a strategy that runs a max_len sequence when the pool has one (`_keep_long`)."""
+    N = cost_model.cluster.num_devices
+    if tokens_per_step < 1 or max_len < 1:
+        raise TidalError("propose needs tokens_per_step and max_len >= 1")
+    space = tuple(schemes) if schemes is not None else scheme_space(cost_model)
     dev = _device(cost_model)
     pc = [PipeCost.of(cost_model.coeffs(s, dev), s.pp, cost_model.max_len(s, dev)) for s in space]
     K = {f: np.array([getattr(p, f) for p in pc], dtype=np.float64) for f in ("a", "b", "c", "d", "pp", "max_len")}
     K["n"] = np.array([s.num_devices for s in space], dtype=np.float64)
     sample_top = int(min(np.max(lengths), max_len)) if np.size(lengths) else 0
-    full = _cover(_histogram(lengths, tokens_per_step, max_len, bin_width), max_len)
+    full = _cover(_histogram(lengths, tokens_per_step, max_len), max_len)
     nonempty = np.flatnonzero(full[1] > 0)
     top_bin = int(nonempty[-1]) + 1
     if full[0][top_bin - 1] > K["max_len"].max():
         raise TidalError(f"no scheme holds a {int(full[0][top_bin - 1])}-token document; lower max_len")
-    scored = _dp_pool(lengths, K, pc, full, top_bin, N, tokens_per_step, max_len, bin_width, d_step, cutoffs,
-                      np.arange(len(space)))
+    scored = _dp_pool(lengths, K, pc, full, top_bin, N, tokens_per_step, max_len, np.arange(len(space)))
     dp_best = min(scored.values(), default=math.inf)
     families: list[dict[tuple[int, ...], float]] = [dict(scored), {}, {}, {}]
     cp1 = np.array([k for k, s in enumerate(space) if s.cp == 1], dtype=np.int64)
@@ -258,7 +260,7 @@ def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: in
         # the DP over the CP = 1 schemes alone: CP schemes can crowd out, in the relaxation, the TP mixes that run
         # faster once the sync and the CP imbalance are charged
         families[3] = {c: v for c, v in _dp_pool(lengths, K, pc, full, top_bin, N, tokens_per_step, max_len,
-                                                 bin_width, d_step, cutoffs, cp1).items() if c not in scored}
+                                                 cp1).items() if c not in scored}
     # homogeneous strategies of every scheme that holds the longest document (the classical baselines)
     top_len = full[0][top_bin - 1]
     longs = [k for k in range(len(space)) if K["max_len"][k] >= top_len]
@@ -284,11 +286,10 @@ def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: in
     for fam in families[1:]:
         scored.update(fam)
     pool: list[tuple[tuple[int, ...], Strategy]] = []
-    quota = max(1, pool_factor * max_candidates // 3)
     for f, fam in enumerate(families):
         taken = 0
         for combo in sorted(fam, key=lambda c: (fam[c], c)):
-            if taken >= (len(fam) if f == 1 else quota):  # every homogeneous baseline is simulated
+            if taken >= (len(fam) if f == 1 else FAMILY_QUOTA):  # every homogeneous baseline is simulated
                 break
             if combo in (c for c, _ in pool):
                 continue
@@ -304,47 +305,47 @@ def propose(lengths, cost_model: CostModel, *, tokens_per_step: int, max_len: in
     cache = ProfileCache(cost_model, sync, cp_policy)  # each strategy profiled once, for its bound and its estimate
     E = evaluate(steps, [st for _, st in pool], cache, seed)
     if refine:
-        E = _refine(pool, E, scored, full, pc, space, N, steps, seed, cache, max_candidates)
+        E = _refine(pool, E, scored, full, pc, space, N, steps, seed, cache)
     lens = [p.max_len for p in cache([st for _, st in pool])]
-    chosen = _keep_long(_greedy_cover(E, max_candidates), E, lens, max_len, max_candidates)
+    chosen = _keep_long(_greedy_cover(E, MAX_CANDIDATES), E, lens, max_len, MAX_CANDIDATES)
     return Proposal(tuple(pool[i][1] for i in chosen), tuple(scored[pool[i][0]] for i in chosen),
                     tuple(float(E[i].mean()) for i in chosen), dp_best)
 
 
 def _dp_pool(lengths, K0: dict, pc0, full, top_bin: int, N: int, tokens_per_step: int, max_len: int,
-             bin_width: int, d_step: float, cutoffs: int, subset: np.ndarray) -> dict[tuple[int, ...], float]:
+             subset: np.ndarray) -> dict[tuple[int, ...], float]:
     """The DP's strategies over the schemes `subset` (indices into the scheme space): its two best roundings per
     cutoff L, by expected_cost on the full histogram, as combos of scheme-space indices."""
     K = {f: v[subset] for f, v in K0.items()}
     pc = [pc0[k] for k in subset]
     scored: dict[tuple[int, ...], float] = {}
     # cutoffs L: the longest bin and a few shorter ones (steps without the longest documents)
-    Ls = sorted({max(1, int(round(top_bin / 2 ** i))) for i in range(cutoffs)}, reverse=True)
+    Ls = sorted({max(1, int(round(top_bin / 2 ** i))) for i in range(CUTOFFS)}, reverse=True)
+    l_all = np.asarray(lengths, dtype=np.float64)
     for L in Ls:
-        l_all = np.asarray(lengths, dtype=np.float64)
-        sub = l_all[np.minimum(l_all, max_len) <= L * bin_width]
+        sub = l_all[np.minimum(l_all, max_len) <= L * BIN_WIDTH]
         if sub.size == 0:
             continue
-        hist = _histogram(sub, tokens_per_step, max_len, bin_width)
+        hist = _histogram(sub, tokens_per_step, max_len)
         if top_bin <= L:  # the full sample: cover max_len
             hist = _cover(hist, max_len)
         Lb = int(np.flatnonzero(hist[1] > 0)[-1]) + 1
         lo, hi_t = 0.0, max(float(np.min(K["pp"] * (K["c"] + K["a"] * hist[0][Lb - 1] ** 2 + K["b"] * hist[0][Lb - 1])
                                            + np.where(K["max_len"] >= hist[0][Lb - 1], 0, np.inf))), 1e-6)
         for _ in range(80):
-            if _dp(hi_t, K, hist, d_step)[0][Lb] <= N:
+            if _dp(hi_t, K, hist)[0][Lb] <= N:
                 break
             lo, hi_t = hi_t, hi_t * 2
         else:
             continue
         for _ in range(30):
             mid = 0.5 * (lo + hi_t)
-            if _dp(mid, K, hist, d_step)[0][Lb] <= N:
+            if _dp(mid, K, hist)[0][Lb] <= N:
                 hi_t = mid
             else:
                 lo = mid
-        n, arg = _dp(hi_t, K, hist, d_step)
-        d = _backtrack(arg, Lb, hi_t, K, hist, d_step)
+        n, arg = _dp(hi_t, K, hist)
+        d = _backtrack(arg, Lb, hi_t, K, hist)
         local: dict[tuple[int, ...], float] = {}
         for combo in _roundings(d, K, N, hist[0][Lb - 1]):
             local[combo] = expected_cost(hist, [pc[k] for k in combo])
@@ -360,7 +361,7 @@ def _dp_pool(lengths, K0: dict, pc0, full, top_bin: int, N: int, tokens_per_step
     return scored
 
 
-def _refine(pool, E, scored, full, pc, space, N, steps, seed, cache, k):
+def _refine(pool, E, scored, full, pc, space, N, steps, seed, cache):
     """proposal_search.search from the REFINE_STARTS best pool strategies (score: the mean estimate), then from each
     of the greedy cover's first REFINE_STARTS picks (score: the mean of its minimum with the other picks' rows); every
     strategy evaluated joins `pool` (in place) and `scored`, and its row the returned rows of estimates."""
@@ -369,14 +370,13 @@ def _refine(pool, E, scored, full, pc, space, N, steps, seed, cache, k):
             order = sorted(range(len(pool)), key=lambda i: (float(np.mean(E[i])), pool[i][0]))
             starts = [(pool[i][0], np.mean) for i in order[:REFINE_STARTS] if np.isfinite(E[i]).all()]
         else:
-            cover = _greedy_cover(E, k)
+            cover = _greedy_cover(E, MAX_CANDIDATES)
             starts = []
             for i in cover[:REFINE_STARTS]:
                 rest = [j for j in cover if j != i]
                 other = E[rest].min(axis=0) if rest else np.full(E.shape[1], np.inf)
                 starts.append((pool[i][0], lambda row, o=other: float(np.mean(np.minimum(row, o)))))
-        found = search(starts, space, N, {c: E[i] for i, (c, _) in enumerate(pool)}, steps, cache, seed,
-                       rounds=REFINE_ROUNDS, width=REFINE_WIDTH, ways=REFINE_WAYS)
+        found = search(starts, space, N, {c: E[i] for i, (c, _) in enumerate(pool)}, steps, cache, seed)
         for c, (st, row) in found.items():
             pool.append((c, st))
             scored[c] = expected_cost(full, [pc[x] for x in c])

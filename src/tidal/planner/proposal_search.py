@@ -3,7 +3,7 @@
 `sample_steps` draws the evaluation steps (seeded); `evaluate` plans every strategy on each with select.assign, charged
 as StepPlanner's selection charges it (`charges.charge`); `search` climbs from the best pool strategies on that charged
 estimate, ranking each round's `neighbours` by their proven bounds (`bound_rows`, <= the estimate) and evaluating the
-`width` best. Every strategy evaluated joins the pool.
+REFINE_WIDTH best. Every strategy evaluated joins the pool.
 """
 
 from __future__ import annotations
@@ -21,6 +21,11 @@ from tidal.planner.config import PROPOSAL
 from tidal.planner.profiles import StrategyProfile, profile_strategies
 
 Combo = tuple[int, ...]
+# the refine search (decision 99, tuned on seeds 0 and 1 of paper_tables.py's Fig. 13 cells): rounds per start,
+# strategies evaluated per round, and its splits and merges: into / of 2 or 4 pipelines (decision 103; 99 had 2 only)
+REFINE_ROUNDS = 3
+REFINE_WIDTH = 8
+REFINE_WAYS = (2, 4)
 
 
 def sample_steps(lengths, tokens_per_step: int, max_len: int, eval_steps: int, seed: int,
@@ -147,13 +152,12 @@ def neighbours(combo: Combo, space: Sequence[ParallelScheme], n_devices: int,
 
 def search(starts: Sequence[tuple[Combo, Callable[[np.ndarray], float]]], space: Sequence[ParallelScheme],
            n_devices: int, known: dict[Combo, np.ndarray], steps: Sequence[np.ndarray], cache: ProfileCache,
-           seed: int, *, rounds: int = 3, width: int = 8,
-           ways: Sequence[int] = (2,)) -> dict[Combo, tuple[Strategy, np.ndarray]]:
-    """Hill climbing from each start (combo, score): the score of a row of estimates over the evaluation steps is
-    nondecreasing in every entry (the mean, or the mean of its minimum with the other chosen strategies' rows).
-    `known`: the rows evaluated so far (the starts' included); a neighbour's row is `evaluate`'s on `steps`, and a
-    neighbour whose row of `bound_rows` (<= the estimates) scores no better is never evaluated.
-    Returns every strategy it evaluated: combo -> (placed strategy, row)."""
+           seed: int) -> dict[Combo, tuple[Strategy, np.ndarray]]:
+    """Hill climbing (REFINE_ROUNDS rounds, `neighbours` with REFINE_WAYS) from each start (combo, score): the score
+    of a row of estimates over the evaluation steps is nondecreasing in every entry (the mean, or the mean of its
+    minimum with the other chosen strategies' rows). `known`: the rows evaluated so far (the starts' included); a
+    neighbour's row is `evaluate`'s on `steps`, and a neighbour whose row of `bound_rows` (<= the estimates) scores no
+    better is never evaluated. Returns every strategy it evaluated: combo -> (placed strategy, row)."""
     found: dict[Combo, tuple[Strategy, np.ndarray]] = {}
     rows = dict(known)
     for start, score in starts:
@@ -161,8 +165,8 @@ def search(starts: Sequence[tuple[Combo, Callable[[np.ndarray], float]]], space:
         if not np.isfinite(score(rows[cur])):
             continue
         pruned: set[Combo] = set()  # for this start's score
-        for _ in range(rounds):
-            near = neighbours(cur, space, n_devices, ways)
+        for _ in range(REFINE_ROUNDS):
+            near = neighbours(cur, space, n_devices, REFINE_WAYS)
             cur_val = score(rows[cur])
             placed: list[tuple[Combo, Strategy]] = []
             for c in near:
@@ -177,7 +181,7 @@ def search(starts: Sequence[tuple[Combo, Callable[[np.ndarray], float]]], space:
                 lb = bound_rows(steps, [st for _, st in placed], cache)
                 lv = [score(r) for r in lb]
                 order = sorted(range(len(placed)), key=lambda i: (lv[i], placed[i][0]))
-                keep = [i for i in order if lv[i] < cur_val][:width]
+                keep = [i for i in order if lv[i] < cur_val][:REFINE_WIDTH]
                 pruned.update(placed[i][0] for i in order if i not in keep)
                 if keep:
                     for i, row in zip(keep, evaluate(steps, [placed[i][1] for i in keep], cache, seed)):

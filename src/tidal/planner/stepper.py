@@ -280,37 +280,27 @@ class StepPlanner:
         self._index += 1
         return PlannedStep(k, step, sel, delay, docs)
 
-    def _wlb(self, res: QueuedStep, t0: float) -> PlannedStep:
+    def next(self) -> PlannedStep | None:
+        """The next planned step; None once the source is exhausted and every WLB queue is flushed."""
+        st = None if self._exhausted else self.source.next_step()
+        self._exhausted = st is None
+        t0 = time.perf_counter()
+        if st is not None:
+            ids, lens, docs = read_step(st)
+            if self._queues is None:
+                return self._plan(ids, lens, list(range(len(lens))), (), docs, t0, None)
+            self._in_flight.update(zip(ids, docs))
+            res, self._wstate = self._queues.step(self._wstate, ids, lens, self._wcfg)
+        elif self._queues is None or self._wstate.empty:
+            return None
+        else:  # a flush step: every queue released
+            res, self._wstate = self._queues.step(self._wstate, [], [], self._wcfg, flush=True)
+            if not res.packed:  # cannot happen: the largest pending document always fits an empty micro-batch
+                raise TidalError(f"{self.options.packing} flush made no progress")
         docs = tuple(self._in_flight[i] for i in res.seq_ids)
         self._in_flight = {res.seq_ids[i]: docs[i] for i in res.deferred}
         return self._plan(res.seq_ids, res.seq_lengths, sorted(res.packed), res.deferred, docs, t0,
                           [res.step - a for a in res.arrival])
-
-    def _flush_step(self) -> PlannedStep | None:
-        assert self._queues is not None
-        if self._wstate.empty:
-            return None
-        t0 = time.perf_counter()
-        res, self._wstate = self._queues.step(self._wstate, [], [], self._wcfg, flush=True)
-        if not res.packed:  # cannot happen: the largest pending document always fits an empty micro-batch
-            raise TidalError(f"{self.options.packing} flush made no progress")
-        return self._wlb(res, t0)
-
-    def next(self) -> PlannedStep | None:
-        """The next planned step; None once the source is exhausted and every WLB queue is flushed."""
-        if not self._exhausted:
-            st = self.source.next_step()
-            if st is None:
-                self._exhausted = True
-            else:
-                t0 = time.perf_counter()
-                ids, lens, docs = read_step(st)
-                if self._queues is None:
-                    return self._plan(ids, lens, list(range(len(lens))), (), docs, t0, None)
-                self._in_flight.update(zip(ids, docs))
-                res, self._wstate = self._queues.step(self._wstate, ids, lens, self._wcfg)
-                return self._wlb(res, t0)
-        return None if self._queues is None else self._flush_step()
 
     def __iter__(self) -> Iterator[PlannedStep]:
         while (ps := self.next()) is not None:

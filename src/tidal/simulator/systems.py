@@ -146,7 +146,7 @@ def sys_wlb(w, sim, progress):
 def hydraulis_schemes(cm: CostModel):
     """Hydraulis' scheme pool: <TP, PP> with CP = 1, TP up to 16 (across two nodes, as in its profiled pools), PP up
     to 8."""
-    return scheme_space(cm, cm.cluster.num_devices, max_tp=min(HYDRAULIS_MAX_TP, cm.cluster.num_devices), max_cp=1,
+    return scheme_space(cm, max_tp=min(HYDRAULIS_MAX_TP, cm.cluster.num_devices), max_cp=1,
                         max_pp=HYDRAULIS_MAX_PP)
 
 
@@ -169,7 +169,7 @@ def sys_tidal(w, sim, progress, *, charged: bool = True, name: str = "tidal"):
         return run_planner(name, w, sim, cands, options, progress, config=" ; ".join(str(c) for c in cands),
                            t_plan=time.perf_counter() - t0, charged=charged)
     cm = w.cost_model
-    space = scheme_space(cm, cm.cluster.num_devices, max_tp=min(HYDRAULIS_MAX_TP, cm.cluster.num_devices))
+    space = scheme_space(cm, max_tp=min(HYDRAULIS_MAX_TP, cm.cluster.num_devices))
     cands = build_candidates(cm, "auto", w.sample_lengths, tokens_per_step=w.tokens_per_step,
                              max_len=w.max_len, seed=w.seed, sync=sim.sync if charged else None,
                              cp_policy="adaptive" if charged else None, schemes=space, refine=True)
