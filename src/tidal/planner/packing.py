@@ -64,16 +64,19 @@ def validate(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int) -> np.ndarra
     return l_
 
 
-def finish(bin_of: np.ndarray, l_: np.ndarray, coeffs: LatencyCoeffs, pp: int,
+def finish(bin_of: np.ndarray, l_: np.ndarray, coeffs: LatencyCoeffs, pp: int, ids: np.ndarray | None = None,
            loops: SimpleNamespace | None = None) -> PackResult:
     """The packing whose sequence i is in bin bin_of[i], laid out and timed (kernels_pack.layout: micro-batches by
-    first index, ascending indices within; pipeline_time's float); `loops` as in `pack`."""
+    first index, ascending indices within; pipeline_time's float: no micro-batch and 0.0 for no sequence); `ids` and
+    `loops` as in `pack`."""
+    if not bin_of.size:
+        return PackResult((), 0.0)
     if loops is None:
         from tidal.planner import kernels_pack
 
         loops = kernels_pack.loops()
     p = PipeCost.of(coeffs, pp, 1)  # its work and q (MaxLen plays no part)
-    return _result(*loops.layout(bin_of, l_, p.work(l_), p.c, p.q)[:3], None)
+    return _result(*loops.layout(bin_of, l_, p.work(l_), p.c, p.q)[:3], ids)
 
 
 def _result(ol: np.ndarray, ends: np.ndarray, est: float, ids: np.ndarray | None) -> PackResult:
