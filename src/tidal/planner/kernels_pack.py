@@ -178,9 +178,7 @@ def pack_attempt(V, l_, w, order, M, c, q, W, wmax, vmin, rounds, tried, best_bi
     val = np.inf
     if ok:
         T = np.bincount(bin_of, weights=w, minlength=V) + c  # work summed in index order, then c
-        tok = np.zeros(V, np.int64)
-        for i in range(l_.size):
-            tok[bin_of[i]] += l_[i]
+        tok = np.bincount(bin_of, weights=l_, minlength=V).astype(np.int64)  # token sums < 2^53: exact
         refine(bin_of, l_, w, T, tok, V, M, rounds, 32, asc)
         val = pack_score(bin_of, w, c, q)
     tried[V] = val
