@@ -47,13 +47,8 @@ def fit_first(t, w, op, room, lx, limit, off):
     for p in range(t.size):
         if room[p] >= lx:
             v = t[p] + w[p] + op[p]
-            if v < limit and v < bv:
-                ok = True
-                for q in off:
-                    if q == p:
-                        ok = False
-                if ok:
-                    best, bv = p, v
+            if v < limit and v < bv and not (off == p).any():
+                best, bv = p, v
     return best, bv
 
 
