@@ -73,11 +73,7 @@ class Exchange(OneStage):
             ids = np.concatenate([flat[dend[j] - docs[j]:dend[j]] for j in js])
             w = loops.mb_works(self.lf, ids, docs[js], a, b, d)
             t[js] = np.array(nmb)[js] * self.c[js] + w
-        room = self.m.copy()  # MaxLen where a pipeline has no micro-batch
-        has = np.array(nmb) > 0
-        if has.any():
-            first = np.concatenate(([0], np.cumsum(nmb)[:-1]))[has]
-            room[has] -= np.minimum.reduceat(np.array(tok_all, dtype=np.int64), first)
+        room = self.m - np.array([min(x, default=0) for x in tok], dtype=np.int64)  # MaxLen with no micro-batch
         return tok, t, room
 
     def work(self, j: int, i: int) -> float:
