@@ -229,7 +229,7 @@ def test_pack_names_its_sequences_by_ids(exact):
     for n, pp in ((1, 2), (3, 1), (6, 2)) if exact else ((1, 2), (3, 1), (12, 2), (40, 3)):
         lengths = rng.integers(1, 400, size=n)
         ids = np.sort(rng.choice(10_000, size=n, replace=False)).astype(np.int64)
-        ref = pack(lengths, COEFFS[0], pp, 1024, exact=exact, time_limit=5.0)
-        got = pack(lengths, COEFFS[0], pp, 1024, exact=exact, time_limit=5.0, ids=ids)
+        ref = pack(lengths, COEFFS[0], pp, 1024, exact=exact)
+        got = pack(lengths, COEFFS[0], pp, 1024, exact=exact, ids=ids)
         assert got.est_time == ref.est_time
         assert got.micro_batches == tuple(tuple(int(ids[i]) for i in mb) for mb in ref.micro_batches)

@@ -29,21 +29,18 @@ from __future__ import annotations
 import numpy as np
 
 from tidal.planner.pipecost import pipe_coeffs
-from tidal.planner.repair import valid_bins
+from tidal.planner.repair import OneStage
 
 EPS = 1e-12  # a move must lower the touched pipelines' max below T (1 - EPS): float noise is no gain
 
 
-class Exchange:
-    """One plan's micro-batches per pipeline (lists of document ids), their token counts and the pipelines' times."""
+class Exchange(OneStage):
+    """One plan's micro-batches per pipeline, their token counts and the pipelines' times."""
 
     def __init__(self, l_: np.ndarray, pipes, bins: list[list[list[int]]]):
-        self.l = np.asarray(l_, dtype=np.int64)
+        super().__init__(l_, pipes, bins)
         self.lf = self.l.astype(np.float64)
-        self.pipes = pipes
         self.a, self.b, self.c, self.d = pipe_coeffs(pipes)
-        self.m = np.array([p.max_len for p in pipes], dtype=np.int64)
-        self.bins = [[list(b) for b in bs if b] for bs in bins]
         self.tok, self.t, self.room = self._sums()
         self.op = np.where(self.room == self.m, self.c, 0.0)  # c where a pipeline has no micro-batch (a new one)
         self._cache: dict = {}
@@ -76,11 +73,7 @@ class Exchange:
             ids = np.concatenate([flat[dend[j] - docs[j]:dend[j]] for j in js])
             w = loops.mb_works(self.lf, ids, docs[js], a, b, d)
             t[js] = np.array(nmb)[js] * self.c[js] + w
-        room = self.m.copy()  # MaxLen where a pipeline has no micro-batch
-        has = np.array(nmb) > 0
-        if has.any():
-            first = np.concatenate(([0], np.cumsum(nmb)[:-1]))[has]
-            room[has] -= np.minimum.reduceat(np.array(tok_all, dtype=np.int64), first)
+        room = self.m - np.array([min(x, default=0) for x in tok], dtype=np.int64)  # MaxLen with no micro-batch
         return tok, t, room
 
     def work(self, j: int, i: int) -> float:
@@ -101,7 +94,7 @@ class Exchange:
         self.op[j] = self.c[j] if room == self.m[j] else 0.0
 
     def _time(self, j: int) -> float:
-        ids = np.fromiter((i for b in self.bins[j] for i in b), dtype=np.int64)
+        ids = np.array(self.docs(j), dtype=np.int64)
         return len(self.bins[j]) * float(self.c[j]) + float(self.pipes[j].work(self.lf[ids]).sum())
 
     def _room(self, j: int) -> int:
@@ -229,7 +222,7 @@ class Exchange:
         self.eject, made = eject, 0
         while made < moves and deadline_ok() and len(self.bins) > 1:
             j = int(np.argmax(self.t))
-            docs = sorted((i for b in self.bins[j] for i in b), key=lambda i: (-self.work(j, i), i))[:cands]
+            docs = sorted(self.docs(j), key=lambda i: (-self.work(j, i), i))[:cands]
             best = None
             for i in docs:  # a document whose move cannot beat the best so far is not searched (same choice)
                 mv = self._move(j, i, depth, partners, np.inf if best is None else best[0][0])
@@ -241,9 +234,6 @@ class Exchange:
             self.apply(j, i, acts)
             made += 1
         return made
-
-    def valid(self) -> bool:
-        return valid_bins(self.l, self.m, self.bins)
 
 
 def exchange(l_: np.ndarray, pipes, bins, *, moves: int = 16, cands: int = 4, partners: int = 32, eject: int = 3,

@@ -47,27 +47,9 @@ def fit_first(t, w, op, room, lx, limit, off):
     for p in range(t.size):
         if room[p] >= lx:
             v = t[p] + w[p] + op[p]
-            if v < limit and v < bv:
-                ok = True
-                for q in off:
-                    if q == p:
-                        ok = False
-                if ok:
-                    best, bv = p, v
+            if v < limit and v < bv and not (off == p).any():
+                best, bv = p, v
     return best, bv
-
-
-def _search(arr, n, key, right):
-    """numpy.searchsorted(arr[:n], key, side) for one key: numpy's own binary search, step for step (so the same
-    index on any array, sorted or not)."""
-    lo, hi = 0, n
-    while lo < hi:
-        mid = lo + ((hi - lo) >> 1)
-        if (not key < arr[mid]) if right else arr[mid] < key:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
 
 
 def eject_pick(ln, kk, w, k, need_tok, need_w, eject):
@@ -87,7 +69,7 @@ def eject_pick(ln, kk, w, k, need_tok, need_w, eject):
     wsum = 0.0
     if need_tok > 0:
         ink = np.nonzero(kk == k)[0]
-        n = _search(np.cumsum(ln[ink]), ink.size, need_tok, False) + 1  # the first prefix with >= need_tok tokens
+        n = np.searchsorted(np.cumsum(ln[ink]), need_tok) + 1  # the first prefix with >= need_tok tokens
         if n > min(ink.size, eject):
             return False, none
         for x in range(n):
@@ -102,7 +84,7 @@ def eject_pick(ln, kk, w, k, need_tok, need_w, eject):
         cumw[0] = wsum
         cumw[1:] = w[rest]
         cumw = np.cumsum(cumw)[1:]  # added one at a time from wsum
-        n = _search(cumw, rest.size, need_w, True) + 1  # the first prefix with > need_w work
+        n = np.searchsorted(cumw, need_w, side="right") + 1  # the first prefix with > need_w work
         if n > rest.size:
             return False, none
         take[nt:nt + n] = rest[:n]
@@ -151,8 +133,8 @@ def rebal_swap(t, w, l, j, ij, aj, fj, K, po, fk):
     return bv, br, bk
 
 
-_BATCH = {"pack_many": pack_many, "fit_first": fit_first, "_search": _search, "eject_pick": eject_pick,
-          "rebal_move": rebal_move, "rebal_swap": rebal_swap}
+_BATCH = {"pack_many": pack_many, "fit_first": fit_first, "eject_pick": eject_pick, "rebal_move": rebal_move,
+          "rebal_swap": rebal_swap}
 if kernels_pack.COMPILED is not None:  # pack_many calls the compiled pack_core (bound before compiling)
     pack_core = kernels_pack.COMPILED.pack_core
 PLAIN, COMPILED, loops = modes(_BATCH, {"np": np, "pack_core": kernels_pack.PLAIN.pack_core}, globals())

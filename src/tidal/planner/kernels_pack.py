@@ -178,9 +178,7 @@ def pack_attempt(V, l_, w, order, M, c, q, W, wmax, vmin, rounds, tried, best_bi
     val = np.inf
     if ok:
         T = np.bincount(bin_of, weights=w, minlength=V) + c  # work summed in index order, then c
-        tok = np.zeros(V, np.int64)
-        for i in range(l_.size):
-            tok[bin_of[i]] += l_[i]
+        tok = np.bincount(bin_of, weights=l_, minlength=V).astype(np.int64)  # token sums < 2^53: exact
         refine(bin_of, l_, w, T, tok, V, M, rounds, 32, asc)
         val = pack_score(bin_of, w, c, q)
     tried[V] = val
@@ -218,11 +216,12 @@ def pack_search(l_, w, order, M, c, q, W, wmax, vmin, v_opt, v_hi, rounds):
     return best_bins, best
 
 
-def pack_core(l_, a, b, d, c, q, M, S, su):
-    """packing.pack's heuristic path for n >= 2 sequences, from the lengths to the packing, in one call: the work
+def pack_bins(l_, a, b, d, c, q, M, S, su):
+    """packing.pack's heuristic for n >= 1 sequences, from the lengths to a bin per sequence, in one call: the work
     w = a l^2 + b l + d per sequence, W (kernels_sums.np_sum: numpy's sum, the same float), w_max, V_min =
     ceil(S / M), the bound's minimiser (pipecost.best_v; 1: one micro-batch, optimal), the longest-first order, the V
-    range (su = S // UtilLen, computed by the caller) and pack_search; then `layout`. Returns layout's tuple."""
+    range (su = S // UtilLen, computed by the caller) and pack_search. Returns (bins, their score, w, W, w_max,
+    V_min): the exact path's start."""
     n = l_.size
     lf = l_.astype(np.float64)
     w = a * lf * lf + b * lf + d
@@ -231,13 +230,18 @@ def pack_core(l_, a, b, d, c, q, M, S, su):
     vmin = max(1, -(-S // M))
     vo = best_v(q, c, W, wmax, vmin, n)[0]
     if vo == 1:  # one micro-batch meets the lower bound f(1) = PP (c + W): optimal
-        ends = np.empty(1, np.int64)
-        ends[0] = n
-        return np.arange(n), ends, pipe_value(q, c, W, wmax, 1), S
+        return np.zeros(n, np.int64), pipe_value(q, c, W, wmax, 1), w, W, wmax, vmin
     order = np.argsort(-l_, kind="mergesort")
     v_util = min(n, max(vmin, su))
     v_hi = min(n, max(v_util, vo + 2))
-    bins, _ = pack_search(l_, w, order, M, c, q, W, wmax, vmin, vo, v_hi, 20 + 2 * n)
+    bins, best = pack_search(l_, w, order, M, c, q, W, wmax, vmin, vo, v_hi, 20 + 2 * n)
+    return bins, best, w, W, wmax, vmin
+
+
+def pack_core(l_, a, b, d, c, q, M, S, su):
+    """packing.pack's heuristic path in one call: pack_bins, then `layout` (one micro-batch when pack_bins finds
+    V = 1 optimal: layout's time is then pipe_value(1)'s float, c + W = W / 1 + c). Returns layout's tuple."""
+    bins, _, w, _, _, _ = pack_bins(l_, a, b, d, c, q, M, S, su)
     return layout(bins, l_, w, c, q)
 
 
@@ -391,8 +395,8 @@ def top_search(top, A, B, D, C, Q, M, cnt, limit):
 
 # the packer's and the bounds' loops by the names their callers use, plain and compiled
 _PACK = {"lpt": lpt, "refine": refine, "ffd": ffd, "pack_score": pack_score, "pack_attempt": pack_attempt,
-         "pack_search": pack_search, "pack_core": pack_core, "layout": layout, "ts_expand": ts_expand,
-         "top_search": top_search}
+         "pack_search": pack_search, "pack_bins": pack_bins, "pack_core": pack_core, "layout": layout,
+         "ts_expand": ts_expand, "top_search": top_search}
 if kernels_sums.COMPILED is not None:  # pack_core calls the compiled np_sum (bound before compiling, as pipecost's)
     np_sum = kernels_sums.COMPILED.np_sum
 PLAIN, COMPILED, loops = modes(_PACK, {"np": np, "pipe_value": pipe_value, "packed_value": packed_value,

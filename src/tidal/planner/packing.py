@@ -19,7 +19,7 @@ import numpy as np
 from tidal.core.errors import TidalError
 from tidal.costmodel.base import LatencyCoeffs
 from tidal.planner.bounds import PipeCost, check_lengths, check_pipe, prices_eq1
-from tidal.planner.pipecost import best_v, packed_value, pipe_value, stage_q
+from tidal.planner.pipecost import packed_value, pipe_value, stage_q
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,10 @@ def validate(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int) -> np.ndarra
 def finish(bin_of: np.ndarray, l_: np.ndarray, coeffs: LatencyCoeffs, pp: int, ids: np.ndarray | None = None,
            loops: SimpleNamespace | None = None) -> PackResult:
     """The packing whose sequence i is in bin bin_of[i], laid out and timed (kernels_pack.layout: micro-batches by
-    first index, ascending indices within; pipeline_time's float); `ids` and `loops` as in `pack`."""
+    first index, ascending indices within; pipeline_time's float: no micro-batch and 0.0 for no sequence); `ids` and
+    `loops` as in `pack`."""
+    if not bin_of.size:
+        return PackResult((), 0.0)
     if loops is None:
         from tidal.planner import kernels_pack
 
@@ -83,7 +86,7 @@ def _result(ol: np.ndarray, ends: np.ndarray, est: float, ids: np.ndarray | None
 
 
 def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool = False,
-         time_limit: float = 10.0, loops: SimpleNamespace | None = None, ids: np.ndarray | None = None) -> PackResult:
+         loops: SimpleNamespace | None = None, ids: np.ndarray | None = None) -> PackResult:
     """Work-balanced packing of one pipeline's sequences (see module doc). Deterministic. `loops`: the heuristic's
     loops (kernels_pack.PLAIN or .COMPILED, the same source); None takes kernels_pack.loops(), compiled where numba
     is installed. `ids`: an int64 array naming the sequences in the result (ids[i] for sequence i; default i), e.g.
@@ -93,47 +96,25 @@ def pack(lengths, coeffs: LatencyCoeffs, pp: int, max_len: int, *, exact: bool =
 
         loops = kernels_pack.loops()
     l_ = validate(lengths, coeffs, pp, max_len)
-    n = int(l_.size)
-    if n == 0:
+    if l_.size == 0:
         return PackResult((), 0.0)
-    p = PipeCost.of(coeffs, pp, max_len)
-    if n == 1:
-        return finish(np.zeros(1, dtype=np.int64), l_, coeffs, pp, ids, loops)
-    if not exact:
-        # the whole heuristic in one compiled call (kernels_pack.pack_core: the same floats as the steps below)
-        S = int(l_.sum())
-        ol, ends, est, tmax = loops.pack_core(l_, p.a, p.b, p.d, p.c, p.q, max_len, S, int(S // coeffs.util_len()))
-        if tmax > max_len:
-            raise TidalError(f"packing produced a micro-batch of {int(tmax)} tokens > MaxLen {max_len}")
-        return _result(ol, ends, est, ids)
-    w = p.work(l_)
-    c = p.c
-    S, W, wmax = int(l_.sum()), float(w.sum()), float(w.max())
-    vmin = max(1, -(-S // max_len))
-    q = p.q  # PP - 1, or the one-stage Eq. 1 marker (pipecost.stage_q)
-    v_opt, _ = best_v(q, p.c, W, wmax, vmin, n)
-    if v_opt == 1:  # one micro-batch meets the lower bound f(1) = PP (c + W): optimal
-        return PackResult((tuple(range(n)) if ids is None else tuple(ids.tolist()),), pipe_value(q, c, W, wmax, 1))
-    order = np.argsort(-l_, kind="stable")
-    v_util = min(n, max(vmin, int(S // coeffs.util_len())))
-    v_hi = min(n, max(v_util, v_opt + 2))  # App. D upper end, widened to contain the bound's minimiser
-    rounds = 20 + 2 * n
+    p, S = PipeCost.of(coeffs, pp, max_len), int(l_.sum())
+    args = (l_, p.a, p.b, p.d, p.c, p.q, max_len, S, int(S // coeffs.util_len()))
+    if not exact:  # the whole heuristic in one compiled call
+        ol, ends, est, tmax = loops.pack_core(*args)
+    else:  # the heuristic's packing, then a MILP per V whose bound f(V) can beat it, by (f(V), V)
+        from tidal.planner.exact import pack_milp_fixed_v
 
-    def bound(V: int) -> float:
-        return pipe_value(q, c, W, wmax, V)
-
-    best_bins, best = loops.pack_search(l_, w, order, max_len, c, q, W, wmax, vmin, v_opt, v_hi, rounds)
-    from tidal.planner.exact import pack_milp_fixed_v
-
-    for V in sorted(range(vmin, n + 1), key=lambda v: (bound(v), v)):
-        if bound(V) >= best * (1 - 1e-9):
-            break
-        b = pack_milp_fixed_v(l_, w, V, max_len, c, time_limit=time_limit)
-        if b is not None and loops.pack_score(b, w, c, q) < best:
-            best_bins, best = b, loops.pack_score(b, w, c, q)
-    # check MaxLen here, where it is one bincount: passes.pack_groups trusts pack's micro-batches (each sequence
-    # exactly once by construction of finish, which drops unused bin numbers itself, so no dense renumbering)
-    tokens = np.bincount(best_bins, weights=l_)
-    if tokens.max() > max_len:  # token counts < 2^53: the float sums are exact
-        raise TidalError(f"packing produced a micro-batch of {int(tokens.max())} tokens > MaxLen {max_len}")
-    return finish(best_bins.astype(np.int64, copy=False), l_, coeffs, pp, ids, loops)
+        bins, best, w, W, wmax, vmin = loops.pack_bins(*args)
+        for V in sorted(range(vmin, l_.size + 1), key=lambda v: (pipe_value(p.q, p.c, W, wmax, v), v)):
+            if pipe_value(p.q, p.c, W, wmax, V) >= best * (1 - 1e-9):
+                break
+            b = pack_milp_fixed_v(l_, w, V, max_len, p.c)
+            if b is not None and loops.pack_score(b, w, p.c, p.q) < best:
+                bins, best = b, loops.pack_score(b, w, p.c, p.q)
+        ol, ends, est, tmax = loops.layout(bins, l_, w, p.c, p.q)
+    # MaxLen is checked here, once per packing: passes.pack_groups trusts pack's micro-batches (each sequence exactly
+    # once by construction of the layout)
+    if tmax > max_len:
+        raise TidalError(f"packing produced a micro-batch of {int(tmax)} tokens > MaxLen {max_len}")
+    return _result(ol, ends, est, ids)

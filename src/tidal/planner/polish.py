@@ -12,8 +12,8 @@ any micro-batch of another pipeline that has token room, and swapping it with an
 candidate's value is the exact new time of both pipelines (the micro-batch times are sums of per-document work plus c,
 so no re-packing is needed); the best move is taken if it lowers that pair's maximum by more than `min_gain`
 (relative), so the search terminates. Pipelines keep their micro-batch count unless a move empties one. Plans are
-rebuilt and re-timed with packing.pipeline_time, and the result is kept only if faster, so it is never worse and always
-valid.
+rebuilt and re-timed with packing.finish (pipeline_time's float), and the result is kept only if faster, so it is never
+worse and always valid.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tidal.core.errors import TidalError
 from tidal.core.plan import PipelinePlan
 from tidal.planner.bounds import PipeCost
 from tidal.planner.config import DEFAULT
-from tidal.planner.packing import pipeline_time
+from tidal.planner.packing import finish
 from tidal.planner.pipecost import pipe_coeffs
 
 
@@ -65,16 +65,12 @@ def polish(lengths: np.ndarray, pipes: tuple[PipeCost, ...], plans: tuple[Pipeli
         raise TidalError(f"polish: sequence {missing} is in no micro-batch of the plan")
     if not changed.any():
         return est, plans
-    out = list(plans)
-    ol = np.argsort(doc_mb, kind="stable").tolist()  # each micro-batch's documents in ascending order
-    cnt = np.bincount(doc_mb, minlength=n_mb)
-    ends = np.cumsum(cnt)
-    starts, ends = (ends - cnt).tolist(), ends.tolist()
-    for j in np.flatnonzero(changed):
-        mbs = sorted((tuple(ol[starts[m]:ends[m]]) for m in np.flatnonzero(alive & (mb_pipe == j))),
-                     key=lambda g: g[0])
+    out, dp = list(plans), mb_pipe[doc_mb]
+    for j in np.flatnonzero(changed):  # its documents by micro-batch, laid out and timed as the packer's (finish)
+        idx = np.flatnonzero(dp == j)
+        res = finish(doc_mb[idx], np.asarray(lengths, dtype=np.int64)[idx], pipes[j].coeffs, pipes[j].pp, idx)
         p = plans[j]
-        out[j] = PipelinePlan(p.tp, p.pp, p.cp, p.devices, p.max_len, tuple(mbs),
-                              pipeline_time(lf, mbs, pipes[j].coeffs, pipes[j].pp), (), p.layer_split)
+        out[j] = PipelinePlan(p.tp, p.pp, p.cp, p.devices, p.max_len, res.micro_batches, res.est_time, (),
+                              p.layer_split)
     new = max(p.est_time for p in out)
     return (new, tuple(out)) if new < est else (est, plans)

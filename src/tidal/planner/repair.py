@@ -64,12 +64,32 @@ def mbs_pack(l_: np.ndarray, docs: list[int], cap: int, most: int) -> list[list[
     return bins
 
 
-class Repair:
-    """One plan's micro-batches per pipeline (lists of document ids) and their times; the module doc's steps."""
+class OneStage:
+    """A plan on one-stage pipelines as each pipeline's micro-batches, lists of document ids (none empty): the state
+    the repair and the exchange (exchange.Exchange) change, and their check of the result."""
 
     def __init__(self, l_: np.ndarray, pipes, bins: list[list[list[int]]]):
-        self.l, self.pipes = l_, pipes
+        self.l, self.pipes = np.asarray(l_, dtype=np.int64), pipes
+        self.m = np.array([p.max_len for p in pipes], dtype=np.int64)
         self.bins = [[list(b) for b in bs if b] for bs in bins]
+
+    def docs(self, j: int) -> list[int]:
+        return [i for b in self.bins[j] for i in b]
+
+    def valid(self) -> bool:
+        """Every document of l on exactly one micro-batch, every micro-batch non-empty and within its pipeline's
+        MaxLen."""
+        ids = [i for bs in self.bins for b in bs for i in b]
+        seen = np.bincount(np.array(ids, dtype=np.int64), minlength=self.l.size) if ids else np.zeros(self.l.size)
+        fits = all(b and int(self.l[b].sum()) <= int(m) for m, bs in zip(self.m, self.bins) for b in bs)
+        return fits and len(ids) == self.l.size and bool((seen == 1).all())
+
+
+class Repair(OneStage):
+    """One plan's micro-batches per pipeline and their times; the module doc's steps."""
+
+    def __init__(self, l_: np.ndarray, pipes, bins: list[list[list[int]]]):
+        super().__init__(l_, pipes, bins)
         self.w = np.stack([p.work(l_) for p in pipes]) if pipes else np.zeros((0, l_.size))  # work per pipeline, doc
         self.c = np.array([p.c for p in pipes], dtype=np.float64)
 
@@ -84,9 +104,6 @@ class Repair:
         po = np.repeat(np.arange(len(self.pipes)), sizes)
         work = np.bincount(po, weights=self.w[po, ids], minlength=len(self.pipes))
         return np.array([len(bs) for bs in self.bins]) * self.c + work
-
-    def docs(self, j: int) -> list[int]:
-        return [i for b in self.bins[j] for i in b]
 
     def over(self, j: int) -> int:
         """Pipeline j's tokens over (V - 1) MaxLen."""
@@ -202,19 +219,6 @@ class Repair:
                 t[x] = len(self.bins[x]) * self.c[x] + float(self.w[x][flat[x][0]].sum())
                 rooms(x)
         return made
-
-    def valid(self) -> bool:
-        return valid_bins(self.l, [p.max_len for p in self.pipes], self.bins)
-
-
-def valid_bins(l_: np.ndarray, max_lens, bins: list[list[list[int]]]) -> bool:
-    """Every document of l_ on exactly one micro-batch, every micro-batch non-empty and within its pipeline's MaxLen
-    (the repair's and the exchange's check of their result)."""
-    ids = [i for bs in bins for b in bs for i in b]
-    seen = np.bincount(np.array(ids, dtype=np.int64), minlength=l_.size) if ids else np.zeros(l_.size)
-    fits = all(b and int(l_[b].sum()) <= int(m) for m, bs in zip(max_lens, bins) for b in bs)
-    return fits and len(ids) == l_.size and bool((seen == 1).all())
-
 
 def repair(l_: np.ndarray, pipes, bins, *, excess: float = 0.02, tries: int = 3, rounds: int = 3, drops: int = 1,
            moves: int = 64, partners: int = 3, deadline_ok=lambda: True) -> tuple[Repair | None, int, int, int]:
