@@ -1,16 +1,20 @@
 """The proposal's refine option (decision 99): the CP = 1 DP family and the local search on the charged sampled
 estimate (planner/proposal_search.py)."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from tidal.core import get_cluster, get_model
+from tidal.core import TidalError, get_cluster, get_model
 from tidal.core.strategy import place
-from tidal.costmodel import default_cost_model
+from tidal.costmodel import default_cost_model, load_cost_model
 from tidal.costmodel.base import pipeline_device
+from tidal.data.sources import length_source
 from tidal.planner.proposal import propose, scheme_space
 from tidal.planner.proposal_search import ProfileCache, bound_rows, evaluate, neighbours, sample_steps
 from tidal.planner.select import profile_strategies, select_step
+from tidal.planner.stepper import build_candidates
 from tidal.simulator.engine import SimConfig
 
 pytestmark = pytest.mark.unit
@@ -108,3 +112,36 @@ def test_profile_cache_profiles_each_strategy_once_with_the_same_rows():
     assert cache.computed == 2  # bound and estimate share the two profiles
     assert np.array_equal(E, evaluate(steps, sts, ProfileCache(cm, sync, "adaptive"), 0))
     assert np.array_equal(lb, bound_rows(steps, sts, ProfileCache(cm, sync, "adaptive")))
+
+
+POOL_13B = Path("/work/shared/data/hydraulis-profiles/strategy_pool_13b.json")
+
+
+@pytest.mark.skipif(not POOL_13B.is_file(), reason="Hydraulis profiles not present")
+def test_refine_leaves_no_one_move_complement_of_its_first_pick():
+    """Decision 164: refine's third phase climbs from the cover's picks scored as complements (the mean over the
+    sampled steps of their minimum with the whole cover's). On llama2-13b, 16 A800s, 32K, 100K tokens, Hydraulis'
+    pool as the cost model (Fig. 13's F2 commoncrawl cell, seed 2), the first two phases left `tp4cp2+4*tp2` alone,
+    although `8*tp2`, one 4-way split away, runs 5 of the 11 sampled steps 6-8 % faster (the set's mean 2.5 % lower).
+    Now no one-move neighbour of the first pick lowers the set's mean by more than 0.5 %."""
+    cm = load_cost_model(POOL_13B, get_model("llama2-13b"), get_cluster("a800x16"))
+    space = scheme_space(cm, max_tp=16)
+    lengths = length_source("synthetic:commoncrawl", 2).lengths(0, 20000)
+    sync, max_len, tokens = SimConfig().sync, 32768, 100_000
+    cands = build_candidates(cm, "auto", lengths, tokens_per_step=tokens, max_len=max_len, seed=2, sync=sync,
+                             cp_policy="adaptive", schemes=space, refine=True)
+    steps = sample_steps(np.minimum(lengths, max_len), tokens, max_len, 10, 2, long_step=True)
+    cache = ProfileCache(cm, sync, "adaptive")
+    m = evaluate(steps, list(cands), cache, 2).min(axis=0)
+    assert np.isfinite(m).all()  # the set runs every sampled step, the max_len one included
+    idx, n = {s: k for k, s in enumerate(space)}, [s.num_devices for s in space]
+    first = tuple(sorted((idx[p.scheme] for p in cands[0].pipelines), key=lambda k: (-n[k], k)))
+    near = []
+    for c in neighbours(first, space, 16, (2, 4)):
+        try:
+            near.append(place(tuple(space[k] for k in c), cm.cluster, cm.model))
+        except TidalError:
+            continue
+    assert len(near) > 10
+    rows = evaluate(steps, near, cache, 2)
+    assert all(np.mean(np.minimum(r, m)) >= np.mean(m) * (1 - 0.005) for r in rows)

@@ -24,7 +24,7 @@ from tidal.planner.proposal_search import ProfileCache, evaluate, sample_steps, 
 # refine=True (decision 99): the local search's starts (best pool strategies; its rounds, width and ways are
 # proposal_search's REFINE_*), chosen on tuning seeds 0 and 1 of paper_tables.py's Fig. 13 cells
 REFINE_STARTS = 2
-REFINE_PHASES = 2  # 1: climb from the best pool strategies only; 2: then from the greedy cover's picks too
+REFINE_PHASES = 3  # 1: climb from the best pool strategies only; 2: then from the greedy cover's picks too
 EVAL_STEPS = 10  # sampled evaluation steps, with refine or without (propose's default eval_steps)
 # the DP's length bins (tokens), the step of its fractional pipeline counts and its cutoffs L (the longest bin and
 # CUTOFFS - 1 shorter ones); the pool takes the FAMILY_QUOTA best of each family (every homogeneous strategy), the
@@ -369,13 +369,18 @@ def _refine(pool, E, scored, full, pc, space, N, steps, seed, cache):
         if phase == 0:
             order = sorted(range(len(pool)), key=lambda i: (float(np.mean(E[i])), pool[i][0]))
             starts = [(pool[i][0], np.mean) for i in order[:REFINE_STARTS] if np.isfinite(E[i]).all()]
-        else:
+        elif phase == 1:
             cover = _greedy_cover(E, MAX_CANDIDATES)
             starts = []
             for i in cover[:REFINE_STARTS]:
                 rest = [j for j in cover if j != i]
                 other = E[rest].min(axis=0) if rest else np.full(E.shape[1], np.inf)
                 starts.append((pool[i][0], lambda row, o=other: float(np.mean(np.minimum(row, o)))))
+        else:
+            cover = _greedy_cover(E, MAX_CANDIDATES)
+            both = E[cover].min(axis=0)
+            starts = [(pool[i][0], lambda row, o=both: float(np.mean(np.minimum(row, o))))
+                      for i in cover[:REFINE_STARTS]]
         found = search(starts, space, N, {c: E[i] for i, (c, _) in enumerate(pool)}, steps, cache, seed)
         for c, (st, row) in found.items():
             pool.append((c, st))
