@@ -24,7 +24,7 @@ from tidal.planner.proposal_search import ProfileCache, evaluate, sample_steps, 
 # refine=True (decision 99): the local search's starts (best pool strategies; its rounds, width and ways are
 # proposal_search's REFINE_*), chosen on tuning seeds 0 and 1 of paper_tables.py's Fig. 13 cells
 REFINE_STARTS = 2
-REFINE_PHASES = 3  # 1: climb from the best pool strategies only; 2: then from the greedy cover's picks too
+REFINE_PHASES = 3  # climbs from: 1 the best pool strategies; 2 the cover's picks, as replacements; 3 as complements
 EVAL_STEPS = 10  # sampled evaluation steps, with refine or without (propose's default eval_steps)
 # the DP's length bins (tokens), the step of its fractional pipeline counts and its cutoffs L (the longest bin and
 # CUTOFFS - 1 shorter ones); the pool takes the FAMILY_QUOTA best of each family (every homogeneous strategy), the
