@@ -65,10 +65,10 @@ def polish(lengths: np.ndarray, pipes: tuple[PipeCost, ...], plans: tuple[Pipeli
         raise TidalError(f"polish: sequence {missing} is in no micro-batch of the plan")
     if not changed.any():
         return est, plans
-    out, dp = list(plans), mb_pipe[doc_mb]
+    out, dp, li = list(plans), mb_pipe[doc_mb], np.asarray(lengths, dtype=np.int64)
     for j in np.flatnonzero(changed):  # its documents by micro-batch, laid out and timed as the packer's (finish)
         idx = np.flatnonzero(dp == j)
-        res = finish(doc_mb[idx], np.asarray(lengths, dtype=np.int64)[idx], pipes[j].coeffs, pipes[j].pp, idx)
+        res = finish(doc_mb[idx], li[idx], pipes[j].coeffs, pipes[j].pp, idx)
         p = plans[j]
         out[j] = PipelinePlan(p.tp, p.pp, p.cp, p.devices, p.max_len, res.micro_batches, res.est_time, (),
                               p.layer_split)
